@@ -3,19 +3,31 @@
 #
 # llama-cpp-python is always built here, never taken from a prebuilt or cached native wheel:
 # a default (-DGGML_NATIVE=ON) build enables AMX on CPUs that advertise it, and dies with SIGILL
-# on VMs that do not allow it. The portable flags below are used unless CMAKE_ARGS is set:
+# on VMs that do not allow it, and a wheel built for one CPU can fault on another. The flags
+# below (chosen from this CPU's features, AMX always off) are used unless CMAKE_ARGS is set:
 #
 #   CMAKE_ARGS="-DGGML_NATIVE=ON" ./scripts/test      # a machine that may use its own CPU's features
 #
 # The wheel built is kept in ~/.cache/llmtrio/wheels/<version>-<hash of CMAKE_ARGS>/, so the
-# ~8 minute build runs once per flag set; other flags never reuse it.
+# ~8 minute build runs once per flag set; other flags (another CPU) never reuse it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LLAMA_CPP_PYTHON_VERSION=0.3.36
-PORTABLE_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
--DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
--DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+# Portable flags: no -march=native, never AMX (a VM may advertise AMX and still fault on it),
+# and each AVX-512 extension only where this CPU reports it (an AMD EPYC here has AVX2 only).
+cpu_has() { grep -q -w "$1" /proc/cpuinfo 2>/dev/null; }
+PORTABLE_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+if cpu_has avx512f; then
+    PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512=ON"
+    cpu_has avx512_vbmi && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_VBMI=ON"
+    cpu_has avx512_vnni && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_VNNI=ON"
+    cpu_has avx512_bf16 && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_BF16=ON"
+else
+    PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512=OFF"
+fi
+cpu_has avx_vnni && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX_VNNI=ON"
+PORTABLE_CMAKE_ARGS+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 export CMAKE_ARGS="${CMAKE_ARGS:-$PORTABLE_CMAKE_ARGS}"
 PYTHON="${PYTHON:-python3}"
 extras="${1:-}"
@@ -30,14 +42,14 @@ wheels="${LLMTRIO_WHEEL_CACHE:-$HOME/.cache/llmtrio/wheels}/$LLAMA_CPP_PYTHON_VE
 if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION from source (about 8 minutes)" >&2
     echo "CMAKE_ARGS=$CMAKE_ARGS" >&2
-    mkdir -p "$wheels.tmp"
+    rm -rf "$wheels.tmp" && mkdir -p "$wheels.tmp"
     CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" .venv/bin/python -m pip wheel -q --no-deps \
         --no-cache-dir --no-binary llama-cpp-python -w "$wheels.tmp" \
         "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
     rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
 fi
-.venv/bin/python -m pip install -q --no-index --find-links "$wheels" \
-    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" --no-deps
-.venv/bin/python -m pip install -q "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" \
-    --find-links "$wheels" --no-index 2>/dev/null || true
+if [ "$(cat .venv/.llama-build-key 2>/dev/null)" != "$key" ]; then
+    .venv/bin/python -m pip install -q --force-reinstall --no-deps "$(ls "$wheels"/llama_cpp_python-*.whl | head -n 1)"
+    echo "$key" > .venv/.llama-build-key
+fi
 .venv/bin/python -m pip install -q -e ".${extras}"

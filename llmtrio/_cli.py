@@ -1,0 +1,176 @@
+"""The ``llmtrio`` command: ``generate`` and ``serve``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from .engine import (
+    DEFAULT_QUANT,
+    DEFAULT_REPO,
+    Done,
+    Engine,
+    EngineConfig,
+    EngineError,
+    Failed,
+    GenerateRequest,
+    Sampling,
+    Token,
+)
+
+__all__ = ["main"]
+
+
+def _engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model and engine")
+    group.add_argument("--model", type=Path, help="a local GGUF file (never falls back)")
+    group.add_argument(
+        "--hf-repo", default=DEFAULT_REPO, help="Hugging Face repo (default %(default)s)"
+    )
+    group.add_argument("--hf-file", help="the GGUF file in the repo (default: chosen by --quant)")
+    group.add_argument(
+        "--quant", default=DEFAULT_QUANT, help="quantization to pick (default %(default)s)"
+    )
+    group.add_argument(
+        "--max-inflight", type=int, default=8, help="slots decoded in one batch (default 8)"
+    )
+    group.add_argument(
+        "--ctx-size", type=int, default=4096, help="context tokens per slot (default 4096)"
+    )
+    group.add_argument(
+        "--target-step-ms",
+        type=float,
+        default=0.0,
+        help="pause admission while a decode step is slower than this (0: off)",
+    )
+    group.add_argument(
+        "--prefill-chunk", type=int, default=256, help="prompt tokens per step (default 256)"
+    )
+    group.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="llama.cpp threads (default: all cores)",
+    )
+    group.add_argument("--model-name", help="the name /v1/models shows")
+
+
+def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        hf_repo=args.hf_repo,
+        hf_file=args.hf_file,
+        quant=args.quant,
+        max_inflight=overrides.get("max_inflight", args.max_inflight),  # type: ignore[arg-type]
+        ctx_size=args.ctx_size,
+        target_step_ms=args.target_step_ms,
+        prefill_chunk=args.prefill_chunk,
+        threads=args.threads,
+        model_name=args.model_name,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmtrio", description=__doc__)
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log llama.cpp and engine details"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate one completion, streamed to stdout")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--system")
+    gen.add_argument(
+        "--think",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let the model reason first (reasoning goes to stderr)",
+    )
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.8)
+    gen.add_argument("--top-p", type=float, default=0.95)
+    gen.add_argument("--top-k", type=int, default=40)
+    gen.add_argument("--min-p", type=float, default=0.05)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    _engine_flags(gen)
+
+    from .web._cli import add_serve_parser
+
+    add_serve_parser(sub, _engine_flags)
+    return parser
+
+
+async def _generate(args: argparse.Namespace) -> int:
+    request = GenerateRequest.user(
+        args.prompt,
+        system=args.system,
+        max_tokens=args.max_tokens,
+        think=args.think,
+        stop=tuple(args.stop),
+        sampling=Sampling(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            seed=args.seed,
+        ),
+    )
+    dim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
+    async with Engine.open(engine_config(args, max_inflight=1)) as engine:
+        started = time.perf_counter()
+        async with engine.submit(request) as generation:
+            async for event in generation:
+                if isinstance(event, Token):
+                    stream = sys.stderr if event.reasoning else sys.stdout
+                    if event.reasoning:
+                        stream.write(dim[0] + event.text + dim[1])
+                    else:
+                        stream.write(event.text)
+                    stream.flush()
+                elif isinstance(event, Done):
+                    elapsed = time.perf_counter() - started
+                    decode = event.timings.decode_s
+                    rate = (event.completion_tokens - 1) / decode if decode > 0 else 0.0
+                    print(file=sys.stdout)
+                    print(
+                        f"[{event.stop.value}] prompt {event.prompt_tokens} tokens, "
+                        f"completion {event.completion_tokens} tokens, {rate:.1f} tok/s decode, "
+                        f"prefill {event.timings.prefill_s:.2f}s, total {elapsed:.2f}s",
+                        file=sys.stderr,
+                    )
+                elif isinstance(event, Failed):
+                    print(f"\nerror: {event.error}", file=sys.stderr)
+                    return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:
+        logging.getLogger("llmtrio.llama").setLevel(logging.ERROR)
+    try:
+        if args.command == "generate":
+            return trio.run(_generate, args)
+        return int(args.run(args))
+    except EngineError as exc:
+        print(f"llmtrio: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

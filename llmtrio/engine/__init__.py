@@ -1,0 +1,63 @@
+"""llmtrio's engine: one GGUF model on llama.cpp, continuous batching, on Trio.
+
+async with Engine.open(EngineConfig(model=path, max_inflight=8)) as engine:
+    async with engine.submit(GenerateRequest.user("Say hi.")) as generation:
+        async for event in generation:
+            ...   # Token, then Done or Failed
+"""
+
+from ._engine import Engine as Engine
+from ._engine import EngineStats as EngineStats
+from ._engine import Generation as Generation
+from ._errors import DecodeError as DecodeError
+from ._errors import EngineClosedError as EngineClosedError
+from ._errors import EngineError as EngineError
+from ._errors import InvalidRequestError as InvalidRequestError
+from ._errors import ModelLoadError as ModelLoadError
+from ._errors import PromptTooLongError as PromptTooLongError
+from ._errors import RequestError as RequestError
+from ._model_source import ResolvedModel as ResolvedModel
+from ._model_source import demo_model_path as demo_model_path
+from ._model_source import resolve_model as resolve_model
+from ._types import DEFAULT_QUANT as DEFAULT_QUANT
+from ._types import DEFAULT_REPO as DEFAULT_REPO
+from ._types import Capacity as Capacity
+from ._types import ChatMessage as ChatMessage
+from ._types import Done as Done
+from ._types import EngineConfig as EngineConfig
+from ._types import Event as Event
+from ._types import Failed as Failed
+from ._types import GenerateRequest as GenerateRequest
+from ._types import Sampling as Sampling
+from ._types import StopReason as StopReason
+from ._types import Timings as Timings
+from ._types import Token as Token
+
+__all__ = [
+    "DEFAULT_QUANT",
+    "DEFAULT_REPO",
+    "Capacity",
+    "ChatMessage",
+    "DecodeError",
+    "Done",
+    "Engine",
+    "EngineClosedError",
+    "EngineConfig",
+    "EngineError",
+    "EngineStats",
+    "Event",
+    "Failed",
+    "GenerateRequest",
+    "Generation",
+    "InvalidRequestError",
+    "ModelLoadError",
+    "PromptTooLongError",
+    "RequestError",
+    "ResolvedModel",
+    "Sampling",
+    "StopReason",
+    "Timings",
+    "Token",
+    "demo_model_path",
+    "resolve_model",
+]

@@ -1,0 +1,97 @@
+"""Chat templating: the GGUF's own Jinja template, or llama.cpp's built-in one for its
+architecture when the GGUF carries none."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import attrs
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ._errors import InvalidRequestError
+from ._text import THINK_CLOSE, THINK_OPEN
+from ._types import ChatMessage
+
+__all__ = ["ChatTemplate", "RenderedPrompt"]
+
+# Architectures whose models ship no template in their GGUF, and llama.cpp's built-in
+# template that fits them; anything else gets ChatML.
+_BUILTIN_BY_ARCH = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
+
+
+@attrs.frozen
+class RenderedPrompt:
+    text: str
+    #: The prompt ends inside an open think block: the first pieces are reasoning.
+    opens_think: bool
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """Renders chat messages into a prompt string.
+
+    ``render_builtin`` is llama.cpp's own renderer, called for models without a Jinja
+    template. A template error is an :class:`InvalidRequestError` (e.g. a template that
+    refuses a system message).
+    """
+
+    def __init__(
+        self,
+        jinja_source: str | None,
+        *,
+        architecture: str,
+        bos_token: str,
+        eos_token: str,
+        render_builtin: Any,
+    ) -> None:
+        self._bos_token = bos_token
+        self._eos_token = eos_token
+        self._render_builtin = render_builtin
+        self.builtin_name = None if jinja_source else _BUILTIN_BY_ARCH.get(architecture, "chatml")
+        self._template = None
+        if jinja_source:
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = _strftime_now
+            self._template = env.from_string(jinja_source)
+
+    @property
+    def source(self) -> str:
+        return "gguf" if self._template is not None else f"built-in {self.builtin_name}"
+
+    def render(self, messages: Sequence[ChatMessage], *, think: bool | None) -> RenderedPrompt:
+        if self._template is None:
+            pairs = [("system" if m.role == "developer" else m.role, m.content) for m in messages]
+            text = str(self._render_builtin(self.builtin_name, pairs))
+        else:
+            variables: dict[str, Any] = {
+                "messages": [
+                    {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+                    for m in messages
+                ],
+                "add_generation_prompt": True,
+                "bos_token": self._bos_token,
+                "eos_token": self._eos_token,
+            }
+            if think is not None:
+                variables["enable_thinking"] = think
+            try:
+                text = self._template.render(**variables)
+            except TemplateError as exc:
+                raise InvalidRequestError(
+                    f"the model's chat template refused these messages: {exc}", param="messages"
+                ) from exc
+        opens = text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
+        return RenderedPrompt(text, opens)

@@ -1,0 +1,64 @@
+"""The engine's exceptions.
+
+EngineError
+├── ModelLoadError          the model could not be found, read or loaded (raised at open)
+├── RequestError            a request the engine cannot run (raised by ``submit``)
+│   ├── PromptTooLongError  the prompt does not fit a slot's context
+│   └── InvalidRequestError a bad parameter, message or token id
+├── DecodeError             llama_decode failed for this request (carried by ``Failed``)
+└── EngineClosedError       the engine closed before or while the request ran
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DecodeError",
+    "EngineClosedError",
+    "EngineError",
+    "InvalidRequestError",
+    "ModelLoadError",
+    "PromptTooLongError",
+    "RequestError",
+]
+
+
+class EngineError(Exception):
+    """Base class of everything the engine raises."""
+
+
+class ModelLoadError(EngineError):
+    """The model could not be resolved, read or loaded."""
+
+
+class RequestError(EngineError):
+    """A request the engine refuses; ``param`` names the offending field, if any."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PromptTooLongError(RequestError):
+    """The prompt needs more tokens than one slot's context holds."""
+
+    def __init__(self, prompt_tokens: int, ctx_size: int) -> None:
+        super().__init__(
+            f"the prompt is {prompt_tokens} tokens, but a slot's context holds {ctx_size} "
+            "(at least one token must be left to generate); shorten the prompt or raise "
+            "--ctx-size",
+            param="messages",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.ctx_size = ctx_size
+
+
+class InvalidRequestError(RequestError):
+    """A parameter, message or token id the engine cannot use."""
+
+
+class DecodeError(EngineError):
+    """llama_decode failed for the sequence this request was decoding in."""
+
+
+class EngineClosedError(EngineError):
+    """The engine was closed; no request runs on it any more."""

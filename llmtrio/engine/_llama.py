@@ -1,0 +1,328 @@
+"""The thin layer over llama-cpp-python's low-level bindings: model, context, batch, samplers.
+
+Everything here runs on the thread that owns the context (the loader, then the decode loop);
+nothing here knows of Trio.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from ._errors import ModelLoadError
+
+__all__ = ["Batch", "LlamaModel", "SlotSampler"]
+
+logger = logging.getLogger("llmtrio.llama")
+
+# llama.cpp logs through one process-wide callback. Its warnings and errors go to our logger;
+# the last lines are kept so a failed load can say why.
+_recent_lines: deque[str] = deque(maxlen=20)
+_log_lock = threading.Lock()
+_LEVELS = {2: logging.WARNING, 3: logging.ERROR}
+
+
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", "replace").rstrip()
+    if not line:
+        return
+    with _log_lock:
+        _recent_lines.append(line)
+    if level in _LEVELS:
+        logger.log(_LEVELS[level], "%s", line)
+    else:
+        logger.debug("%s", line)
+
+
+llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+def _recent_log() -> str:
+    with _log_lock:
+        lines = [line for line in _recent_lines if "error" in line.lower() or "failed" in line]
+        _recent_lines.clear()
+    return "; ".join(lines[-3:])
+
+
+class LlamaModel:
+    """One loaded model and its context: ``n_seq_max = slots``, ``ctx_size`` tokens per slot.
+
+    Resource handling: :meth:`close` frees the context and the model; call it from the thread
+    that last used them, once nothing decodes.
+    """
+
+    def __init__(
+        self, path: Path, *, slots: int, ctx_size: int, threads: int, n_batch: int
+    ) -> None:
+        _recent_log()
+        params = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            why = _recent_log() or "llama.cpp could not load it"
+            raise ModelLoadError(f"cannot load model {path}: {why}")
+        try:
+            self._init_context(slots=slots, ctx_size=ctx_size, threads=threads, n_batch=n_batch)
+        except BaseException:
+            llama_cpp.llama_model_free(self._model)
+            raise
+        self.path = path
+        self.ctx_size = ctx_size
+        self.slots = slots
+        self.n_batch = n_batch
+        self.vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.bos: int = llama_cpp.llama_vocab_bos(self.vocab)
+        self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self._model))
+        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self._model))
+        self.eog: frozenset[int] = frozenset(
+            t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
+        )
+        self.architecture = self.meta("general.architecture") or "unknown"
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        self.chat_template: str | None = template.decode("utf-8", "replace") if template else None
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+
+    def _init_context(self, *, slots: int, ctx_size: int, threads: int, n_batch: int) -> None:
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = ctx_size * slots
+        cparams.n_seq_max = slots
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        # Each slot gets its own ctx_size cells: one long sequence cannot starve the others.
+        cparams.kv_unified = False
+        cparams.no_perf = True
+        self.ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self.ctx:
+            why = _recent_log() or "llama.cpp could not create the context"
+            raise ModelLoadError(
+                f"cannot create a context of {slots} slots x {ctx_size} tokens: {why}"
+            )
+        n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)
+        if n_ctx_seq < ctx_size:
+            llama_cpp.llama_free(self.ctx)
+            raise ModelLoadError(
+                f"llama.cpp gives each slot {n_ctx_seq} tokens of context, less than the "
+                f"{ctx_size} asked for (the model was trained for "
+                f"{llama_cpp.llama_model_n_ctx_train(self._model)})"
+            )
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(512)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    # -- text ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(
+            self.vocab, data, len(data), tokens, capacity, add_special, parse_special
+        )
+        if n < 0:
+            capacity = -n
+            tokens = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), tokens, capacity, add_special, parse_special
+            )
+        return list(tokens[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token, as generated text (control tokens render empty)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            cached = self._render(token, special=False)
+            self._pieces[token] = cached
+        return cached
+
+    def special_piece(self, token: int) -> bytes:
+        return self._render(token, special=True)
+
+    def _render(self, token: int, *, special: bool) -> bytes:
+        buf = self._piece_buf
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def apply_builtin_template(self, name: str, messages: list[tuple[str, str]]) -> str:
+        """Render ``messages`` with llama.cpp's built-in template ``name`` (e.g. "gemma")."""
+        keep = [(role.encode(), content.encode()) for role, content in messages]
+        chat = (llama_cpp.llama_chat_message * len(keep))()
+        for i, (role, content) in enumerate(keep):
+            chat[i].role = role
+            chat[i].content = content
+        size = 256 + 2 * sum(len(c) for _, c in keep)
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(keep), True, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n)
+            n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(keep), True, buf, n)
+        if n < 0:
+            raise ValueError(f"llama.cpp has no built-in chat template {name!r}")
+        return buf.raw[:n].decode("utf-8", "replace")
+
+    # -- decoding -----------------------------------------------------------------------
+
+    def decode(self, batch: Batch) -> int:
+        return int(llama_cpp.llama_decode(self.ctx, batch.struct))
+
+    def forget(self, seq: int, start: int = -1) -> bool:
+        """Drop ``seq``'s memory from position ``start`` on (all of it by default). Returns
+        false when the memory cannot be cut there (recurrent state: only all of it)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq, start, -1))
+
+    def logits(self, index: int) -> npt.NDArray[np.float32]:
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+
+class Batch:
+    """A ``llama_batch`` over numpy arrays, filled a slice at a time (no per-token objects).
+
+    Every token belongs to one sequence; the ``seq_id`` pointers are set once to point into a
+    flat array, so sequence ids are filled like the other columns.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        item = ctypes.sizeof(ctypes.c_int32)
+        base = self.seq.ctypes.data
+        self._seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * capacity)(
+            *(
+                ctypes.cast(base + i * item, ctypes.POINTER(llama_cpp.llama_seq_id))
+                for i in range(capacity)
+            )
+        )
+        self.struct = llama_cpp.llama_batch()
+        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+        self.struct.embd = None
+        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
+        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.seq_id = self._seq_ptrs
+        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def add(
+        self,
+        tokens: npt.NDArray[np.int32] | list[int],
+        start_pos: int,
+        seq: int,
+        *,
+        output_last: bool,
+    ) -> int:
+        """Append ``tokens`` of ``seq`` at positions ``start_pos...``; returns the batch index
+        of the last one (whose logits are output when ``output_last``)."""
+        n = len(tokens)
+        i = self.n
+        self.token[i : i + n] = tokens
+        self.pos[i : i + n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        self.seq[i : i + n] = seq
+        self.logits[i : i + n] = 0
+        if output_last:
+            self.logits[i + n - 1] = 1
+        self.n = i + n
+        self.struct.n_tokens = self.n
+        return i + n - 1
+
+    def add_one(self, token: int, pos: int, seq: int) -> int:
+        i = self.n
+        self.token[i] = token
+        self.pos[i] = pos
+        self.seq[i] = seq
+        self.logits[i] = 1
+        self.n = i + 1
+        self.struct.n_tokens = self.n
+        return i
+
+
+class SlotSampler:
+    """Picks a slot's next token from the logits at a batch index.
+
+    Greedy without biases is an argmax over the logits (numpy, no candidate array); anything
+    else runs llama.cpp's sampler chain: logit bias, top-k, top-p, min-p, temperature, then a
+    seeded draw.
+
+    Resource handling: :meth:`close` frees the chain.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        seed: int,
+        bias: dict[int, float],
+    ) -> None:
+        self._model = model
+        self._chain: Any = None
+        self._argmax = temperature <= 0 and not bias
+        if self._argmax:
+            return
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        self._chain = chain
+        if bias:
+            entries = (llama_cpp.llama_logit_bias * len(bias))()
+            for i, (token, value) in enumerate(bias.items()):
+                entries[i].token = token
+                entries[i].bias = value
+            llama_cpp.llama_sampler_chain_add(
+                chain, llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(bias), entries)
+            )
+        if temperature <= 0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+            return
+        if top_k > 0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(top_k))
+        if top_p < 1.0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(top_p, 1))
+        if min_p > 0.0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_min_p(min_p, 1))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(temperature))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
+
+    def sample(self, index: int) -> int:
+        if self._argmax:
+            return int(np.argmax(self._model.logits(index)))
+        return int(llama_cpp.llama_sampler_sample(self._chain, self._model.ctx, index))
+
+    def close(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None

@@ -1,0 +1,111 @@
+"""The admission and chunking policy: which sequences run in the next step, and how many
+prompt tokens each ingests. Pure: fed with slot state and measured step times, no llama.cpp.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+__all__ = ["Prefill", "Scheduler", "StepPlan"]
+
+
+@attrs.frozen
+class Prefill:
+    """Ingest ``count`` prompt tokens of ``key`` starting at prompt offset ``start``."""
+
+    key: int
+    start: int
+    count: int
+
+
+@attrs.frozen
+class StepPlan:
+    admitted: tuple[int, ...]
+    decode: tuple[int, ...]
+    prefill: tuple[Prefill, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+@attrs.define
+class _Slot:
+    prompt_len: int
+    prefilled: int = 0
+
+
+@attrs.define
+class Scheduler:
+    """Continuous-batching policy over ``max_inflight`` slots.
+
+    - Waiting requests are admitted in arrival order while a slot is free. With
+      ``target_step_ms > 0`` admission also pauses while the last measured decode step was
+      slower than the target, and admits one request at a time, only when no prompt is being
+      ingested (so the next measurement shows the cost of the one just admitted).
+    - Each step decodes one token for every sequence past its prompt, and spends up to
+      ``prefill_chunk`` prompt tokens on sequences still ingesting, oldest first.
+    """
+
+    max_inflight: int
+    prefill_chunk: int
+    target_step_ms: float = 0.0
+    _waiting: deque[tuple[int, int]] = attrs.field(factory=deque)
+    _slots: dict[int, _Slot] = attrs.field(factory=dict)
+    _decode_step_ms: float | None = None
+
+    def add(self, key: int, prompt_len: int) -> None:
+        self._waiting.append((key, prompt_len))
+
+    def remove(self, key: int) -> None:
+        """Forget ``key``, waiting or running (finished or cancelled)."""
+        if self._slots.pop(key, None) is None:
+            self._waiting = deque(item for item in self._waiting if item[0] != key)
+
+    def measured(self, step_ms: float, *, decode_only: bool) -> None:
+        """Record a step's cost; only steps with no prompt ingestion steer admission."""
+        if decode_only:
+            self._decode_step_ms = step_ms
+
+    @property
+    def running(self) -> int:
+        return len(self._slots)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def schedule(self) -> StepPlan:
+        admitted = self._admit()
+        decode = tuple(
+            key for key, slot in self._slots.items() if slot.prefilled >= slot.prompt_len
+        )
+        prefill: list[Prefill] = []
+        budget = self.prefill_chunk
+        for key, slot in self._slots.items():
+            if budget == 0:
+                break
+            left = slot.prompt_len - slot.prefilled
+            if left > 0:
+                count = min(left, budget)
+                prefill.append(Prefill(key, slot.prefilled, count))
+                slot.prefilled += count
+                budget -= count
+        return StepPlan(admitted, decode, tuple(prefill))
+
+    def _admit(self) -> tuple[int, ...]:
+        admitted: list[int] = []
+        while self._waiting and len(self._slots) < self.max_inflight:
+            if self.target_step_ms > 0:
+                ingesting = any(s.prefilled < s.prompt_len for s in self._slots.values())
+                over = (
+                    self._decode_step_ms is not None and self._decode_step_ms > self.target_step_ms
+                )
+                if admitted or ingesting or (over and self._slots):
+                    break
+            key, prompt_len = self._waiting.popleft()
+            self._slots[key] = _Slot(prompt_len)
+            admitted.append(key)
+        return tuple(admitted)

@@ -1,0 +1,6 @@
+"""The worker: joins a ring to an engine, speaking OpenAI chat completions on the lanes."""
+
+from ._worker import HEARTBEAT_INTERVAL_S as HEARTBEAT_INTERVAL_S
+from ._worker import serve_link as serve_link
+
+__all__ = ["HEARTBEAT_INTERVAL_S", "serve_link"]

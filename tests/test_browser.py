@@ -1,0 +1,74 @@
+"""The chat page in real headless Chromium (Debian's), against ``llmtrio serve``."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import LiveServer
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(),
+    reason="Debian's chromium is not installed (scripts/test installs it)",
+)
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+]
+
+
+def test_chat_page_streams_and_stop_cancels_on_the_server(
+    live_server: LiveServer, artifacts: Path
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(live_server.url + "/")
+            expect(page.locator("#model-name")).to_contain_text("gemma")
+
+            # A whole answer: streamed text, stats, a finish reason.
+            page.fill("#max-tokens", "24")
+            page.fill("#prompt", "Write one sentence about the moon.")
+            page.click("#send")
+            first = page.locator(".msg.assistant").nth(0)
+            expect(first).to_have_attribute("data-finish", "length", timeout=60_000)
+            assert first.locator(".answer").inner_text().strip()
+            expect(first.locator(".stats .tps")).to_contain_text("tok/s")
+
+            # A long answer, stopped mid-way: the server frees the slot.
+            page.fill("#max-tokens", "400")
+            page.fill("#prompt", "Tell me a very long story about a lighthouse keeper.")
+            page.click("#send")
+            second = page.locator(".msg.assistant").nth(1)
+            expect(second.locator(".answer")).not_to_be_empty(timeout=60_000)
+            page.wait_for_function(
+                "document.querySelectorAll('.msg.assistant')[1]"
+                ".querySelector('.answer').textContent.length > 20",
+                timeout=60_000,
+            )
+            assert live_server.inflight() == 1
+            page.click("#stop")
+            expect(second).to_have_attribute("data-finish", "aborted")
+            deadline = time.monotonic() + 10
+            while live_server.inflight():
+                assert time.monotonic() < deadline, live_server.health()
+                time.sleep(0.05)
+            page.screenshot(path=str(artifacts / "chat-page.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()

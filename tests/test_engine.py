@@ -1,0 +1,328 @@
+"""The engine on the real gemma test model: batching, stops, cancellation, admission."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from llmtrio.engine import (
+    DecodeError,
+    Done,
+    Engine,
+    EngineClosedError,
+    EngineConfig,
+    Failed,
+    GenerateRequest,
+    PromptTooLongError,
+    StopReason,
+    Token,
+)
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at",
+    "My favourite recipe for pancakes:",
+    "In 1969, the first humans",
+    "A haiku about the sea:",
+]
+
+
+def config(path: Path, **kwargs: object) -> EngineConfig:
+    values: dict[str, object] = {"model": path, "max_inflight": 8, "ctx_size": 256, "threads": 2}
+    values.update(kwargs)
+    return EngineConfig(**values)  # type: ignore[arg-type]
+
+
+async def run(engine: Engine, request: GenerateRequest) -> tuple[str, Done]:
+    text = []
+    async with engine.submit(request) as generation:
+        async for event in generation:
+            if isinstance(event, Token):
+                text.append(event.text)
+            elif isinstance(event, Done):
+                return "".join(text), event
+            else:
+                raise AssertionError(f"generation failed: {event}")
+    raise AssertionError("no Done event")
+
+
+async def wait_idle(engine: Engine, seconds: float = 10.0) -> None:
+    with trio.fail_after(seconds):
+        await engine.wait_idle()
+
+
+def raw(prompt: str, engine: Engine, **kwargs: object) -> GenerateRequest:
+    return GenerateRequest(tokens=engine.tokenize(prompt, add_special=True), **kwargs)  # type: ignore[arg-type]
+
+
+async def test_eight_prompts_batched_give_the_same_greedy_text_as_alone(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path)) as engine:
+        requests = [raw(p, engine, max_tokens=24, ignore_eos=True) for p in PROMPTS]
+        alone = [await run(engine, r) for r in requests]
+        together: list[tuple[str, Done] | None] = [None] * len(requests)
+        peak = 0
+
+        async def one(i: int) -> None:
+            together[i] = await run(engine, requests[i])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(requests)):
+                nursery.start_soon(one, i)
+            while any(t is None for t in together):
+                peak = max(peak, engine.capacity().decoding)
+                await trio.sleep(0.005)
+        assert peak == 8, "all eight should have decoded in one batch"
+        for (text_alone, done_alone), result in zip(alone, together, strict=True):
+            assert result is not None
+            assert done_alone.completion_tokens == result[1].completion_tokens == 24
+            assert result[0] == text_alone
+        assert engine.capacity().inflight == 0
+
+
+async def test_chat_request_streams_text_and_counts_tokens(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path)) as engine:
+        text, done = await run(engine, GenerateRequest.user("Say hi.", max_tokens=16))
+        assert text.strip()
+        assert done.prompt_tokens > 5
+        assert 1 <= done.completion_tokens <= 16
+        assert done.stop in (StopReason.MAX_TOKENS, StopReason.END_OF_GENERATION)
+        assert done.timings.prefill_s > 0
+        if done.stop is StopReason.MAX_TOKENS:
+            assert done.completion_tokens == 16
+
+
+async def test_max_tokens_stop(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path)) as engine:
+        _, done = await run(engine, raw(PROMPTS[1], engine, max_tokens=7, ignore_eos=True))
+        assert done.stop is StopReason.MAX_TOKENS
+        assert done.completion_tokens == 7
+
+
+async def test_context_end_stop(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path, ctx_size=48, max_inflight=2)) as engine:
+        request = raw(PROMPTS[1], engine, ignore_eos=True)
+        assert request.tokens is not None
+        _, done = await run(engine, request)
+        assert done.stop is StopReason.CONTEXT_END
+        assert done.prompt_tokens + done.completion_tokens == 48 + 1
+        # max_tokens beyond the context also ends at the context.
+        _, done = await run(engine, raw(PROMPTS[1], engine, ignore_eos=True, max_tokens=500))
+        assert done.stop is StopReason.CONTEXT_END
+
+
+async def test_stop_string_is_never_emitted(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path)) as engine:
+        full, _ = await run(engine, raw(PROMPTS[1], engine, max_tokens=32, ignore_eos=True))
+        words = full.split()
+        assert len(words) > 4, full
+        stop = words[3]
+        cut = full.index(stop)
+        text, done = await run(
+            engine, raw(PROMPTS[1], engine, max_tokens=32, ignore_eos=True, stop=(stop,))
+        )
+        assert done.stop is StopReason.STOP_STRING
+        assert text == full[:cut]
+        assert stop not in text
+        await wait_idle(engine)
+
+
+async def test_prompt_longer_than_the_slot_is_rejected(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path, ctx_size=32, max_inflight=1)) as engine:
+        with pytest.raises(PromptTooLongError, match="32") as info:
+            async with engine.submit(GenerateRequest.user("word " * 100)):
+                pass
+        assert info.value.prompt_tokens > 100
+        assert engine.capacity().inflight == 0
+
+
+async def test_cancel_frees_the_slot_and_capacity_returns_to_zero(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path, max_inflight=2)) as engine:
+        request = raw(PROMPTS[0], engine, ignore_eos=True)
+        seen = 0
+        async with engine.submit(request) as generation:
+            async for event in generation:
+                assert isinstance(event, Token)
+                seen += 1
+                if seen == 3:
+                    assert engine.capacity().inflight == 1
+                    generation.cancel()
+        assert seen == 3
+        await wait_idle(engine, seconds=5)
+        assert engine.capacity().available_slots == 2
+        # The slot is reusable and gives the same text as before.
+        first, _ = await run(engine, raw(PROMPTS[2], engine, max_tokens=12, ignore_eos=True))
+        again, _ = await run(engine, raw(PROMPTS[2], engine, max_tokens=12, ignore_eos=True))
+        assert first == again
+
+
+async def test_leaving_the_block_or_cancelling_the_task_cancels(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path, max_inflight=2)) as engine:
+        request = raw(PROMPTS[0], engine, ignore_eos=True)
+        async with engine.submit(request) as generation:
+            async for _ in generation:
+                break
+        await wait_idle(engine, seconds=5)
+
+        with trio.move_on_after(0.5):
+            async with engine.submit(request) as generation:
+                async for _ in generation:
+                    pass
+        await wait_idle(engine, seconds=5)
+
+        # A request cancelled while still waiting for admission frees nothing it never had.
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(run, engine, request)
+            await trio.sleep(0.5)
+            assert engine.capacity().inflight == 4
+            nursery.cancel_scope.cancel()
+        await wait_idle(engine, seconds=5)
+
+
+async def test_cancel_during_prefill_takes_effect_at_the_next_chunk(gemma_path: Path) -> None:
+    cfg = config(gemma_path, max_inflight=2, ctx_size=4096, prefill_chunk=32)
+    async with Engine.open(cfg) as engine:
+        long_prompt = engine.tokenize("the quick brown fox " * 600, add_special=True)[:3000]
+        async with engine.submit(GenerateRequest(tokens=long_prompt, max_tokens=4)) as gen:
+            await trio.sleep(0.3)
+            assert engine.capacity().decoding == 1
+            gen.cancel()
+        start = trio.current_time()
+        await wait_idle(engine, seconds=5)
+        # 3000 tokens at ~250 tok/s would take ~12 s; a chunk of 32 takes a fraction of that.
+        assert trio.current_time() - start < 3
+
+
+async def test_long_prompt_does_not_stall_decoding_sequences(gemma_path: Path) -> None:
+    cfg = config(gemma_path, max_inflight=2, ctx_size=2048, prefill_chunk=64)
+    async with Engine.open(cfg) as engine:
+        long_prompt = engine.tokenize("the quick brown fox " * 400, add_special=True)[:1500]
+        gaps: list[float] = []
+
+        async def decoder(task_status: trio.TaskStatus[None]) -> None:
+            last = None
+            request = raw(PROMPTS[0], engine, max_tokens=60, ignore_eos=True)
+            async with engine.submit(request) as gen:
+                async for event in gen:
+                    now = trio.current_time()
+                    if last is None:
+                        task_status.started()
+                    else:
+                        gaps.append(now - last)
+                    last = now
+                    if isinstance(event, Done):
+                        return
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(decoder)
+            _, done = await run(engine, GenerateRequest(tokens=long_prompt, max_tokens=2))
+            assert done.prompt_tokens == 1500
+        # Without chunking one step would ingest all 1500 tokens (~6 s here).
+        assert max(gaps) < 3.0, max(gaps)
+
+
+async def test_target_step_ms_admits_fewer_than_max_inflight(gemma_path: Path) -> None:
+    # Any decode step on this machine takes more than 1 ms, so admission pauses as soon as
+    # one sequence decodes; without a target all four would run together.
+    async with Engine.open(config(gemma_path, max_inflight=4, target_step_ms=1.0)) as engine:
+        request = raw(PROMPTS[0], engine, max_tokens=8, ignore_eos=True)
+        peak = 0
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(run, engine, request)
+            await trio.sleep(0.05)
+            while engine.capacity().inflight:
+                assert engine.capacity().inflight <= 4
+                peak = max(peak, engine.capacity().decoding)
+                await trio.sleep(0.002)
+        assert peak == 1
+
+
+async def test_a_decode_error_fails_only_its_request(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path, max_inflight=4)) as engine:
+        good = [raw(p, engine, max_tokens=10, ignore_eos=True) for p in PROMPTS[:3]]
+        alone = [await run(engine, r) for r in good]
+        engine._check_token_ids = False  # let llama.cpp itself reject a bad token id
+        bad = GenerateRequest(tokens=[2, engine.n_vocab + 10], max_tokens=4)
+        results: dict[str, object] = {}
+
+        async def one(name: str, request: GenerateRequest) -> None:
+            async with engine.submit(request) as gen:
+                async for event in gen:
+                    if isinstance(event, Done | Failed):
+                        results[name] = event
+                        return
+
+        async with trio.open_nursery() as nursery:
+            for i, request in enumerate(good):
+                nursery.start_soon(one, f"good{i}", request)
+            nursery.start_soon(one, "bad", bad)
+        failed = results["bad"]
+        assert isinstance(failed, Failed) and isinstance(failed.error, DecodeError)
+        for i in range(3):
+            assert isinstance(results[f"good{i}"], Done)
+        again = [await run(engine, r) for r in good]
+        assert again == alone
+        assert engine.capacity().inflight == 0
+
+
+async def test_out_of_vocabulary_token_is_rejected_at_submit(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path, max_inflight=1)) as engine:
+        with pytest.raises(Exception, match="outside the vocabulary"):
+            async with engine.submit(GenerateRequest(tokens=[engine.n_vocab])):
+                pass
+
+
+async def test_closing_the_engine_fails_what_is_in_flight(gemma_path: Path) -> None:
+    events: list[object] = []
+    async with Engine.open(config(gemma_path, max_inflight=1)) as engine:
+        request = raw(PROMPTS[0], engine, ignore_eos=True)
+
+        async def consume(task_status: trio.TaskStatus[None]) -> None:
+            async with engine.submit(request) as gen:
+                task_status.started()
+                async for event in gen:
+                    if not isinstance(event, Token):
+                        events.append(event)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consume)
+            await nursery.start(consume)  # waits for admission behind the first
+            await trio.sleep(0.3)
+            engine._close()
+    assert len(events) == 2
+    assert all(isinstance(e, Failed) and isinstance(e.error, EngineClosedError) for e in events)
+
+
+async def test_trio_loop_stays_responsive_during_decode(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path, max_inflight=4, prefill_chunk=256)) as engine:
+        long_prompt = engine.tokenize("hello world " * 300, add_special=True)[:600]
+        worst = 0.0
+
+        async def ticker(cancel: trio.CancelScope) -> None:
+            nonlocal worst
+            with cancel:
+                while True:
+                    before = trio.current_time()
+                    await trio.sleep(0.001)
+                    worst = max(worst, trio.current_time() - before)
+
+        scope = trio.CancelScope()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker, scope)
+            await run(engine, GenerateRequest(tokens=long_prompt, max_tokens=8))
+            scope.cancel()
+        assert worst < 0.25, worst
+
+
+async def test_submit_after_close_is_refused(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path, max_inflight=1)) as engine:
+        pass
+    with pytest.raises(EngineClosedError):
+        async with engine.submit(GenerateRequest.user("hi")):
+            pass
