@@ -20,7 +20,7 @@ cpu_has() { grep -q -w "$1" /proc/cpuinfo 2>/dev/null; }
 PORTABLE_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 if cpu_has avx512f; then
     PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512=ON"
-    cpu_has avx512_vbmi && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_VBMI=ON"
+    cpu_has avx512vbmi && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_VBMI=ON"
     cpu_has avx512_vnni && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_VNNI=ON"
     cpu_has avx512_bf16 && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_BF16=ON"
 else

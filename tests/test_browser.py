@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import LiveServer
+from ._server import LiveServer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(

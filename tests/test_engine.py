@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from pathlib import Path
 
+import numpy as np
 import pytest
 import trio
 
@@ -19,6 +21,7 @@ from llmtrio.engine import (
     StopReason,
     Token,
 )
+from llmtrio.engine._llama import Batch, LlamaModel
 
 PROMPTS = [
     "The capital of France is",
@@ -60,28 +63,94 @@ def raw(prompt: str, engine: Engine, **kwargs: object) -> GenerateRequest:
     return GenerateRequest(tokens=engine.tokenize(prompt, add_special=True), **kwargs)  # type: ignore[arg-type]
 
 
-async def test_eight_prompts_batched_give_the_same_greedy_text_as_alone(gemma_path: Path) -> None:
+def llama_greedy(
+    path: Path, prompts: list[list[int]], steps: int
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Greedy decoding straight on llama.cpp, all ``prompts`` in one batch per step (prefill
+    included), end-of-generation tokens banned; returns each sequence's tokens and the
+    top-1 minus top-2 logit margin of every choice."""
+    model = LlamaModel(path, slots=8, ctx_size=256, threads=2, n_batch=264)
+    try:
+        eog = np.array(sorted(model.eog))
+        batch = Batch(264)
+        index = [
+            batch.add(np.asarray(p, np.int32), 0, s, output_last=True)
+            for s, p in enumerate(prompts)
+        ]
+        positions = [len(p) for p in prompts]
+        tokens: list[list[int]] = [[] for _ in prompts]
+        margins: list[list[float]] = [[] for _ in prompts]
+        for _ in range(steps):
+            assert model.decode(batch) == 0
+            chosen = []
+            for seq, i in enumerate(index):
+                logits = model.logits(i).copy()
+                logits[eog] = -np.inf
+                second, first = np.argsort(logits)[-2:]
+                margins[seq].append(float(logits[first] - logits[second]))
+                tokens[seq].append(int(first))
+                chosen.append(int(first))
+            batch.clear()
+            index = []
+            for seq, token in enumerate(chosen):
+                index.append(batch.add_one(token, positions[seq], seq))
+                positions[seq] += 1
+        return tokens, margins
+    finally:
+        model.close()
+
+
+async def test_eight_prompts_batched_match_llama_cpp_and_agree_with_alone(gemma_path: Path) -> None:
+    """Eight prompts decoded together give exactly what llama.cpp's own batched decode of the
+    same batch gives, and each alone gives exactly llama.cpp's single-sequence decode.
+
+    Batched and alone differ on some prompts after a few tokens: llama.cpp's kernels sum in a
+    different order for a batch of 8 than for 1, which flips greedy choices between two
+    tokens whose logits are within a fraction of a unit. The test checks that every
+    divergence starts at such a near-tie (margin < 0.5), and PERFORMANCE.md reports the
+    agreement.
+    """
+    steps = 24
     async with Engine.open(config(gemma_path)) as engine:
-        requests = [raw(p, engine, max_tokens=24, ignore_eos=True) for p in PROMPTS]
-        alone = [await run(engine, r) for r in requests]
-        together: list[tuple[str, Done] | None] = [None] * len(requests)
+        prompts = [engine.tokenize(p, add_special=True) for p in PROMPTS]
+        requests = [GenerateRequest(tokens=p, max_tokens=steps, ignore_eos=True) for p in prompts]
+        alone = [(await run(engine, r))[0] for r in requests]
+
+        together = [""] * len(requests)
         peak = 0
+        async with AsyncExitStack() as stack:
+            # Hold the decode thread at its step boundary while all eight are submitted, so
+            # they are admitted in one step, as in llama_greedy.
+            with engine._cond:
+                generations = [await stack.enter_async_context(engine.submit(r)) for r in requests]
 
-        async def one(i: int) -> None:
-            together[i] = await run(engine, requests[i])
+            async def drain(i: int) -> None:
+                nonlocal peak
+                async for event in generations[i]:
+                    peak = max(peak, engine.capacity().decoding)
+                    if isinstance(event, Token):
+                        together[i] += event.text
 
-        async with trio.open_nursery() as nursery:
-            for i in range(len(requests)):
-                nursery.start_soon(one, i)
-            while any(t is None for t in together):
-                peak = max(peak, engine.capacity().decoding)
-                await trio.sleep(0.005)
+            async with trio.open_nursery() as nursery:
+                for i in range(len(requests)):
+                    nursery.start_soon(drain, i)
         assert peak == 8, "all eight should have decoded in one batch"
-        for (text_alone, done_alone), result in zip(alone, together, strict=True):
-            assert result is not None
-            assert done_alone.completion_tokens == result[1].completion_tokens == 24
-            assert result[0] == text_alone
         assert engine.capacity().inflight == 0
+
+        def text(tokens: list[int]) -> str:
+            return b"".join(engine._piece(t) for t in tokens).decode("utf-8", "replace")
+
+    batched, _ = await trio.to_thread.run_sync(llama_greedy, gemma_path, prompts, steps)
+    assert together == [text(t) for t in batched]
+    agree = 0
+    for i, prompt in enumerate(prompts):
+        single, margins = await trio.to_thread.run_sync(llama_greedy, gemma_path, [prompt], steps)
+        assert alone[i] == text(single[0])
+        diverge = next((k for k in range(steps) if single[0][k] != batched[i][k]), steps)
+        agree += diverge
+        if diverge < steps:
+            assert margins[0][diverge] < 0.5, (i, diverge, margins[0][diverge])
+    assert agree >= steps * len(prompts) // 2, agree
 
 
 async def test_chat_request_streams_text_and_counts_tokens(gemma_path: Path) -> None:
@@ -246,7 +315,7 @@ async def test_target_step_ms_admits_fewer_than_max_inflight(gemma_path: Path) -
 async def test_a_decode_error_fails_only_its_request(gemma_path: Path) -> None:
     async with Engine.open(config(gemma_path, max_inflight=4)) as engine:
         good = [raw(p, engine, max_tokens=10, ignore_eos=True) for p in PROMPTS[:3]]
-        alone = [await run(engine, r) for r in good]
+        alone = [(await run(engine, r))[0] for r in good]
         engine._check_token_ids = False  # let llama.cpp itself reject a bad token id
         bad = GenerateRequest(tokens=[2, engine.n_vocab + 10], max_tokens=4)
         results: dict[str, object] = {}
@@ -266,7 +335,7 @@ async def test_a_decode_error_fails_only_its_request(gemma_path: Path) -> None:
         assert isinstance(failed, Failed) and isinstance(failed.error, DecodeError)
         for i in range(3):
             assert isinstance(results[f"good{i}"], Done)
-        again = [await run(engine, r) for r in good]
+        again = [(await run(engine, r))[0] for r in good]
         assert again == alone
         assert engine.capacity().inflight == 0
 
@@ -300,7 +369,9 @@ async def test_closing_the_engine_fails_what_is_in_flight(gemma_path: Path) -> N
 
 
 async def test_trio_loop_stays_responsive_during_decode(gemma_path: Path) -> None:
-    async with Engine.open(config(gemma_path, max_inflight=4, prefill_chunk=256)) as engine:
+    async with Engine.open(
+        config(gemma_path, max_inflight=4, ctx_size=1024, prefill_chunk=256)
+    ) as engine:
         long_prompt = engine.tokenize("hello world " * 300, add_special=True)[:600]
         worst = 0.0
 

@@ -177,9 +177,10 @@ class _Cursor:
 
     def unpack(self, fmt: str, size: int) -> int | float | bool:
         self.need(size)
+        value: int | float | bool
         (value,) = struct.unpack_from(fmt, self._buf, self._pos)
         self._pos += size
-        return value  # type: ignore[no-any-return]
+        return value
 
     def u32(self) -> int:
         return int(self.unpack("<I", 4))

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import llama_cpp
 import numpy as np
@@ -27,7 +27,9 @@ logger = logging.getLogger("llmtrio.llama")
 # the last lines are kept so a failed load can say why.
 _recent_lines: deque[str] = deque(maxlen=20)
 _log_lock = threading.Lock()
-_LEVELS = {2: logging.WARNING, 3: logging.ERROR}
+# ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line's level.
+_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+_last_level = [logging.DEBUG]
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
@@ -37,10 +39,10 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         return
     with _log_lock:
         _recent_lines.append(line)
-    if level in _LEVELS:
-        logger.log(_LEVELS[level], "%s", line)
-    else:
-        logger.debug("%s", line)
+        if level != 5:
+            _last_level[0] = _LEVELS.get(level, logging.DEBUG)
+        py_level = _last_level[0]
+    logger.log(py_level, "%s", line)
 
 
 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
@@ -224,7 +226,7 @@ class Batch:
                 for i in range(capacity)
             )
         )
-        self.struct = llama_cpp.llama_batch()
+        self.struct: Any = cast(Any, llama_cpp.llama_batch())
         self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
         self.struct.embd = None
         self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
@@ -300,8 +302,7 @@ class SlotSampler:
         if bias:
             entries = (llama_cpp.llama_logit_bias * len(bias))()
             for i, (token, value) in enumerate(bias.items()):
-                entries[i].token = token
-                entries[i].bias = value
+                entries[i] = llama_cpp.llama_logit_bias(token, value)
             llama_cpp.llama_sampler_chain_add(
                 chain, llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(bias), entries)
             )

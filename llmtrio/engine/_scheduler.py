@@ -43,8 +43,9 @@ class Scheduler:
 
     - Waiting requests are admitted in arrival order while a slot is free. With
       ``target_step_ms > 0`` admission also pauses while the last measured decode step was
-      slower than the target, and admits one request at a time, only when no prompt is being
-      ingested (so the next measurement shows the cost of the one just admitted).
+      slower than the target, and admits one request at a time: the next only once a decode
+      step has been measured with the last one admitted in it (so every admission is judged
+      by a measurement that includes its predecessor).
     - Each step decodes one token for every sequence past its prompt, and spends up to
       ``prefill_chunk`` prompt tokens on sequences still ingesting, oldest first.
     """
@@ -55,6 +56,7 @@ class Scheduler:
     _waiting: deque[tuple[int, int]] = attrs.field(factory=deque)
     _slots: dict[int, _Slot] = attrs.field(factory=dict)
     _decode_step_ms: float | None = None
+    _measured_since_admit: bool = True
 
     def add(self, key: int, prompt_len: int) -> None:
         self._waiting.append((key, prompt_len))
@@ -68,6 +70,7 @@ class Scheduler:
         """Record a step's cost; only steps with no prompt ingestion steer admission."""
         if decode_only:
             self._decode_step_ms = step_ms
+            self._measured_since_admit = True
 
     @property
     def running(self) -> int:
@@ -98,14 +101,12 @@ class Scheduler:
     def _admit(self) -> tuple[int, ...]:
         admitted: list[int] = []
         while self._waiting and len(self._slots) < self.max_inflight:
-            if self.target_step_ms > 0:
-                ingesting = any(s.prefilled < s.prompt_len for s in self._slots.values())
-                over = (
-                    self._decode_step_ms is not None and self._decode_step_ms > self.target_step_ms
-                )
-                if admitted or ingesting or (over and self._slots):
+            if self.target_step_ms > 0 and self._slots:
+                over = (self._decode_step_ms or 0.0) > self.target_step_ms
+                if admitted or not self._measured_since_admit or over:
                     break
             key, prompt_len = self._waiting.popleft()
+            self._measured_since_admit = False
             self._slots[key] = _Slot(prompt_len)
             admitted.append(key)
         return tuple(admitted)
