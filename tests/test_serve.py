@@ -336,7 +336,9 @@ def test_https_with_a_certificate(gemma_path: Path, tmp_path: Path) -> None:
     )
     try:
         assert server.url.startswith("https://")
-        response = httpx.get(server.url + "/v1/models", verify=ssl.create_default_context(cafile=tmp_path / "ca.pem"))
+        response = httpx.get(
+            server.url + "/v1/models", verify=ssl.create_default_context(cafile=tmp_path / "ca.pem")
+        )
         assert response.status_code == 200
     finally:
         server.stop()
