@@ -14,20 +14,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LLAMA_CPP_PYTHON_VERSION=0.3.36
-# Portable flags: no -march=native, never AMX (a VM may advertise AMX and still fault on it),
-# and each AVX-512 extension only where this CPU reports it (an AMD EPYC here has AVX2 only).
-cpu_has() { grep -q -w "$1" /proc/cpuinfo 2>/dev/null; }
-PORTABLE_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-if cpu_has avx512f; then
-    PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512=ON"
-    cpu_has avx512vbmi && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_VBMI=ON"
-    cpu_has avx512_vnni && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_VNNI=ON"
-    cpu_has avx512_bf16 && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512_BF16=ON"
-else
-    PORTABLE_CMAKE_ARGS+=" -DGGML_AVX512=OFF"
-fi
-cpu_has avx_vnni && PORTABLE_CMAKE_ARGS+=" -DGGML_AVX_VNNI=ON"
-PORTABLE_CMAKE_ARGS+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+# Portable flags (scripts/cmake-args.sh): no -march=native, never AMX (a VM may advertise AMX
+# and still fault on it), and each AVX-512 extension only where this CPU reports it.
+PORTABLE_CMAKE_ARGS="$(scripts/cmake-args.sh)"
 export CMAKE_ARGS="${CMAKE_ARGS:-$PORTABLE_CMAKE_ARGS}"
 PYTHON="${PYTHON:-python3}"
 extras="${1:-}"
