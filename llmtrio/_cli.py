@@ -60,6 +60,11 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         help="llama.cpp threads (default: all cores)",
     )
     group.add_argument("--model-name", help="the name /v1/models shows")
+    group.add_argument(
+        "--no-fallback",
+        action="store_true",
+        help="fail when the default model cannot be had, instead of using the demo model",
+    )
 
 
 def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
@@ -74,6 +79,7 @@ def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig
         prefill_chunk=args.prefill_chunk,
         threads=args.threads,
         model_name=args.model_name,
+        allow_fallback=not args.no_fallback,
     )
 
 

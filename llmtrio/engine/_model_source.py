@@ -433,7 +433,7 @@ def _fall_back(config: EngineConfig, why: ModelLoadError) -> ResolvedModel:
         "Using the DEMO model google/gemma-3-270m (base, Q4_K_M) instead: a tiny\n"
         "base model for trying llmtrio out, not an assistant. Fetch the default\n"
         "model or give --model PATH to serve a real one; turn the fallback off\n"
-        "(allow_fallback=False) to make this an error.\n"
+        "(--no-fallback, or allow_fallback=False) to make this an error.\n"
         "Demo model: %s\n"
         "************************************************************************",
         config.hf_repo,
