@@ -4,7 +4,8 @@
 # (scripts/cmake-args.sh, or CMAKE_ARGS when set), so benchmarks/compare.py compares servers on
 # one llama.cpp build. Prints the binary's path on stdout; everything else goes to stderr.
 #
-#   ./benchmarks/build_llama_server.sh          # about 10 minutes on 2 cores, once
+#   ./benchmarks/build_llama_server.sh               # about 15 minutes on 2 cores, once
+#   ./benchmarks/build_llama_server.sh --print-path  # the cached binary, or exit 1; never builds
 #
 # The binary is cached in ~/.cache/llmtrio/llama-server/<version>-<hash of flags>/llama-server
 # and the build is skipped when it is there. A benchmark setup step, never part of CI.
@@ -25,6 +26,9 @@ dest="${LLMTRIO_LLAMA_SERVER_CACHE:-$HOME/.cache/llmtrio/llama-server}/$version-
 if [ -x "$dest/llama-server" ]; then
     echo "$dest/llama-server"
     exit 0
+elif [ "${1:-}" = "--print-path" ]; then
+    echo "llama-server is not built for these flags: run $0" >&2
+    exit 1
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/llama-server-build.XXXXXX")

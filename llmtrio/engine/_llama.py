@@ -274,9 +274,9 @@ class Batch:
 class SlotSampler:
     """Picks a slot's next token from the logits at a batch index.
 
-    Greedy without biases is an argmax over the logits (numpy, no candidate array); anything
-    else runs llama.cpp's sampler chain: logit bias, top-k, top-p, min-p, temperature, then a
-    seeded draw.
+    Greedy is an argmax over the logits, after adding any biases in place (numpy, no
+    candidate array of the whole vocabulary); anything else runs llama.cpp's sampler chain:
+    logit bias, top-k, top-p, min-p, temperature, then a seeded draw.
 
     Resource handling: :meth:`close` frees the chain.
     """
@@ -294,7 +294,9 @@ class SlotSampler:
     ) -> None:
         self._model = model
         self._chain: Any = None
-        self._argmax = temperature <= 0 and not bias
+        self._argmax = temperature <= 0
+        self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         if self._argmax:
             return
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -306,9 +308,6 @@ class SlotSampler:
             llama_cpp.llama_sampler_chain_add(
                 chain, llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(bias), entries)
             )
-        if temperature <= 0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-            return
         if top_k > 0:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(top_k))
         if top_p < 1.0:
@@ -320,7 +319,10 @@ class SlotSampler:
 
     def sample(self, index: int) -> int:
         if self._argmax:
-            return int(np.argmax(self._model.logits(index)))
+            logits = self._model.logits(index)
+            if len(self._bias_ids):
+                logits[self._bias_ids] += self._bias_values
+            return int(np.argmax(logits))
         return int(llama_cpp.llama_sampler_sample(self._chain, self._model.ctx, index))
 
     def close(self) -> None:

@@ -1,0 +1,975 @@
+"""Side by side: llmtrio, llama.cpp's ``llama-server`` and llama-cpp-python's server, on one
+GGUF and one llama.cpp build (the llama.cpp that llama-cpp-python 0.3.36 vendors, built with
+the same CPU flags). Prints tables; not a test, never part of CI.
+
+    ./benchmarks/build_llama_server.sh       # once (about 10 minutes): builds and caches it
+    .venv/bin/python benchmarks/compare.py [--model PATH] [--concurrency 1 4 8 16]
+        [--max-tokens 48] [--rounds 2] [--arrive MS] [--skip-cancel] [--skip-prefill]
+
+Needs the ``bench`` extra (psutil, numpy) and llama-cpp-python's ``server`` extra (uvicorn,
+fastapi, sse-starlette, starlette-context, pydantic-settings, PyYAML) in the same venv.
+
+What it does, in order:
+
+1. Load: each server in turn (llmtrio, llama-server, llama-cpp-python with its defaults, and
+   llama-cpp-python with ``--interrupt_requests False``), started fresh per round on a free
+   127.0.0.1 port with 8 slots x 512 tokens of context (llama-cpp-python: one sequence of
+   512), 2 threads, warmed with one short request, then driven with N concurrent streaming chat
+   completions for each N: greedy, 8 short prompts cycled, each asked for exactly
+   ``--max-tokens`` tokens (``ignore_eos`` where the server takes it, and a -100 logit bias on
+   every end-of-generation token for all of them). Rounds alternate the servers (A B C D A B C
+   D) so drift on a shared machine spreads over all; each figure printed is the MEDIAN over
+   rounds (with 2 rounds: their mean), except "full", which sums the rounds.
+2. The bandwidth limit: this machine's memory bandwidth (numpy copy, read + write bytes
+   counted) over the bytes one decode step reads (the GGUF's tensor data: Gemma ties the
+   output layer to the token embedding, which is read whole every step) is the single-stream
+   decode ceiling; each server's N=1 decode tok/s is shown as a fraction of it.
+3. Cancellation under load (llmtrio, llama-server): 7 streams decoding, an 8th is read for a
+   random 1-16 tokens and its connection closed; the time until the server reports 7 busy
+   slots (llmtrio ``/health`` capacity.inflight, llama-server ``/slots``), polled every 10 ms.
+4. Chunked prefill (llmtrio, llama-server; 4096 tokens per slot): 4 streams decoding, then one
+   request with a ~2000-token prompt; the streams' inter-token gaps in the 2 s before it and
+   while it is ingested (until its first token).
+
+Resource handling: every server runs as a child process that is stopped (SIGINT, then SIGTERM,
+then SIGKILL, each after a timeout) before the next starts, also on errors and Ctrl-C; its
+log goes to a temporary directory, printed when it fails to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import itertools
+import json
+import math
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import trio
+
+from llmtrio.engine import demo_model_path
+from llmtrio.engine._gguf import check_gguf
+from llmtrio.engine._llama import LlamaModel
+
+HOST = "127.0.0.1"
+REPO = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO / "benchmarks" / "build_llama_server.sh"
+
+PROMPTS = (
+    "Tell me a short story about a lighthouse keeper.",
+    "Explain how a bicycle stays upright.",
+    "Write a poem about autumn leaves.",
+    "What are the main causes of ocean tides?",
+    "Describe the taste of a ripe mango.",
+    "Give me three tips for learning to juggle.",
+    "Why is the sky blue during the day?",
+    "Summarise the plot of a heist film you invent.",
+)
+
+# A text to repeat for the long prompt; varied enough that it tokenizes like prose.
+LONG_TEXT = (
+    "The harbour town woke slowly, its fishing boats knocking against the pier while gulls "
+    "argued over scraps. Merchants rolled barrels of salted cod up the cobbled street, and "
+    "the baker's ovens breathed warm clouds into the cold air. Children chased a loose goat "
+    "past the chapel, where the old bell ringer counted the hours by the tide. "
+)
+
+SLOTS = 8
+LOAD_CTX = 512  # tokens per slot for the load and cancellation parts
+PREFILL_CTX = 4096  # tokens per slot for the chunked-prefill part
+STARTUP_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_S = 600.0
+MIB = 1024 * 1024
+
+
+class Kind(enum.Enum):
+    LLMTRIO = "llmtrio"
+    LLAMA_SERVER = "llama-server"
+    LCP = "llama-cpp-python"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server configuration: ``key`` names it on the command line, ``label`` in tables."""
+
+    key: str
+    label: str
+    kind: Kind
+    interrupt: bool = True  # llama-cpp-python's --interrupt_requests
+
+    @property
+    def takes_ignore_eos(self) -> bool:
+        return self.kind is not Kind.LCP
+
+
+SPECS = (
+    ServerSpec("llmtrio", "llmtrio", Kind.LLMTRIO),
+    ServerSpec("llama-server", "llama-server", Kind.LLAMA_SERVER),
+    ServerSpec("lcp", "llama-cpp-python", Kind.LCP, interrupt=True),
+    ServerSpec("lcp-nointerrupt", "llama-cpp-python (no interrupt)", Kind.LCP, interrupt=False),
+)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every part needs: the model, the llama-server binary, the request shape."""
+
+    model: Path
+    llama_server: Path | None
+    threads: int
+    max_tokens: int
+    eog: tuple[int, ...]
+    logdir: Path
+
+    def logit_bias(self) -> dict[str, float]:
+        return {str(t): -100.0 for t in self.eog}
+
+
+# --- the servers --------------------------------------------------------------------------
+
+
+def llmtrio_argv(setup: Setup, port: int, ctx: int) -> list[str]:
+    return [
+        str(Path(sys.executable).parent / "llmtrio"),
+        "serve",
+        "--model",
+        str(setup.model),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--max-inflight",
+        str(SLOTS),
+        "--ctx-size",
+        str(ctx),
+        "--threads",
+        str(setup.threads),
+    ]
+
+
+def llama_server_argv(setup: Setup, port: int, ctx: int) -> list[str]:
+    """``-c`` is the total context; llama-server gives each of ``--parallel`` slots
+    ``c / parallel`` (``--no-kv-unified``, as llmtrio: each slot its own cells).
+    ``--swa-full`` matches llmtrio's and llama-cpp-python's KV layout
+    (llama_context_default_params has swa_full on; llama-server's own default is off);
+    ``--cache-ram 0`` turns off the host prompt cache, which neither other server has and
+    which would only grow RSS here."""
+    assert setup.llama_server is not None
+    return [
+        str(setup.llama_server),
+        "-m",
+        str(setup.model),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--parallel",
+        str(SLOTS),
+        "-c",
+        str(ctx * SLOTS),
+        "--threads",
+        str(setup.threads),
+        "--threads-batch",
+        str(setup.threads),
+        "--no-kv-unified",
+        "--swa-full",
+        "--cache-ram",
+        "0",
+        "--slots",
+        "--no-webui",
+    ]
+
+
+def lcp_argv(setup: Setup, port: int, ctx: int, *, interrupt: bool) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(setup.model),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(ctx),
+        "--n_threads",
+        str(setup.threads),
+        "--n_threads_batch",
+        str(setup.threads),
+    ]
+    if not interrupt:
+        argv += ["--interrupt_requests", "False"]
+    return argv
+
+
+def server_argv(spec: ServerSpec, setup: Setup, port: int, ctx: int) -> list[str]:
+    if spec.kind is Kind.LLMTRIO:
+        return llmtrio_argv(setup, port, ctx)
+    if spec.kind is Kind.LLAMA_SERVER:
+        return llama_server_argv(setup, port, ctx)
+    return lcp_argv(setup, port, ctx, interrupt=spec.interrupt)
+
+
+async def is_ready(client: httpx.AsyncClient, base: str, kind: Kind) -> bool:
+    """llmtrio: ``/health`` says ok with slots; llama-server: ``/health`` 200 (503 while
+    loading); llama-cpp-python: ``/v1/models`` 200."""
+    try:
+        if kind is Kind.LCP:
+            return (await client.get(f"{base}/v1/models")).status_code == 200
+        response = await client.get(f"{base}/health")
+        if kind is Kind.LLAMA_SERVER:
+            return response.status_code == 200
+        body = response.json()
+        return bool(body.get("status") == "ok" and body["capacity"]["max_inflight"] > 0)
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False
+
+
+async def busy_slots(client: httpx.AsyncClient, base: str, kind: Kind) -> int:
+    """Slots the server reports in use: llmtrio ``/health`` capacity.inflight, llama-server
+    the ``/slots`` entries that are processing."""
+    if kind is Kind.LLMTRIO:
+        response = await client.get(f"{base}/health")
+        return int(response.json()["capacity"]["inflight"])
+    if kind is Kind.LLAMA_SERVER:
+        response = await client.get(f"{base}/slots")
+        return sum(1 for slot in response.json() if slot.get("is_processing"))
+    raise ValueError(f"no busy-slot probe for {kind.value}")
+
+
+@dataclass
+class Running:
+    spec: ServerSpec
+    base: str
+    process: trio.Process
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+async def stop_process(process: trio.Process) -> None:
+    """SIGINT (graceful in all three), then SIGTERM after 20 s, then SIGKILL after 5 s more;
+    any child processes left are killed too."""
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        children = []
+    for sig, grace in ((signal.SIGINT, 20.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if process.returncode is not None:
+            break
+        process.send_signal(sig)
+        with trio.move_on_after(grace):
+            await process.wait()
+    for child in children:
+        with suppress(psutil.Error):
+            child.kill()
+
+
+@asynccontextmanager
+async def running_server(
+    spec: ServerSpec, setup: Setup, ctx: int, tag: str
+) -> AsyncIterator[Running]:
+    """Starts the server, waits until it answers, warms it with one short request, and yields.
+
+    Resource handling: the process is stopped on exit, shielded and bounded (35 s at most).
+    Error handling: raises ``RuntimeError`` with the log's tail when the server exits or is not
+    ready within STARTUP_TIMEOUT_S.
+    """
+    port = free_port()
+    base = f"http://{HOST}:{port}"
+    log = setup.logdir / f"{tag}.log"
+    argv = server_argv(spec, setup, port, ctx)
+    log_file = await trio.to_thread.run_sync(log.open, "wb")
+    try:
+        process = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+        )
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                ready = False
+                with trio.move_on_after(STARTUP_TIMEOUT_S):
+                    for _ in range(int(STARTUP_TIMEOUT_S / 0.1) + 1):
+                        if process.returncode is not None or await is_ready(
+                            client, base, spec.kind
+                        ):
+                            break
+                        await trio.sleep(0.1)
+                    ready = process.returncode is None
+                if not ready:
+                    raise RuntimeError(
+                        f"{spec.label} did not start ({' '.join(argv)}):\n{tail(log)}"
+                    )
+            running = Running(spec, base, process, log)
+            warm = await stream_chat(
+                running, setup, PROMPTS[0], max_tokens=4, ignore_eos=spec.takes_ignore_eos
+            )
+            if warm.error is not None:
+                raise RuntimeError(f"{spec.label}: warm-up failed: {warm.error}\n{tail(log)}")
+            yield running
+        finally:
+            with trio.move_on_after(35.0, shield=True):
+                await stop_process(process)
+    finally:
+        log_file.close()
+
+
+# --- one request --------------------------------------------------------------------------
+
+
+@dataclass
+class RequestResult:
+    """One streamed chat completion. Times are ``time.perf_counter()`` seconds."""
+
+    start: float
+    end: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+    usage_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    aborted: bool = False
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens from the usage chunk, else the content chunks counted."""
+        return self.usage_tokens if self.usage_tokens is not None else len(self.token_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.start if self.token_times else None
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+    @property
+    def decode_rate(self) -> float | None:
+        """Tokens after the first over the time after the first."""
+        ttft = self.ttft
+        if ttft is None or self.tokens < 2 or self.latency <= ttft:
+            return None
+        return (self.tokens - 1) / (self.latency - ttft)
+
+
+def chat_body(setup: Setup, prompt: str, *, max_tokens: int, ignore_eos: bool) -> dict[str, object]:
+    body: dict[str, object] = {
+        "model": "bench",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logit_bias": setup.logit_bias(),
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+async def stream_chat(
+    server: Running,
+    setup: Setup,
+    prompt: str,
+    *,
+    max_tokens: int,
+    ignore_eos: bool,
+    abort_after: int | None = None,
+    on_token: Callable[[float], None] | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> RequestResult:
+    """Streams one chat completion and records when each content chunk arrived.
+
+    ``abort_after``: close the connection after that many content chunks (the result is then
+    ``aborted`` and ``end`` is when the connection was closed). ``on_token`` is called with
+    each content chunk's arrival time as it comes (for callers that cancel the stream).
+    Errors (HTTP, a broken stream, a server error chunk) end up in ``error``, never raised;
+    cancellation propagates.
+    """
+    if client is None:
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as own:
+            return await stream_chat(
+                server,
+                setup,
+                prompt,
+                max_tokens=max_tokens,
+                ignore_eos=ignore_eos,
+                abort_after=abort_after,
+                on_token=on_token,
+                client=own,
+            )
+    body = chat_body(setup, prompt, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    result = RequestResult(start=time.perf_counter())
+    try:
+        async with client.stream(
+            "POST", f"{server.base}/v1/chat/completions", json=body
+        ) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                result.error = f"HTTP {response.status_code}: {text[:200]}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.error = f"error chunk: {json.dumps(chunk['error'])[:200]}"
+                    break
+                usage = chunk.get("usage")
+                if usage:
+                    result.usage_tokens = int(usage.get("completion_tokens", 0))
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    if delta.get("content") or delta.get("reasoning_content"):
+                        now = time.perf_counter()
+                        result.token_times.append(now)
+                        if on_token is not None:
+                            on_token(now)
+                    if choice.get("finish_reason"):
+                        result.finish_reason = choice["finish_reason"]
+                if abort_after is not None and len(result.token_times) >= abort_after:
+                    result.aborted = True
+                    break
+    except (httpx.HTTPError, ValueError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        result.end = time.perf_counter()
+    return result
+
+
+# --- load ---------------------------------------------------------------------------------
+
+
+async def sample_rss(pid: int, peak: list[int], interval: float = 0.05) -> None:
+    """Appends the process tree's RSS every ``interval`` s until cancelled (bounded: 1 h)."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        return
+    for _ in range(int(3600 / interval)):
+        try:
+            procs = [root, *root.children(recursive=True)]
+            rss = 0
+            for proc in procs:
+                with suppress(psutil.Error):
+                    rss += proc.memory_info().rss
+            peak.append(rss)
+        except psutil.Error:
+            return
+        await trio.sleep(interval)
+
+
+@dataclass(frozen=True)
+class LoadMetrics:
+    """One server at one N (one round, or the median over rounds)."""
+
+    agg_tps: float
+    ttft_p50: float
+    ttft_p95: float
+    req_tps_p50: float
+    lat_p50: float
+    lat_p95: float
+    peak_rss_mib: float
+    full: int
+    total: int
+    notes: tuple[str, ...] = ()
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else math.nan
+
+
+def load_metrics(
+    results: Sequence[RequestResult], wall: float, rss: Sequence[int], max_tokens: int
+) -> LoadMetrics:
+    ttfts = [r.ttft for r in results if r.ttft is not None]
+    rates = [r.decode_rate for r in results if r.decode_rate is not None]
+    lats = [r.latency for r in results if r.error is None]
+    full = sum(1 for r in results if r.error is None and r.tokens == max_tokens)
+    notes: list[str] = []
+    short = sorted(r.tokens for r in results if r.error is None and r.tokens != max_tokens)
+    if short:
+        notes.append(f"{len(short)} ended at {short} tokens, not {max_tokens}")
+    errors = [r.error for r in results if r.error is not None]
+    if errors:
+        notes.append(f"{len(errors)} failed, e.g. {errors[0]}")
+    return LoadMetrics(
+        agg_tps=sum(r.tokens for r in results) / wall if wall > 0 else math.nan,
+        ttft_p50=pct(ttfts, 50),
+        ttft_p95=pct(ttfts, 95),
+        req_tps_p50=pct(rates, 50),
+        lat_p50=pct(lats, 50),
+        lat_p95=pct(lats, 95),
+        peak_rss_mib=max(rss, default=0) / MIB,
+        full=full,
+        total=len(results),
+        notes=tuple(notes),
+    )
+
+
+def median_of_rounds(rounds: Sequence[LoadMetrics]) -> LoadMetrics:
+    """The median of each figure over rounds; ``full``/``total`` summed; notes joined."""
+
+    def med(get: Callable[[LoadMetrics], float]) -> float:
+        values = [get(m) for m in rounds if not math.isnan(get(m))]
+        return statistics.median(values) if values else math.nan
+
+    return LoadMetrics(
+        agg_tps=med(lambda m: m.agg_tps),
+        ttft_p50=med(lambda m: m.ttft_p50),
+        ttft_p95=med(lambda m: m.ttft_p95),
+        req_tps_p50=med(lambda m: m.req_tps_p50),
+        lat_p50=med(lambda m: m.lat_p50),
+        lat_p95=med(lambda m: m.lat_p95),
+        peak_rss_mib=med(lambda m: m.peak_rss_mib),
+        full=sum(m.full for m in rounds),
+        total=sum(m.total for m in rounds),
+        notes=tuple(f"round {i + 1}: {n}" for i, m in enumerate(rounds) for n in m.notes),
+    )
+
+
+async def run_batch(
+    server: Running, setup: Setup, n: int, arrive_ms: float, rng: random.Random
+) -> LoadMetrics:
+    """N concurrent streaming requests (prompts cycled), each started after a random offset
+    in [0, arrive_ms] ms; RSS sampled meanwhile. The batch's wall time runs from the first
+    send to the last request's end."""
+    offsets = sorted(rng.uniform(0, arrive_ms / 1000) for _ in range(n)) if arrive_ms else [0.0] * n
+    results: list[RequestResult] = []
+    rss: list[int] = []
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+
+        async def one(i: int) -> None:
+            await trio.sleep(offsets[i])
+            results.append(
+                await stream_chat(
+                    server,
+                    setup,
+                    PROMPTS[i % len(PROMPTS)],
+                    max_tokens=setup.max_tokens,
+                    ignore_eos=server.spec.takes_ignore_eos,
+                    client=client,
+                )
+            )
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as outer:
+            outer.start_soon(sample_rss, server.process.pid, rss)
+            async with trio.open_nursery() as requests:
+                for i in range(n):
+                    requests.start_soon(one, i)
+            outer.cancel_scope.cancel()
+        wall = max((r.end for r in results), default=start) - start
+    return load_metrics(results, wall, rss, setup.max_tokens)
+
+
+# --- the bandwidth limit ------------------------------------------------------------------
+
+
+def memory_bandwidth(threads: int, mib: int = 512, repeats: int = 5) -> float:
+    """Bytes/s of a numpy copy of ``mib`` MiB (read + write both counted), best of
+    ``repeats``, on one thread and split over ``threads``; the larger of the two."""
+    src = np.ones(mib * MIB // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in
+    moved = 2 * src.nbytes
+    best = 0.0
+    for t in sorted({1, max(1, threads)}):
+        parts = np.array_split(np.arange(src.size), t)
+        bounds = [(int(p[0]), int(p[-1]) + 1) for p in parts]
+        with ThreadPoolExecutor(t) as pool:
+            for _ in range(repeats):
+                start = time.perf_counter()
+                list(pool.map(lambda b: np.copyto(dst[b[0] : b[1]], src[b[0] : b[1]]), bounds))
+                best = max(best, moved / (time.perf_counter() - start))
+    return best
+
+
+# --- cancellation under load --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    label: str
+    latencies: tuple[float, ...]
+    discarded: int
+    timeouts: int
+
+
+async def cancel_latency(
+    server: Running, setup: Setup, trials: int, rng: random.Random
+) -> CancelResult:
+    """7 streams decode (restarted when one ends); ``trials`` times an 8th stream is read for
+    1-16 tokens and its connection closed, then ``/health`` or ``/slots`` is polled every 10 ms
+    until it shows 7 busy slots. A trial during which a background stream ended is discarded
+    and retried (at most ``trials`` extra)."""
+    kind = server.spec.kind
+    ended = 0
+    latencies: list[float] = []
+    discarded = timeouts = 0
+    background_tokens = LOAD_CTX - 64
+    limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+
+        async def background(i: int) -> None:
+            nonlocal ended
+            for _ in range(1000):
+                await stream_chat(
+                    server,
+                    setup,
+                    PROMPTS[i],
+                    max_tokens=background_tokens,
+                    ignore_eos=True,
+                    client=client,
+                )
+                ended += 1
+
+        async def wait_busy(target: int) -> float:
+            """Polls every 10 ms until the server shows ``target`` busy slots; returns when.
+            Callers bound it with a cancel scope (and it gives up after 10 minutes)."""
+            for _ in range(60_000):
+                if await busy_slots(client, server.base, kind) == target:
+                    return time.perf_counter()
+                await trio.sleep(0.01)
+            raise RuntimeError(f"{server.spec.label} never showed {target} busy slots")
+
+        async with trio.open_nursery() as nursery:
+            for i in range(SLOTS - 1):
+                nursery.start_soon(background, i)
+            with trio.fail_after(60.0):
+                await wait_busy(SLOTS - 1)
+            for _ in range(2 * trials):
+                if len(latencies) + timeouts >= trials:
+                    break
+                ended_before = ended
+                got = await stream_chat(
+                    server,
+                    setup,
+                    PROMPTS[7],
+                    max_tokens=background_tokens,
+                    ignore_eos=True,
+                    abort_after=rng.randint(1, 16),
+                    client=client,
+                )
+                freed_at = None
+                with trio.move_on_after(10.0):
+                    freed_at = await wait_busy(SLOTS - 1)
+                if got.error is not None or not got.aborted or ended != ended_before:
+                    discarded += 1
+                elif freed_at is None:
+                    timeouts += 1
+                else:
+                    latencies.append(freed_at - got.end)
+                with trio.move_on_after(10.0):
+                    await wait_busy(SLOTS - 1)
+                await trio.sleep(0.2)
+            nursery.cancel_scope.cancel()
+    return CancelResult(server.spec.label, tuple(latencies), discarded, timeouts)
+
+
+# --- chunked prefill ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    label: str
+    prompt_tokens: int
+    long_ttft: float
+    before_max: float
+    before_p95: float
+    during_max: float
+    during_p95: float
+    during_gaps: int
+
+
+def long_prompt(setup: Setup, target_tokens: int) -> tuple[str, int]:
+    """A prose prompt of about ``target_tokens`` tokens (counted with the model's tokenizer)."""
+    model = LlamaModel(setup.model, slots=1, ctx_size=64, threads=1, n_batch=64)
+    try:
+        per = len(model.tokenize(LONG_TEXT, add_special=False))
+        copies = max(1, target_tokens // per)
+        text = "Read this and say what the goat did.\n\n" + LONG_TEXT * copies
+        return text, len(model.tokenize(text, add_special=True))
+    finally:
+        model.close()
+
+
+async def prefill_stall(
+    server: Running, setup: Setup, prompt: str, prompt_tokens: int
+) -> PrefillResult:
+    """4 streams decode; after 2 s of steady decoding one long-prompt request is sent; the
+    streams' inter-token gaps before it (2 s) and until its first token are compared."""
+    baseline_s = 2.0
+    times: list[list[float]] = [[] for _ in range(4)]
+    limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+        all_going = trio.Event()
+
+        def recorder(i: int) -> Callable[[float], None]:
+            def record(now: float) -> None:
+                times[i].append(now)
+                if min(len(t) for t in times) >= 8:
+                    all_going.set()
+
+            return record
+
+        async def stream(i: int) -> None:
+            await stream_chat(
+                server,
+                setup,
+                PROMPTS[i],
+                max_tokens=PREFILL_CTX - 64,
+                ignore_eos=True,
+                on_token=recorder(i),
+                client=client,
+            )
+
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(stream, i)
+            with trio.fail_after(120):
+                await all_going.wait()
+            await trio.sleep(baseline_s)
+            sent = time.perf_counter()
+            long = await stream_chat(
+                server, setup, prompt, max_tokens=4, ignore_eos=True, client=client
+            )
+            nursery.cancel_scope.cancel()
+    if long.ttft is None:
+        raise RuntimeError(f"{server.spec.label}: the long prompt failed: {long.error}")
+    first = long.token_times[0]
+    before: list[float] = []
+    during: list[float] = []
+    for stamps in times:
+        for a, b in itertools.pairwise(stamps):
+            if a >= sent - baseline_s and b <= sent:
+                before.append(b - a)
+            elif b > sent and a < first:
+                during.append(b - a)
+    return PrefillResult(
+        server.spec.label,
+        prompt_tokens,
+        first - sent,
+        max(before, default=math.nan),
+        pct(before, 95),
+        max(during, default=math.nan),
+        pct(during, 95),
+        len(during),
+    )
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def fmt(value: float, digits: int = 1) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def print_load_table(
+    n: int, rows: dict[str, LoadMetrics], labels: dict[str, str], args: argparse.Namespace
+) -> None:
+    print(
+        f"\nN={n} concurrent streams, {args.max_tokens} tokens each"
+        + (f", arrivals spread over {args.arrive:g} ms" if args.arrive else "")
+        + f"; median of {args.rounds} round(s)"
+    )
+    head = (
+        f"{'server':<32} {'agg tok/s':>9} {'TTFT p50':>9} {'TTFT p95':>9} {'req tok/s':>9} "
+        f"{'lat p50':>8} {'lat p95':>8} {'peak RSS':>9} {'full':>7}"
+    )
+    print(head)
+    print("-" * len(head))
+    for key, m in rows.items():
+        print(
+            f"{labels[key]:<32} {fmt(m.agg_tps):>9} {fmt(m.ttft_p50 * 1000, 0):>7}ms "
+            f"{fmt(m.ttft_p95 * 1000, 0):>7}ms {fmt(m.req_tps_p50):>9} "
+            f"{fmt(m.lat_p50, 2):>7}s {fmt(m.lat_p95, 2):>7}s {fmt(m.peak_rss_mib, 0):>5} MiB "
+            f"{m.full:>3}/{m.total:<3}"
+        )
+    if "llmtrio" in rows:
+        ours = rows["llmtrio"]
+        for key, m in rows.items():
+            if key == "llmtrio":
+                continue
+            print(
+                f"  llmtrio / {labels[key]}: agg tok/s x{fmt(ours.agg_tps / m.agg_tps, 2)}, "
+                f"TTFT p95 x{fmt(ours.ttft_p95 / m.ttft_p95, 2)}"
+            )
+    for key, m in rows.items():
+        for note in m.notes:
+            print(f"  note, {labels[key]}: {note}")
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def find_llama_server(explicit: Path | None) -> Path | None:
+    """The given binary, else the one build_llama_server.sh cached (never builds here)."""
+    if explicit is not None:
+        return explicit
+    done = subprocess.run(
+        [str(BUILD_SCRIPT), "--print-path"], capture_output=True, text=True, check=False
+    )
+    path = done.stdout.strip()
+    return Path(path) if done.returncode == 0 and path else None
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="a GGUF (default: the demo gemma-3-270m)")
+    parser.add_argument("--llama-server", type=Path, help="the binary (default: the cached one)")
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        choices=[s.key for s in SPECS],
+        default=[s.key for s in SPECS],
+        help="which servers to run (default: all)",
+    )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--arrive", type=float, default=0.0, help="spread arrivals over [0, MS] ms")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cancel-trials", type=int, default=10)
+    parser.add_argument("--prefill-tokens", type=int, default=2000)
+    parser.add_argument("--skip-load", action="store_true")
+    parser.add_argument("--skip-bandwidth", action="store_true")
+    parser.add_argument("--skip-cancel", action="store_true")
+    parser.add_argument("--skip-prefill", action="store_true")
+    return parser.parse_args(argv)
+
+
+async def run(args: argparse.Namespace, setup: Setup, specs: list[ServerSpec]) -> None:
+    rng = random.Random(args.seed)
+    labels = {s.key: s.label for s in specs}
+    per_round: dict[tuple[str, int], list[LoadMetrics]] = {}
+    if not args.skip_load:
+        for rnd in range(args.rounds):
+            for spec in specs:
+                tag = f"{spec.key}-load-r{rnd + 1}"
+                print(f"round {rnd + 1}/{args.rounds}: {spec.label} ...", flush=True)
+                async with running_server(spec, setup, LOAD_CTX, tag) as server:
+                    for n in args.concurrency:
+                        metrics = await run_batch(server, setup, n, args.arrive, rng)
+                        per_round.setdefault((spec.key, n), []).append(metrics)
+        medians: dict[tuple[str, int], LoadMetrics] = {
+            k: median_of_rounds(v) for k, v in per_round.items()
+        }
+        for n in args.concurrency:
+            print_load_table(n, {s.key: medians[(s.key, n)] for s in specs}, labels, args)
+
+        if not args.skip_bandwidth and 1 in args.concurrency:
+            bandwidth = await trio.to_thread.run_sync(memory_bandwidth, setup.threads)
+            info = check_gguf(setup.model)
+            step_bytes = info.data_end - info.data_offset
+            ceiling = bandwidth / step_bytes
+            print(
+                f"\nBandwidth limit: memory copy {bandwidth / 1e9:.1f} GB/s (read+write, best "
+                f"of 5, 1 or {setup.threads} threads) / {step_bytes / 1e6:.0f} MB read per "
+                f"decode step (all tensor data; the tied embedding is the output layer) "
+                f"= {ceiling:.0f} tok/s single-stream ceiling"
+            )
+            for spec in specs:
+                m = medians[(spec.key, 1)]
+                print(
+                    f"  {spec.label:<32} N=1 decode {fmt(m.req_tps_p50)} tok/s = "
+                    f"{fmt(100 * m.req_tps_p50 / ceiling, 0)}% of the ceiling"
+                )
+
+    cancel_specs = [s for s in specs if s.kind in (Kind.LLMTRIO, Kind.LLAMA_SERVER)]
+    if not args.skip_cancel and cancel_specs:
+        print(
+            f"\nCancellation under load: 7 streams decoding, an 8th closed after 1-16 tokens; "
+            f"time until the server shows its slot free ({args.cancel_trials} trials)"
+        )
+        for spec in cancel_specs:
+            async with running_server(spec, setup, LOAD_CTX, f"{spec.key}-cancel") as server:
+                result = await cancel_latency(server, setup, args.cancel_trials, rng)
+            lat = [x * 1000 for x in result.latencies]
+            print(
+                f"  {result.label:<32} median {fmt(statistics.median(lat) if lat else math.nan)}"
+                f" ms, max {fmt(max(lat, default=math.nan))} ms over {len(lat)} trials"
+                f" ({result.timeouts} not freed within 10 s, {result.discarded} discarded)"
+            )
+
+    if not args.skip_prefill and cancel_specs:
+        prompt, prompt_tokens = long_prompt(setup, args.prefill_tokens)
+        print(
+            f"\nChunked prefill: 4 streams decoding, then one {prompt_tokens}-token prompt "
+            f"({PREFILL_CTX} tokens per slot); the 4 streams' inter-token gaps"
+        )
+        for spec in cancel_specs:
+            async with running_server(spec, setup, PREFILL_CTX, f"{spec.key}-prefill") as server:
+                p = await prefill_stall(server, setup, prompt, prompt_tokens)
+            print(
+                f"  {p.label:<32} before: max {fmt(p.before_max * 1000, 0)} ms, p95 "
+                f"{fmt(p.before_p95 * 1000, 0)} ms | during ingestion: max "
+                f"{fmt(p.during_max * 1000, 0)} ms, p95 {fmt(p.during_p95 * 1000, 0)} ms "
+                f"({p.during_gaps} gaps) | long prompt TTFT {p.long_ttft * 1000:.0f} ms"
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    model = args.model or demo_model_path()
+    specs = [s for s in SPECS if s.key in args.servers]
+    llama_server = None
+    if any(s.kind is Kind.LLAMA_SERVER for s in specs):
+        llama_server = find_llama_server(args.llama_server)
+        if llama_server is None:
+            print(
+                f"no llama-server: run {BUILD_SCRIPT.relative_to(REPO)} first (or pass "
+                "--llama-server PATH, or leave it out with --servers)",
+                file=sys.stderr,
+            )
+            return 2
+    probe = LlamaModel(model, slots=1, ctx_size=64, threads=1, n_batch=64)
+    try:
+        eog = tuple(sorted(probe.eog))
+    finally:
+        probe.close()
+    with tempfile.TemporaryDirectory(prefix="llmtrio-compare-") as logdir:
+        setup = Setup(model, llama_server, args.threads, args.max_tokens, eog, Path(logdir))
+        print(
+            f"model {model} ({model.stat().st_size / 1e6:.0f} MB), end-of-generation tokens "
+            f"{list(eog)} biased -100; {os.cpu_count()} cores, {args.threads} threads; "
+            f"llama-server {llama_server}"
+        )
+        trio.run(run, args, setup, specs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
