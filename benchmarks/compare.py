@@ -15,7 +15,8 @@ What it does, in order:
    llama-cpp-python with ``--interrupt_requests False``), started fresh per round on a free
    127.0.0.1 port with 8 slots x 512 tokens of context (llama-cpp-python: one sequence of
    512), 2 threads, warmed with one short request, then driven with N concurrent streaming chat
-   completions for each N: greedy, 8 short prompts cycled, each asked for exactly
+   completions for each N: greedy, 8 short prompts cycled (each led by a unique request
+   number, so no server reuses an earlier prompt's KV), each asked for exactly
    ``--max-tokens`` tokens (``ignore_eos`` where the server takes it, and a -100 logit bias on
    every end-of-generation token for all of them). Rounds alternate the servers (A B C D A B C
    D) so drift on a shared machine spreads over all; each figure printed is the MEDIAN over
@@ -26,14 +27,22 @@ What it does, in order:
    decode ceiling; each server's N=1 decode tok/s is shown as a fraction of it.
 3. Cancellation under load (llmtrio, llama-server): 7 streams decoding, an 8th is read for a
    random 1-16 tokens and its connection closed; the time until the server reports 7 busy
-   slots (llmtrio ``/health`` capacity.inflight, llama-server ``/slots``), polled every 10 ms.
+   slots (llmtrio ``/health`` capacity.inflight, llama-server ``/slots``), polled every 10 ms,
+   and, in other trials, until a 9th request queued behind the 8th gets its first token.
 4. Chunked prefill (llmtrio, llama-server; 4096 tokens per slot): 4 streams decoding, then one
    request with a ~2000-token prompt; the streams' inter-token gaps in the 2 s before it and
    while it is ingested (until its first token).
 
 Resource handling: every server runs as a child process that is stopped (SIGINT, then SIGTERM,
 then SIGKILL, each after a timeout) before the next starts, also on errors and Ctrl-C; its
-log goes to a temporary directory, printed when it fails to start.
+log goes to a temporary folder (or ``--logdir``), its tail printed when it fails to start.
+
+Differences left between the servers: llama-server runs with ``--swa-full`` and
+``--cache-ram 0`` to match the others' KV layout and memory (see :func:`llama_server_argv`);
+llama-cpp-python keeps its defaults (flash attention off where llmtrio and llama-server use
+llama.cpp's "auto", which turns it on on CPU; ``logits_all``; one sequence, no batching) and
+sends no usage chunk, so its tokens are its content chunks counted. llama-server ingests a
+long prompt in batches of ``-b 2048`` (its default); llmtrio in ``--prefill-chunk 256``.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import json
 import math
 import os
 import random
+import shlex
 import signal
 import socket
 import statistics
@@ -136,6 +146,7 @@ class Setup:
     max_tokens: int
     eog: tuple[int, ...]
     logdir: Path
+    extra_args: dict[Kind, tuple[str, ...]] = field(default_factory=dict)
 
     def logit_bias(self) -> dict[str, float]:
         return {str(t): -100.0 for t in self.eog}
@@ -220,11 +231,14 @@ def lcp_argv(setup: Setup, port: int, ctx: int, *, interrupt: bool) -> list[str]
 
 
 def server_argv(spec: ServerSpec, setup: Setup, port: int, ctx: int) -> list[str]:
+    """The command line, with the ``--*-args`` given for this kind of server appended."""
     if spec.kind is Kind.LLMTRIO:
-        return llmtrio_argv(setup, port, ctx)
-    if spec.kind is Kind.LLAMA_SERVER:
-        return llama_server_argv(setup, port, ctx)
-    return lcp_argv(setup, port, ctx, interrupt=spec.interrupt)
+        argv = llmtrio_argv(setup, port, ctx)
+    elif spec.kind is Kind.LLAMA_SERVER:
+        argv = llama_server_argv(setup, port, ctx)
+    else:
+        argv = lcp_argv(setup, port, ctx, interrupt=spec.interrupt)
+    return argv + list(setup.extra_args.get(spec.kind, ()))
 
 
 async def is_ready(client: httpx.AsyncClient, base: str, kind: Kind) -> bool:
@@ -318,12 +332,12 @@ async def running_server(
                 ready = False
                 with trio.move_on_after(STARTUP_TIMEOUT_S):
                     for _ in range(int(STARTUP_TIMEOUT_S / 0.1) + 1):
-                        if process.returncode is not None or await is_ready(
-                            client, base, spec.kind
-                        ):
+                        if process.returncode is not None:
+                            break
+                        if await is_ready(client, base, spec.kind):
+                            ready = True
                             break
                         await trio.sleep(0.1)
-                    ready = process.returncode is None
                 if not ready:
                     raise RuntimeError(
                         f"{spec.label} did not start ({' '.join(argv)}):\n{tail(log)}"
@@ -379,10 +393,17 @@ class RequestResult:
         return (self.tokens - 1) / (self.latency - ttft)
 
 
+_request_numbers = itertools.count(1)
+
+
 def chat_body(setup: Setup, prompt: str, *, max_tokens: int, ignore_eos: bool) -> dict[str, object]:
+    """The request; the prompt starts with a request number unique in this run, so that no
+    server can skip the prefill by reusing an earlier request's KV (llama-server's slot prompt
+    reuse, llama-cpp-python's prefix reuse; llmtrio has no prefix cache)."""
+    content = f"Request {next(_request_numbers)}. {prompt}"
     body: dict[str, object] = {
         "model": "bench",
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
@@ -621,22 +642,40 @@ def memory_bandwidth(threads: int, mib: int = 512, repeats: int = 5) -> float:
 
 @dataclass(frozen=True)
 class CancelResult:
+    """Seconds from closing the 8th stream's connection to the server showing 7 busy slots
+    (``status``), and to a queued 9th request's first token (``handoff``)."""
+
     label: str
-    latencies: tuple[float, ...]
+    status: tuple[float, ...]
+    handoff: tuple[float, ...]
     discarded: int
     timeouts: int
+    failures: tuple[str, ...]
+
+
+class TrialFailed(Exception):
+    """A cancellation trial's own stream failed; the trial is discarded."""
 
 
 async def cancel_latency(
     server: Running, setup: Setup, trials: int, rng: random.Random
 ) -> CancelResult:
-    """7 streams decode (restarted when one ends); ``trials`` times an 8th stream is read for
-    1-16 tokens and its connection closed, then ``/health`` or ``/slots`` is polled every 10 ms
-    until it shows 7 busy slots. A trial during which a background stream ended is discarded
-    and retried (at most ``trials`` extra)."""
+    """7 streams decode (restarted when one ends). Then, ``trials`` times each:
+
+    - status: an 8th stream is read for 1-16 tokens and its connection closed; ``/health``
+      (llmtrio) or ``/slots`` (llama-server) is polled every 10 ms until it shows 7 busy;
+    - handoff: as above, but once the 8th has its first token a 9th request (2 tokens) is
+      sent and waits for a slot; the time from the close to the 9th's first token (its slot
+      freed, its short prompt ingested, one decode step) does not depend on a status endpoint.
+
+    A trial during which a background stream ended is discarded and retried (at most
+    ``trials`` extra per kind); one where nothing happened within 10 s counts as a timeout.
+    """
     kind = server.spec.kind
     ended = 0
-    latencies: list[float] = []
+    status: list[float] = []
+    handoff: list[float] = []
+    failures: list[str] = []
     discarded = timeouts = 0
     background_tokens = LOAD_CTX - 64
     limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
@@ -664,38 +703,94 @@ async def cancel_latency(
                 await trio.sleep(0.01)
             raise RuntimeError(f"{server.spec.label} never showed {target} busy slots")
 
+        async def settle() -> None:
+            with trio.move_on_after(10.0):
+                await wait_busy(SLOTS - 1)
+            await trio.sleep(0.2)
+
+        async def status_trial() -> float | None:
+            got = await stream_chat(
+                server,
+                setup,
+                PROMPTS[7],
+                max_tokens=background_tokens,
+                ignore_eos=True,
+                abort_after=rng.randint(1, 16),
+                client=client,
+            )
+            freed_at = None
+            with trio.move_on_after(10.0):
+                freed_at = await wait_busy(SLOTS - 1)
+            if got.error is not None or not got.aborted:
+                raise TrialFailed(got.error or "the 8th stream ended before it was closed")
+            return None if freed_at is None else freed_at - got.end
+
+        async def handoff_trial() -> float | None:
+            eighth: list[RequestResult] = []
+            ninth: list[RequestResult] = []
+            first_token = trio.Event()
+
+            async def run_eighth() -> None:
+                eighth.append(
+                    await stream_chat(
+                        server,
+                        setup,
+                        PROMPTS[7],
+                        max_tokens=background_tokens,
+                        ignore_eos=True,
+                        abort_after=rng.randint(4, 16),
+                        on_token=lambda _: first_token.set(),
+                        client=client,
+                    )
+                )
+
+            async def run_ninth() -> None:
+                ninth.append(
+                    await stream_chat(
+                        server, setup, PROMPTS[6], max_tokens=2, ignore_eos=True, client=client
+                    )
+                )
+
+            with trio.move_on_after(30.0):
+                async with trio.open_nursery() as trial:
+                    trial.start_soon(run_eighth)
+                    await first_token.wait()
+                    trial.start_soon(run_ninth)
+            if not eighth or not eighth[0].aborted or eighth[0].error is not None:
+                raise TrialFailed(eighth[0].error if eighth else "the 8th stream did not start")
+            if not ninth or ninth[0].ttft is None:
+                return None
+            return ninth[0].token_times[0] - eighth[0].end
+
         async with trio.open_nursery() as nursery:
             for i in range(SLOTS - 1):
                 nursery.start_soon(background, i)
             with trio.fail_after(60.0):
                 await wait_busy(SLOTS - 1)
-            for _ in range(2 * trials):
-                if len(latencies) + timeouts >= trials:
-                    break
-                ended_before = ended
-                got = await stream_chat(
-                    server,
-                    setup,
-                    PROMPTS[7],
-                    max_tokens=background_tokens,
-                    ignore_eos=True,
-                    abort_after=rng.randint(1, 16),
-                    client=client,
-                )
-                freed_at = None
-                with trio.move_on_after(10.0):
-                    freed_at = await wait_busy(SLOTS - 1)
-                if got.error is not None or not got.aborted or ended != ended_before:
-                    discarded += 1
-                elif freed_at is None:
-                    timeouts += 1
-                else:
-                    latencies.append(freed_at - got.end)
-                with trio.move_on_after(10.0):
-                    await wait_busy(SLOTS - 1)
-                await trio.sleep(0.2)
+            for trial_fn, out in ((status_trial, status), (handoff_trial, handoff)):
+                for _ in range(2 * trials):
+                    if len(out) >= trials:
+                        break
+                    ended_before = ended
+                    try:
+                        latency = await trial_fn()
+                    except TrialFailed as exc:
+                        failures.append(str(exc))
+                        discarded += 1
+                        await settle()
+                        continue
+                    if ended != ended_before or (latency is not None and latency < 0):
+                        discarded += 1
+                    elif latency is None:
+                        timeouts += 1
+                        out.append(math.inf)
+                    else:
+                        out.append(latency)
+                    await settle()
             nursery.cancel_scope.cancel()
-    return CancelResult(server.spec.label, tuple(latencies), discarded, timeouts)
+    return CancelResult(
+        server.spec.label, tuple(status), tuple(handoff), discarded, timeouts, tuple(failures)
+    )
 
 
 # --- chunked prefill ----------------------------------------------------------------------
@@ -864,11 +959,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cancel-trials", type=int, default=10)
     parser.add_argument("--prefill-tokens", type=int, default=2000)
+    for kind in Kind:
+        parser.add_argument(
+            f"--{kind.value}-args",
+            default="",
+            metavar="ARGS",
+            help=f"extra arguments for {kind.value} (one string, split like a shell)",
+        )
+    parser.add_argument(
+        "--logdir", type=Path, help="keep the servers' logs here (default: a temporary folder)"
+    )
     parser.add_argument("--skip-load", action="store_true")
     parser.add_argument("--skip-bandwidth", action="store_true")
     parser.add_argument("--skip-cancel", action="store_true")
     parser.add_argument("--skip-prefill", action="store_true")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.concurrency = list(dict.fromkeys(args.concurrency))  # each N once, in order
+    return args
 
 
 async def run(args: argparse.Namespace, setup: Setup, specs: list[ServerSpec]) -> None:
@@ -912,17 +1019,28 @@ async def run(args: argparse.Namespace, setup: Setup, specs: list[ServerSpec]) -
     if not args.skip_cancel and cancel_specs:
         print(
             f"\nCancellation under load: 7 streams decoding, an 8th closed after 1-16 tokens; "
-            f"time until the server shows its slot free ({args.cancel_trials} trials)"
+            f"times from the close ({args.cancel_trials} trials each)"
         )
         for spec in cancel_specs:
             async with running_server(spec, setup, LOAD_CTX, f"{spec.key}-cancel") as server:
                 result = await cancel_latency(server, setup, args.cancel_trials, rng)
-            lat = [x * 1000 for x in result.latencies]
+            for what, values in (
+                ("status shows the slot free", result.status),
+                ("queued request's first token", result.handoff),
+            ):
+                ms = [x * 1000 for x in values]
+                print(
+                    f"  {result.label:<16} {what:<30} median "
+                    f"{fmt(statistics.median(ms) if ms else math.nan)} ms, "
+                    f"max {fmt(max(ms, default=math.nan))} ms ({len(ms)} trials)"
+                )
             print(
-                f"  {result.label:<32} median {fmt(statistics.median(lat) if lat else math.nan)}"
-                f" ms, max {fmt(max(lat, default=math.nan))} ms over {len(lat)} trials"
-                f" ({result.timeouts} not freed within 10 s, {result.discarded} discarded)"
+                f"  {result.label:<16} {result.timeouts} trials over 10 s (counted as inf), "
+                f"{result.discarded} discarded (a background stream ended meanwhile, or the "
+                f"trial's stream failed)"
             )
+            for failure in result.failures[:3]:
+                print(f"  {result.label:<16} a trial's stream failed: {failure}")
 
     if not args.skip_prefill and cancel_specs:
         prompt, prompt_tokens = long_prompt(setup, args.prefill_tokens)
@@ -960,8 +1078,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         eog = tuple(sorted(probe.eog))
     finally:
         probe.close()
-    with tempfile.TemporaryDirectory(prefix="llmtrio-compare-") as logdir:
-        setup = Setup(model, llama_server, args.threads, args.max_tokens, eog, Path(logdir))
+    with tempfile.TemporaryDirectory(prefix="llmtrio-compare-") as tmp:
+        logdir = args.logdir or Path(tmp)
+        logdir.mkdir(parents=True, exist_ok=True)
+        extra = {
+            kind: tuple(shlex.split(getattr(args, f"{kind.value.replace('-', '_')}_args")))
+            for kind in Kind
+        }
+        setup = Setup(model, llama_server, args.threads, args.max_tokens, eog, logdir, extra)
         print(
             f"model {model} ({model.stat().st_size / 1e6:.0f} MB), end-of-generation tokens "
             f"{list(eog)} biased -100; {os.cpu_count()} cores, {args.threads} threads; "

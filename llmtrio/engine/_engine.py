@@ -12,6 +12,7 @@ the Trio side, off the decode thread's critical path.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import random
 import threading
@@ -225,7 +226,7 @@ class Engine:
         self._next_key = 0
         self._inflight = 0
         self._decoding = 0
-        self._slot_freed = trio.lowlevel.ParkingLot()
+        self._capacity_lot = trio.lowlevel.ParkingLot()
         self.stats = EngineStats()
         # Test seam: llama.cpp itself rejects out-of-vocabulary ids when this is off.
         self._check_token_ids = True
@@ -296,12 +297,17 @@ class Engine:
     async def wait_idle(self) -> None:
         """Return once no request is in flight (waiting ones included)."""
         while self._inflight:
-            await self._slot_freed.park()
+            await self._capacity_lot.park()
+
+    async def capacity_changed(self) -> None:
+        """Return at the next change of :meth:`capacity`'s ``inflight`` (a request accepted
+        or its slot freed)."""
+        await self._capacity_lot.park()
 
     async def wait_for_slot(self) -> None:
         """Return once fewer than ``max_inflight`` requests are in flight."""
         while self._inflight >= self.config.max_inflight:
-            await self._slot_freed.park()
+            await self._capacity_lot.park()
 
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         return self._model.tokenize(text, add_special=add_special)
@@ -338,6 +344,7 @@ class Engine:
         generation._job = job
         with generation._scope:
             self._inflight += 1
+            self._capacity_lot.unpark_all()
             with self._cond:
                 self._inbox.append(job)
                 self._cond.notify()
@@ -405,7 +412,7 @@ class Engine:
 
     def _slot_released(self) -> None:
         self._inflight -= 1
-        self._slot_freed.unpark_all()
+        self._capacity_lot.unpark_all()
 
     def _deliver(self, updates: list[_Update]) -> None:
         for update in updates:
@@ -422,7 +429,10 @@ class Engine:
         scheduler = Scheduler(config.max_inflight, config.prefill_chunk, config.target_step_ms)
         batch = Batch(model.n_batch)
         jobs: dict[int, _Job] = {}
-        free_seqs = list(range(config.max_inflight - 1, -1, -1))
+        # Lowest free sequence id first, and batches in ascending id order: llama.cpp splits a
+        # batch of non-unified sequences into one micro-batch per run of consecutive,
+        # increasing ids, and each micro-batch reads all the weights again.
+        free_seqs = list(range(config.max_inflight))
         stats = self.stats
 
         def release(job: _Job) -> None:
@@ -430,7 +440,7 @@ class Engine:
             jobs.pop(job.key, None)
             if job.seq >= 0:
                 model.forget(job.seq)
-                free_seqs.append(job.seq)
+                heapq.heappush(free_seqs, job.seq)
                 job.seq = -1
             if job.sampler is not None:
                 job.sampler.close()
@@ -456,7 +466,7 @@ class Engine:
             plan = scheduler.schedule()
             for key in plan.admitted:
                 job = jobs[key]
-                job.seq = free_seqs.pop()
+                job.seq = heapq.heappop(free_seqs)
                 job.admitted_at = started
                 job.sampler = self._sampler(job)
             if plan.empty:
@@ -466,6 +476,7 @@ class Engine:
 
             parts = [_Part(jobs[key], None, 0, 0) for key in plan.decode]
             parts += [_Part(jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
+            parts.sort(key=lambda part: part.job.seq)
             self._decoding = len(parts)
             decode_s, sampled, failed = self._decode(batch, parts)
             for job, error in failed:

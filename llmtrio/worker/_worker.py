@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 import trio
 
@@ -54,7 +53,8 @@ async def serve_link(
 
     Claims a stream only while fewer than the link's ``max_inflight`` are held (pull, never
     push); requests beyond the engine's admission wait inside the engine. Sends a capacity
-    heartbeat every ``HEARTBEAT_INTERVAL_S`` and whenever a request starts or ends.
+    heartbeat whenever the engine's inflight count changes, and every
+    ``HEARTBEAT_INTERVAL_S`` (for ``decoding``).
 
     Resource handling: cancelling this cancels every generation it runs; each stream is
     finished (ended or failed) before its task returns.
@@ -73,15 +73,15 @@ async def serve_link(
     async def beat() -> None:
         while True:
             heartbeat()
-            await trio.sleep(HEARTBEAT_INTERVAL_S)
+            with trio.move_on_after(HEARTBEAT_INTERVAL_S):
+                await engine.capacity_changed()
 
     async def handle(claimed: Claimed) -> None:
         try:
             with claimed:
-                await _serve_stream(engine, claimed, heartbeat)
+                await _serve_stream(engine, claimed)
         finally:
             slots.release()
-            heartbeat()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(beat)
@@ -96,7 +96,10 @@ async def serve_link(
             nursery.start_soon(handle, claimed)
 
 
-async def _serve_stream(engine: Engine, claimed: Claimed, heartbeat: Callable[[], None]) -> None:
+async def _serve_stream(engine: Engine, claimed: Claimed) -> None:
+    """Respond to one stream; its client going away cancels the response (and so the
+    generation). The caller's ``with claimed:`` acknowledges a cancellation or fails a
+    stream left unfinished."""
     async with trio.open_nursery() as nursery:
 
         async def watch() -> None:
@@ -105,18 +108,11 @@ async def _serve_stream(engine: Engine, claimed: Claimed, heartbeat: Callable[[]
 
         nursery.start_soon(watch)
         with contextlib.suppress(StreamCancelledError):
-            await _respond(engine, claimed, heartbeat)
+            await _respond(engine, claimed)
         nursery.cancel_scope.cancel()
-    if claimed.cancelled.is_set():
-        await _finish_quietly(claimed)
 
 
-async def _finish_quietly(claimed: Claimed) -> None:
-    with trio.move_on_after(1, shield=True):
-        await claimed.end()
-
-
-async def _respond(engine: Engine, claimed: Claimed, heartbeat: Callable[[], None]) -> None:
+async def _respond(engine: Engine, claimed: Claimed) -> None:
     head = claimed.head
     path = head.path.split("?", 1)[0]
     try:
@@ -130,7 +126,6 @@ async def _respond(engine: Engine, claimed: Claimed, heartbeat: Callable[[], Non
         return
     try:
         async with engine.submit(request.generate) as generation:
-            heartbeat()
             if request.stream:
                 await _stream(engine, claimed, request, generation)
             else:
