@@ -463,6 +463,10 @@ class Engine:
                 if job.key in jobs:
                     release(job)
                     updates.append(_Update(job, [], stop=StopReason.CANCELLED, released=True))
+            if updates:
+                # Freed slots are known now, not after the next decode.
+                self._post(updates)
+                updates = []
             plan = scheduler.schedule()
             for key in plan.admitted:
                 job = jobs[key]

@@ -1,0 +1,79 @@
+"""The ``llmtrio`` command as a user runs it: a real process, real signals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+LLMTRIO = [sys.executable, "-m", "llmtrio._cli"]
+
+
+def test_generate_streams_text_and_reports_the_stop(gemma_path: Path) -> None:
+    result = subprocess.run(
+        [*LLMTRIO, "generate", "--model", str(gemma_path), "--prompt", "Say hi.",
+         "--max-tokens", "8", "--temperature", "0", "--threads", "2"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert re.search(r"\[max_tokens\] prompt \d+ tokens, completion 8 tokens", result.stderr)
+
+
+def test_generate_with_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*LLMTRIO, "generate", "--model", str(tmp_path / "nope.gguf"), "--prompt", "hi"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "nope.gguf" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def serve_process(gemma_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    process = subprocess.Popen(
+        [*LLMTRIO, "serve", "--model", str(gemma_path), "--port", "0", "--max-inflight", "2",
+         "--ctx-size", "256", "--threads", "2", "--graceful-timeout", "30"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert process.stderr is not None
+    url = None
+    deadline = time.monotonic() + 120
+    while url is None and time.monotonic() < deadline:
+        line = process.stderr.readline()
+        assert line, "llmtrio serve exited before serving"
+        found = re.search(r"serving .* on (http://\S+)", line)
+        url = found.group(1) if found else None
+    assert url is not None
+    try:
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+def test_sigterm_lets_the_running_stream_finish_then_exits(
+    serve_process: tuple[subprocess.Popen[str], str],
+) -> None:
+    process, url = serve_process
+    body = {"messages": [{"role": "user", "content": "Count."}], "max_tokens": 20,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+        chunks = response.iter_raw()
+        received = next(chunks)
+        process.send_signal(signal.SIGTERM)
+        received += b"".join(chunks)
+    assert received.endswith(b"data: [DONE]\n\n")
+    assert process.wait(timeout=60) == 0
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health", timeout=2)
