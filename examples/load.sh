@@ -25,17 +25,15 @@ body=$("$PY" -c 'import json,sys; print(json.dumps({"messages":[{"role":"user","
   "max_tokens":int(sys.argv[2]),"stream":True,"stream_options":{"include_usage":True},
   "temperature":0,"ignore_eos":sys.argv[3]=="true"}))' "$PROMPT" "$MAX_TOKENS" "$ignore")
 
-# Poll /health for the engine's inflight count while the requests run.
+# Poll /health for the engine's inflight count while the requests run (shell only: a
+# process started per poll would take CPU from the server being measured).
+field() { sed -n "s/.*\"$1\": *\([0-9]*\).*/\1/p" <<< "$2"; }
 ( max=0; of=0
   while [ ! -e "$work/done" ]; do
     h=$(curl -s --max-time 2 "$URL/health" || true)
-    read -r now of_now < <("$PY" -c 'import json,sys
-try:
-    c=json.loads(sys.argv[1])["capacity"]; print(c["inflight"], c["max_inflight"])
-except Exception:
-    print(0, 0)' "$h")
-    [ "$now" -gt "$max" ] && max=$now
-    [ "$of_now" -gt 0 ] && of=$of_now
+    now=$(field inflight "$h"); of_now=$(field max_inflight "$h")
+    [ "${now:-0}" -gt "$max" ] && max=$now
+    [ "${of_now:-0}" -gt 0 ] && of=$of_now
     echo "$max $of" > "$work/inflight"
     sleep 0.1
   done ) &
