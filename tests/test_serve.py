@@ -366,3 +366,12 @@ def test_shutdown_lets_a_running_stream_finish(gemma_path: Path) -> None:
         rest = b"".join(chunks)
     stopper.join(timeout=60)
     assert (first + rest).endswith(b"data: [DONE]\n\n")
+
+
+def test_a_client_giving_up_on_a_non_streaming_request_frees_its_slot(
+    live_server: LiveServer,
+) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=1.5)
+    wait_idle(live_server, timeout=5)
