@@ -23,6 +23,8 @@ from llmtrio.engine import (
 )
 from llmtrio.engine._llama import Batch, LlamaModel
 
+from ._helpers import collect
+
 PROMPTS = [
     "The capital of France is",
     "Once upon a time, in a small village,",
@@ -39,19 +41,6 @@ def config(path: Path, **kwargs: object) -> EngineConfig:
     values: dict[str, object] = {"model": path, "max_inflight": 8, "ctx_size": 256, "threads": 2}
     values.update(kwargs)
     return EngineConfig(**values)  # type: ignore[arg-type]
-
-
-async def run(engine: Engine, request: GenerateRequest) -> tuple[str, Done]:
-    text = []
-    async with engine.submit(request) as generation:
-        async for event in generation:
-            if isinstance(event, Token):
-                text.append(event.text)
-            elif isinstance(event, Done):
-                return "".join(text), event
-            else:
-                raise AssertionError(f"generation failed: {event}")
-    raise AssertionError("no Done event")
 
 
 async def wait_idle(engine: Engine, seconds: float = 10.0) -> None:
@@ -114,7 +103,7 @@ async def test_eight_prompts_batched_match_llama_cpp_and_agree_with_alone(gemma_
     async with Engine.open(config(gemma_path)) as engine:
         prompts = [engine.tokenize(p, add_special=True) for p in PROMPTS]
         requests = [GenerateRequest(tokens=p, max_tokens=steps, ignore_eos=True) for p in prompts]
-        alone = [(await run(engine, r))[0] for r in requests]
+        alone = [(await collect(engine, r))[0] for r in requests]
 
         together = [""] * len(requests)
         peak = 0
@@ -155,7 +144,7 @@ async def test_eight_prompts_batched_match_llama_cpp_and_agree_with_alone(gemma_
 
 async def test_chat_request_streams_text_and_counts_tokens(gemma_path: Path) -> None:
     async with Engine.open(config(gemma_path)) as engine:
-        text, done = await run(engine, GenerateRequest.user("Say hi.", max_tokens=16))
+        text, done = await collect(engine, GenerateRequest.user("Say hi.", max_tokens=16))
         assert text.strip()
         assert done.prompt_tokens > 5
         assert 1 <= done.completion_tokens <= 16
@@ -167,7 +156,7 @@ async def test_chat_request_streams_text_and_counts_tokens(gemma_path: Path) -> 
 
 async def test_max_tokens_stop(gemma_path: Path) -> None:
     async with Engine.open(config(gemma_path)) as engine:
-        _, done = await run(engine, raw(PROMPTS[1], engine, max_tokens=7, ignore_eos=True))
+        _, done = await collect(engine, raw(PROMPTS[1], engine, max_tokens=7, ignore_eos=True))
         assert done.stop is StopReason.MAX_TOKENS
         assert done.completion_tokens == 7
 
@@ -176,22 +165,22 @@ async def test_context_end_stop(gemma_path: Path) -> None:
     async with Engine.open(config(gemma_path, ctx_size=48, max_inflight=2)) as engine:
         request = raw(PROMPTS[1], engine, ignore_eos=True)
         assert request.tokens is not None
-        _, done = await run(engine, request)
+        _, done = await collect(engine, request)
         assert done.stop is StopReason.CONTEXT_END
         assert done.prompt_tokens + done.completion_tokens == 48 + 1
         # max_tokens beyond the context also ends at the context.
-        _, done = await run(engine, raw(PROMPTS[1], engine, ignore_eos=True, max_tokens=500))
+        _, done = await collect(engine, raw(PROMPTS[1], engine, ignore_eos=True, max_tokens=500))
         assert done.stop is StopReason.CONTEXT_END
 
 
 async def test_stop_string_is_never_emitted(gemma_path: Path) -> None:
     async with Engine.open(config(gemma_path)) as engine:
-        full, _ = await run(engine, raw(PROMPTS[1], engine, max_tokens=32, ignore_eos=True))
+        full, _ = await collect(engine, raw(PROMPTS[1], engine, max_tokens=32, ignore_eos=True))
         words = full.split()
         assert len(words) > 4, full
         stop = words[3]
         cut = full.index(stop)
-        text, done = await run(
+        text, done = await collect(
             engine, raw(PROMPTS[1], engine, max_tokens=32, ignore_eos=True, stop=(stop,))
         )
         assert done.stop is StopReason.STOP_STRING
@@ -224,8 +213,8 @@ async def test_cancel_frees_the_slot_and_capacity_returns_to_zero(gemma_path: Pa
         await wait_idle(engine, seconds=5)
         assert engine.capacity().available_slots == 2
         # The slot is reusable and gives the same text as before.
-        first, _ = await run(engine, raw(PROMPTS[2], engine, max_tokens=12, ignore_eos=True))
-        again, _ = await run(engine, raw(PROMPTS[2], engine, max_tokens=12, ignore_eos=True))
+        first, _ = await collect(engine, raw(PROMPTS[2], engine, max_tokens=12, ignore_eos=True))
+        again, _ = await collect(engine, raw(PROMPTS[2], engine, max_tokens=12, ignore_eos=True))
         assert first == again
 
 
@@ -246,7 +235,7 @@ async def test_leaving_the_block_or_cancelling_the_task_cancels(gemma_path: Path
         # A request cancelled while still waiting for admission frees nothing it never had.
         async with trio.open_nursery() as nursery:
             for _ in range(4):
-                nursery.start_soon(run, engine, request)
+                nursery.start_soon(collect, engine, request)
             await trio.sleep(0.5)
             assert engine.capacity().inflight == 4
             nursery.cancel_scope.cancel()
@@ -289,7 +278,7 @@ async def test_long_prompt_does_not_stall_decoding_sequences(gemma_path: Path) -
 
         async with trio.open_nursery() as nursery:
             await nursery.start(decoder)
-            _, done = await run(engine, GenerateRequest(tokens=long_prompt, max_tokens=2))
+            _, done = await collect(engine, GenerateRequest(tokens=long_prompt, max_tokens=2))
             assert done.prompt_tokens == 1500
         # Without chunking one step would ingest all 1500 tokens (~6 s here).
         assert max(gaps) < 3.0, max(gaps)
@@ -303,7 +292,7 @@ async def test_target_step_ms_admits_fewer_than_max_inflight(gemma_path: Path) -
         peak = 0
         async with trio.open_nursery() as nursery:
             for _ in range(4):
-                nursery.start_soon(run, engine, request)
+                nursery.start_soon(collect, engine, request)
             await trio.sleep(0.05)
             while engine.capacity().inflight:
                 assert engine.capacity().inflight <= 4
@@ -315,7 +304,7 @@ async def test_target_step_ms_admits_fewer_than_max_inflight(gemma_path: Path) -
 async def test_a_decode_error_fails_only_its_request(gemma_path: Path) -> None:
     async with Engine.open(config(gemma_path, max_inflight=4)) as engine:
         good = [raw(p, engine, max_tokens=10, ignore_eos=True) for p in PROMPTS[:3]]
-        alone = [(await run(engine, r))[0] for r in good]
+        alone = [(await collect(engine, r))[0] for r in good]
         engine._check_token_ids = False  # let llama.cpp itself reject a bad token id
         bad = GenerateRequest(tokens=[2, engine.n_vocab + 10], max_tokens=4)
         results: dict[str, object] = {}
@@ -335,7 +324,7 @@ async def test_a_decode_error_fails_only_its_request(gemma_path: Path) -> None:
         assert isinstance(failed, Failed) and isinstance(failed.error, DecodeError)
         for i in range(3):
             assert isinstance(results[f"good{i}"], Done)
-        again = [(await run(engine, r))[0] for r in good]
+        again = [(await collect(engine, r))[0] for r in good]
         assert again == alone
         assert engine.capacity().inflight == 0
 
@@ -386,7 +375,7 @@ async def test_trio_loop_stays_responsive_during_decode(gemma_path: Path) -> Non
         scope = trio.CancelScope()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ticker, scope)
-            await run(engine, GenerateRequest(tokens=long_prompt, max_tokens=8))
+            await collect(engine, GenerateRequest(tokens=long_prompt, max_tokens=8))
             scope.cancel()
         assert worst < 0.25, worst
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import trio
 
-from llmtrio.engine import Done, Engine, EngineConfig, GenerateRequest, StopReason, Token
+from llmtrio.engine import Done, Engine, EngineConfig, GenerateRequest, StopReason
 from llmtrio.engine._llama import LlamaModel
+
+from ._helpers import collect
 
 PROMPTS = ["hello world", "the cat sat", "a b c d e", "zzz", "one two three four five six"]
 
@@ -21,17 +23,6 @@ def config(path: Path, **kwargs: object) -> EngineConfig:
     values: dict[str, object] = {"model": path, "max_inflight": 4, "ctx_size": 128, "threads": 2}
     values.update(kwargs)
     return EngineConfig(**values)  # type: ignore[arg-type]
-
-
-async def tokens_of(engine: Engine, request: GenerateRequest) -> tuple[str, Done]:
-    out = []
-    async with engine.submit(request) as gen:
-        async for event in gen:
-            if isinstance(event, Token):
-                out.append(event.text)
-            elif isinstance(event, Done):
-                return "".join(out), event
-    raise AssertionError("no Done")
 
 
 def request(engine: Engine, prompt: str, **kwargs: object) -> GenerateRequest:
@@ -50,11 +41,11 @@ def test_the_model_is_hybrid_and_cannot_be_cut_part_way(qwen35_path: Path) -> No
 async def test_batched_sequences_keep_their_own_state(qwen35_path: Path) -> None:
     async with Engine.open(config(qwen35_path)) as engine:
         requests = [request(engine, p, max_tokens=16) for p in PROMPTS[:4]]
-        alone = [await tokens_of(engine, r) for r in requests]
+        alone = [await collect(engine, r) for r in requests]
         results: list[tuple[str, Done] | None] = [None] * 4
 
         async def one(i: int) -> None:
-            results[i] = await tokens_of(engine, requests[i])
+            results[i] = await collect(engine, requests[i])
 
         async with trio.open_nursery() as nursery:
             for i in range(4):
@@ -67,13 +58,13 @@ async def test_a_reused_slot_starts_from_a_clean_state(qwen35_path: Path) -> Non
     # One slot: every request reuses sequence 0. Leftover recurrent state would change the
     # output of a repeated request.
     async with Engine.open(config(qwen35_path, max_inflight=1)) as engine:
-        first = await tokens_of(engine, request(engine, PROMPTS[0], max_tokens=12))
-        await tokens_of(engine, request(engine, PROMPTS[1], max_tokens=30))
+        first = await collect(engine, request(engine, PROMPTS[0], max_tokens=12))
+        await collect(engine, request(engine, PROMPTS[1], max_tokens=30))
         # A cancelled generation leaves its slot clean too.
         async with engine.submit(request(engine, PROMPTS[2])) as gen:
             async for _ in gen:
                 break
-        again = await tokens_of(engine, request(engine, PROMPTS[0], max_tokens=12))
+        again = await collect(engine, request(engine, PROMPTS[0], max_tokens=12))
         assert again[0] == first[0]
         assert engine.capacity().inflight == 0
 
@@ -82,16 +73,16 @@ async def test_chunked_prefill_matches_one_shot_prefill(qwen35_path: Path) -> No
     # A recurrent state carried across prefill chunks must equal one ingested in one go.
     prompt = " ".join(PROMPTS * 4)
     async with Engine.open(config(qwen35_path, prefill_chunk=512)) as engine:
-        whole = await tokens_of(engine, request(engine, prompt, max_tokens=10))
+        whole = await collect(engine, request(engine, prompt, max_tokens=10))
     async with Engine.open(config(qwen35_path, prefill_chunk=7)) as engine:
-        chunked = await tokens_of(engine, request(engine, prompt, max_tokens=10))
+        chunked = await collect(engine, request(engine, prompt, max_tokens=10))
     assert whole[1].prompt_tokens > 30
     assert chunked[0] == whole[0]
 
 
 async def test_context_end_and_cancel_free_the_slots(qwen35_path: Path) -> None:
     async with Engine.open(config(qwen35_path, ctx_size=32, max_inflight=2)) as engine:
-        _, done = await tokens_of(engine, request(engine, PROMPTS[4]))
+        _, done = await collect(engine, request(engine, PROMPTS[4]))
         assert done.stop is StopReason.CONTEXT_END
         assert done.prompt_tokens + done.completion_tokens == 33
         with trio.fail_after(5):
