@@ -158,10 +158,13 @@ class Generation:
             self.result = Failed(update.error)
             self._send.send_nowait(self.result)
         elif update.stop is not None:
-            if not self._emit(self._utf8.flush()):
+            stop = update.stop
+            if self._emit(self._utf8.flush()):
+                stop = StopReason.STOP_STRING  # the last, flushed character completed one
+            else:
                 self._emit_segments(self._think.feed(self._stop.flush()))
                 self._emit_segments(self._think.flush())
-            self._finish(update.stop, job)
+            self._finish(stop, job)
 
     def _emit(self, text: str) -> bool:
         """Pass text through the stop matcher and think splitter; true when a stop matched."""
@@ -209,10 +212,8 @@ class Engine:
         self._template = ChatTemplate(
             model.chat_template,
             architecture=model.architecture,
-            bos_token=model.special_piece(model.bos).decode("utf-8", "replace")
-            if model.bos >= 0
-            else "",
-            eos_token="",
+            bos_token=self._special_text(model.bos),
+            eos_token=self._special_text(model.eos),
             render_builtin=model.apply_builtin_template,
         )
         self._think_ids = self._single_tokens((THINK_OPEN, THINK_CLOSE))
@@ -385,6 +386,9 @@ class Engine:
                     param="logit_bias",
                 )
         return prompt, opens_think
+
+    def _special_text(self, token: int) -> str:
+        return self._model.special_piece(token).decode("utf-8", "replace") if token >= 0 else ""
 
     def _single_tokens(self, texts: tuple[str, ...]) -> frozenset[int]:
         ids = set()

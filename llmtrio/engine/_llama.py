@@ -84,6 +84,7 @@ class LlamaModel:
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.bos: int = llama_cpp.llama_vocab_bos(self.vocab)
+        self.eos: int = llama_cpp.llama_vocab_eos(self.vocab)
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self._model))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self._model))
@@ -93,7 +94,6 @@ class LlamaModel:
         self.architecture = self.meta("general.architecture") or "unknown"
         template = llama_cpp.llama_model_chat_template(self._model, None)
         self.chat_template: str | None = template.decode("utf-8", "replace") if template else None
-        self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
 
@@ -155,13 +155,10 @@ class LlamaModel:
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token, as generated text (control tokens render empty)."""
-        cached = self._pieces.get(token)
-        if cached is None:
-            cached = self._render(token, special=False)
-            self._pieces[token] = cached
-        return cached
+        return self._render(token, special=False)
 
     def special_piece(self, token: int) -> bytes:
+        """The bytes of one token with special tokens rendered (``<think>``, ``<bos>``)."""
         return self._render(token, special=True)
 
     def _render(self, token: int, *, special: bool) -> bytes:
