@@ -77,3 +77,19 @@ def test_sigterm_lets_the_running_stream_finish_then_exits(
     assert process.wait(timeout=60) == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health", timeout=2)
+
+
+def test_ctrl_c_stops_generate_cleanly(gemma_path: Path) -> None:
+    process = subprocess.Popen(
+        [*LLMTRIO, "generate", "--model", str(gemma_path), "--prompt", "Tell a long story.",
+         "--max-tokens", "2000", "--threads", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert process.stdout is not None
+    assert process.stdout.read(20)  # it is streaming text
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert "interrupted" in stderr
+    assert "Traceback" not in stderr

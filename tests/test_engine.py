@@ -386,3 +386,16 @@ async def test_submit_after_close_is_refused(gemma_path: Path) -> None:
     with pytest.raises(EngineClosedError):
         async with engine.submit(GenerateRequest.user("hi")):
             pass
+
+
+async def test_an_error_in_the_callers_block_leaves_unwrapped(gemma_path: Path) -> None:
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        async with (
+            Engine.open(config(gemma_path, max_inflight=1)) as engine,
+            engine.submit(raw(PROMPTS[0], engine, max_tokens=50)) as generation,
+        ):
+            async for _ in generation:
+                raise Boom

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import numpy as np
 import numpy.typing as npt
+import outcome
 import trio
 
 from ._chat import ChatTemplate
@@ -266,17 +267,29 @@ class Engine:
                 config.max_inflight,
                 config.ctx_size,
             )
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(engine._run_loop)
-                try:
-                    yield engine
-                finally:
-                    engine._close()
+            # The decode loop runs on a Trio worker thread (as trio.to_thread does), started
+            # without a nursery so the caller's exceptions leave this block unwrapped.
+            stopped = trio.Event()
+            token = trio.lowlevel.current_trio_token()
+            trio.lowlevel.start_thread_soon(
+                engine._loop,
+                lambda result: token.run_sync_soon(engine._loop_stopped, result, stopped),
+                name="llmtrio decode loop",
+            )
+            try:
+                yield engine
+            finally:
+                engine._close()
+                with trio.CancelScope(shield=True):
+                    await stopped.wait()  # within one decode step
         finally:
             model.close()
 
-    async def _run_loop(self) -> None:
-        await trio.to_thread.run_sync(self._loop)
+    def _loop_stopped(self, result: outcome.Outcome[None], stopped: trio.Event) -> None:
+        self._closed = True
+        stopped.set()
+        if isinstance(result, outcome.Error):
+            logger.error("the decode loop failed", exc_info=result.error)
 
     def _close(self) -> None:
         self._closed = True
@@ -343,12 +356,14 @@ class Engine:
         )
         self._next_key += 1
         generation._job = job
+        with self._cond:
+            if self._closed:  # checked under the lock the decode loop closes under
+                raise EngineClosedError("the engine is closed")
+            self._inbox.append(job)
+            self._cond.notify()
+        self._inflight += 1
+        self._capacity_lot.unpark_all()
         with generation._scope:
-            self._inflight += 1
-            self._capacity_lot.unpark_all()
-            with self._cond:
-                self._inbox.append(job)
-                self._cond.notify()
             try:
                 yield generation
             finally:
@@ -450,68 +465,73 @@ class Engine:
                 job.sampler.close()
                 job.sampler = None
 
-        while True:
-            with self._cond:
-                while not (self._closing or self._inbox or self._cancels or jobs):
-                    self._cond.wait()
-                if self._closing:
-                    break
-                new, self._inbox = self._inbox, []
-                cancels, self._cancels = self._cancels, []
-            started = time.perf_counter()
-            updates: list[_Update] = []
-            for job in new:
-                jobs[job.key] = job
-                scheduler.add(job.key, len(job.prompt))
-            for job in cancels:
-                if job.key in jobs:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._closing or self._inbox or self._cancels or jobs):
+                        self._cond.wait()
+                    if self._closing:
+                        break
+                    new, self._inbox = self._inbox, []
+                    cancels, self._cancels = self._cancels, []
+                started = time.perf_counter()
+                updates: list[_Update] = []
+                for job in new:
+                    jobs[job.key] = job
+                    scheduler.add(job.key, len(job.prompt))
+                for job in cancels:
+                    if job.key in jobs:
+                        release(job)
+                        updates.append(_Update(job, [], stop=StopReason.CANCELLED, released=True))
+                if updates:
+                    # Freed slots are known now, not after the next decode.
+                    self._post(updates)
+                    updates = []
+                plan = scheduler.schedule()
+                for key in plan.admitted:
+                    job = jobs[key]
+                    job.seq = heapq.heappop(free_seqs)
+                    job.admitted_at = started
+                    job.sampler = self._sampler(job)
+                if plan.empty:
+                    self._decoding = 0
+                    self._post(updates)
+                    continue
+
+                parts = [_Part(jobs[key], None, 0, 0) for key in plan.decode]
+                parts += [_Part(jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
+                parts.sort(key=lambda part: part.job.seq)
+                self._decoding = len(parts)
+                decode_s, sampled, failed = self._decode(batch, parts)
+                for job, error in failed:
                     release(job)
-                    updates.append(_Update(job, [], stop=StopReason.CANCELLED, released=True))
-            if updates:
-                # Freed slots are known now, not after the next decode.
+                    updates.append(_Update(job, [], error=error, released=True))
+                now = time.perf_counter()
+                for job, token in sampled:
+                    updates.append(self._advance(job, token, now, release))
                 self._post(updates)
-                updates = []
-            plan = scheduler.schedule()
-            for key in plan.admitted:
-                job = jobs[key]
-                job.seq = heapq.heappop(free_seqs)
-                job.admitted_at = started
-                job.sampler = self._sampler(job)
-            if plan.empty:
-                self._decoding = 0
-                self._post(updates)
-                continue
 
-            parts = [_Part(jobs[key], None, 0, 0) for key in plan.decode]
-            parts += [_Part(jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
-            parts.sort(key=lambda part: part.job.seq)
-            self._decoding = len(parts)
-            decode_s, sampled, failed = self._decode(batch, parts)
-            for job, error in failed:
+                step_s = time.perf_counter() - started
+                stats.steps += 1
+                stats.batch_tokens += batch.n
+                stats.sampled += len(sampled)
+                stats.decode_s += decode_s
+                stats.python_s += step_s - decode_s
+                stats.last_step_ms = step_s * 1000
+                scheduler.measured(step_s * 1000, decode_only=not plan.prefill)
+        finally:
+            # Stopping (or, were it to happen, a bug): whatever is in flight fails, nothing hangs.
+            with self._cond:
+                self._closed = True
+                waiting, self._inbox = self._inbox, []
+            closed = [
+                _Update(job, [], error=EngineClosedError("the engine closed"), released=True)
+                for job in list(jobs.values()) + waiting
+            ]
+            for job in list(jobs.values()):
                 release(job)
-                updates.append(_Update(job, [], error=error, released=True))
-            now = time.perf_counter()
-            for job, token in sampled:
-                updates.append(self._advance(job, token, now, release))
-            self._post(updates)
-
-            step_s = time.perf_counter() - started
-            stats.steps += 1
-            stats.batch_tokens += batch.n
-            stats.sampled += len(sampled)
-            stats.decode_s += decode_s
-            stats.python_s += step_s - decode_s
-            stats.last_step_ms = step_s * 1000
-            scheduler.measured(step_s * 1000, decode_only=not plan.prefill)
-
-        closed = [
-            _Update(job, [], error=EngineClosedError("the engine closed"), released=True)
-            for job in list(jobs.values()) + self._inbox
-        ]
-        for job in list(jobs.values()):
-            release(job)
-        self._decoding = 0
-        self._post(closed)
+            self._decoding = 0
+            self._post(closed)
 
     def _sampler(self, job: _Job) -> SlotSampler:
         request = job.request
