@@ -136,8 +136,7 @@ async def cancel_latency(path: Path, threads: int, slots: int, trials: int) -> l
                     t0 = time.perf_counter()
                 gen.cancel()
                 while engine.capacity().inflight >= before:
-                    await engine.wait_for_slot()
-                    await trio.lowlevel.checkpoint()
+                    await engine.capacity_changed()
                 latencies.append((time.perf_counter() - t0) * 1000)
             nursery.cancel_scope.cancel()
     return latencies

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
 import trio
 
 from .engine import (
@@ -67,13 +68,13 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_config(args: argparse.Namespace, **overrides: object) -> EngineConfig:
+def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
         hf_repo=args.hf_repo,
         hf_file=args.hf_file,
         quant=args.quant,
-        max_inflight=overrides.get("max_inflight", args.max_inflight),  # type: ignore[arg-type]
+        max_inflight=args.max_inflight,
         ctx_size=args.ctx_size,
         target_step_ms=args.target_step_ms,
         prefill_chunk=args.prefill_chunk,
@@ -130,7 +131,7 @@ async def _generate(args: argparse.Namespace) -> int:
         ),
     )
     dim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
-    async with Engine.open(engine_config(args, max_inflight=1)) as engine:
+    async with Engine.open(attrs.evolve(engine_config(args), max_inflight=1)) as engine:
         started = time.perf_counter()
         async with engine.submit(request) as generation:
             async for event in generation:

@@ -17,9 +17,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import attrs
 import numpy as np
@@ -61,11 +60,8 @@ class EngineStats:
     ``llama_decode``, ``python_s`` the rest of each step (batch filling, sampling, hand-off)."""
 
     steps: int = 0
-    batch_tokens: int = 0
-    sampled: int = 0
     decode_s: float = 0.0
     python_s: float = 0.0
-    last_step_ms: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -330,10 +326,6 @@ class Engine:
     def n_vocab(self) -> int:
         return self._model.n_vocab
 
-    @property
-    def eog_tokens(self) -> frozenset[int]:
-        return self._model.eog
-
     @asynccontextmanager
     async def submit(self, request: GenerateRequest) -> AsyncIterator[Generation]:
         """Start a generation and yield it; it never waits for decoding or admission.
@@ -513,11 +505,8 @@ class Engine:
 
                 step_s = time.perf_counter() - started
                 stats.steps += 1
-                stats.batch_tokens += batch.n
-                stats.sampled += len(sampled)
                 stats.decode_s += decode_s
                 stats.python_s += step_s - decode_s
-                stats.last_step_ms = step_s * 1000
                 scheduler.measured(step_s * 1000, decode_only=not plan.prefill)
         finally:
             # Stopping (or, were it to happen, a bug): whatever is in flight fails, nothing hangs.
@@ -598,7 +587,9 @@ class Engine:
             failed += bad
         return decode_s, sampled, failed
 
-    def _advance(self, job: _Job, token: int, now: float, release: Any) -> _Update:
+    def _advance(
+        self, job: _Job, token: int, now: float, release: Callable[[_Job], None]
+    ) -> _Update:
         if not job.first_token_at:
             job.first_token_at = now
         stop: StopReason | None = None
