@@ -13,6 +13,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from ._openai_errors import DEFAULT_MAX_BODY_BYTES
 from .engine import (
     DEFAULT_QUANT,
     DEFAULT_REPO,
@@ -109,10 +110,55 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     _engine_flags(gen)
 
-    from .web._cli import add_serve_parser
-
-    add_serve_parser(sub, _engine_flags)
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API and the chat page")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default %(default)s)"
+    )
+    serve.add_argument(
+        "--port", type=int, help="port (default 8443 with TLS, 8080 without; 0: any free)"
+    )
+    serve.add_argument("--tls-cert", type=Path, help="certificate (PEM) for HTTPS")
+    serve.add_argument("--tls-key", type=Path, help="private key (PEM) for HTTPS")
+    serve.add_argument(
+        "--ring-streams",
+        type=int,
+        default=64,
+        help="requests parked at once before 503 (default 64)",
+    )
+    serve.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight streams get on shutdown (default 10)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body before 413 (default %(default)s)",
+    )
+    _engine_flags(serve)
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import serve_until_signalled
+    from .web import ServeConfig
+
+    try:
+        config = ServeConfig(
+            host=args.host,
+            port=args.port,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            ring_streams=args.ring_streams,
+            graceful_timeout=args.graceful_timeout,
+            max_body_bytes=args.max_body_bytes,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"llmtrio serve: {exc}") from None
+    trio.run(serve_until_signalled, engine_config(args), config)
+    return 0
 
 
 async def _generate(args: argparse.Namespace) -> int:
@@ -170,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return trio.run(_generate, args)
-        return int(args.run(args))
+        return _serve(args)
     except EngineError as exc:
         print(f"llmtrio: {exc}", file=sys.stderr)
         return 2

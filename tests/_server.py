@@ -10,7 +10,8 @@ import httpx
 import trio
 
 from llmtrio.engine import EngineConfig
-from llmtrio.web import ServeConfig, serve
+from llmtrio.server import serve
+from llmtrio.web import ServeConfig
 
 __all__ = ["LiveServer", "start_server"]
 

@@ -3,11 +3,16 @@ public there (private modules stay behind it)."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
+import llmtrio
 import llmtrio.engine
 import llmtrio.ring
 import llmtrio.web
@@ -31,3 +36,37 @@ def test_all_lists_every_public_name_once(package: types.ModuleType) -> None:
         value = getattr(package, name)
         if inspect.isclass(value) or inspect.isfunction(value):
             assert value.__module__.startswith(package.__name__ + "."), (name, value.__module__)
+
+
+def test_the_web_room_is_a_pure_ingress() -> None:
+    """Importing the ingress loads neither llama.cpp nor the engine or the worker."""
+    code = (
+        "import sys, llmtrio.web; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp' "
+        "or m.startswith(('llmtrio.engine', 'llmtrio.worker'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+ROOMS = ("engine", "ring", "worker", "web")
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_no_room_imports_another_rooms_private_modules(room: str) -> None:
+    package = Path(llmtrio.__file__).parent
+    offenders = []
+    for path in (package / room).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                parts = node.module if node.level == 0 else f"{'.' * node.level}{node.module}"
+                names = parts.lstrip(".").split(".")
+                if node.level == 0 and names[0] == "llmtrio":
+                    names = names[1:]
+                elif node.level == 1:
+                    continue  # the room's own modules
+                if names and names[0] in ROOMS and names[0] != room and len(names) > 1:
+                    offenders.append(f"{path.name}: {parts}")
+    assert offenders == []

@@ -16,8 +16,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from ..ring import RequestHead, Ring, RingFullError, RingStream, WorkerFailedError
-from ..worker._openai import (
+from .._openai_errors import (
     DEFAULT_MAX_BODY_BYTES,
     OpenAIError,
     method_not_allowed,
@@ -26,6 +25,7 @@ from ..worker._openai import (
     ring_full,
     server_error,
 )
+from ..ring import RequestHead, Ring, RingFullError, RingStream, WorkerFailedError
 
 __all__ = ["create_app"]
 

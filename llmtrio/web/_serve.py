@@ -1,11 +1,9 @@
-"""``llmtrio serve``: an engine, an in-process ring with one local worker, and the HTTP
-ingress, in one process."""
+"""The ingress's HTTP server: the app on hypercorn, over TLS or on loopback."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import signal
 from functools import partial
 from pathlib import Path
 
@@ -14,13 +12,11 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from ..engine import Engine, EngineConfig
+from .._openai_errors import DEFAULT_MAX_BODY_BYTES
 from ..ring import Ring
-from ..worker import serve_link
-from ..worker._openai import DEFAULT_MAX_BODY_BYTES
 from ._app import create_app
 
-__all__ = ["ServeConfig", "serve", "serve_until_signalled"]
+__all__ = ["ServeConfig", "serve_ingress"]
 
 logger = logging.getLogger("llmtrio.serve")
 
@@ -69,70 +65,38 @@ class ServeConfig:
         return f"{host}:{port}"
 
 
-async def serve(
-    engine_config: EngineConfig,
+async def serve_ingress(
+    ring: Ring,
     config: ServeConfig,
     *,
+    model_name: str,
     shutdown: trio.Event,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Load the model, attach a local worker to a new ring, and serve HTTP until ``shutdown``
-    is set; ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``).
+    """Serve the OpenAI API in front of ``ring`` until ``shutdown`` is set;
+    ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``).
 
     Resource handling: after ``shutdown``, no new connection is accepted; in-flight
     responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
-    their generations); then the worker stops and the model is freed.
+    their streams on the ring).
     """
-    async with Engine.open(engine_config) as engine:
-        ring = Ring(max_streams=config.ring_streams)
-        app = create_app(ring, model_name=engine.model_name, max_body_bytes=config.max_body_bytes)
-        hypercorn = HypercornConfig()
-        hypercorn.bind = [config.bind()]
-        hypercorn.graceful_timeout = config.graceful_timeout
-        hypercorn.accesslog = None
-        hypercorn.errorlog = logging.getLogger("hypercorn.error")
-        if config.tls_cert is not None and config.tls_key is not None:
-            hypercorn.certfile = str(config.tls_cert)
-            hypercorn.keyfile = str(config.tls_key)
-        else:
-            logger.warning(
-                "serving plain HTTP on %s (loopback only); give --tls-cert and --tls-key for HTTPS",
-                config.host,
-            )
-        async with (
-            ring.attach("local", engine_config.max_inflight) as link,
-            trio.open_nursery() as workers,
-        ):
-            await workers.start(serve_link, engine, link)
-            async with trio.open_nursery() as web:
-                binds = await web.start(
-                    partial(hypercorn_serve, app, hypercorn, shutdown_trigger=shutdown.wait)
-                )
-                logger.info("serving %s on %s", engine.model_name, ", ".join(binds))
-                task_status.started(binds)
-            # hypercorn returns once in-flight responses drained (or graceful_timeout passed).
-            workers.cancel_scope.cancel()
-
-
-async def serve_until_signalled(engine_config: EngineConfig, config: ServeConfig) -> None:
-    """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once."""
-    shutdown = trio.Event()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                async for signum in signals:
-                    if shutdown.is_set():
-                        logger.warning("second signal: stopping now")
-                        nursery.cancel_scope.cancel()
-                        return
-                    logger.info(
-                        "%s: finishing in-flight requests (up to %.0fs); again to stop now",
-                        signal.Signals(signum).name,
-                        config.graceful_timeout,
-                    )
-                    shutdown.set()
-
-            nursery.start_soon(watch)
-            await serve(engine_config, config, shutdown=shutdown)
-            nursery.cancel_scope.cancel()
+    app = create_app(ring, model_name=model_name, max_body_bytes=config.max_body_bytes)
+    hypercorn = HypercornConfig()
+    hypercorn.bind = [config.bind()]
+    hypercorn.graceful_timeout = config.graceful_timeout
+    hypercorn.accesslog = None
+    hypercorn.errorlog = logging.getLogger("hypercorn.error")
+    if config.tls_cert is not None and config.tls_key is not None:
+        hypercorn.certfile = str(config.tls_cert)
+        hypercorn.keyfile = str(config.tls_key)
+    else:
+        logger.warning(
+            "serving plain HTTP on %s (loopback only); give --tls-cert and --tls-key for HTTPS",
+            config.host,
+        )
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            partial(hypercorn_serve, app, hypercorn, shutdown_trigger=shutdown.wait)
+        )
+        logger.info("serving %s on %s", model_name, ", ".join(binds))
+        task_status.started(binds)

@@ -3,15 +3,8 @@
 Pure: no I/O, no clock, no randomness except :func:`new_completion_id`. The HTTP layer reads
 the body, calls :func:`parse_chat_request`, runs the :class:`GenerateRequest` it carries, and
 writes what :class:`ChatCompletionStream` or :func:`completion_body` return; every refusal is
-an :class:`OpenAIError` that knows its HTTP status and renders its own body.
-
-    OpenAIError                 an error in OpenAI's shape, with its HTTP status
-      400 invalid_request_error a body, field or message this server cannot use
-      400 context_length_exceeded (code) the prompt does not fit a slot's context
-      404 / 405                 unknown path / wrong method
-      413 request_too_large     the body is over the size limit
-      500 server_error          a failure on our side
-      503 server_error          every slot is taken (code ring_full) or the model is closing
+an :class:`OpenAIError` (``llmtrio._openai_errors``, shared with the ingress) that knows its
+HTTP status and renders its own body.
 """
 
 from __future__ import annotations
@@ -20,23 +13,31 @@ import json
 import math
 import re
 import secrets
-from collections.abc import Sequence
 from json.encoder import encode_basestring as _encode_basestring
 from typing import Any, NoReturn
 
 import attrs
 
-from llmtrio.engine._errors import (
+from .._openai_errors import (
+    DEFAULT_MAX_BODY_BYTES,
+    OpenAIError,
+    dumps,
+    invalid_request,
+    method_not_allowed,
+    not_found,
+    request_too_large,
+    ring_full,
+    server_error,
+)
+from ..engine import (
+    ChatMessage,
+    Done,
     EngineClosedError,
     EngineError,
+    GenerateRequest,
     InvalidRequestError,
     PromptTooLongError,
     RequestError,
-)
-from llmtrio.engine._types import (
-    ChatMessage,
-    Done,
-    GenerateRequest,
     Sampling,
     Token,
 )
@@ -58,8 +59,6 @@ __all__ = [
     "server_error",
 ]
 
-DEFAULT_MAX_BODY_BYTES = 1 << 20
-
 # Text parts of one message's content are joined the way llama.cpp's server joins them
 # before templating (common_chat_msg::to_json_oaicompat with concat_typed_text).
 _PART_SEPARATOR = "\n"
@@ -71,109 +70,6 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 # ----------------------------------------------------------------------------------------------
 # Errors
-
-
-class OpenAIError(Exception):
-    """An error as OpenAI's API reports it: an HTTP ``status`` and the body
-    ``{"error": {"message", "type", "param", "code"}}``.
-
-    ``headers`` are extra response headers the HTTP layer should send with it (``Allow`` for a
-    405, ``Retry-After`` for a 503).
-    """
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: Sequence[tuple[str, str]] = (),
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = tuple(headers)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-    def body(self) -> bytes:
-        """The JSON response body (``Content-Type: application/json``)."""
-        return _dumps(self.to_dict())
-
-    def sse(self) -> bytes:
-        """The error as one server-sent event, for a failure after a stream has started
-        (the status line is gone by then): ``data: {"error": {...}}\\n\\n``."""
-        return b"data: " + self.body() + b"\n\n"
-
-    def __repr__(self) -> str:
-        return (
-            f"OpenAIError({self.status}, {self.message!r}, type={self.type!r}, "
-            f"param={self.param!r}, code={self.code!r})"
-        )
-
-
-def invalid_request(
-    message: str, *, param: str | None = None, code: str | None = None
-) -> OpenAIError:
-    """400 ``invalid_request_error``."""
-    return OpenAIError(400, message, param=param, code=code)
-
-
-def request_too_large(limit: int) -> OpenAIError:
-    """413: the body is over ``limit`` bytes."""
-    return OpenAIError(
-        413,
-        f"The request body is larger than this server accepts ({limit} bytes).",
-        code="request_too_large",
-    )
-
-
-def not_found(method: str, path: str) -> OpenAIError:
-    """404 for a path this server does not serve, worded as OpenAI words it."""
-    return OpenAIError(404, f"Invalid URL ({method} {path})", code="unknown_url")
-
-
-def method_not_allowed(method: str, path: str, allowed: Sequence[str] = ("POST",)) -> OpenAIError:
-    """405, with the ``Allow`` header HTTP requires."""
-    return OpenAIError(
-        405,
-        f"Invalid method for URL ({method} {path}); use {' or '.join(allowed)}.",
-        code="method_not_allowed",
-        headers=[("Allow", ", ".join(allowed))],
-    )
-
-
-def ring_full(retry_after_s: int | None = None) -> OpenAIError:
-    """503: no worker has a free slot. ``type`` is ``server_error`` as in OpenAI's overload
-    errors (llama.cpp's server says ``unavailable_error``; clients branch on the status)."""
-    headers = [] if retry_after_s is None else [("Retry-After", str(retry_after_s))]
-    return OpenAIError(
-        503,
-        "The server is overloaded: every slot is busy. Retry after a short wait.",
-        type="server_error",
-        code="ring_full",
-        headers=headers,
-    )
-
-
-def server_error(
-    message: str = "The server had an error while processing your request.",
-) -> OpenAIError:
-    """500 ``server_error``."""
-    return OpenAIError(500, message, type="server_error")
 
 
 def from_engine_error(exc: EngineError) -> OpenAIError:
@@ -719,13 +615,13 @@ class ChatCompletionStream:
             + b'"}]'
             + (b',"usage":null' if self.include_usage else b"")
             + b',"timings":'
-            + _dumps(_timings(done))
+            + dumps(_timings(done))
             + b"}\n\n"
         )
 
     def usage(self, done: Done) -> bytes:
         """The usage chunk: ``"choices": []`` and the token counts."""
-        return self._head + b'],"usage":' + _dumps(_usage(done)) + b"}\n\n"
+        return self._head + b'],"usage":' + dumps(_usage(done)) + b"}\n\n"
 
     def done(self) -> bytes:
         """The stream's terminator, ``data: [DONE]\\n\\n``."""
@@ -768,7 +664,7 @@ def completion_body(
     ]
     body["usage"] = _usage(done)
     body["timings"] = _timings(done)
-    return _dumps(body)
+    return dumps(body)
 
 
 def _usage(done: Done) -> dict[str, int]:
@@ -812,15 +708,6 @@ def _json_string(text: str) -> bytes:
     """``text`` as a JSON string literal in UTF-8; lone surrogates (not encodable) become
     U+FFFD."""
     literal = _encode_basestring(text)
-    try:
-        return literal.encode()
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", literal).encode()
-
-
-def _dumps(value: object) -> bytes:
-    """Compact JSON in UTF-8; lone surrogates in strings become U+FFFD."""
-    literal = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
         return literal.encode()
     except UnicodeEncodeError:

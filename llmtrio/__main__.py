@@ -1,0 +1,7 @@
+"""``python -m llmtrio``: the ``llmtrio`` command."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

@@ -1,0 +1,148 @@
+"""OpenAI's error shapes, shared by the ingress (``llmtrio.web``) and the worker.
+
+Pure: no I/O. Every refusal is an :class:`OpenAIError` that knows its HTTP status and renders
+its own body.
+
+    OpenAIError                 an error in OpenAI's shape, with its HTTP status
+      400 invalid_request_error a body, field or message this server cannot use
+      400 context_length_exceeded (code) the prompt does not fit a slot's context
+      403 forbidden             a browser origin or host this server does not serve
+      404 / 405                 unknown path / wrong method
+      413 request_too_large     the body is over the size limit
+      500 server_error          a failure on our side
+      503 server_error          every slot is taken (code ring_full) or the model is closing
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "OpenAIError",
+    "dumps",
+    "invalid_request",
+    "method_not_allowed",
+    "not_found",
+    "request_too_large",
+    "ring_full",
+    "server_error",
+]
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class OpenAIError(Exception):
+    """An error as OpenAI's API reports it: an HTTP ``status`` and the body
+    ``{"error": {"message", "type", "param", "code"}}``.
+
+    ``headers`` are extra response headers the HTTP layer should send with it (``Allow`` for a
+    405, ``Retry-After`` for a 503).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = tuple(headers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def body(self) -> bytes:
+        """The JSON response body (``Content-Type: application/json``)."""
+        return dumps(self.to_dict())
+
+    def sse(self) -> bytes:
+        """The error as one server-sent event, for a failure after a stream has started
+        (the status line is gone by then): ``data: {"error": {...}}\\n\\n``."""
+        return b"data: " + self.body() + b"\n\n"
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIError({self.status}, {self.message!r}, type={self.type!r}, "
+            f"param={self.param!r}, code={self.code!r})"
+        )
+
+
+def invalid_request(
+    message: str, *, param: str | None = None, code: str | None = None
+) -> OpenAIError:
+    """400 ``invalid_request_error``."""
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def request_too_large(limit: int) -> OpenAIError:
+    """413: the body is over ``limit`` bytes."""
+    return OpenAIError(
+        413,
+        f"The request body is larger than this server accepts ({limit} bytes).",
+        code="request_too_large",
+    )
+
+
+def not_found(method: str, path: str) -> OpenAIError:
+    """404 for a path this server does not serve, worded as OpenAI words it."""
+    return OpenAIError(404, f"Invalid URL ({method} {path})", code="unknown_url")
+
+
+def method_not_allowed(method: str, path: str, allowed: Sequence[str] = ("POST",)) -> OpenAIError:
+    """405, with the ``Allow`` header HTTP requires."""
+    return OpenAIError(
+        405,
+        f"Invalid method for URL ({method} {path}); use {' or '.join(allowed)}.",
+        code="method_not_allowed",
+        headers=[("Allow", ", ".join(allowed))],
+    )
+
+
+def ring_full(retry_after_s: int | None = None) -> OpenAIError:
+    """503: no worker has a free slot. ``type`` is ``server_error`` as in OpenAI's overload
+    errors (llama.cpp's server says ``unavailable_error``; clients branch on the status)."""
+    headers = [] if retry_after_s is None else [("Retry-After", str(retry_after_s))]
+    return OpenAIError(
+        503,
+        "The server is overloaded: every slot is busy. Retry after a short wait.",
+        type="server_error",
+        code="ring_full",
+        headers=headers,
+    )
+
+
+def server_error(
+    message: str = "The server had an error while processing your request.",
+) -> OpenAIError:
+    """500 ``server_error``."""
+    return OpenAIError(500, message, type="server_error")
+
+
+def dumps(value: object) -> bytes:
+    """Compact JSON in UTF-8; lone surrogates in strings become U+FFFD."""
+    literal = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return literal.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", literal).encode()

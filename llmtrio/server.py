@@ -1,0 +1,75 @@
+"""The composition root: an engine, an in-process ring with one local worker, and the HTTP
+ingress, in one process (``llmtrio serve``)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from functools import partial
+
+import trio
+
+from .engine import Engine, EngineConfig
+from .ring import Ring
+from .web import ServeConfig, serve_ingress
+from .worker import serve_link
+
+__all__ = ["serve", "serve_until_signalled"]
+
+logger = logging.getLogger("llmtrio.serve")
+
+
+async def serve(
+    engine_config: EngineConfig,
+    config: ServeConfig,
+    *,
+    shutdown: trio.Event,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Load the model, attach a local worker to a new ring, and serve HTTP until ``shutdown``
+    is set; ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``).
+
+    Resource handling: after ``shutdown``, no new connection is accepted; in-flight
+    responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
+    their generations); then the worker stops and the model is freed.
+    """
+    async with Engine.open(engine_config) as engine:
+        ring = Ring(max_streams=config.ring_streams)
+        async with (
+            ring.attach("local", engine_config.max_inflight) as link,
+            trio.open_nursery() as workers,
+        ):
+            await workers.start(serve_link, engine, link)
+            async with trio.open_nursery() as web:
+                binds = await web.start(
+                    partial(
+                        serve_ingress, ring, config, model_name=engine.model_name, shutdown=shutdown
+                    )
+                )
+                task_status.started(binds)
+            # hypercorn returns once in-flight responses drained (or graceful_timeout passed).
+            workers.cancel_scope.cancel()
+
+
+async def serve_until_signalled(engine_config: EngineConfig, config: ServeConfig) -> None:
+    """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once."""
+    shutdown = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for signum in signals:
+                    if shutdown.is_set():
+                        logger.warning("second signal: stopping now")
+                        nursery.cancel_scope.cancel()
+                        return
+                    logger.info(
+                        "%s: finishing in-flight requests (up to %.0fs); again to stop now",
+                        signal.Signals(signum).name,
+                        config.graceful_timeout,
+                    )
+                    shutdown.set()
+
+            nursery.start_soon(watch)
+            await serve(engine_config, config, shutdown=shutdown)
+            nursery.cancel_scope.cancel()
