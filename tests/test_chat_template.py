@@ -79,8 +79,9 @@ def test_multi_turn_drops_earlier_reasoning() -> None:
 
 
 def test_a_template_error_is_a_request_error() -> None:
-    with pytest.raises(InvalidRequestError, match="unexpected role tool"):
-        template().render([ChatMessage("tool", "{}")], think=None)
+    refusing = "{{ raise_exception('unexpected role ' + messages[0].role) }}"
+    with pytest.raises(InvalidRequestError, match="refused these messages: unexpected role user"):
+        template(refusing).render([ChatMessage("user", "{}")], think=None)
 
 
 def test_no_template_uses_llama_cpp_builtin_for_the_architecture() -> None:

@@ -300,10 +300,10 @@ BAD_FIELDS: list[tuple[dict[str, Any], str, str, str]] = [
     ({"messages": [{"role": 1, "content": "x"}]}, "messages[0].role", "invalid_type", "string"),
     ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role", "invalid_value", "'bot'"),
     (
-        {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]},
+        {"messages": [{"role": "function", "content": "x", "name": "f"}]},
         "messages[0].role",
         "invalid_value",
-        "no tool calling",
+        "use 'tool'",
     ),
     (
         {"messages": [*HI, {"role": "user", "content": None}]},

@@ -12,15 +12,22 @@ from ._engine import Generation as Generation
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
+from ._errors import GrammarError as GrammarError
 from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import ModelLoadError as ModelLoadError
 from ._errors import PromptTooLongError as PromptTooLongError
 from ._errors import RequestError as RequestError
+from ._grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
+from ._grammar import json_schema_grammar as json_schema_grammar
+from ._grammar import tool_call_grammar as tool_call_grammar
 from ._model_source import ResolvedModel as ResolvedModel
 from ._model_source import demo_model_path as demo_model_path
 from ._model_source import resolve_model as resolve_model
+from ._tools import ToolCallParser as ToolCallParser
+from ._tools import new_tool_call_id as new_tool_call_id
 from ._types import DEFAULT_QUANT as DEFAULT_QUANT
 from ._types import DEFAULT_REPO as DEFAULT_REPO
+from ._types import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 from ._types import Capacity as Capacity
 from ._types import ChatMessage as ChatMessage
 from ._types import Done as Done
@@ -32,10 +39,15 @@ from ._types import Sampling as Sampling
 from ._types import StopReason as StopReason
 from ._types import Timings as Timings
 from ._types import Token as Token
+from ._types import TokenLogprob as TokenLogprob
+from ._types import Tool as Tool
+from ._types import ToolCall as ToolCall
 
 __all__ = [
     "DEFAULT_QUANT",
     "DEFAULT_REPO",
+    "JSON_OBJECT_GRAMMAR",
+    "MAX_TOP_LOGPROBS",
     "Capacity",
     "ChatMessage",
     "DecodeError",
@@ -49,6 +61,7 @@ __all__ = [
     "Failed",
     "GenerateRequest",
     "Generation",
+    "GrammarError",
     "InvalidRequestError",
     "ModelLoadError",
     "PromptTooLongError",
@@ -58,6 +71,13 @@ __all__ = [
     "StopReason",
     "Timings",
     "Token",
+    "TokenLogprob",
+    "Tool",
+    "ToolCall",
+    "ToolCallParser",
     "demo_model_path",
+    "json_schema_grammar",
+    "new_tool_call_id",
     "resolve_model",
+    "tool_call_grammar",
 ]

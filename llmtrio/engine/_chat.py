@@ -13,7 +13,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ._errors import InvalidRequestError
 from ._text import THINK_CLOSE, THINK_OPEN
-from ._types import ChatMessage
+from ._tools import describe_tools, template_message
+from ._types import ChatMessage, Tool
 
 __all__ = ["ChatTemplate", "RenderedPrompt"]
 
@@ -66,27 +67,38 @@ class ChatTemplate:
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = _strftime_now
             self._template = env.from_string(jinja_source)
+        #: The Jinja template renders ``tools`` itself; otherwise they are described in a
+        #: system message (see ``_tools.describe_tools``).
+        self.renders_tools = bool(jinja_source) and "tools" in (jinja_source or "")
 
     @property
     def source(self) -> str:
         return "gguf" if self._template is not None else f"built-in {self.builtin_name}"
 
-    def render(self, messages: Sequence[ChatMessage], *, think: bool | None) -> RenderedPrompt:
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        think: bool | None,
+        tools: Sequence[Tool] = (),
+    ) -> RenderedPrompt:
+        uses_tools = bool(tools) or any(m.tool_calls or m.role == "tool" for m in messages)
+        if uses_tools and not self.renders_tools:
+            messages = describe_tools(messages, tools)
         if self._template is None:
             pairs = [("system" if m.role == "developer" else m.role, m.content) for m in messages]
             text = str(self._render_builtin(self.builtin_name, pairs))
         else:
             variables: dict[str, Any] = {
-                "messages": [
-                    {"role": "system" if m.role == "developer" else m.role, "content": m.content}
-                    for m in messages
-                ],
+                "messages": [template_message(m) for m in messages],
                 "add_generation_prompt": True,
                 "bos_token": self._bos_token,
                 "eos_token": self._eos_token,
             }
             if think is not None:
                 variables["enable_thinking"] = think
+            if tools:
+                variables["tools"] = [tool.as_openai() for tool in tools]
             try:
                 text = self._template.render(**variables)
             except TemplateError as exc:

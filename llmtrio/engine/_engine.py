@@ -35,6 +35,7 @@ from ._errors import (
 )
 from ._llama import Batch, LlamaModel, SlotSampler
 from ._model_source import ResolvedModel, resolve_model
+from ._sampling import Penalties, RawLogprob
 from ._scheduler import Scheduler
 from ._text import THINK_CLOSE, THINK_OPEN, StopMatcher, ThinkSplitter, Utf8Assembler
 from ._types import (
@@ -47,6 +48,7 @@ from ._types import (
     StopReason,
     Timings,
     Token,
+    TokenLogprob,
 )
 
 __all__ = ["Engine", "EngineStats", "Generation"]
@@ -91,6 +93,7 @@ class _Update:
     stop: StopReason | None = None
     error: Exception | None = None
     released: bool = False
+    logprobs: list[RawLogprob] | None = None
 
 
 class Generation:
@@ -115,6 +118,7 @@ class Generation:
         self._utf8 = Utf8Assembler()
         self._stop = StopMatcher(stops)
         self._think = ThinkSplitter(reasoning=opens_think)
+        self._logprobs: list[TokenLogprob] = []
         self._submitted_at = time.perf_counter()
         self._released = False
         #: Set once a Done or Failed event was produced; no event follows it.
@@ -143,6 +147,8 @@ class Generation:
         if self.finished:
             return
         job = update.job
+        if update.logprobs:
+            self._logprobs += [self._engine._token_logprob(raw) for raw in update.logprobs]
         for token in update.tokens:
             self._completion_tokens += 1
             text = self._utf8.feed(self._engine._piece(token))
@@ -175,7 +181,11 @@ class Generation:
 
     def _emit_segments(self, segments: list[tuple[str, bool]]) -> None:
         for text, reasoning in segments:
-            self._send.send_nowait(Token(text, reasoning))
+            if self._logprobs:
+                logprobs, self._logprobs = tuple(self._logprobs), []
+                self._send.send_nowait(Token(text, reasoning, logprobs))
+            else:
+                self._send.send_nowait(Token(text, reasoning))
 
     def _finish(self, stop: StopReason, job: _Job) -> None:
         now = time.perf_counter()
@@ -337,6 +347,7 @@ class Engine:
         if self._closed:
             raise EngineClosedError("the engine is closed")
         prompt, opens_think = self._prompt(request)
+        self._check_grammar(request)
         generation = Generation(self, len(prompt), opens_think, request.stop)
         budget = self.config.ctx_size - len(prompt) + 1
         job = _Job(
@@ -378,7 +389,9 @@ class Engine:
             opens_think = False
         else:
             assert request.messages is not None
-            rendered = self._template.render(request.messages, think=request.think)
+            rendered = self._template.render(
+                request.messages, think=request.think, tools=request.tools
+            )
             prompt = model.tokenize(rendered.text, add_special=model.add_bos)
             if model.add_bos and len(prompt) > 1 and prompt[0] == prompt[1] == model.bos:
                 prompt = prompt[1:]
@@ -393,6 +406,29 @@ class Engine:
                     param="logit_bias",
                 )
         return prompt, opens_think
+
+    def _check_grammar(self, request: GenerateRequest) -> None:
+        """Raise :class:`GrammarError` now, not on the decode thread, for a bad grammar."""
+        if request.grammar is not None:
+            SlotSampler(
+                self._model,
+                temperature=0.0,
+                top_k=0,
+                top_p=1.0,
+                min_p=0.0,
+                seed=0,
+                bias={},
+                grammar=request.grammar,
+            ).close()
+
+    def _token_logprob(self, raw: RawLogprob) -> TokenLogprob:
+        def text(token: int) -> tuple[str, bytes]:
+            piece = self._piece(token)
+            return piece.decode("utf-8", "replace"), piece
+
+        token, piece = text(raw.token)
+        top = tuple((*text(t), logprob) for t, logprob in raw.top)
+        return TokenLogprob(token, piece, raw.logprob, top)
 
     def _special_text(self, token: int) -> str:
         return self._model.special_piece(token).decode("utf-8", "replace") if token >= 0 else ""
@@ -528,6 +564,16 @@ class Engine:
         bias = dict(request.logit_bias)
         if request.ignore_eos:
             bias.update(dict.fromkeys(self._model.eog, float("-inf")))
+        penalties = (
+            Penalties(
+                presence=sampling.presence_penalty,
+                frequency=sampling.frequency_penalty,
+                repeat=sampling.repeat_penalty,
+                repeat_last_n=sampling.repeat_last_n,
+            )
+            if sampling.penalized
+            else None
+        )
         return SlotSampler(
             self._model,
             temperature=sampling.temperature,
@@ -537,6 +583,9 @@ class Engine:
             seed=(sampling.seed if sampling.seed is not None else random.getrandbits(32))
             & 0xFFFFFFFF,
             bias=bias,
+            grammar=request.grammar,
+            penalties=penalties,
+            logprobs=request.logprobs,
         )
 
     def _decode(
@@ -594,10 +643,15 @@ class Engine:
             job.first_token_at = now
         stop: StopReason | None = None
         tokens: list[int] = []
-        if token in self._model.eog and not job.request.ignore_eos:
+        logprobs = None
+        if token < 0 or (token in self._model.eog and not job.request.ignore_eos):
+            # An end-of-generation token, or a grammar that allows nothing more.
             stop = StopReason.END_OF_GENERATION
         else:
             tokens.append(token)
+            if job.request.logprobs is not None and job.sampler is not None:
+                raw = job.sampler.last_logprob
+                logprobs = [raw] if raw is not None else None
             job.generated += 1
             job.last_token = token
             if job.generated >= job.max_tokens:
@@ -611,7 +665,7 @@ class Engine:
                 stop = StopReason.CONTEXT_END
         if stop is not None:
             release(job)
-        return _Update(job, tokens, stop=stop, released=stop is not None)
+        return _Update(job, tokens, stop=stop, released=stop is not None, logprobs=logprobs)
 
     def _post(self, updates: list[_Update]) -> None:
         if updates:

@@ -5,6 +5,7 @@ EngineError
 ├── RequestError            a request the engine cannot run (raised by ``submit``)
 │   ├── PromptTooLongError  the prompt does not fit a slot's context
 │   └── InvalidRequestError a bad parameter, message or token id
+│       └── GrammarError    a grammar llama.cpp cannot parse
 ├── DecodeError             llama_decode failed for this request (carried by ``Failed``)
 └── EngineClosedError       the engine closed before or while the request ran
 """
@@ -15,6 +16,7 @@ __all__ = [
     "DecodeError",
     "EngineClosedError",
     "EngineError",
+    "GrammarError",
     "InvalidRequestError",
     "ModelLoadError",
     "PromptTooLongError",
@@ -54,6 +56,13 @@ class PromptTooLongError(RequestError):
 
 class InvalidRequestError(RequestError):
     """A parameter, message or token id the engine cannot use."""
+
+
+class GrammarError(InvalidRequestError):
+    """A GBNF grammar (given, or made from a JSON schema) that llama.cpp cannot parse."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="response_format")
 
 
 class DecodeError(EngineError):

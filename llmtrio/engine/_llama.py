@@ -17,7 +17,8 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import ModelLoadError
+from ._errors import GrammarError, ModelLoadError
+from ._sampling import Penalties, RawLogprob, logprob_of
 
 __all__ = ["Batch", "LlamaModel", "SlotSampler"]
 
@@ -275,7 +276,15 @@ class SlotSampler:
     candidate array of the whole vocabulary); anything else runs llama.cpp's sampler chain:
     logit bias, top-k, top-p, min-p, temperature, then a seeded draw.
 
-    Resource handling: :meth:`close` frees the chain.
+    A slot with a ``grammar`` (GBNF), ``penalties`` or ``logprobs`` takes a longer path, paid
+    by that slot only: penalties are applied to the logits (numpy), a token is picked as
+    above, and the grammar checks that one token; only when it refuses is the grammar applied
+    to the whole vocabulary and the token picked again (llama.cpp's common sampler does the
+    same). ``logprobs`` (a count of alternatives) records :attr:`last_logprob` from the raw
+    logits. When the grammar allows no token at all, :meth:`sample` returns -1.
+
+    Error handling: :class:`GrammarError` when the grammar does not parse.
+    Resource handling: :meth:`close` frees the chain and the grammar.
     """
 
     def __init__(
@@ -288,17 +297,34 @@ class SlotSampler:
         min_p: float,
         seed: int,
         bias: dict[int, float],
+        grammar: str | None = None,
+        penalties: Penalties | None = None,
+        logprobs: int | None = None,
     ) -> None:
         self._model = model
         self._chain: Any = None
+        self._grammar: Any = None
         self._argmax = temperature <= 0
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+        self._penalties = penalties
+        self._logprobs = logprobs
+        self._plain = grammar is None and penalties is None and logprobs is None
+        self.last_logprob: RawLogprob | None = None
+        self._all = None if self._plain else _Candidates(model.n_vocab)
+        self._one = _Candidates(1)
+        if grammar is not None:
+            self._grammar = llama_cpp.llama_sampler_init_grammar(
+                model.vocab, grammar.encode("utf-8"), b"root"
+            )
+            if not self._grammar:
+                why = _recent_log() or "llama.cpp could not parse it"
+                raise GrammarError(f"invalid grammar: {why}")
         if self._argmax:
             return
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._chain = chain
-        if bias:
+        if bias and self._plain:
             entries = (llama_cpp.llama_logit_bias * len(bias))()
             for i, (token, value) in enumerate(bias.items()):
                 entries[i] = llama_cpp.llama_logit_bias(token, value)
@@ -315,14 +341,91 @@ class SlotSampler:
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
 
     def sample(self, index: int) -> int:
+        if self._plain:
+            if self._argmax:
+                logits = self._model.logits(index)
+                if len(self._bias_ids):
+                    logits[self._bias_ids] += self._bias_values
+                return int(np.argmax(logits))
+            return int(llama_cpp.llama_sampler_sample(self._chain, self._model.ctx, index))
+        return self._sample_extras(index)
+
+    def _sample_extras(self, index: int) -> int:
+        logits = self._model.logits(index)
+        raw = logits.copy() if self._logprobs is not None else None
+        if len(self._bias_ids):
+            logits[self._bias_ids] += self._bias_values
+        if self._penalties is not None:
+            self._penalties.apply(logits)
+        token = self._pick(logits)
+        if self._grammar is not None and not self._allows(token):
+            candidates = self._candidates()
+            candidates.fill(logits)
+            llama_cpp.llama_sampler_apply(self._grammar, candidates.ref)
+            if not np.isfinite(candidates.data["logit"]).any():
+                self.last_logprob = None
+                return -1
+            logits = np.ascontiguousarray(candidates.data["logit"])
+            token = self._pick(logits)
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_accept(self._grammar, token)
+        if self._penalties is not None:
+            self._penalties.accept(token)
+        if raw is not None:
+            self.last_logprob = logprob_of(raw, token, self._logprobs or 0)
+        return token
+
+    def _pick(self, logits: npt.NDArray[np.float32]) -> int:
         if self._argmax:
-            logits = self._model.logits(index)
-            if len(self._bias_ids):
-                logits[self._bias_ids] += self._bias_values
             return int(np.argmax(logits))
-        return int(llama_cpp.llama_sampler_sample(self._chain, self._model.ctx, index))
+        candidates = self._candidates()
+        candidates.fill(logits)
+        llama_cpp.llama_sampler_apply(self._chain, candidates.ref)
+        return int(candidates.data["id"][candidates.array.selected])
+
+    def _candidates(self) -> _Candidates:
+        assert self._all is not None
+        return self._all
+
+    def _allows(self, token: int) -> bool:
+        one = self._one
+        one.data["id"][0] = token
+        one.data["logit"][0] = 0.0
+        one.data["p"][0] = 0.0
+        one.reset()
+        llama_cpp.llama_sampler_apply(self._grammar, one.ref)
+        return bool(np.isfinite(one.data["logit"][0]))
 
     def close(self) -> None:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class _Candidates:
+    """A ``llama_token_data_array`` over a numpy structured array, refilled in place."""
+
+    def __init__(self, size: int) -> None:
+        self.data = np.zeros(size, dtype=_TOKEN_DATA)
+        self._ids = np.arange(size, dtype=np.int32)
+        self.array: Any = llama_cpp.llama_token_data_array()
+        self.array.data = cast(Any, self.data.ctypes.data_as(llama_cpp.llama_token_data_p))
+        self.ref = ctypes.byref(self.array)
+        self.reset()
+
+    def reset(self) -> None:
+        self.array.size = len(self.data)
+        self.array.selected = -1
+        self.array.sorted = False
+
+    def fill(self, logits: npt.NDArray[np.float32]) -> None:
+        self.data["id"] = self._ids
+        self.data["logit"] = logits
+        self.data["p"] = 0.0
+        self.reset()

@@ -6,6 +6,7 @@ import enum
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -23,6 +24,9 @@ __all__ = [
     "StopReason",
     "Timings",
     "Token",
+    "TokenLogprob",
+    "Tool",
+    "ToolCall",
 ]
 
 DEFAULT_REPO = "unsloth/Qwen3.5-0.8B-GGUF"
@@ -67,9 +71,44 @@ class EngineConfig:
 
 
 @attrs.frozen
+class Tool:
+    """A function the model may call: ``parameters`` is its JSON Schema (an object schema)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = attrs.field(factory=lambda: {"type": "object", "properties": {}})
+
+    def as_openai(self) -> dict[str, Any]:
+        """The tool as OpenAI's ``tools`` entry, the shape chat templates expect."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description:
+            function["description"] = self.description
+        function["parameters"] = self.parameters
+        return {"type": "function", "function": function}
+
+
+@attrs.frozen
+class ToolCall:
+    """A call the model made (or made earlier, in the history): ``arguments`` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+def _tuple_of_calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
 class ChatMessage:
+    """One chat message. An assistant message may carry ``tool_calls``; a ``tool`` message
+    answers the call named by ``tool_call_id``."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tuple_of_calls)
+    tool_call_id: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.role not in ("system", "user", "assistant", "developer", "tool"):
@@ -78,13 +117,25 @@ class ChatMessage:
 
 @attrs.frozen
 class Sampling:
-    """Sampling parameters; ``temperature == 0`` is greedy (the other fields are then unused)."""
+    """Sampling parameters; ``temperature == 0`` is greedy (top-k, top-p, min-p and the seed
+    are then unused).
+
+    Penalties apply to greedy and sampled slots alike. ``presence_penalty`` and
+    ``frequency_penalty`` are OpenAI's: subtracted from the logit of every token already
+    generated (once, and once per occurrence). ``repeat_penalty`` is llama.cpp's: the logit of
+    a token among the last ``repeat_last_n`` generated is divided by it (multiplied when
+    negative); 1 is off.
+    """
 
     temperature: float = 0.8
     top_p: float = 0.95
     top_k: int = 40
     min_p: float = 0.05
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
 
     def __attrs_post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 100.0:
@@ -95,10 +146,31 @@ class Sampling:
             raise InvalidRequestError("top_k must be 0 (off) or more", param="top_k")
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidRequestError("min_p must be in [0, 1]", param="min_p")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise InvalidRequestError(
+                "presence_penalty must be between -2 and 2", param="presence_penalty"
+            )
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise InvalidRequestError(
+                "frequency_penalty must be between -2 and 2", param="frequency_penalty"
+            )
+        if not 0.0 < self.repeat_penalty <= 10.0:
+            raise InvalidRequestError("repeat_penalty must be in (0, 10]", param="repeat_penalty")
+        if self.repeat_last_n < 0:
+            raise InvalidRequestError("repeat_last_n must be 0 or more", param="repeat_last_n")
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or (self.repeat_penalty != 1.0 and self.repeat_last_n)
+        )
 
 
 GREEDY = Sampling(temperature=0.0)
@@ -120,6 +192,13 @@ def _tuple_of_biases(value: Sequence[tuple[int, float]]) -> tuple[tuple[int, flo
     return tuple((int(token), float(bias)) for token, bias in value)
 
 
+def _tuple_of_tools(value: Sequence[Tool]) -> tuple[Tool, ...]:
+    return tuple(value)
+
+
+MAX_TOP_LOGPROBS = 20
+
+
 @attrs.frozen
 class GenerateRequest:
     """One generation: chat ``messages`` (templated with the model's chat template) or raw
@@ -130,6 +209,13 @@ class GenerateRequest:
     template as ``enable_thinking`` (``None``: the template's default). ``ignore_eos`` keeps
     generating through end-of-generation tokens (for benchmarks). ``logit_bias`` maps token
     ids to a bias added to their logits (``-inf`` bans a token).
+
+    ``grammar`` is a GBNF grammar (llama.cpp's, root rule ``root``) every generated token must
+    follow; the generation ends when the grammar is complete. ``logprobs`` asks for each
+    token's log-probability and that many alternatives (0 to 20); ``None`` costs nothing.
+    ``tools`` are passed to the chat template (or described in a system prompt when the
+    template has no tools support); the model's calls come back as text for the caller to
+    parse (:class:`ToolCallParser`).
     """
 
     messages: tuple[ChatMessage, ...] | None = attrs.field(
@@ -142,6 +228,9 @@ class GenerateRequest:
     think: bool | None = None
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_tuple_of_biases)
+    grammar: str | None = None
+    logprobs: int | None = None
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tuple_of_tools)
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.tokens is None):
@@ -154,6 +243,12 @@ class GenerateRequest:
             raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
+            )
+        if self.grammar is not None and not self.grammar.strip():
+            raise InvalidRequestError("grammar must not be empty", param="grammar")
 
     @classmethod
     def user(cls, prompt: str, *, system: str | None = None, **kwargs: object) -> GenerateRequest:
@@ -189,11 +284,30 @@ class Timings:
 
 
 @attrs.frozen
+class TokenLogprob:
+    """One generated token's log-probability under the model (a log-softmax of its raw
+    logits, before biases, penalties, grammar or temperature), with its text (``piece`` holds
+    its exact bytes, possibly part of a character), and the ``top`` alternatives as
+    ``(text, bytes, logprob)``, most likely first."""
+
+    token: str
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...] = ()
+
+
+@attrs.frozen
 class Token:
-    """A piece of generated text; ``reasoning`` when it lies inside a think block."""
+    """A piece of generated text; ``reasoning`` when it lies inside a think block.
+
+    ``logprobs`` (asked for with ``GenerateRequest.logprobs``) are those of the tokens whose
+    text this piece completes, in order; a token whose text is held back (an unfinished
+    character, a possible stop string) is reported with the piece that releases it.
+    """
 
     text: str
     reasoning: bool = False
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @attrs.frozen

@@ -100,6 +100,7 @@ def create_app(
         )
 
     @app.route("/v1/chat/completions", methods=["POST"])
+    @app.route("/v1/completions", methods=["POST"])
     async def chat_completions() -> Response:
         body = await request.get_data(cache=False)
         assert isinstance(body, bytes)

@@ -13,6 +13,7 @@ import json
 import math
 import re
 import secrets
+from collections.abc import Sequence
 from json.encoder import encode_basestring as _encode_basestring
 from typing import Any, NoReturn
 
@@ -40,6 +41,18 @@ from ..engine import (
     RequestError,
     Sampling,
     Token,
+    TokenLogprob,
+    ToolCall,
+)
+from ._features import (
+    ToolChoice,
+    parse_assistant_tool_calls,
+    parse_chat_logprobs,
+    parse_penalties,
+    parse_response_format,
+    parse_tools,
+    reject_unimplemented,
+    tool_message,
 )
 
 __all__ = [
@@ -105,13 +118,16 @@ class ChatCompletionRequest:
 
     ``model`` is the name the client asked for (``None`` when absent), echoed back in
     responses; ``include_usage`` is ``stream_options.include_usage`` (a usage chunk before
-    ``[DONE]``).
+    ``[DONE]``); ``tools`` says which tools the reply may call (and whether to look for
+    calls); ``logprobs`` whether to report log-probabilities.
     """
 
     model: str | None
     generate: GenerateRequest
     stream: bool = False
     include_usage: bool = False
+    tools: ToolChoice = attrs.field(factory=ToolChoice)
+    logprobs: bool = False
 
 
 def parse_chat_request(
@@ -123,7 +139,14 @@ def parse_chat_request(
     ``max_tokens``), ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``,
     ``stream``, ``stream_options.include_usage``, ``n`` (1 only), ``think`` and
     ``chat_template_kwargs.enable_thinking`` (``think`` wins), ``ignore_eos`` and
-    ``logit_bias``. Other fields are ignored; ``null`` is the same as absent.
+    ``logit_bias``; ``presence_penalty``, ``frequency_penalty``, ``repeat_penalty`` and
+    ``repeat_last_n``; ``logprobs`` and ``top_logprobs``; ``response_format``; ``tools``,
+    ``tool_choice`` and ``parallel_tool_calls``. An OpenAI field this server does not
+    implement (``audio``, ``modalities``, ``prediction``, ...) is a 400 naming it; other
+    fields are ignored; ``null`` is the same as absent.
+
+    A grammar (``response_format`` json, a forced tool call) turns thinking off unless the
+    request asks for it, which is a 400: the grammar holds from the first token.
 
     Sampling fields left out take the engine's :class:`Sampling` defaults, which are
     llama.cpp server's (temperature 0.8, top_p 0.95, top_k 40, min_p 0.05) rather than
@@ -155,6 +178,7 @@ def parse_chat_request(
             f"The request body must be a JSON object, but got {_kind(data)}.", code="invalid_type"
         )
 
+    reject_unimplemented(data)
     model = _opt_str(data, "model")
     messages = _parse_messages(data.get("messages"))
 
@@ -179,6 +203,13 @@ def parse_chat_request(
     seed = _opt_int(data, "seed", _INT64_MIN, _INT64_MAX)
     if seed is not None:
         sampling_args["seed"] = seed
+    sampling_args.update(parse_penalties(data))
+    logprobs = parse_chat_logprobs(data)
+    tools = parse_tools(data)
+    grammar = parse_response_format(data.get("response_format"))
+    tool_grammar = tools.grammar()
+    if tool_grammar is not None:
+        grammar = tool_grammar  # a forced call wins over the format of a plain reply
 
     stop = _parse_stop(data.get("stop"))
 
@@ -218,6 +249,15 @@ def parse_chat_request(
         )
         if think is None:
             think = enable_thinking
+    if grammar is not None:
+        if think:
+            raise invalid_request(
+                "Thinking cannot be combined with 'response_format' json or a forced tool "
+                "call: the grammar holds from the first token.",
+                param="think",
+                code="invalid_value",
+            )
+        think = False
 
     ignore_eos = _opt_bool(data, "ignore_eos", "ignore_eos") or False
     logit_bias = _parse_logit_bias(data.get("logit_bias"))
@@ -231,11 +271,19 @@ def parse_chat_request(
             think=think,
             ignore_eos=ignore_eos,
             logit_bias=logit_bias,
+            grammar=grammar,
+            logprobs=logprobs,
+            tools=tools.tools if tools.mode != "none" else (),
         )
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from None
     return ChatCompletionRequest(
-        model=model, generate=generate, stream=stream, include_usage=include_usage
+        model=model,
+        generate=generate,
+        stream=stream,
+        include_usage=include_usage,
+        tools=tools,
+        logprobs=logprobs is not None,
     )
 
 
@@ -274,16 +322,24 @@ def _parse_messages(value: object) -> list[ChatMessage]:
             raise _invalid_type(f"{where}.role", "a string", role)
         if role == "developer":
             role = "system"
-        elif role not in ("system", "user", "assistant"):
-            hint = " (this server has no tool calling)" if role in ("tool", "function") else ""
+        elif role not in ("system", "user", "assistant", "tool"):
+            hint = " (use 'tool')" if role == "function" else ""
             raise invalid_request(
                 f"Invalid value for '{where}.role': {_show(role)}{hint}. Supported values are: "
-                f"'system', 'developer', 'user' and 'assistant'.",
+                f"'system', 'developer', 'user', 'assistant' and 'tool'.",
                 param=f"{where}.role",
                 code="invalid_value",
             )
+        calls = (
+            parse_assistant_tool_calls(item.get("tool_calls"), f"{where}.tool_calls")
+            if role == "assistant"
+            else []
+        )
         content = _parse_content(item.get("content"), f"{where}.content", role)
-        messages.append(ChatMessage(role, content))
+        if role == "tool":
+            messages.append(tool_message(content, item, where))
+        else:
+            messages.append(ChatMessage(role, content, tool_calls=calls))
     return messages
 
 
@@ -605,13 +661,13 @@ class ChatCompletionStream:
         opening = self._reasoning_open if token.reasoning else self._content_open
         return opening + _json_string(token.text) + self._token_close
 
-    def finish(self, done: Done) -> bytes:
-        """The last choice chunk: an empty delta and the ``finish_reason``, with llama.cpp's
-        non-standard ``timings``."""
+    def finish(self, done: Done, *, finish_reason: str | None = None) -> bytes:
+        """The last choice chunk: an empty delta and the ``finish_reason`` (``done``'s unless
+        given), with llama.cpp's non-standard ``timings``."""
         return (
             self._head
             + b'{"index":0,"delta":{},"logprobs":null,"finish_reason":"'
-            + done.stop.finish_reason.encode()
+            + (finish_reason or done.stop.finish_reason).encode()
             + b'"}]'
             + (b',"usage":null' if self.include_usage else b"")
             + b',"timings":'
@@ -637,15 +693,22 @@ def completion_body(
     id: str,
     created: int,
     system_fingerprint: str | None = None,
+    tool_calls: Sequence[ToolCall] = (),
+    logprobs: Sequence[TokenLogprob] | None = None,
 ) -> bytes:
     """The ``chat.completion`` response body of a request that did not stream.
 
     ``message.reasoning_content`` is present only when ``reasoning`` is not empty; the
-    non-standard ``timings`` follows llama.cpp's server.
+    non-standard ``timings`` follows llama.cpp's server. With ``tool_calls`` the message
+    carries them (``content`` is then ``null`` when empty) and ``finish_reason`` is
+    ``tool_calls``; ``logprobs`` (when asked for) go in OpenAI's ``{"content": [...]}``.
     """
-    message = {"role": "assistant", "content": text}
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning:
         message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["content"] = text.strip() or None
+        message["tool_calls"] = [tool_call_json(call) for call in tool_calls]
     body: dict[str, Any] = {
         "id": id,
         "object": "chat.completion",
@@ -658,13 +721,43 @@ def completion_body(
         {
             "index": 0,
             "message": message,
-            "logprobs": None,
-            "finish_reason": done.stop.finish_reason,
+            "logprobs": None if logprobs is None else chat_logprobs_json(logprobs),
+            "finish_reason": "tool_calls" if tool_calls else done.stop.finish_reason,
         }
     ]
     body["usage"] = _usage(done)
     body["timings"] = _timings(done)
     return dumps(body)
+
+
+def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """A call in OpenAI's ``tool_calls`` shape (with ``index`` in a streamed delta)."""
+    out: dict[str, Any] = {} if index is None else {"index": index}
+    out.update(
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+    )
+    return out
+
+
+def token_logprob_json(entry: TokenLogprob) -> dict[str, Any]:
+    """One token of OpenAI's chat ``logprobs.content``."""
+    return {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.piece),
+        "top_logprobs": [
+            {"token": text, "logprob": logprob, "bytes": list(piece)}
+            for text, piece, logprob in entry.top
+        ],
+    }
+
+
+def chat_logprobs_json(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    return {"content": [token_logprob_json(e) for e in entries], "refusal": None}
 
 
 def _usage(done: Done) -> dict[str, int]:

@@ -14,13 +14,18 @@ import time
 
 import trio
 
-from ..engine import Done, Engine, EngineError, Failed, Generation, Token
+from ..engine import Done, Engine, EngineError, Failed, Generation, Token, TokenLogprob
 from ..ring import Claimed, StreamCancelledError, WorkerLink
+from ._chat_output import chat_body, chat_stream
+from ._completions import (
+    CompletionStream,
+    completion_text_body,
+    new_text_completion_id,
+    parse_completion_request,
+)
 from ._openai import (
     ChatCompletionRequest,
-    ChatCompletionStream,
     OpenAIError,
-    completion_body,
     from_engine_error,
     method_not_allowed,
     new_completion_id,
@@ -35,6 +40,7 @@ logger = logging.getLogger("llmtrio.worker")
 
 HEARTBEAT_INTERVAL_S = 0.5
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 SSE_HEADERS = (
     ("content-type", "text/event-stream"),
     ("cache-control", "no-cache"),
@@ -115,6 +121,9 @@ async def _serve_stream(engine: Engine, claimed: Claimed) -> None:
 async def _respond(engine: Engine, claimed: Claimed) -> None:
     head = claimed.head
     path = head.path.split("?", 1)[0]
+    if path == COMPLETIONS_PATH and head.method == "POST":
+        await _respond_text(engine, claimed)
+        return
     try:
         if path != CHAT_PATH:
             raise not_found(head.method, path)
@@ -143,17 +152,16 @@ async def _send_error(claimed: Claimed, error: OpenAIError) -> None:
 async def _stream(
     engine: Engine, claimed: Claimed, request: ChatCompletionRequest, generation: Generation
 ) -> None:
-    encoder = ChatCompletionStream(
-        id=new_completion_id(),
-        created=int(time.time()),
-        model=engine.model_name,
-        include_usage=request.include_usage,
+    encoder = chat_stream(
+        request, id=new_completion_id(), created=int(time.time()), model=engine.model_name
     )
     await claimed.send_head(200, SSE_HEADERS)
     await claimed.send(encoder.role())
     async for event in generation:
         if isinstance(event, Token):
-            await claimed.send(encoder.token(event))
+            chunk = encoder.token(event)
+            if chunk:  # empty while a possible tool call is held back
+                await claimed.send(chunk)
         elif isinstance(event, Done):
             tail = encoder.finish(event)
             if request.include_usage:
@@ -170,13 +178,17 @@ async def _complete(
 ) -> None:
     text: list[str] = []
     reasoning: list[str] = []
+    logprobs: list[TokenLogprob] = []
     async for event in generation:
         if isinstance(event, Token):
             (reasoning if event.reasoning else text).append(event.text)
+            logprobs += event.logprobs
         elif isinstance(event, Done):
-            body = completion_body(
+            body = chat_body(
+                request,
                 "".join(text),
                 "".join(reasoning),
+                logprobs,
                 event,
                 model=engine.model_name,
                 id=new_completion_id(),
@@ -195,3 +207,57 @@ def _failure(event: Failed) -> OpenAIError:
     if isinstance(event.error, EngineError):
         return from_engine_error(event.error)
     return server_error()
+
+
+async def _respond_text(engine: Engine, claimed: Claimed) -> None:
+    """``POST /v1/completions``: a raw prompt, streamed or not."""
+    try:
+        request = parse_completion_request(claimed.body)
+        generate = request.generate(lambda text: engine.tokenize(text, add_special=True))
+    except OpenAIError as error:
+        await _send_error(claimed, error)
+        return
+    completion_id, created = new_text_completion_id(), int(time.time())
+    try:
+        async with engine.submit(generate) as generation:
+            if request.stream:
+                encoder = CompletionStream(
+                    completion_id,
+                    created,
+                    engine.model_name,
+                    include_usage=request.include_usage,
+                    logprobs=request.logprobs is not None,
+                )
+                await claimed.send_head(200, SSE_HEADERS)
+                async for event in generation:
+                    if isinstance(event, Token):
+                        await claimed.send(encoder.token(event))
+                    elif isinstance(event, Done):
+                        await claimed.send(encoder.finish(event))
+                    elif isinstance(event, Failed):
+                        await claimed.send(_failure(event).sse())
+                await claimed.end()
+                return
+            text: list[str] = []
+            logprobs: list[TokenLogprob] = []
+            async for event in generation:
+                if isinstance(event, Token):
+                    text.append(event.text)
+                    logprobs += event.logprobs
+                elif isinstance(event, Done):
+                    body = completion_text_body(
+                        "".join(text),
+                        logprobs if request.logprobs is not None else None,
+                        event,
+                        model=engine.model_name,
+                        id=completion_id,
+                        created=created,
+                    )
+                    await claimed.send_head(200, JSON_HEADERS)
+                    await claimed.send(body)
+                elif isinstance(event, Failed):
+                    await _send_error(claimed, _failure(event))
+                    return
+            await claimed.end()
+    except EngineError as exc:
+        await _send_error(claimed, from_engine_error(exc))
