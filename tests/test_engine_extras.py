@@ -1,0 +1,228 @@
+"""Grammars, log-probabilities and penalties in the batched engine, on the gemma test model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+import trio
+
+from llmtrio.engine import (
+    JSON_OBJECT_GRAMMAR,
+    Done,
+    Engine,
+    EngineConfig,
+    GenerateRequest,
+    GrammarError,
+    Sampling,
+    StopReason,
+    Token,
+    TokenLogprob,
+    json_schema_grammar,
+)
+from llmtrio.engine._llama import Batch, LlamaModel
+from llmtrio.engine._sampling import Penalties, logprob_of
+
+from ._helpers import collect
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer"},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["city", "zip"],
+        },
+        "nickname": {"type": "string", "maxLength": 10},
+    },
+    "required": ["name", "age", "role", "tags", "address"],
+}
+PROMPTS = [
+    "Give me a JSON record of a person.",
+    "Describe the user Alice as JSON.",
+    "Here is the customer data:",
+    "Output the profile of Bob, 42, from Paris.",
+]
+
+
+def config(path: Path, **kwargs: object) -> EngineConfig:
+    values: dict[str, object] = {"model": path, "max_inflight": 8, "ctx_size": 384, "threads": 2}
+    values.update(kwargs)
+    return EngineConfig(**values)  # type: ignore[arg-type]
+
+
+async def run(engine: Engine, request: GenerateRequest) -> tuple[str, Done, list[TokenLogprob]]:
+    text: list[str] = []
+    logprobs: list[TokenLogprob] = []
+    async with engine.submit(request) as generation:
+        async for event in generation:
+            if isinstance(event, Token):
+                text.append(event.text)
+                logprobs += event.logprobs
+            elif isinstance(event, Done):
+                return "".join(text), event, logprobs
+            else:
+                raise AssertionError(f"generation failed: {event}")
+    raise AssertionError("no Done event")
+
+
+async def test_grammars_hold_in_batches_mixed_with_free_requests(gemma_path: Path) -> None:
+    schema_grammar = json_schema_grammar(PERSON)
+    constrained: list[tuple[GenerateRequest, dict[str, Any] | None]] = []
+    for i, prompt in enumerate(PROMPTS):
+        seeded = Sampling(temperature=0.8, seed=100 + i)
+        constrained.append(
+            (GenerateRequest.user(prompt, grammar=schema_grammar, max_tokens=160), PERSON)
+        )
+        constrained.append(
+            (
+                GenerateRequest.user(
+                    prompt, grammar=schema_grammar, max_tokens=160, sampling=seeded
+                ),
+                PERSON,
+            )
+        )
+        constrained.append(
+            (
+                GenerateRequest.user(
+                    prompt, grammar=JSON_OBJECT_GRAMMAR, max_tokens=160, sampling=seeded
+                ),
+                None,
+            )
+        )
+    free = [GenerateRequest.user(p, max_tokens=24) for p in PROMPTS[:2]]
+    async with Engine.open(config(gemma_path)) as engine:
+        alone = [(await collect(engine, r))[0] for r in free]
+        results: dict[int, tuple[str, Done]] = {}
+
+        async def one(i: int, request: GenerateRequest) -> None:
+            text, done, _ = await run(engine, request)
+            results[i] = (text, done)
+
+        requests = [r for r, _ in constrained] + free
+        async with trio.open_nursery() as nursery:
+            for i, request in enumerate(requests):
+                nursery.start_soon(one, i, request)
+
+    finished_objects = 0
+    for i, (_, schema) in enumerate(constrained):
+        text, done = results[i]
+        if schema is not None:
+            # Bounded by the schema: every reply ends, parses and validates.
+            assert done.stop is StopReason.END_OF_GENERATION, (text, done)
+            jsonschema.validate(json.loads(text), schema)
+        elif done.stop is StopReason.END_OF_GENERATION:
+            assert isinstance(json.loads(text), dict), text
+            finished_objects += 1
+        else:
+            # An unbounded object can run out of tokens; what there is must be a JSON prefix.
+            assert text.lstrip().startswith("{"), text
+    assert finished_objects >= 1
+    # The free requests in the same batches decoded exactly as they do alone.
+    assert [results[len(constrained) + i][0] for i in range(len(free))] == alone
+
+
+async def test_a_grammar_that_does_not_parse_is_refused_at_submit(gemma_path: Path) -> None:
+    async with Engine.open(config(gemma_path, max_inflight=1)) as engine:
+        with pytest.raises(GrammarError, match="invalid grammar"):
+            async with engine.submit(GenerateRequest.user("hi", grammar="root ::= (")):
+                pass
+        assert engine.capacity().inflight == 0
+
+
+async def test_logprobs_are_the_log_softmax_of_llama_cpp_logits(gemma_path: Path) -> None:
+    prompt = "The capital of France is"
+    async with Engine.open(config(gemma_path, max_inflight=2)) as engine:
+        tokens = engine.tokenize(prompt, add_special=True)
+        request = GenerateRequest(tokens=tokens, max_tokens=4, logprobs=5)
+        text, done, logprobs = await run(engine, request)
+        plain, _ = await collect(engine, GenerateRequest(tokens=tokens, max_tokens=4))
+    assert text == plain  # asking for logprobs changes nothing else
+    assert len(logprobs) == done.completion_tokens == 4
+    assert "".join(e.token for e in logprobs) == text
+    for entry in logprobs:
+        assert len(entry.top) == 5
+        values = [lp for _, _, lp in entry.top]
+        assert values == sorted(values, reverse=True)
+        assert entry.top[0][2] == pytest.approx(entry.logprob)  # greedy took the best
+
+    # One step straight on llama.cpp: the first token's logprobs are its log-softmax.
+    model = LlamaModel(gemma_path, slots=1, ctx_size=64, threads=2, n_batch=64)
+    try:
+        batch = Batch(64)
+        index = batch.add(np.asarray(tokens, np.int32), 0, 0, output_last=True)
+        assert model.decode(batch) == 0
+        logits = model.logits(index).astype(np.float64)
+        log_softmax = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        chosen = int(np.argmax(logits))
+        assert model.piece(chosen).decode() == logprobs[0].token
+        assert logprobs[0].logprob == pytest.approx(log_softmax[chosen], abs=1e-3)
+        best = np.argsort(-log_softmax)[:5]
+        assert [model.piece(int(t)) for t in best] == [p for _, p, _ in logprobs[0].top]
+        assert [lp for _, _, lp in logprobs[0].top] == pytest.approx(
+            list(log_softmax[best]), abs=1e-3
+        )
+    finally:
+        model.close()
+
+
+async def test_penalties_change_greedy_output_and_curb_repeats(gemma_path: Path) -> None:
+    prompt = "My favourite recipe for pancakes:"
+    async with Engine.open(config(gemma_path, max_inflight=4)) as engine:
+        tokens = engine.tokenize(prompt, add_special=True)
+
+        async def generated(**sampling: float) -> list[int]:
+            text, _ = await collect(
+                engine,
+                GenerateRequest(
+                    tokens=tokens, max_tokens=32, sampling=Sampling(temperature=0, **sampling)
+                ),
+            )
+            return engine.tokenize(text)
+
+        plain = await generated()
+        frequency = await generated(frequency_penalty=2.0)
+        presence = await generated(presence_penalty=2.0)
+        repeat = await generated(repeat_penalty=1.8)
+
+    def distinct(ids: list[int]) -> int:
+        return len(set(ids))
+
+    assert plain != frequency and plain != presence and plain != repeat
+    assert distinct(frequency) > distinct(plain)
+    assert distinct(presence) > distinct(plain)
+
+
+def test_penalties_follow_openai_and_llama_cpp_formulas() -> None:
+    logits = np.array([2.0, -1.0, 0.5, 3.0], dtype=np.float32)
+    penalties = Penalties(presence=0.5, frequency=0.25, repeat=2.0, repeat_last_n=2)
+    for token in (0, 0, 1, 3):
+        penalties.accept(token)
+    out = logits.copy()
+    penalties.apply(out)
+    # Token 0: twice, outside the repeat window (last 2: 1, 3).
+    assert out[0] == pytest.approx(2.0 - 0.5 - 0.25 * 2)
+    # Token 1: in the window, negative: multiplied; then once.
+    assert out[1] == pytest.approx(-1.0 * 2.0 - 0.5 - 0.25)
+    assert out[2] == pytest.approx(0.5)
+    assert out[3] == pytest.approx(3.0 / 2.0 - 0.5 - 0.25)
+
+
+def test_logprob_of_sorts_ties_by_id() -> None:
+    logits = np.array([1.0, 3.0, 3.0, 0.0], dtype=np.float32)
+    raw = logprob_of(logits, 2, 3)
+    assert [t for t, _ in raw.top] == [1, 2, 0]
+    assert sum(np.exp(lp) for lp in (raw.logprob, raw.top[0][1])) == pytest.approx(
+        2 * np.exp(3) / np.exp(logits).sum()
+    )
