@@ -71,3 +71,89 @@ def test_chat_page_streams_and_stop_cancels_on_the_server(
             assert errors == []
         finally:
             browser.close()
+
+
+def test_chat_page_shows_tool_calls_and_json_legibly(
+    live_server: LiveServer, artifacts: Path
+) -> None:
+    """The page sends neither tools nor a response format, so the server's real replies to
+    requests that do are recorded first and handed to the page's own request."""
+    import httpx
+    from playwright.sync_api import Route, expect, sync_playwright
+
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+            },
+        },
+    }
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    common = {"max_tokens": 120, "stream": True, "stream_options": {"include_usage": True}}
+    recorded = [
+        httpx.post(
+            live_server.url + "/v1/chat/completions",
+            json={**common, "messages": ask, "tools": [tool], "tool_choice": "required"},
+            timeout=60,
+        ).content,
+        httpx.post(
+            live_server.url + "/v1/chat/completions",
+            json={
+                **common,
+                "messages": ask,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "weather",
+                        "schema": {
+                            "type": "object",
+                            "properties": {
+                                "city": {"type": "string", "maxLength": 20},
+                                "sky": {"enum": ["sunny", "cloudy", "rainy"]},
+                            },
+                            "required": ["city", "sky"],
+                        },
+                    },
+                },
+            },
+            timeout=60,
+        ).content,
+    ]
+    assert b'"tool_calls"' in recorded[0]
+
+    def replay(route: Route) -> None:
+        route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=recorded.pop(0)
+        )
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(live_server.url + "/")
+            page.route("**/v1/chat/completions", replay)
+
+            page.fill("#prompt", "Weather in Paris?")
+            page.click("#send")
+            first = page.locator(".msg.assistant").nth(0)
+            expect(first).to_have_attribute("data-finish", "tool_calls", timeout=60_000)
+            expect(first.locator(".tool-call .tool-name")).to_have_text("Tool call: get_weather")
+            arguments = first.locator(".tool-call pre").inner_text()
+            assert arguments.startswith('{\n  "city": ')  # indented JSON
+
+            page.fill("#prompt", "And as JSON?")
+            page.click("#send")
+            second = page.locator(".msg.assistant").nth(1)
+            expect(second).to_have_attribute("data-finish", "stop", timeout=60_000)
+            shown = second.locator(".answer pre.json").inner_text()
+            assert shown.startswith('{\n  "city": ') and '"sky": ' in shown
+            page.screenshot(path=str(artifacts / "chat-page-tools-json.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()
