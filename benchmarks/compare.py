@@ -130,6 +130,8 @@ class ServerSpec:
 
 SPECS = (
     ServerSpec("llmtrio", "llmtrio", Kind.LLMTRIO),
+    # llmtrio from another source tree (--base-tree: e.g. main, for a before/after line).
+    ServerSpec("llmtrio-base", "llmtrio (base tree)", Kind.LLMTRIO),
     ServerSpec("llama-server", "llama-server", Kind.LLAMA_SERVER),
     ServerSpec("lcp", "llama-cpp-python", Kind.LCP, interrupt=True),
     ServerSpec("lcp-nointerrupt", "llama-cpp-python (no interrupt)", Kind.LCP, interrupt=False),
@@ -147,6 +149,7 @@ class Setup:
     eog: tuple[int, ...]
     logdir: Path
     extra_args: dict[Kind, tuple[str, ...]] = field(default_factory=dict)
+    base_tree: Path | None = None
 
     def logit_bias(self) -> dict[str, float]:
         return {str(t): -100.0 for t in self.eog}
@@ -323,9 +326,13 @@ async def running_server(
     log = setup.logdir / f"{tag}.log"
     argv = server_argv(spec, setup, port, ctx)
     log_file = await trio.to_thread.run_sync(log.open, "wb")
+    env = None
+    if spec.key == "llmtrio-base":
+        assert setup.base_tree is not None
+        env = {**os.environ, "PYTHONPATH": str(setup.base_tree)}
     try:
         process = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+            argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env
         )
         try:
             async with httpx.AsyncClient(timeout=5.0) as client:
@@ -370,6 +377,7 @@ class RequestResult:
     finish_reason: str | None = None
     error: str | None = None
     aborted: bool = False
+    text: str = ""
 
     @property
     def tokens(self) -> int:
@@ -396,7 +404,14 @@ class RequestResult:
 _request_numbers = itertools.count(1)
 
 
-def chat_body(setup: Setup, prompt: str, *, max_tokens: int, ignore_eos: bool) -> dict[str, object]:
+def chat_body(
+    setup: Setup,
+    prompt: str,
+    *,
+    max_tokens: int,
+    ignore_eos: bool,
+    response_format: dict[str, object] | None = None,
+) -> dict[str, object]:
     """The request; the prompt starts with a request number unique in this run, so that no
     server can skip the prefill by reusing an earlier request's KV (llama-server's slot prompt
     reuse, llama-cpp-python's prefix reuse; llmtrio has no prefix cache)."""
@@ -408,8 +423,11 @@ def chat_body(setup: Setup, prompt: str, *, max_tokens: int, ignore_eos: bool) -
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "logit_bias": setup.logit_bias(),
     }
+    if response_format is None:
+        body["logit_bias"] = setup.logit_bias()
+    else:  # the grammar ends the reply: end of generation must stay possible
+        body["response_format"] = response_format
     if ignore_eos:
         body["ignore_eos"] = True
     return body
@@ -425,6 +443,7 @@ async def stream_chat(
     abort_after: int | None = None,
     on_token: Callable[[float], None] | None = None,
     client: httpx.AsyncClient | None = None,
+    response_format: dict[str, object] | None = None,
 ) -> RequestResult:
     """Streams one chat completion and records when each content chunk arrived.
 
@@ -445,8 +464,15 @@ async def stream_chat(
                 abort_after=abort_after,
                 on_token=on_token,
                 client=own,
+                response_format=response_format,
             )
-    body = chat_body(setup, prompt, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    body = chat_body(
+        setup,
+        prompt,
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+        response_format=response_format,
+    )
     result = RequestResult(start=time.perf_counter())
     try:
         async with client.stream(
@@ -472,6 +498,7 @@ async def stream_chat(
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
                     if delta.get("content") or delta.get("reasoning_content"):
+                        result.text += delta.get("content") or ""
                         now = time.perf_counter()
                         result.token_times.append(now)
                         if on_token is not None:
@@ -613,6 +640,99 @@ async def run_batch(
             outer.cancel_scope.cancel()
         wall = max((r.end for r in results), default=start) - start
     return load_metrics(results, wall, rss, setup.max_tokens)
+
+
+# --- structured output ---------------------------------------------------------------------
+
+# A bounded schema (strings capped, an enum, a capped array, a nested object): every reply ends.
+GRAMMAR_SCHEMA: dict[str, object] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 40},
+        "mood": {"type": "string", "enum": ["happy", "sad", "calm", "tense"]},
+        "keywords": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 4},
+        "place": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 24},
+                "year": {"type": "integer"},
+            },
+            "required": ["city", "year"],
+        },
+    },
+    "required": ["title", "mood", "keywords", "place"],
+}
+GRAMMAR_FORMAT: dict[str, object] = {
+    "type": "json_schema",
+    "json_schema": {"name": "summary", "strict": True, "schema": GRAMMAR_SCHEMA},
+}
+
+
+@dataclass(frozen=True)
+class GrammarResult:
+    agg_tps: float
+    req_tps_p50: float
+    ttft_p50: float
+    tokens: int
+    valid: int
+    total: int
+    errors: tuple[str, ...]
+
+
+def valid_reply(text: str) -> bool:
+    """Parses as JSON and follows GRAMMAR_SCHEMA (jsonschema, when installed)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    try:
+        import jsonschema
+    except ImportError:
+        return isinstance(value, dict)
+    try:
+        jsonschema.validate(value, GRAMMAR_SCHEMA)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+async def grammar_batch(server: Running, setup: Setup, n: int, max_tokens: int) -> GrammarResult:
+    """N concurrent streaming chat completions, all with GRAMMAR_FORMAT, greedy; the replies
+    end where the grammar does (no end-of-generation bias, no ignore_eos)."""
+    results: list[RequestResult] = []
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+
+        async def one(i: int) -> None:
+            prompt = "Summarise as JSON: " + PROMPTS[i % len(PROMPTS)]
+            results.append(
+                await stream_chat(
+                    server,
+                    setup,
+                    prompt,
+                    max_tokens=max_tokens,
+                    ignore_eos=False,
+                    client=client,
+                    response_format=GRAMMAR_FORMAT,
+                )
+            )
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, i)
+        wall = max((r.end for r in results), default=start) - start
+    ok = [r for r in results if r.error is None]
+    tokens = sum(r.tokens for r in ok)
+    return GrammarResult(
+        agg_tps=tokens / wall if wall > 0 else math.nan,
+        req_tps_p50=pct([r.decode_rate for r in ok if r.decode_rate is not None], 50),
+        ttft_p50=pct([r.ttft for r in ok if r.ttft is not None], 50),
+        tokens=tokens,
+        valid=sum(1 for r in ok if r.finish_reason == "stop" and valid_reply(r.text)),
+        total=len(results),
+        errors=tuple(r.error for r in results if r.error is not None),
+    )
 
 
 # --- the bandwidth limit ------------------------------------------------------------------
@@ -948,8 +1068,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--servers",
         nargs="+",
         choices=[s.key for s in SPECS],
-        default=[s.key for s in SPECS],
-        help="which servers to run (default: all)",
+        default=[s.key for s in SPECS if s.key != "llmtrio-base"],
+        help="which servers to run (default: all but llmtrio-base)",
     )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--max-tokens", type=int, default=48)
@@ -959,6 +1079,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cancel-trials", type=int, default=10)
     parser.add_argument("--prefill-tokens", type=int, default=2000)
+    parser.add_argument(
+        "--base-tree",
+        type=Path,
+        help="a source tree whose llmtrio runs as 'llmtrio-base' (e.g. an export of main)",
+    )
+    parser.add_argument(
+        "--grammar", type=int, default=8, help="streams in the json_schema batch (0: skip)"
+    )
+    parser.add_argument("--grammar-max-tokens", type=int, default=160)
     for kind in Kind:
         parser.add_argument(
             f"--{kind.value}-args",
@@ -1042,6 +1171,35 @@ async def run(args: argparse.Namespace, setup: Setup, specs: list[ServerSpec]) -
             for failure in result.failures[:3]:
                 print(f"  {result.label:<16} a trial's stream failed: {failure}")
 
+    grammar_specs = [
+        s for s in specs if s.kind in (Kind.LLMTRIO, Kind.LLAMA_SERVER) and s.key != "llmtrio-base"
+    ]
+    if args.grammar and grammar_specs:
+        print(
+            f"\nStructured output: {args.grammar} concurrent streams, each with a json_schema "
+            f"response_format (nested object, enum, capped strings and array), greedy, up to "
+            f"{args.grammar_max_tokens} tokens, ending where the grammar ends; "
+            f"median of {args.rounds} round(s)"
+        )
+        for spec in grammar_specs:
+            rounds: list[GrammarResult] = []
+            for rnd in range(args.rounds):
+                tag = f"{spec.key}-grammar-r{rnd + 1}"
+                async with running_server(spec, setup, LOAD_CTX, tag) as server:
+                    rounds.append(
+                        await grammar_batch(server, setup, args.grammar, args.grammar_max_tokens)
+                    )
+            print(
+                f"  {spec.label:<32} agg {fmt(statistics.median(r.agg_tps for r in rounds))} "
+                f"tok/s, req {fmt(statistics.median(r.req_tps_p50 for r in rounds))} tok/s p50, "
+                f"TTFT p50 {fmt(statistics.median(r.ttft_p50 for r in rounds) * 1000, 0)} ms, "
+                f"{sum(r.tokens for r in rounds)} tokens; valid JSON following the schema: "
+                f"{sum(r.valid for r in rounds)}/{sum(r.total for r in rounds)}"
+            )
+            for r in rounds:
+                for error in r.errors[:2]:
+                    print(f"  note, {spec.label}: {error}")
+
     if not args.skip_prefill and cancel_specs:
         prompt, prompt_tokens = long_prompt(setup, args.prefill_tokens)
         print(
@@ -1085,7 +1243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             kind: tuple(shlex.split(getattr(args, f"{kind.value.replace('-', '_')}_args")))
             for kind in Kind
         }
-        setup = Setup(model, llama_server, args.threads, args.max_tokens, eog, logdir, extra)
+        setup = Setup(
+            model, llama_server, args.threads, args.max_tokens, eog, logdir, extra, args.base_tree
+        )
         print(
             f"model {model} ({model.stat().st_size / 1e6:.0f} MB), end-of-generation tokens "
             f"{list(eog)} biased -100; {os.cpu_count()} cores, {args.threads} threads; "
