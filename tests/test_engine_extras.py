@@ -226,3 +226,31 @@ def test_logprob_of_sorts_ties_by_id() -> None:
     assert sum(np.exp(lp) for lp in (raw.logprob, raw.top[0][1])) == pytest.approx(
         2 * np.exp(3) / np.exp(logits).sum()
     )
+
+
+async def test_hybrid_model_with_tools_logprobs_penalties_and_a_grammar(qwen35_path: Path) -> None:
+    """The qwen35 test model (no template: tools described in a system message, built-in
+    ChatML; no end-of-generation token)."""
+    from llmtrio.engine import Tool
+
+    tool = Tool("lookup", "Look a word up", {"type": "object", "properties": {}})
+    async with Engine.open(config(qwen35_path, max_inflight=2, ctx_size=512)) as engine:
+        request = GenerateRequest.user(
+            "hello",
+            tools=[tool],
+            max_tokens=6,
+            logprobs=3,
+            sampling=Sampling(temperature=0, presence_penalty=1.0, repeat_penalty=1.3),
+        )
+        text, done, logprobs = await run(engine, request)
+        assert done.stop is StopReason.MAX_TOKENS and done.completion_tokens == 6
+        assert len(logprobs) == 6 and "".join(e.token for e in logprobs) == text
+        assert all(len(e.top) == 3 for e in logprobs)
+        # The prompt carries the tool description (it is longer than without tools).
+        _, plain = await collect(engine, GenerateRequest.user("hello", max_tokens=1))
+        assert done.prompt_tokens > plain.prompt_tokens + 20
+
+        # A grammar on a model without end-of-generation tokens: it ends when complete.
+        grammar = 'root ::= "ab" "12"'
+        text, done, _ = await run(engine, GenerateRequest.user("hello", grammar=grammar))
+        assert text == "ab12" and done.stop is StopReason.END_OF_GENERATION

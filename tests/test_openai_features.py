@@ -1,0 +1,206 @@
+"""The new OpenAI request fields, parsed without a model: response_format, penalties,
+logprobs, refused fields, ``/v1/completions`` bodies; the tool-call parser under any split."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmtrio.engine import (
+    JSON_OBJECT_GRAMMAR,
+    InvalidRequestError,
+    Tool,
+    ToolCall,
+    ToolCallParser,
+    json_schema_grammar,
+)
+from llmtrio.worker._completions import parse_completion_request
+from llmtrio.worker._openai import OpenAIError, parse_chat_request
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def chat(**fields: Any) -> Any:
+    return parse_chat_request(json.dumps({"messages": HI, **fields}).encode())
+
+
+def refused(parse: Any, **fields: Any) -> OpenAIError:
+    with pytest.raises(OpenAIError) as info:
+        parse(**fields)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_response_formats() -> None:
+    assert chat(response_format={"type": "text"}).generate.grammar is None
+    assert chat(response_format={"type": "json_object"}).generate.grammar == JSON_OBJECT_GRAMMAR
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    request = chat(
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": schema, "strict": True},
+        }
+    )
+    assert request.generate.grammar == json_schema_grammar(schema)
+    assert request.generate.think is False
+    assert refused(chat, response_format={"type": "yaml"}).param == "response_format.type"
+    missing = refused(chat, response_format={"type": "json_schema", "json_schema": {"schema": {}}})
+    assert missing.param == "response_format.json_schema.name"
+
+
+@pytest.mark.parametrize(
+    ("schema", "words"),
+    [
+        ({"type": "integer", "minimum": 0}, "'minimum'"),
+        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "'uniqueItems'"),
+        ({"type": "string", "format": "email"}, "'email'"),
+        ({"type": "string", "pattern": "[a-z]+"}, "anchored"),
+        ({"$ref": "https://example.com/schema"}, "local references"),
+        ({"properties": {"a": {"if": {}, "then": {}}}}, "'if'"),
+        ({"type": "decimal"}, "unknown type"),
+    ],
+)
+def test_schema_features_the_grammar_cannot_enforce_are_named(
+    schema: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(InvalidRequestError, match=words):
+        json_schema_grammar(schema)
+    error = refused(
+        chat,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    )
+    assert words in error.message
+
+
+def test_annotations_and_refs_are_fine() -> None:
+    grammar = json_schema_grammar(
+        {
+            "title": "T",
+            "description": "d",
+            "$defs": {"Item": {"type": "string", "enum": ["a", "b"]}},
+            "type": "object",
+            "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+            "required": ["items"],
+            "additionalProperties": False,
+        }
+    )
+    assert "root ::=" in grammar
+    # JSON strings cannot hold raw control characters: the grammar must not allow them.
+    strings = json_schema_grammar({"type": "object", "properties": {"s": {"type": "string"}}})
+    assert r'char ::= [^"\\\x7F\x00-\x1F]' in strings
+
+
+def test_penalties_and_logprobs() -> None:
+    sampling = chat(presence_penalty=1.5, frequency_penalty=-0.5, repeat_penalty=1.1).generate
+    assert (sampling.sampling.presence_penalty, sampling.sampling.frequency_penalty) == (1.5, -0.5)
+    assert sampling.sampling.repeat_penalty == 1.1 and sampling.sampling.penalized
+    assert not chat().generate.sampling.penalized
+    assert chat(logprobs=True).generate.logprobs == 0
+    assert chat(logprobs=True, top_logprobs=20).generate.logprobs == 20
+    assert chat(logprobs=False).generate.logprobs is None
+    assert refused(chat, frequency_penalty=-3).param == "frequency_penalty"
+    assert refused(chat, repeat_penalty=0).param == "repeat_penalty"
+    assert refused(chat, logprobs="yes").param == "logprobs"
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"audio": {"voice": "alloy", "format": "wav"}},
+        {"modalities": ["audio"]},
+        {"prediction": {"type": "content", "content": "x"}},
+        {"web_search_options": {}},
+        {"functions": [{"name": "f"}]},
+        {"function_call": "auto"},
+        {"reasoning_effort": "low"},
+    ],
+)
+def test_unimplemented_openai_fields_are_refused(field: dict[str, Any]) -> None:
+    [name] = field
+    error = refused(chat, **field)
+    assert error.param == name and error.code == "unsupported_parameter"
+
+
+def test_bookkeeping_and_foreign_fields_are_ignored() -> None:
+    chat(user="u", metadata={"a": "b"}, store=False, service_tier="auto", modalities=["text"])
+    chat(some_other_server_field=1)
+
+
+def completion(**fields: Any) -> Any:
+    return parse_completion_request(json.dumps(fields).encode())
+
+
+def test_completion_bodies() -> None:
+    text = completion(prompt="Once", stream=True, stream_options={"include_usage": True})
+    assert text.prompt == "Once" and text.stream and text.include_usage
+    assert text.options["max_tokens"] == 16  # OpenAI's default
+    assert completion(prompt=[1, 2, 3]).prompt == (1, 2, 3)
+    assert completion(prompt=["only one"]).prompt == "only one"
+    assert completion(prompt=[[5, 6]]).prompt == (5, 6)
+    generate = completion(prompt="x", logprobs=3, max_tokens=5).generate(lambda t: [7, 8])
+    assert generate.tokens == (7, 8) and generate.logprobs == 3 and generate.max_tokens == 5
+    assert completion(prompt="x", n=1, best_of=1, echo=False).options
+    for fields, param in (
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "suffix": "y"}, "suffix"),
+        ({"prompt": "x", "best_of": 2}, "best_of"),
+        ({"prompt": "x", "n": 3}, "n"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs"),
+        ({"prompt": [1, "a"]}, "prompt"),
+    ):
+        assert refused(completion, **fields).param == param, fields
+
+
+TOOLS = (
+    Tool("lookup", "", {"type": "object", "properties": {"q": {"type": "string"}}}),
+    Tool("count", "", {"type": "object", "properties": {"n": {"type": "integer"}}}),
+)
+_plain = st.text(alphabet=st.characters(blacklist_characters="<"), max_size=20)
+
+
+@given(
+    pieces=st.lists(
+        st.one_of(
+            _plain,
+            st.builds(
+                lambda q: ("lookup", {"q": q}),
+                st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=10),
+            ),
+            st.builds(lambda n: ("count", {"n": n}), st.integers()),
+        ),
+        max_size=6,
+    ),
+    cuts=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=30),
+)
+def test_parser_finds_every_call_under_any_split(pieces: list[Any], cuts: list[int]) -> None:
+    text = ""
+    expected: list[str | tuple[str, Any]] = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            text += piece
+            expected.append(piece)
+        else:
+            name, arguments = piece
+            call = json.dumps({"name": name, "arguments": arguments})
+            text += f"<tool_call>\n{call}\n</tool_call>"
+            expected.append(piece)
+    parser = ToolCallParser(TOOLS)
+    items: list[str | ToolCall] = []
+    at, i = 0, 0
+    while at < len(text):
+        step = cuts[i % len(cuts)]
+        items += parser.feed(text[at : at + step])
+        at += step
+        i += 1
+    items += parser.flush()
+    calls = [(c.name, json.loads(c.arguments)) for c in items if isinstance(c, ToolCall)]
+    assert calls == [p for p in expected if isinstance(p, tuple)]
+    content = "".join(c for c in items if isinstance(c, str))
+    assert content == "".join(p for p in expected if isinstance(p, str))
