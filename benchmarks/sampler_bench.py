@@ -1,5 +1,7 @@
 """Greedy sampling cost per slot: llama.cpp's sampler chain (logit bias + greedy, as
-``ignore_eos`` needs) against llmtrio's numpy argmax with the biases added in place.
+``ignore_eos`` needs) against llmtrio's numpy argmax with the biases added in place; then what
+the per-request extras cost the slot that asks for them (penalties, logprobs, a grammar whose
+check passes, a grammar applied to the whole vocabulary).
 
     .venv/bin/python benchmarks/sampler_bench.py [--model PATH]
 """
@@ -7,7 +9,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import llama_cpp
@@ -61,8 +65,63 @@ def main() -> None:
         assert len(set(results.values())) == 1, results
         llama_cpp.llama_sampler_free(chain)
         numpy_sampler.close()
+        extras(model, index, args.repeat)
     finally:
         model.close()
+
+
+def extras(model: LlamaModel, index: int, repeat: int) -> None:
+    """Per-sample cost of each extra, on the same logits (greedy)."""
+    from llmtrio.engine import JSON_OBJECT_GRAMMAR
+    from llmtrio.engine._sampling import Penalties
+
+    base = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, bias={})
+    logits = model.logits(index).copy()
+
+    def penalties() -> Penalties:
+        p = Penalties(presence=0.5, frequency=0.5, repeat=1.1, repeat_last_n=64)
+        for token in range(0, 2000, 10):  # 200 distinct tokens seen
+            p.accept(token)
+        return p
+
+    def timed(name: str, make: Callable[[], SlotSampler], n: int) -> None:
+        best = float("inf")
+        for _ in range(3):
+            samplers = [make() for _ in range(n)]
+            start = time.perf_counter()
+            for sampler in samplers:
+                model.logits(index)[:] = logits  # the extras edit the logits in place
+                sampler.sample(index)
+            best = min(best, (time.perf_counter() - start) / n)
+            for sampler in samplers:
+                sampler.close()
+        print(f"{name:34} {best * 1e6:8.1f} us per sample")
+
+    first, second = (int(t) for t in np.argsort(-logits)[:2])
+
+    def only(token: int) -> str:  # a grammar that allows just this token's text, then letters
+        return f"root ::= {json.dumps(model.piece(token).decode())} [a-z]*"
+
+    print("\nper-slot extras (greedy; each row includes restoring the 1 MB of logits):")
+    timed("plain greedy (argmax)", lambda: SlotSampler(model, **base), repeat)
+    timed(
+        "penalties (200 tokens seen)",
+        lambda: SlotSampler(model, **base, penalties=penalties()),
+        repeat,
+    )
+    timed("logprobs, top 20", lambda: SlotSampler(model, **base, logprobs=20), repeat)
+    timed("grammar, argmax allowed", lambda: SlotSampler(model, **base, grammar=only(first)), 20)
+    timed(
+        "grammar, 2nd best (top-64 shortlist)",
+        lambda: SlotSampler(model, **base, grammar=only(second)),
+        20,
+    )
+    # "{" is not among this prompt's 64 most likely tokens: the whole vocabulary is checked.
+    timed(
+        "grammar, whole vocabulary",
+        lambda: SlotSampler(model, **base, grammar=JSON_OBJECT_GRAMMAR),
+        20,
+    )
 
 
 if __name__ == "__main__":

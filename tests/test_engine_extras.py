@@ -254,3 +254,39 @@ async def test_hybrid_model_with_tools_logprobs_penalties_and_a_grammar(qwen35_p
         grammar = 'root ::= "ab" "12"'
         text, done, _ = await run(engine, GenerateRequest.user("hello", grammar=grammar))
         assert text == "ab12" and done.stop is StopReason.END_OF_GENERATION
+
+
+def test_greedy_under_a_grammar_takes_the_best_token_it_allows(gemma_path: Path) -> None:
+    """The shortlist (the 64 most likely tokens) and the whole vocabulary agree."""
+    from llmtrio.engine._llama import SlotSampler
+
+    model = LlamaModel(gemma_path, slots=1, ctx_size=64, threads=2, n_batch=64)
+    try:
+        batch = Batch(64)
+        tokens = model.tokenize("The weather today is", add_special=True)
+        index = batch.add(np.asarray(tokens, np.int32), 0, 0, output_last=True)
+        assert model.decode(batch) == 0
+        logits = model.logits(index).copy()
+        order = [int(t) for t in np.argsort(-logits)]
+        greedy: dict[str, Any] = {
+            "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0, "bias": {}
+        }  # fmt: skip
+        for rank in (0, 1, 5, 63):
+            piece = model.piece(order[rank])
+            grammar = f"root ::= {json.dumps(piece.decode())}"
+            sampler = SlotSampler(model, **greedy, grammar=grammar)
+            model.logits(index)[:] = logits
+            chosen = sampler.sample(index)
+            sampler.close()
+            # Several tokens may spell a prefix of the piece; the best of them wins.
+            allowed = [t for t in order if model.piece(t) and piece.startswith(model.piece(t))]
+            assert chosen == allowed[0], (rank, piece)
+        # Nothing among the 64 best: the whole vocabulary is searched.
+        sampler = SlotSampler(model, **greedy, grammar=JSON_OBJECT_GRAMMAR)
+        model.logits(index)[:] = logits
+        chosen = sampler.sample(index)
+        sampler.close()
+        assert order.index(chosen) >= 64
+        assert model.piece(chosen).decode().lstrip().startswith("{")
+    finally:
+        model.close()

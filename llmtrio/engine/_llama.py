@@ -280,8 +280,10 @@ class SlotSampler:
     by that slot only: penalties are applied to the logits (numpy), a token is picked as
     above, and the grammar checks that one token; only when it refuses is the grammar applied
     to the whole vocabulary and the token picked again (llama.cpp's common sampler does the
-    same). ``logprobs`` (a count of alternatives) records :attr:`last_logprob` from the raw
-    logits. When the grammar allows no token at all, :meth:`sample` returns -1.
+    same). A greedy slot first tries the 64 most likely tokens: the best one the grammar allows
+    there is the best it allows at all. ``logprobs`` (a count of alternatives) records
+    :attr:`last_logprob` from the raw logits. When the grammar allows no token at all,
+    :meth:`sample` returns -1.
 
     Error handling: :class:`GrammarError` when the grammar does not parse.
     Resource handling: :meth:`close` frees the chain and the grammar.
@@ -313,6 +315,7 @@ class SlotSampler:
         self.last_logprob: RawLogprob | None = None
         self._all = None if self._plain else _Candidates(model.n_vocab)
         self._one = _Candidates(1)
+        self._shortlist = _Candidates(min(_SHORTLIST, model.n_vocab))
         if grammar is not None:
             self._grammar = llama_cpp.llama_sampler_init_grammar(
                 model.vocab, grammar.encode("utf-8"), b"root"
@@ -359,6 +362,8 @@ class SlotSampler:
             self._penalties.apply(logits)
         token = self._pick(logits)
         if self._grammar is not None and not self._allows(token):
+            token = self._best_allowed(logits) if self._argmax else -1
+        if token < 0 and self._grammar is not None:
             candidates = self._candidates()
             candidates.fill(logits)
             llama_cpp.llama_sampler_apply(self._grammar, candidates.ref)
@@ -387,6 +392,23 @@ class SlotSampler:
         assert self._all is not None
         return self._all
 
+    def _best_allowed(self, logits: npt.NDArray[np.float32]) -> int:
+        """Greedy under a grammar that refused the argmax: the best token the grammar allows
+        among the most likely ``_SHORTLIST``, which is the best it allows at all; -1 when it
+        allows none of them."""
+        shortlist = self._shortlist
+        size = len(shortlist.data)
+        ids = np.argpartition(-logits, size - 1)[:size]
+        shortlist.data["id"] = ids
+        shortlist.data["logit"] = logits[ids]
+        shortlist.data["p"] = 0.0
+        shortlist.reset()
+        llama_cpp.llama_sampler_apply(self._grammar, shortlist.ref)
+        allowed = shortlist.data["logit"]
+        if not np.isfinite(allowed).any():
+            return -1
+        return int(shortlist.data["id"][int(np.argmax(allowed))])
+
     def _allows(self, token: int) -> bool:
         one = self._one
         one.data["id"][0] = token
@@ -405,6 +427,8 @@ class SlotSampler:
             self._grammar = None
 
 
+# Tokens a greedy slot's grammar looks at before it looks at the whole vocabulary.
+_SHORTLIST = 64
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
