@@ -313,10 +313,10 @@ class SlotSampler:
         self._logprobs = logprobs
         self._plain = grammar is None and penalties is None and logprobs is None
         self.last_logprob: RawLogprob | None = None
-        self._all = None if self._plain else _Candidates(model.n_vocab)
-        self._one = _Candidates(1)
-        self._shortlist = _Candidates(min(_SHORTLIST, model.n_vocab))
+        self._all: _Candidates | None = None  # the whole vocabulary, made on first use
         if grammar is not None:
+            self._one = _Candidates(1)
+            self._shortlist = _Candidates(min(_SHORTLIST, model.n_vocab))
             self._grammar = llama_cpp.llama_sampler_init_grammar(
                 model.vocab, grammar.encode("utf-8"), b"root"
             )
@@ -389,7 +389,8 @@ class SlotSampler:
         return int(candidates.data["id"][candidates.array.selected])
 
     def _candidates(self) -> _Candidates:
-        assert self._all is not None
+        if self._all is None:
+            self._all = _Candidates(self._model.n_vocab)
         return self._all
 
     def _best_allowed(self, logits: npt.NDArray[np.float32]) -> int:
