@@ -1220,7 +1220,8 @@ async def run(args: argparse.Namespace, setup: Setup, specs: list[ServerSpec]) -
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     model = args.model or demo_model_path()
-    specs = [s for s in SPECS if s.key in args.servers]
+    # In the order given: each round runs them in this order.
+    specs = [next(s for s in SPECS if s.key == key) for key in dict.fromkeys(args.servers)]
     llama_server = None
     if any(s.kind is Kind.LLAMA_SERVER for s in specs):
         llama_server = find_llama_server(args.llama_server)
