@@ -137,6 +137,20 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body before 413 (default %(default)s)",
     )
+    serve.add_argument(
+        "--send-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client may take nothing before it is disconnected (default 60)",
+    )
+    serve.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=[],
+        metavar="ORIGINS",
+        help="web origins whose pages may call the API, comma-separated or repeated "
+        "(besides this server's own and loopback ones; '*' allows all)",
+    )
     _engine_flags(serve)
     return parser
 
@@ -154,6 +168,13 @@ def _serve(args: argparse.Namespace) -> int:
             ring_streams=args.ring_streams,
             graceful_timeout=args.graceful_timeout,
             max_body_bytes=args.max_body_bytes,
+            send_timeout=args.send_timeout,
+            allowed_origins=[
+                origin.strip()
+                for value in args.allowed_origins
+                for origin in value.split(",")
+                if origin.strip()
+            ],
         )
     except ValueError as exc:
         raise SystemExit(f"llmtrio serve: {exc}") from None

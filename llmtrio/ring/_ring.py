@@ -61,6 +61,8 @@ class Ring:
     response_buffer: int = attrs.field(default=16, kw_only=True, on_setattr=attrs.setters.frozen)
     max_assignments: int = attrs.field(default=3, kw_only=True, on_setattr=attrs.setters.frozen)
     _core: RingCore = attrs.field(init=False)
+    #: The last worker that detached because it failed, and why (shown by ``/health``).
+    last_detach: tuple[str, str] | None = attrs.field(init=False, default=None)
     _streams: dict[int, RingStream] = attrs.field(init=False, factory=dict)
     _links: dict[str, WorkerLink] = attrs.field(init=False, factory=dict)
 
@@ -111,7 +113,8 @@ class Ring:
             reason = "the worker was cancelled"
             raise
         except Exception as exc:
-            reason = f"the worker failed: {exc!r}"
+            reason = f"the worker failed: {exc}"
+            self.last_detach = (worker_id, str(exc))
             raise
         finally:
             link._detach(reason)
@@ -145,6 +148,15 @@ class Ring:
             else:
                 self._route((effect,))
 
+    def _deliver_final(self, effects: Iterable[Effect]) -> None:
+        """Deliver effects without waiting: body chunks go past the client's buffer bound
+        (the last chunks of a response whose producer is done)."""
+        for effect in effects:
+            if isinstance(effect, ToClient) and isinstance(effect.message, ResponseData):
+                self._streams[effect.stream_id]._tail.append(effect.message.data)
+            else:
+                self._route((effect,))
+
 
 @attrs.define(eq=False)
 class RingStream:
@@ -162,6 +174,8 @@ class RingStream:
     _head: ResponseHead | None = attrs.field(init=False, default=None)
     _outcome: StreamState | None = attrs.field(init=False, default=None)
     _error: str = attrs.field(init=False, default="")
+    # Chunks written by Claimed.end past the buffer bound; read after the buffered ones.
+    _tail: list[bytes] = attrs.field(init=False, factory=list)
     _settled: trio.Event = attrs.field(init=False, factory=trio.Event)  # head in, or finished
 
     @property
@@ -203,6 +217,7 @@ class RingStream:
         failed, beyond dropping what was not read.
         """
         self._receive.close()
+        self._tail.clear()
         if self._outcome is not None:
             return
         self._outcome = StreamState.CANCELLED
@@ -265,6 +280,8 @@ class _ResponseBody:
         try:
             return await stream._receive.receive()
         except trio.EndOfChannel:
+            if stream._tail:
+                return stream._tail.pop(0)
             if stream._outcome is StreamState.ENDED:
                 raise StopAsyncIteration from None
             stream._raise_outcome()
@@ -419,13 +436,23 @@ class Claimed:
         finally:
             self._sending = False
 
-    async def end(self) -> None:
+    async def end(self, last: bytes = b"") -> None:
         """The response is complete; the client's body iteration stops after the last chunk.
+
+        ``last``, when given, is a final body chunk delivered without waiting for room in the
+        client's buffer: a worker whose work is done hands over what is left and frees its
+        slot at once, however slowly its client reads.
 
         Ending a cancelled stream acknowledges the cancellation and raises nothing.
         Error handling: ``ProtocolError`` before the head or if the stream is finished.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
+        if last and not self.cancelled.is_set():
+            self._check_open()
+            ring = self._link._ring
+            ring._deliver_final(
+                ring._core.respond(self._link.worker_id, ResponseData(self.stream_id, last))
+            )
         self._finish(ResponseEnd(self.stream_id))
         await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -450,7 +477,7 @@ class Claimed:
             self.fail("the worker finished without ending the response")
         elif isinstance(exc_value, trio.Cancelled):
             self.fail("the worker was cancelled")
-        else:
+        else:  # for the ingress's log: it tells its client no internals
             self.fail(f"the worker failed: {exc_value!r}")
 
     def _check_open(self) -> None:
