@@ -22,8 +22,11 @@ from llmtrio.ring import (
     StreamState,
     WorkerFailedError,
     WorkerLink,
+    _core,
     _errors,
-    _protocol,
+    _framing,
+    _link,
+    _messages,
     _ring,
 )
 
@@ -74,7 +77,7 @@ async def serve(
 
 def test_every_public_name_is_exported_once() -> None:
     exported = {name for name in vars(llmtrio.ring) if not name.startswith("_")}
-    modules = (_errors, _protocol, _ring)
+    modules = (_core, _errors, _framing, _link, _messages, _ring)
     defined = [name for module in modules for name in module.__all__]
     assert len(defined) == len(set(defined))
     assert exported == set(defined)

@@ -16,11 +16,13 @@ from llmtrio.ring import (
     Attach,
     Cancel,
     Claim,
+    Credit,
     Detach,
     FrameDecoder,
     Heartbeat,
     Message,
     ProtocolError,
+    Release,
     RequestHead,
     ResponseData,
     ResponseEnd,
@@ -31,6 +33,8 @@ from llmtrio.ring import (
     StreamState,
     ToClient,
     ToWorker,
+    Withdraw,
+    Withdrawn,
     encode,
 )
 
@@ -39,11 +43,17 @@ HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "applicatio
 EVERY_MESSAGE: list[Message] = [
     Attach("worker-1", 8),
     Attach("wörker ☃", 1),
+    Attach("w", 2, models=("gemma", "qwen"), version=7),
     Heartbeat(inflight=3, max_inflight=8, available_slots=5),
     Heartbeat(0, 0, 0),
     Heartbeat(inflight=8, max_inflight=8, available_slots=0, decoding=6),
     Claim(1),
     Claim(7),
+    Withdraw(3),
+    Withdrawn(0),
+    Release(4),
+    Credit(4, 16),
+    Assign(1, HEAD, b"x", credits=16),
     Assign(1, HEAD, b'{"messages": []}'),
     Assign(2**40, RequestHead("GET", "/health"), b""),
     Assign(3, RequestHead("POST", "/ü", {"x-a": "1", "x-b": "\udcff"}), bytes(range(256)) * 300),
@@ -143,10 +153,20 @@ def test_encode_refuses_a_frame_over_the_bound() -> None:
     assert info.value.offending is message
 
 
+def test_frames_of_unknown_types_are_skipped() -> None:
+    data = frame(99, {"from": "a newer peer"}, b"payload") + encode(Claim(2)) + frame(200, {})
+    assert decode_all(data + encode(Cancel(1))) == [Claim(2), Cancel(1)]
+
+
+def test_a_frame_without_a_version_is_an_attach_of_version_0() -> None:
+    (attach,) = decode_all(frame(1, {"worker_id": "w", "max_inflight": 2}))
+    assert isinstance(attach, Attach)
+    assert (attach.version, attach.models) == (0, ())
+
+
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        (frame(99, {}), "unknown message type 99"),
         (frame(3, None, raw=b"{not json"), "not JSON"),
         (frame(3, None, raw=b"\xff\xfe"), "not JSON"),
         (frame(3, [1, 2]), "not a JSON object"),

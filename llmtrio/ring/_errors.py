@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._protocol import Message
+    from ._messages import Message
 
 __all__ = [
     "ProtocolError",

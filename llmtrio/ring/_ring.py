@@ -19,13 +19,13 @@ from typing import Never, Self
 import attrs
 import trio
 
+from ._core import Effect, RingCore, RingStats, StreamState, ToClient, ToWorker
 from ._errors import ProtocolError, StreamCancelledError, WorkerFailedError
-from ._protocol import (
+from ._messages import (
     Assign,
     Attach,
     Cancel,
     Claim,
-    Effect,
     Heartbeat,
     RequestHead,
     ResponseData,
@@ -33,11 +33,6 @@ from ._protocol import (
     ResponseError,
     ResponseHead,
     ResponseMessage,
-    RingCore,
-    RingStats,
-    StreamState,
-    ToClient,
-    ToWorker,
 )
 
 __all__ = ["Claimed", "Ring", "RingStream", "WorkerLink"]
@@ -89,8 +84,11 @@ class Ring:
         return stream
 
     @asynccontextmanager
-    async def attach(self, worker_id: str, max_inflight: int) -> AsyncIterator[WorkerLink]:
-        """Attach a worker that will hold at most ``max_inflight`` streams at once.
+    async def attach(
+        self, worker_id: str, max_inflight: int, *, models: Iterable[str] = ()
+    ) -> AsyncIterator[WorkerLink]:
+        """Attach a worker that will hold at most ``max_inflight`` streams at once, serving
+        ``models`` (listed by ``stats``).
 
         Resource handling: leaving the block detaches the worker, however it is left (an
         exception, a cancellation): streams it held without a response head are requeued
@@ -101,7 +99,7 @@ class Ring:
         Error handling: ``ProtocolError`` if ``worker_id`` is already attached.
         """
         await trio.lowlevel.checkpoint()
-        self._core.attach(Attach(worker_id, max_inflight))
+        self._core.attach(Attach(worker_id, max_inflight, models=models))
         link = WorkerLink(self, worker_id, max_inflight)
         self._links[worker_id] = link
         reason = "the worker left"
@@ -294,7 +292,9 @@ class WorkerLink:
     ) -> None:
         """Report the engine's capacity (shown by ``Ring.stats``)."""
         self._ring._core.heartbeat(
-            self.worker_id, Heartbeat(inflight, max_inflight, available_slots, decoding)
+            self.worker_id,
+            Heartbeat(inflight, max_inflight, available_slots, decoding),
+            at=trio.current_time(),
         )
 
     async def claim(self) -> Claimed:
@@ -436,6 +436,23 @@ class Claimed:
         """
         if not self._finished:
             self._finish(ResponseError(self.stream_id, message))
+
+    def release(self) -> None:
+        """Give the stream back without responding: it is parked again at the front (this
+        does not count as an assignment); on a cancelled stream, acknowledges the cancel.
+
+        Never blocks. Error handling: ``ProtocolError`` once a head was sent or the stream
+        is finished.
+        """
+        if self._finished:
+            raise ProtocolError(
+                f"stream {self.stream_id} is already finished, or its worker detached"
+            )
+        ring = self._link._ring
+        effects = ring._core.release(self._link.worker_id, self.stream_id)
+        self._finished = True
+        del self._link._claimed[self.stream_id]
+        ring._route(effects)
 
     def __enter__(self) -> Self:
         return self

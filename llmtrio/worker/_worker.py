@@ -15,7 +15,7 @@ import time
 import trio
 
 from ..engine import Done, Engine, EngineError, Failed, Generation, Token
-from ..ring import Claimed, StreamCancelledError, WorkerLink
+from ..ring import ClaimedStream, RingLink, StreamCancelledError
 from ._openai import (
     ChatCompletionRequest,
     ChatCompletionStream,
@@ -45,7 +45,7 @@ JSON_HEADERS = (("content-type", "application/json"),)
 
 async def serve_link(
     engine: Engine,
-    link: WorkerLink,
+    link: RingLink,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -76,7 +76,7 @@ async def serve_link(
             with trio.move_on_after(HEARTBEAT_INTERVAL_S):
                 await engine.capacity_changed()
 
-    async def handle(claimed: Claimed) -> None:
+    async def handle(claimed: ClaimedStream) -> None:
         try:
             with claimed:
                 await _serve_stream(engine, claimed)
@@ -96,7 +96,7 @@ async def serve_link(
             nursery.start_soon(handle, claimed)
 
 
-async def _serve_stream(engine: Engine, claimed: Claimed) -> None:
+async def _serve_stream(engine: Engine, claimed: ClaimedStream) -> None:
     """Respond to one stream; its client going away cancels the response (and so the
     generation). The caller's ``with claimed:`` acknowledges a cancellation or fails a
     stream left unfinished."""
@@ -112,7 +112,7 @@ async def _serve_stream(engine: Engine, claimed: Claimed) -> None:
         nursery.cancel_scope.cancel()
 
 
-async def _respond(engine: Engine, claimed: Claimed) -> None:
+async def _respond(engine: Engine, claimed: ClaimedStream) -> None:
     head = claimed.head
     path = head.path.split("?", 1)[0]
     try:
@@ -134,14 +134,14 @@ async def _respond(engine: Engine, claimed: Claimed) -> None:
         await _send_error(claimed, from_engine_error(exc))
 
 
-async def _send_error(claimed: Claimed, error: OpenAIError) -> None:
+async def _send_error(claimed: ClaimedStream, error: OpenAIError) -> None:
     await claimed.send_head(error.status, (*JSON_HEADERS, *error.headers))
     await claimed.send(error.body())
     await claimed.end()
 
 
 async def _stream(
-    engine: Engine, claimed: Claimed, request: ChatCompletionRequest, generation: Generation
+    engine: Engine, claimed: ClaimedStream, request: ChatCompletionRequest, generation: Generation
 ) -> None:
     encoder = ChatCompletionStream(
         id=new_completion_id(),
@@ -166,7 +166,7 @@ async def _stream(
 
 
 async def _complete(
-    engine: Engine, claimed: Claimed, request: ChatCompletionRequest, generation: Generation
+    engine: Engine, claimed: ClaimedStream, request: ChatCompletionRequest, generation: Generation
 ) -> None:
     text: list[str] = []
     reasoning: list[str] = []
