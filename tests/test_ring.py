@@ -22,12 +22,15 @@ from llmtrio.ring import (
     StreamState,
     WorkerFailedError,
     WorkerLink,
+    _control,
     _core,
     _errors,
     _framing,
     _link,
     _messages,
+    _remote,
     _ring,
+    _tls,
 )
 
 HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
@@ -77,7 +80,7 @@ async def serve(
 
 def test_every_public_name_is_exported_once() -> None:
     exported = {name for name in vars(llmtrio.ring) if not name.startswith("_")}
-    modules = (_core, _errors, _framing, _link, _messages, _ring)
+    modules = (_control, _core, _errors, _framing, _link, _messages, _remote, _ring, _tls)
     defined = [name for module in modules for name in module.__all__]
     assert len(defined) == len(set(defined))
     assert exported == set(defined)

@@ -7,6 +7,8 @@ listener for remote workers, ``connect_ring`` the worker's end of it; ``RingLink
 worker needs from either kind of attachment.
 """
 
+from ._control import ControlConfig as ControlConfig
+from ._control import serve_control as serve_control
 from ._core import TRANSITIONS as TRANSITIONS
 from ._core import Effect as Effect
 from ._core import RingCore as RingCore
@@ -15,6 +17,7 @@ from ._core import StreamState as StreamState
 from ._core import ToClient as ToClient
 from ._core import ToWorker as ToWorker
 from ._core import WorkerStats as WorkerStats
+from ._errors import ControlRefusedError as ControlRefusedError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RingError as RingError
 from ._errors import RingFullError as RingFullError
@@ -44,10 +47,15 @@ from ._messages import ResponseHead as ResponseHead
 from ._messages import ResponseMessage as ResponseMessage
 from ._messages import Withdraw as Withdraw
 from ._messages import Withdrawn as Withdrawn
+from ._remote import RemoteClaimed as RemoteClaimed
+from ._remote import RemoteLink as RemoteLink
+from ._remote import connect_ring as connect_ring
 from ._ring import Claimed as Claimed
 from ._ring import Ring as Ring
 from ._ring import RingStream as RingStream
 from ._ring import WorkerLink as WorkerLink
+from ._tls import client_ssl_context as client_ssl_context
+from ._tls import server_ssl_context as server_ssl_context
 
 __all__ = [
     "MAX_FRAME_SIZE",
@@ -59,6 +67,8 @@ __all__ = [
     "Claim",
     "Claimed",
     "ClaimedStream",
+    "ControlConfig",
+    "ControlRefusedError",
     "Credit",
     "Detach",
     "Effect",
@@ -68,6 +78,8 @@ __all__ = [
     "Message",
     "ProtocolError",
     "Release",
+    "RemoteClaimed",
+    "RemoteLink",
     "RequestHead",
     "ResponseData",
     "ResponseEnd",
@@ -90,5 +102,9 @@ __all__ = [
     "WorkerFailedError",
     "WorkerLink",
     "WorkerStats",
+    "client_ssl_context",
+    "connect_ring",
     "encode",
+    "serve_control",
+    "server_ssl_context",
 ]

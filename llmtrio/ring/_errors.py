@@ -4,7 +4,8 @@ RingError
 ├── RingFullError           max_streams streams are open; ``retry_after`` says when to try again
 ├── StreamCancelledError    the client went away (raised to the worker writing to its stream)
 ├── WorkerFailedError       the worker failed or detached before finishing (raised to the client)
-└── ProtocolError           an illegal transition or a malformed frame; ``offending`` holds it
+├── ProtocolError           an illegal transition or a malformed frame; ``offending`` holds it
+└── ControlRefusedError     a control connection refused (TLS, version, handshake), with why
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from ._messages import Message
 
 __all__ = [
+    "ControlRefusedError",
     "ProtocolError",
     "RingError",
     "RingFullError",
@@ -69,3 +71,9 @@ class ProtocolError(RingError):
     def __init__(self, reason: str, offending: Message | bytes | None = None) -> None:
         super().__init__(reason)
         self.offending = offending
+
+
+class ControlRefusedError(RingError):
+    """A control connection between a worker and an ingress could not be opened or was
+    refused: TLS (no certificate, another CA), the WebSocket handshake, or the protocol
+    version. The message says why (e.g. ``tlsv13 alert certificate required``)."""
