@@ -10,7 +10,7 @@ from functools import partial
 import trio
 
 from .engine import Engine, EngineConfig
-from .ring import Ring
+from .ring import ControlConfig, Ring, serve_control
 from .web import ServeConfig, serve_ingress
 from .worker import serve_link
 
@@ -24,6 +24,7 @@ async def serve(
     config: ServeConfig,
     *,
     shutdown: trio.Event,
+    control: ControlConfig | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load the model, attach a local worker to a new ring, and serve HTTP until ``shutdown``
@@ -40,18 +41,23 @@ async def serve(
             trio.open_nursery() as workers,
         ):
             await workers.start(serve_link, engine, link)
+            control_address = (
+                [] if control is None else [await workers.start(serve_control, ring, control)]
+            )
             async with trio.open_nursery() as web:
                 binds = await web.start(
                     partial(
                         serve_ingress, ring, config, model_name=engine.model_name, shutdown=shutdown
                     )
                 )
-                task_status.started(binds)
+                task_status.started([*binds, *control_address])
             # hypercorn returns once in-flight responses drained (or graceful_timeout passed).
             workers.cancel_scope.cancel()
 
 
-async def serve_until_signalled(engine_config: EngineConfig, config: ServeConfig) -> None:
+async def serve_until_signalled(
+    engine_config: EngineConfig, config: ServeConfig, control: ControlConfig | None = None
+) -> None:
     """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once."""
     shutdown = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -71,5 +77,5 @@ async def serve_until_signalled(engine_config: EngineConfig, config: ServeConfig
                     shutdown.set()
 
             nursery.start_soon(watch)
-            await serve(engine_config, config, shutdown=shutdown)
+            await serve(engine_config, config, shutdown=shutdown, control=control)
             nursery.cancel_scope.cancel()

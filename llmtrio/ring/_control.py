@@ -365,7 +365,10 @@ class _Session:
         match message:
             case ResponseHead(status=status, headers=headers):
                 if not claimed.cancelled.is_set():
-                    await claimed.send_head(status, headers)
+                    # Which worker served it, by its certificate: for logs and debugging.
+                    await claimed.send_head(
+                        status, (*headers, ("x-llmtrio-worker", self._worker_id))
+                    )
             case ResponseData(data=data):
                 if claimed.cancelled.is_set():
                     return

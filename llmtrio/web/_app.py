@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -25,7 +26,7 @@ from .._openai_errors import (
     ring_full,
     server_error,
 )
-from ..ring import RequestHead, Ring, RingFullError, RingStream, WorkerFailedError
+from ..ring import RequestHead, Ring, RingFullError, RingStream, WorkerFailedError, WorkerStats
 
 __all__ = ["create_app"]
 
@@ -67,6 +68,7 @@ def create_app(
     @app.get("/health")
     async def health() -> Response:
         stats = ring.stats()
+        now = trio.current_time()
         beats = [w.capacity for w in stats.workers if w.capacity is not None]
         capacity = {
             "inflight": sum(b.inflight for b in beats),
@@ -77,7 +79,7 @@ def create_app(
         return _json(
             {
                 "status": "ok" if stats.workers else "no_workers",
-                "model": model_name,
+                "model": model_name or next(iter(_models(ring)), ""),
                 "capacity": capacity,
                 "ring": {
                     "parked": stats.parked,
@@ -85,16 +87,19 @@ def create_app(
                     "max_streams": stats.max_streams,
                     "workers": len(stats.workers),
                 },
+                "workers": [_worker_health(w, now) for w in stats.workers],
             }
         )
 
     @app.get("/v1/models")
     async def models() -> Response:
+        names = _models(ring) or ([model_name] if model_name else [])
         return _json(
             {
                 "object": "list",
                 "data": [
-                    {"id": model_name, "object": "model", "created": 0, "owned_by": "llmtrio"}
+                    {"id": name, "object": "model", "created": 0, "owned_by": "llmtrio"}
+                    for name in names
                 ],
             }
         )
@@ -143,6 +148,32 @@ def create_app(
         return _error(error)
 
     return app
+
+
+def _models(ring: Ring) -> list[str]:
+    """What the attached workers serve, each model once, in attach order."""
+    return list(dict.fromkeys(m for w in ring.stats().workers for m in w.models))
+
+
+def _worker_health(worker: WorkerStats, now: float) -> dict[str, Any]:
+    beat = worker.capacity
+    return {
+        "id": worker.worker_id,
+        "models": list(worker.models),
+        "max_inflight": worker.max_inflight,
+        "held": len(worker.held),
+        "capacity": None
+        if beat is None
+        else {
+            "inflight": beat.inflight,
+            "decoding": beat.decoding,
+            "max_inflight": beat.max_inflight,
+            "available_slots": beat.available_slots,
+        },
+        "last_heartbeat_s_ago": None
+        if worker.last_heartbeat is None
+        else round(now - worker.last_heartbeat, 3),
+    }
 
 
 async def _relay(stream: RingStream) -> AsyncIterator[bytes]:
