@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,6 +40,7 @@ from llmtrio.ring import (
 )
 from llmtrio.ring._tls import open_control_websocket
 
+MAKE_CERTS = Path(__file__).resolve().parent.parent / "examples" / "ring" / "make-certs.sh"
 HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
 
 
@@ -404,4 +407,32 @@ async def test_a_worker_reattaches_when_its_ingress_restarts(pki: Pki) -> None:
             await nursery.start(serve_control, second, ControlConfig(context, port=port))
             await wait_attached(second, 1)
             assert await read_all(second.park(HEAD, b"again")) == ("a", b"0:again;")
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_the_readme_certificates_make_a_working_ring(tmp_path: Path) -> None:
+    """examples/ring/make-certs.sh, run as the README says, gives certificates that work."""
+    script = MAKE_CERTS
+    env = {**os.environ, "INGRESS_NAMES": "DNS:localhost,IP:127.0.0.1"}
+    await trio.run_process([str(script), str(tmp_path), "worker-1"], env=env, capture_stdout=True)
+    ring = Ring(max_streams=4)
+    context = server_ssl_context(
+        tmp_path / "ingress.pem", tmp_path / "ingress.key", tmp_path / "workers-ca.pem"
+    )
+    client = client_ssl_context(
+        tmp_path / "worker-1.pem", tmp_path / "worker-1.key", tmp_path / "ingress-ca.pem"
+    )
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_control, ring, ControlConfig(context, port=0))
+        url = url.replace("127.0.0.1", "localhost")  # the host name is checked too
+        async with (
+            connect_ring([url], client, worker_id="w", max_inflight=1) as link,
+            trio.open_nursery() as workers,
+        ):
+            workers.start_soon(serve_slots, link, echo_as("w", chunks=1))
+            await wait_attached(ring, 1)
+            assert ring.stats().workers[0].worker_id.startswith("worker-1#")
+            assert await read_all(ring.park(HEAD, b"hi")) == ("w", b"0:hi;")
+            workers.cancel_scope.cancel()
         nursery.cancel_scope.cancel()

@@ -309,7 +309,9 @@ class RemoteLink:
                     data = await ws.get_message()
                 except ConnectionClosed as exc:
                     reason = exc.reason
-                    if reason is not None and reason.reason:
+                    if self._closing:
+                        logger.info("detached from ingress %s", connection.name)
+                    elif reason is not None and reason.reason:
                         logger.warning("ingress %s closed: %s", connection.name, reason.reason)
                     else:
                         logger.warning("lost ingress %s", connection.name)
