@@ -387,7 +387,9 @@ async def test_an_ingress_with_a_certificate_from_another_ca_is_refused(pki: Pki
         nursery.cancel_scope.cancel()
 
 
-async def test_a_worker_reattaches_when_its_ingress_restarts(pki: Pki) -> None:
+async def test_a_worker_reattaches_when_its_ingress_restarts(
+    pki: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
     async with trio.open_nursery() as nursery:
         ring = Ring(max_streams=8)
         context = server_ssl_context(pki.ingress, pki.ingress, pki.worker_ca)
@@ -403,6 +405,8 @@ async def test_a_worker_reattaches_when_its_ingress_restarts(pki: Pki) -> None:
             await wait_attached(ring, 1)
             first.cancel()
             await eventually(lambda: not ring.stats().workers)
+            await trio.sleep(0.5)  # the worker's attempts meanwhile are refused
+            assert "Connection refused" in caplog.text or "connect to" in caplog.text
             second = Ring(max_streams=8)
             await nursery.start(serve_control, second, ControlConfig(context, port=port))
             await wait_attached(second, 1)

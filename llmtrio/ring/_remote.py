@@ -253,8 +253,14 @@ class RemoteLink:
             started = trio.current_time()
             try:
                 await self._session(host, port, name)
-            except (OSError, ControlRefusedError, HandshakeError, ProtocolError) as exc:
-                logger.warning("ingress %s: %s", name, exc)
+            except* (
+                OSError,
+                ControlRefusedError,
+                HandshakeError,
+                ConnectionClosed,
+                ProtocolError,
+            ) as group:
+                logger.warning("ingress %s: %s", name, "; ".join(map(str, group.exceptions)))
             if self._closing:
                 return
             failures = 0 if trio.current_time() - started > STABLE_S else failures + 1
