@@ -37,7 +37,7 @@ async def serve(
     async with Engine.open(engine_config) as engine:
         ring = Ring(max_streams=config.ring_streams)
         async with (
-            ring.attach("local", engine_config.max_inflight) as link,
+            ring.attach("local", engine_config.max_inflight, models=[engine.model_name]) as link,
             trio.open_nursery() as workers,
         ):
             await workers.start(serve_link, engine, link)

@@ -318,3 +318,24 @@ def test_refusals_are_quick_and_named_at_both_ends(ring: Ring) -> None:
     trio.run(raw_clients)
     ingress.proc.wait_for(r"PEER_DID_NOT_RETURN_A_CERTIFICATE", 10)
     ingress.proc.wait_for(r"refused worker old .*incompatible protocol version", 10)
+
+
+def test_a_worker_sigtermed_finishes_its_stream_detaches_and_exits_0(ring: Ring) -> None:
+    ingress = ring.ingress("ingress")
+    worker = ring.worker("worker-a", [ingress])
+    ingress.wait_workers({"worker-a"})
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", ingress.url + CHAT, json=chat(48, stream=True)) as response,
+    ):
+        lines = response.iter_lines()
+        for line in lines:
+            if '"content"' in line:
+                break
+        worker.popen.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    assert rest[-1] == "data: [DONE]" or rest[-2:] == ["data: [DONE]", ""], rest[-3:]
+    assert not any('"error"' in line for line in rest)
+    assert worker.popen.wait(timeout=60) == 0
+    assert ingress.workers() == []
+    ingress.proc.wait_for(r"worker worker-a#\d+ detached: the worker left", 10)

@@ -12,6 +12,7 @@ import pytest
 
 from llmtrio.ring import (
     MAX_FRAME_SIZE,
+    TRANSITIONS,
     Assign,
     Attach,
     Cancel,
@@ -607,3 +608,36 @@ def test_worker_and_ring_talk_through_bytes_only() -> None:
     assert worker_sends(Detach("done")) == []
     assert core.stats().workers == ()
     assert_empty(core)
+
+
+@pytest.mark.parametrize("state", [StreamState.ASSIGNED, StreamState.RESPONDING])
+@pytest.mark.parametrize(
+    "message",
+    [
+        ResponseHead(1, 200),
+        ResponseData(1, b"x"),
+        ResponseEnd(1),
+        ResponseError(1, "e"),
+        Release(1),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_the_core_follows_its_transition_table(state: StreamState, message: Message) -> None:
+    """Every (state, message) pair does what TRANSITIONS says, or is refused changing nothing."""
+    core = RingCore(4)
+    core.attach(Attach("w", 1))
+    core.park(HEAD)
+    core.claim("w", Claim(1))
+    if state is StreamState.RESPONDING:
+        core.respond("w", ResponseHead(1, 200))
+    expected = TRANSITIONS[state].get(type(message))
+    if expected is None:
+        with pytest.raises(ProtocolError):
+            core.receive("w", message)
+        assert core.state(1) is state
+        return
+    core.receive("w", message)
+    if expected in (StreamState.ENDED, StreamState.FAILED):
+        assert core.state(1) is None  # finished and forgotten
+    else:
+        assert core.state(1) is expected
