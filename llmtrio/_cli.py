@@ -121,6 +121,12 @@ def _parser() -> argparse.ArgumentParser:
         help="requests parked at once before 503 (default 64)",
     )
     serve.add_argument(
+        "--park-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request may wait for a worker before 503 (default 30)",
+    )
+    serve.add_argument(
         "--graceful-timeout",
         type=float,
         default=10.0,
@@ -247,6 +253,7 @@ def _serve(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             ring_streams=args.ring_streams,
+            park_timeout=args.park_timeout,
             graceful_timeout=args.graceful_timeout,
             max_body_bytes=args.max_body_bytes,
         )

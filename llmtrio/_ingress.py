@@ -33,7 +33,7 @@ async def serve_ring_ingress(
     Resource handling: after ``shutdown`` the HTTP side drains for ``graceful_timeout``,
     then the control listener closes, which detaches every worker.
     """
-    ring = Ring(max_streams=config.ring_streams)
+    ring = Ring(max_streams=config.ring_streams, park_timeout=config.park_timeout)
     async with trio.open_nursery() as nursery:
         address = await nursery.start(serve_control, ring, control)
         async with trio.open_nursery() as web:

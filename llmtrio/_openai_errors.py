@@ -132,6 +132,18 @@ def ring_full(retry_after_s: int | None = None) -> OpenAIError:
     )
 
 
+def no_worker(park_timeout: float, retry_after_s: int | None = None) -> OpenAIError:
+    """503: no worker took the request within ``park_timeout`` seconds."""
+    headers = [] if retry_after_s is None else [("Retry-After", str(retry_after_s))]
+    return OpenAIError(
+        503,
+        f"No worker took the request within {park_timeout:g}s. Retry after a short wait.",
+        type="server_error",
+        code="no_worker",
+        headers=headers,
+    )
+
+
 def server_error(
     message: str = "The server had an error while processing your request.",
 ) -> OpenAIError:

@@ -35,7 +35,7 @@ async def serve(
     their generations); then the worker stops and the model is freed.
     """
     async with Engine.open(engine_config) as engine:
-        ring = Ring(max_streams=config.ring_streams)
+        ring = Ring(max_streams=config.ring_streams, park_timeout=config.park_timeout)
         async with (
             ring.attach("local", engine_config.max_inflight, models=[engine.model_name]) as link,
             trio.open_nursery() as workers,

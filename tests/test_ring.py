@@ -12,6 +12,7 @@ import trio.testing
 import llmtrio.ring
 from llmtrio.ring import (
     Claimed,
+    ParkTimeoutError,
     ProtocolError,
     RequestHead,
     ResponseHead,
@@ -548,3 +549,39 @@ async def test_stats_follow_streams_and_workers() -> None:
         assert ring.stats().serving == 0
         streams[2].cancel()
         assert_idle(ring)
+
+
+async def test_a_stream_no_worker_claims_times_out_and_is_cancelled(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    ring = Ring(max_streams=4, park_timeout=5.0, retry_after=2.0)
+    stream = ring.park(HEAD)
+    start = trio.current_time()
+    with pytest.raises(ParkTimeoutError) as info:
+        await stream.response_head()
+    assert trio.current_time() - start == pytest.approx(5.0)
+    assert (info.value.park_timeout, info.value.retry_after) == (5.0, 2.0)
+    assert stream.state is StreamState.CANCELLED
+    assert_idle(ring)
+
+
+async def test_the_park_timeout_counts_only_while_parked(autojump_clock: trio.abc.Clock) -> None:
+    """A claimed stream may take longer than the park timeout to answer (a long prefill); a
+    stream requeued by a dying worker gets a new park timeout."""
+    ring = Ring(max_streams=4, park_timeout=5.0)
+    stream = ring.park(HEAD, b"x")
+
+    async def slow_then_die(task_status: trio.TaskStatus[None]) -> None:
+        async with ring.attach("dies", 1) as link:
+            task_status.started()
+            await link.claim()
+            await trio.sleep(20)  # longer than the park timeout, holding the stream
+        # leaving the block detaches the worker: the stream is parked again
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(slow_then_die)
+        start = trio.current_time()
+        with pytest.raises(ParkTimeoutError):
+            await stream.response_head()
+        assert trio.current_time() - start == pytest.approx(25.0)
+    assert_idle(ring)

@@ -18,6 +18,7 @@ from ._core import ToClient as ToClient
 from ._core import ToWorker as ToWorker
 from ._core import WorkerStats as WorkerStats
 from ._errors import ControlRefusedError as ControlRefusedError
+from ._errors import ParkTimeoutError as ParkTimeoutError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RingError as RingError
 from ._errors import RingFullError as RingFullError
@@ -76,6 +77,7 @@ __all__ = [
     "Headers",
     "Heartbeat",
     "Message",
+    "ParkTimeoutError",
     "ProtocolError",
     "Release",
     "RemoteClaimed",

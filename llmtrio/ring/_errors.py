@@ -2,6 +2,7 @@
 
 RingError
 ├── RingFullError           max_streams streams are open; ``retry_after`` says when to try again
+├── ParkTimeoutError        no worker claimed the stream within ``park_timeout`` (it is cancelled)
 ├── StreamCancelledError    the client went away (raised to the worker writing to its stream)
 ├── WorkerFailedError       the worker failed or detached before finishing (raised to the client)
 ├── ProtocolError           an illegal transition or a malformed frame; ``offending`` holds it
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ControlRefusedError",
+    "ParkTimeoutError",
     "ProtocolError",
     "RingError",
     "RingFullError",
@@ -42,6 +44,17 @@ class RingFullError(RingError):
         )
         self.retry_after = retry_after
         self.max_streams = max_streams
+
+
+class ParkTimeoutError(RingError):
+    """No worker claimed the stream within the ring's ``park_timeout`` seconds; the stream
+    has been cancelled. ``retry_after`` as in ``RingFullError`` (an HTTP ingress answers 503
+    with ``Retry-After``)."""
+
+    def __init__(self, park_timeout: float, retry_after: float) -> None:
+        super().__init__(f"no worker took the request within {park_timeout:g}s")
+        self.park_timeout = park_timeout
+        self.retry_after = retry_after
 
 
 class StreamCancelledError(RingError):

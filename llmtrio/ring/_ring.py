@@ -20,7 +20,7 @@ import attrs
 import trio
 
 from ._core import Effect, RingCore, RingStats, StreamState, ToClient, ToWorker
-from ._errors import ProtocolError, StreamCancelledError, WorkerFailedError
+from ._errors import ParkTimeoutError, ProtocolError, StreamCancelledError, WorkerFailedError
 from ._messages import (
     Assign,
     Attach,
@@ -55,7 +55,12 @@ class Ring:
     retry_after: float = attrs.field(default=1.0, on_setattr=attrs.setters.frozen)
     response_buffer: int = attrs.field(default=16, kw_only=True, on_setattr=attrs.setters.frozen)
     max_assignments: int = attrs.field(default=3, kw_only=True, on_setattr=attrs.setters.frozen)
+    park_timeout: float | None = attrs.field(
+        default=None, kw_only=True, on_setattr=attrs.setters.frozen
+    )
+    """Seconds a stream may stay parked (unclaimed) before ``response_head`` gives up."""
     _core: RingCore = attrs.field(init=False)
+    _moved: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
     _streams: dict[int, RingStream] = attrs.field(init=False, factory=dict)
     _links: dict[str, WorkerLink] = attrs.field(init=False, factory=dict)
 
@@ -121,7 +126,9 @@ class Ring:
     # -- routing the core's effects ------------------------------------------------------------
 
     def _route(self, effects: Iterable[Effect]) -> None:
-        """Deliver effects that need no waiting: everything but body chunks."""
+        """Deliver effects that need no waiting: everything but body chunks. Called after
+        every change of the core, so it also wakes the streams watching their park time."""
+        self._moved.unpark_all()
         for effect in effects:
             match effect:
                 case ToWorker(worker_id=worker_id, message=message):
@@ -175,8 +182,13 @@ class RingStream:
         """Wait for the response head (status and headers); returns it again on later calls.
 
         Error handling: ``WorkerFailedError`` if the worker failed or detached before sending
-        it; ``StreamCancelledError`` if this stream was cancelled first.
+        it; ``StreamCancelledError`` if this stream was cancelled first; ``ParkTimeoutError``
+        (the stream is cancelled) if it stayed parked for the ring's ``park_timeout`` seconds
+        at a time (each requeue starts a new wait).
         """
+        timeout = self._ring.park_timeout
+        if timeout is not None:
+            await self._watch_park(timeout)
         await self._settled.wait()
         if self._head is not None:
             return self._head
@@ -218,6 +230,22 @@ class RingStream:
         traceback: TracebackType | None,
     ) -> None:
         self.cancel()
+
+    async def _watch_park(self, limit_s: float) -> None:
+        parked_at = trio.current_time()
+        while not self._settled.is_set():
+            if self._is_parked():
+                with trio.move_on_at(parked_at + limit_s):
+                    await self._ring._moved.park()
+                    continue
+                self.cancel()
+                raise ParkTimeoutError(limit_s, self._ring.retry_after)
+            await self._ring._moved.park()
+            if self._is_parked():  # requeued: its worker went away
+                parked_at = trio.current_time()
+
+    def _is_parked(self) -> bool:
+        return self.state is StreamState.PARKED
 
     # -- called by the ring ----------------------------------------------------------------------
 

@@ -21,12 +21,21 @@ from .._openai_errors import (
     DEFAULT_MAX_BODY_BYTES,
     OpenAIError,
     method_not_allowed,
+    no_worker,
     not_found,
     request_too_large,
     ring_full,
     server_error,
 )
-from ..ring import RequestHead, Ring, RingFullError, RingStream, WorkerFailedError, WorkerStats
+from ..ring import (
+    ParkTimeoutError,
+    RequestHead,
+    Ring,
+    RingFullError,
+    RingStream,
+    WorkerFailedError,
+    WorkerStats,
+)
 
 __all__ = ["create_app"]
 
@@ -123,6 +132,8 @@ def create_app(
             if not headers.get("content-type", "").startswith("text/event-stream"):
                 chunks = [chunk async for chunk in stream.body()]
                 return Response(b"".join(chunks), status=response_head.status, headers=headers)
+        except ParkTimeoutError as exc:
+            return _error(no_worker(exc.park_timeout, max(1, round(exc.retry_after))))
         except WorkerFailedError as exc:
             stream.cancel()
             logger.warning("worker failed before responding: %s", exc)
