@@ -272,6 +272,15 @@ class RemoteLink:
             ws = await open_control_websocket(
                 nursery, host, port, self._ssl_context, limit_s=self._handshake_timeout
             )
+            try:
+                await self._serve(ws, name)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _serve(self, ws: WebSocketConnection, name: str) -> None:
+        """Attach over an open control WebSocket and serve it until it closes (the seam the
+        tests drive over memory streams)."""
+        async with trio.open_nursery() as nursery:
             send, sending = trio.open_memory_channel[Message](math.inf)
             connection = _Connection(name, send)
             connection.send(Attach(self.worker_id, self.max_inflight, models=self.models))
