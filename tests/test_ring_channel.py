@@ -178,3 +178,27 @@ async def test_credits_hold_back_a_slow_stream_only(autojump_clock: trio.abc.Clo
         # The unread stream stopped at its client's buffer plus its credits.
         assert sent[b"slow"] <= 1 + 3 + 1
         assert await body_of(slow) == b"x" * 50
+
+
+async def test_a_worker_claiming_again_while_its_last_client_still_reads(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The worker ends a stream and claims its slot again at once, while the ring still counts
+    the stream (its client has not read it all): the claim waits for room, it does not break
+    the protocol (which would detach the worker and fail the stream)."""
+    ring = Ring(max_streams=4, response_buffer=1)
+
+    async def three(claimed: ClaimedStream) -> None:
+        await claimed.send_head(200, [])
+        for chunk in (b"a", b"b", b"c"):
+            await claimed.send(chunk)
+        await claimed.end()
+
+    async with remote_worker([ring], three, max_inflight=1):
+        first = ring.park(HEAD)
+        await first.response_head()
+        await trio.sleep(5)  # the client reads nothing for a while
+        second = ring.park(HEAD)
+        assert await body_of(first) == b"abc"
+        assert await body_of(second) == b"abc"
+        assert len(ring.stats().workers) == 1

@@ -9,6 +9,7 @@ import json
 import struct
 
 import pytest
+import trio
 
 from llmtrio.ring import (
     MAX_FRAME_SIZE,
@@ -37,6 +38,7 @@ from llmtrio.ring import (
     Withdraw,
     Withdrawn,
     encode,
+    encode_available,
 )
 
 HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
@@ -641,3 +643,12 @@ def test_the_core_follows_its_transition_table(state: StreamState, message: Mess
         assert core.state(1) is None  # finished and forgotten
     else:
         assert core.state(1) is expected
+
+
+def test_encode_available_writes_what_piled_up_as_one_chunk() -> None:
+    send, receive = trio.open_memory_channel[Message](10)
+    for message in (Credit(1, 1), Cancel(2)):
+        send.send_nowait(message)
+    data = encode_available(Claim(3), receive)
+    assert decode_all(data) == [Claim(3), Credit(1, 1), Cancel(2)]
+    assert encode_available(Claim(1), receive) == encode(Claim(1))  # nothing waits any more

@@ -27,6 +27,7 @@ from ._errors import WorkerFailedError as WorkerFailedError
 from ._framing import MAX_FRAME_SIZE as MAX_FRAME_SIZE
 from ._framing import FrameDecoder as FrameDecoder
 from ._framing import encode as encode
+from ._framing import encode_available as encode_available
 from ._link import ClaimedStream as ClaimedStream
 from ._link import RingLink as RingLink
 from ._messages import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -107,6 +108,7 @@ __all__ = [
     "client_ssl_context",
     "connect_ring",
     "encode",
+    "encode_available",
     "serve_control",
     "server_ssl_context",
 ]

@@ -31,7 +31,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from ._errors import ProtocolError, StreamCancelledError
-from ._framing import FrameDecoder, encode
+from ._framing import FrameDecoder, encode, encode_available
 from ._messages import (
     PROTOCOL_VERSION,
     Assign,
@@ -233,6 +233,9 @@ class _Session:
     _streams: dict[int, _Stream] = attrs.field(init=False, factory=dict)
     _lost: set[int] = attrs.field(init=False, factory=set)  # cancels not acknowledged in time
     _keys: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
+    _in_core: int = attrs.field(init=False, default=0)  # claims waiting in the ring
+    _relaying: int = attrs.field(init=False, default=0)  # streams whose end is not relayed
+    _room: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
@@ -260,7 +263,7 @@ class _Session:
     async def _write(self) -> None:
         async for message in self._sending:
             try:
-                await self._ws.send_message(encode(message))
+                await self._ws.send_message(encode_available(message, self._sending))
             except ConnectionClosed:
                 raise _WorkerGone("the connection closed") from None
 
@@ -330,24 +333,43 @@ class _Session:
         raise ProtocolError(f"the worker does not hold stream {stream_id}", message)
 
     async def _claim(self, key: int) -> None:
+        """One slot the worker claimed: wait for a stream, send its ``Assign``, relay it.
+
+        The ring counts a stream against the worker until its end is relayed, which may be
+        after the worker sent it (the client still reading) and after the worker claimed the
+        freed slot again: such a claim waits here for the room, it is not an error.
+        """
         scope = self._waiting.get(key)
         if scope is None:
             return  # withdrawn before it started
+        claimed: Claimed | None = None
         with scope:
-            claimed = await self._link.claim()
+            while self._in_core + self._relaying >= self._link.max_inflight:
+                await self._room.park()
+            self._in_core += 1
+            try:
+                claimed = await self._link.claim()
+            finally:
+                self._in_core -= 1
         self._waiting.pop(key, None)
-        if scope.cancelled_caught:
+        if claimed is None:
             return
         if scope.cancel_called:  # withdrawn as the stream arrived: not counted as assigned
             claimed.release()
+            self._room.unpark_all()
             return
-        inbox, outbox = trio.open_memory_channel[ResponseMessage](self._config.credits + 2)
-        stream = _Stream(claimed, inbox, outbox)
-        self._streams[claimed.stream_id] = stream
-        self._send.send_nowait(
-            Assign(claimed.stream_id, claimed.head, claimed.body, credits=self._config.credits)
-        )
-        await self._pump(stream)
+        self._relaying += 1
+        try:
+            inbox, outbox = trio.open_memory_channel[ResponseMessage](self._config.credits + 2)
+            stream = _Stream(claimed, inbox, outbox)
+            self._streams[claimed.stream_id] = stream
+            self._send.send_nowait(
+                Assign(claimed.stream_id, claimed.head, claimed.body, credits=self._config.credits)
+            )
+            await self._pump(stream)
+        finally:
+            self._relaying -= 1
+            self._room.unpark_all()
 
     async def _pump(self, stream: _Stream) -> None:
         """Write one stream's response messages to its client's lane, in order."""

@@ -12,7 +12,7 @@ is an object holding the message's fields (unknown keys are ignored, so fields c
 later). Only ``Assign`` (the request body) and ``ResponseData`` (the chunk) carry a payload;
 for every other type it must be empty. A frame of an unknown type is skipped whole (a newer
 peer may send messages this one does not know), never fatal. Over the control listener's
-WebSocket, each binary WebSocket message holds exactly one frame.
+WebSocket, each binary WebSocket message holds one or more whole frames.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import struct
 from typing import Any, Final
 
 import attrs
+import trio
 
 from ._errors import ProtocolError
 from ._messages import (
@@ -45,7 +46,7 @@ from ._messages import (
     Withdrawn,
 )
 
-__all__ = ["MAX_FRAME_SIZE", "FrameDecoder", "encode"]
+__all__ = ["MAX_FRAME_SIZE", "FrameDecoder", "encode", "encode_available"]
 
 logger = logging.getLogger("llmtrio.ring")
 
@@ -338,3 +339,14 @@ class FrameDecoder:
         self._start = start + _PREFIX.size + length
         message = _decode_frame(frame)
         return self._next() if message is None else message
+
+
+def encode_available(first: Message, more: trio.MemoryReceiveChannel[Message]) -> bytes:
+    """``first`` and every message already waiting in ``more``, encoded back to back (one
+    write for what piled up while the last one was being sent)."""
+    frames = [encode(first)]
+    while True:
+        try:
+            frames.append(encode(more.receive_nowait()))
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return b"".join(frames)

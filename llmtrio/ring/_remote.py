@@ -29,7 +29,7 @@ import trio
 from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 
 from ._errors import ControlRefusedError, ProtocolError, StreamCancelledError
-from ._framing import FrameDecoder, encode
+from ._framing import FrameDecoder, encode_available
 from ._messages import (
     Assign,
     Attach,
@@ -311,7 +311,7 @@ class RemoteLink:
     async def _write(ws: WebSocketConnection, sending: trio.MemoryReceiveChannel[Message]) -> None:
         async for message in sending:
             try:
-                await ws.send_message(encode(message))
+                await ws.send_message(encode_available(message, sending))
             except ConnectionClosed:
                 return
         await ws.aclose()  # after a Detach: the outbox was closed
