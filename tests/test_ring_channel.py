@@ -202,3 +202,30 @@ async def test_a_worker_claiming_again_while_its_last_client_still_reads(
         assert await body_of(first) == b"abc"
         assert await body_of(second) == b"abc"
         assert len(ring.stats().workers) == 1
+
+
+@pytest.mark.parametrize("quiet_first", [False, True])
+async def test_a_busy_ingress_does_not_starve_a_quiet_one(
+    autojump_clock: trio.abc.Clock, quiet_first: bool
+) -> None:
+    """One slot, offered to two ingresses: the quiet one's single request is served while the
+    busy one still has a long queue, not after it."""
+    busy, quiet = Ring(max_streams=64), Ring(max_streams=64)
+    rings = [quiet, busy] if quiet_first else [busy, quiet]
+    order: list[bytes] = []
+
+    async def one_second(claimed: ClaimedStream) -> None:
+        order.append(claimed.body)
+        await trio.sleep(1)
+        await answer(claimed)
+
+    async with remote_worker(rings, one_second, max_inflight=1):
+        while len(busy.stats().workers) + len(quiet.stats().workers) < 2:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+        queue = [busy.park(HEAD, b"busy-%d" % i) for i in range(20)]
+        await trio.sleep(2.5)
+        lone = quiet.park(HEAD, b"quiet")
+        assert await body_of(lone) == b"quiet"
+        for stream in queue:
+            await body_of(stream)
+    assert order.index(b"quiet") == 3, order  # the slot that frees next
