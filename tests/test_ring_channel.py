@@ -15,8 +15,11 @@ from trio_websocket import WebSocketConnection, wrap_client_stream, wrap_server_
 
 from llmtrio.ring import (
     Attach,
+    Claim,
     ClaimedStream,
     ControlConfig,
+    Detach,
+    FrameDecoder,
     RemoteLink,
     RequestHead,
     Ring,
@@ -229,3 +232,21 @@ async def test_a_busy_ingress_does_not_starve_a_quiet_one(
         for stream in queue:
             await body_of(stream)
     assert order.index(b"quiet") == 3, order  # the slot that frees next
+
+
+async def test_a_worker_claiming_beyond_its_bound_is_sent_away(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    ring = Ring(max_streams=4)
+    async with trio.open_nursery() as nursery:
+        ws = await ingress_session(nursery, ring, config(), "greedy")
+        await ws.send_message(encode(Attach("greedy", 2)))
+        await ws.send_message(encode(Claim(2)) + encode(Claim(1)))
+        decoder = FrameDecoder()
+        decoder.receive_data(bytes(await ws.get_message()))
+        reply = decoder.next_message()
+        assert isinstance(reply, Detach)
+        assert "beyond its max_inflight of 2" in reply.reason
+        while ring.stats().workers:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()

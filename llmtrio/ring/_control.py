@@ -290,6 +290,12 @@ class _Session:
                     decoding=decoding,
                 )
             case Claim(count=count):
+                if len(self._waiting) + count > self._link.max_inflight:
+                    raise ProtocolError(
+                        f"the worker claims {count} more slots with {len(self._waiting)} "
+                        f"unfilled, beyond its max_inflight of {self._link.max_inflight}",
+                        message,
+                    )
                 for _ in range(count):
                     key = next(self._keys)
                     self._waiting[key] = trio.CancelScope()
