@@ -110,7 +110,7 @@ class Ring:
         self.procs.append(proc)
         return proc
 
-    def ingress(self, name: str) -> Ingress:
+    def ingress(self, name: str, *extra: str) -> Ingress:
         cert = self.tmp / f"{name}.pem"
         self.ingress_ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
             str(cert)
@@ -127,6 +127,7 @@ class Ring:
             "--worker-timeout=3",
             "--cancel-ack-timeout=3",
             "--graceful-timeout=1",
+            *extra,
         )
         url = proc.wait_for(r"serving .*? on (http://\S+)").group(1)
         control = proc.wait_for(r"control listener for workers on (wss://\S+)").group(1)
@@ -339,3 +340,17 @@ def test_a_worker_sigtermed_finishes_its_stream_detaches_and_exits_0(ring: Ring)
     assert worker.popen.wait(timeout=60) == 0
     assert ingress.workers() == []
     ingress.proc.wait_for(r"worker worker-a#\d+ detached: the worker left", 10)
+
+
+def test_workers_reattach_to_a_restarted_ingress_by_themselves(ring: Ring) -> None:
+    ingress = ring.ingress("ingress")
+    port = ingress.control.rsplit(":", 1)[1]
+    ring.worker("worker-a", [ingress])
+    ingress.wait_workers({"worker-a"})
+    ingress.proc.popen.send_signal(signal.SIGKILL)
+    ingress.proc.popen.wait(timeout=30)
+    again = ring.ingress("ingress-again", f"--control-port={port}")
+    assert again.control == ingress.control
+    again.wait_workers({"worker-a"})
+    response = httpx.post(again.url + CHAT, json=chat(4), timeout=60)
+    assert response.status_code == 200, response.text
