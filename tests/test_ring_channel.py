@@ -18,6 +18,7 @@ from llmtrio.ring import (
     Claim,
     ClaimedStream,
     ControlConfig,
+    ControlRefusedError,
     Detach,
     FrameDecoder,
     RemoteLink,
@@ -27,6 +28,7 @@ from llmtrio.ring import (
     encode,
 )
 from llmtrio.ring._control import _serve_worker
+from llmtrio.ring._remote import INGRESS_TIMEOUT_S
 from llmtrio.ring._remote import RemoteLink as _RemoteLink
 
 HEAD = RequestHead("POST", "/v1/chat/completions", [])
@@ -249,4 +251,34 @@ async def test_a_worker_claiming_beyond_its_bound_is_sent_away(
         assert "beyond its max_inflight of 2" in reply.reason
         while ring.stats().workers:  # noqa: ASYNC110
             await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_ingress_that_answers_no_ping_is_given_up(autojump_clock: trio.abc.Clock) -> None:
+    """A silent partition breaks no connection: the worker pings, and gives up an ingress that
+    answers nothing for INGRESS_TIMEOUT_S (then reconnects, in connect_ring)."""
+    link = _RemoteLink("w", 1, (), CONTEXT, 5.0)
+    server_stream, client_stream = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        ingress = trio.CancelScope()
+
+        async def server() -> None:
+            with ingress:
+                async with trio.open_nursery() as reader:
+                    await (await wrap_server_stream(reader, server_stream)).accept()
+                    await trio.sleep_forever()
+
+        nursery.start_soon(server)
+        ws = await wrap_client_stream(nursery, client_stream, "ingress", "/ring")  # type: ignore[arg-type]
+        ingress.cancel()  # the ingress falls silent, its connection still open
+        start = trio.current_time()
+        given_up = []
+        try:
+            await link._serve(ws, "silent")
+        except* ControlRefusedError as group:
+            given_up = [str(exc) for exc in group.exceptions]
+        assert given_up == [f"ingress silent answered no ping for {INGRESS_TIMEOUT_S:g}s"]
+        # Given up one timeout after a ping that went unanswered (pings go out every second).
+        assert INGRESS_TIMEOUT_S < trio.current_time() - start <= INGRESS_TIMEOUT_S + 2.5
+        assert link.attached == 0
         nursery.cancel_scope.cancel()

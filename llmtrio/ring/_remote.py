@@ -57,6 +57,7 @@ logger = logging.getLogger("llmtrio.ring.remote")
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 10.0
 KEEPALIVE_S = 1.0
+INGRESS_TIMEOUT_S = 10.0  # an ingress that answers no ping for this long is given up
 STABLE_S = 5.0  # a connection that lasted this long resets the backoff
 
 
@@ -292,12 +293,26 @@ class RemoteLink:
             try:
                 nursery.start_soon(self._write, ws, sending)
                 nursery.start_soon(self._keepalive, connection)
+                nursery.start_soon(self._watch_ingress, ws, connection)
                 await self._read(ws, connection)
             finally:
                 self._lose(connection)
                 with trio.move_on_after(1, shield=True):
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
+
+    @staticmethod
+    async def _watch_ingress(ws: WebSocketConnection, connection: _Connection) -> None:
+        """Ping the ingress every ``KEEPALIVE_S``; one that answers nothing for
+        ``INGRESS_TIMEOUT_S`` is given up (a silent partition breaks no TCP connection)."""
+        while True:
+            await trio.sleep(KEEPALIVE_S)
+            with trio.move_on_after(INGRESS_TIMEOUT_S) as scope:
+                await ws.ping()
+            if scope.cancelled_caught:
+                raise ControlRefusedError(
+                    f"ingress {connection.name} answered no ping for {INGRESS_TIMEOUT_S:g}s"
+                )
 
     async def _keepalive(self, connection: _Connection) -> None:
         """Repeat the last capacity every ``KEEPALIVE_S``, so that an ingress hears from a
