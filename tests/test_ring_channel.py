@@ -282,3 +282,27 @@ async def test_an_ingress_that_answers_no_ping_is_given_up(autojump_clock: trio.
         assert INGRESS_TIMEOUT_S < trio.current_time() - start <= INGRESS_TIMEOUT_S + 2.5
         assert link.attached == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_response_ended_just_before_its_worker_leaves_reaches_its_client(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The worker ends a stream and detaches at once (SIGTERM after its last stream): its
+    client, still reading, gets the whole response, not a failure."""
+    ring = Ring(max_streams=4, response_buffer=1)
+    done = trio.Event()
+
+    async def three(claimed: ClaimedStream) -> None:
+        await claimed.send_head(200, [])
+        for chunk in (b"a", b"b", b"c"):
+            await claimed.send(chunk)
+        await claimed.end()
+        done.set()
+
+    async with remote_worker([ring], three, max_inflight=1) as link:
+        stream = ring.park(HEAD)
+        await stream.response_head()
+        await done.wait()
+        link._close("the worker is shutting down")  # its End and its Detach leave together
+        await trio.sleep(1)  # the client reads late
+        assert await body_of(stream) == b"abc"

@@ -217,6 +217,7 @@ class _Stream:
     inbox: trio.MemorySendChannel[ResponseMessage]
     outbox: trio.MemoryReceiveChannel[ResponseMessage]
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    ending: bool = False  # its end or error arrived and is being relayed
 
 
 @attrs.define(eq=False)
@@ -236,6 +237,8 @@ class _Session:
     _in_core: int = attrs.field(init=False, default=0)  # claims waiting in the ring
     _relaying: int = attrs.field(init=False, default=0)  # streams whose end is not relayed
     _room: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
+    _ending: int = attrs.field(init=False, default=0)  # streams relaying their last messages
+    _ended: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
@@ -249,7 +252,14 @@ class _Session:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write)
-                await self._read(decoder)
+                try:
+                    await self._read(decoder)
+                except _WorkerGone as exc:
+                    reason = str(exc)
+                # Responses the worker finished before it left still reach their clients.
+                with trio.move_on_after(self._config.worker_timeout):
+                    while self._ending:
+                        await self._ended.park()
                 nursery.cancel_scope.cancel()
         except* _WorkerGone as group:
             reason = str(group.exceptions[0])
@@ -265,7 +275,7 @@ class _Session:
             try:
                 await self._ws.send_message(encode_available(message, self._sending))
             except ConnectionClosed:
-                raise _WorkerGone("the connection closed") from None
+                return  # the reader sees the close too, and ends the session
 
     async def _read(self, decoder: FrameDecoder) -> None:
         timeout = self._config.worker_timeout
@@ -328,6 +338,8 @@ class _Session:
                 if isinstance(message, ResponseEnd | ResponseError):
                     del self._streams[message.stream_id]
                     stream.inbox.close()
+                    stream.ending = True
+                    self._ending += 1
             case Detach(reason=reason):
                 raise _WorkerGone(f"the worker left: {reason}" if reason else "the worker left")
             case _:
@@ -365,9 +377,9 @@ class _Session:
             self._room.unpark_all()
             return
         self._relaying += 1
+        inbox, outbox = trio.open_memory_channel[ResponseMessage](self._config.credits + 2)
+        stream = _Stream(claimed, inbox, outbox)
         try:
-            inbox, outbox = trio.open_memory_channel[ResponseMessage](self._config.credits + 2)
-            stream = _Stream(claimed, inbox, outbox)
             self._streams[claimed.stream_id] = stream
             self._send.send_nowait(
                 Assign(claimed.stream_id, claimed.head, claimed.body, credits=self._config.credits)
@@ -376,6 +388,9 @@ class _Session:
         finally:
             self._relaying -= 1
             self._room.unpark_all()
+            if stream.ending:
+                self._ending -= 1
+                self._ended.unpark_all()
 
     async def _pump(self, stream: _Stream) -> None:
         """Write one stream's response messages to its client's lane, in order."""
