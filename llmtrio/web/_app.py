@@ -34,12 +34,22 @@ from .._openai_errors import (
     DEFAULT_MAX_BODY_BYTES,
     OpenAIError,
     method_not_allowed,
+    no_worker,
     not_found,
     request_too_large,
     ring_full,
     server_error,
+    worker_failed,
 )
-from ..ring import RequestHead, Ring, RingFullError, RingStream, WorkerFailedError
+from ..ring import (
+    ParkTimeoutError,
+    RequestHead,
+    Ring,
+    RingFullError,
+    RingStream,
+    WorkerFailedError,
+    WorkerStats,
+)
 from ._guard import OriginPolicy, header_map
 
 __all__ = ["RING_PATHS", "Ingress", "create_app"]
@@ -92,6 +102,7 @@ def create_app(
     @app.get("/health")
     async def health() -> Response:
         stats = ring.stats()
+        now = trio.current_time()
         beats = [w.capacity for w in stats.workers if w.capacity is not None]
         capacity = {
             "inflight": sum(b.inflight for b in beats),
@@ -101,7 +112,7 @@ def create_app(
         }
         body: dict[str, Any] = {
             "status": "ok" if stats.workers else "no_workers",
-            "model": model_name,
+            "model": model_name or next(iter(_models(ring)), ""),
             "capacity": capacity,
             "ring": {
                 "parked": stats.parked,
@@ -109,6 +120,7 @@ def create_app(
                 "max_streams": stats.max_streams,
                 "workers": len(stats.workers),
             },
+            "workers": [_worker_health(w, now) for w in stats.workers],
         }
         if not stats.workers and ring.last_detach is not None:
             worker, reason = ring.last_detach
@@ -118,11 +130,13 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> Response:
+        names = _models(ring) or ([model_name] if model_name else [])
         return _json(
             {
                 "object": "list",
                 "data": [
-                    {"id": model_name, "object": "model", "created": 0, "owned_by": "llmtrio"}
+                    {"id": name, "object": "model", "created": 0, "owned_by": "llmtrio"}
+                    for name in names
                 ],
             }
         )
@@ -293,9 +307,14 @@ class _RingRequest:
                 await self._start(send, head.status, [*headers, ("content-length", str(len(body)))])
                 await send({"type": "http.response.body", "body": body})
                 return
+        except ParkTimeoutError as exc:
+            await self._send_error(
+                send, no_worker(exc.park_timeout, max(1, round(exc.retry_after)))
+            )
+            return
         except WorkerFailedError as exc:
             logger.warning("request %s: the worker failed: %s", self.request_id, exc)
-            await self._send_error(send, server_error())
+            await self._send_error(send, worker_failed())
             return
         await self._start(send, head.status, headers)
         try:
@@ -304,7 +323,7 @@ class _RingRequest:
         except WorkerFailedError as exc:
             logger.warning("request %s: the worker failed mid-stream: %s", self.request_id, exc)
             await send(
-                {"type": "http.response.body", "body": server_error().sse(), "more_body": True}
+                {"type": "http.response.body", "body": worker_failed().sse(), "more_body": True}
             )
         await send({"type": "http.response.body", "body": b""})
 
@@ -332,3 +351,29 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
             return None
         if not message.get("more_body", False):
             return bytes(body)
+
+
+def _models(ring: Ring) -> list[str]:
+    """What the attached workers serve, each model once, in attach order."""
+    return list(dict.fromkeys(m for w in ring.stats().workers for m in w.models))
+
+
+def _worker_health(worker: WorkerStats, now: float) -> dict[str, Any]:
+    beat = worker.capacity
+    return {
+        "id": worker.worker_id,
+        "models": list(worker.models),
+        "max_inflight": worker.max_inflight,
+        "held": len(worker.held),
+        "capacity": None
+        if beat is None
+        else {
+            "inflight": beat.inflight,
+            "decoding": beat.decoding,
+            "max_inflight": beat.max_inflight,
+            "available_slots": beat.available_slots,
+        },
+        "last_heartbeat_s_ago": None
+        if worker.last_heartbeat is None
+        else round(now - worker.last_heartbeat, 3),
+    }

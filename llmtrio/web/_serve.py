@@ -57,6 +57,7 @@ class ServeConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     ring_streams: int = 64
+    park_timeout: float = 30.0
     graceful_timeout: float = 10.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     send_timeout: float = 60.0
@@ -73,6 +74,8 @@ class ServeConfig:
                 f"refusing plain HTTP on {self.host}: without --tls-cert/--tls-key llmtrio "
                 "serves on loopback only"
             )
+        if self.park_timeout <= 0:
+            raise ValueError("--park-timeout must be positive")
         if self.ring_streams < 1:
             raise ValueError("--ring-streams must be at least 1")
         if self.max_body_bytes < 1:

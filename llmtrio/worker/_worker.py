@@ -29,7 +29,7 @@ from ..engine import (
     Generation,
     Token,
 )
-from ..ring import Claimed, StreamCancelledError, WorkerLink
+from ..ring import ClaimedStream, RingLink, StreamCancelledError
 from ._openai import (
     ChatCompletionRequest,
     ChatCompletionStream,
@@ -59,7 +59,7 @@ JSON_HEADERS = (("content-type", "application/json"),)
 
 async def serve_link(
     engine: Engine,
-    link: WorkerLink,
+    link: RingLink,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -94,7 +94,7 @@ async def serve_link(
             with trio.move_on_after(HEARTBEAT_INTERVAL_S):
                 await engine.capacity_changed()
 
-    async def handle(claimed: Claimed) -> None:
+    async def handle(claimed: ClaimedStream) -> None:
         try:
             with claimed:
                 await _serve_stream(engine, claimed)
@@ -126,14 +126,14 @@ async def serve_link(
     raise failure
 
 
-def _request_id(claimed: Claimed) -> str:
+def _request_id(claimed: ClaimedStream) -> str:
     for name, value in claimed.head.headers:
         if name == "x-request-id":
             return value
     return f"stream-{claimed.stream_id}"
 
 
-async def _serve_stream(engine: Engine, claimed: Claimed) -> None:
+async def _serve_stream(engine: Engine, claimed: ClaimedStream) -> None:
     """Respond to one stream; its client going away cancels the response (and so the
     generation). A fault ends this stream with a 500 (or an error event once streaming).
     The caller's ``with claimed:`` acknowledges a cancellation or fails a stream left
@@ -160,7 +160,7 @@ class _Response:
     """One stream's response as the worker writes it: remembers whether the head went out,
     so a failure can still be told in the right form."""
 
-    def __init__(self, claimed: Claimed) -> None:
+    def __init__(self, claimed: ClaimedStream) -> None:
         self.claimed = claimed
         self.streaming = False  # the head of an event stream was sent
         self.sent_head = False
@@ -242,7 +242,7 @@ async def _stream(
 
 
 async def _relay(
-    claimed: Claimed, generation: Generation, encode: Callable[[Event], bytes], first: bytes
+    claimed: ClaimedStream, generation: Generation, encode: Callable[[Event], bytes], first: bytes
 ) -> None:
     """Send each event's bytes as the generation produces them, waiting on the client's
     buffer (back-pressure) only while the generation runs; once it has ended, everything
