@@ -105,3 +105,17 @@ def test_no_template_uses_llama_cpp_builtin_for_the_architecture() -> None:
         render_builtin=lambda n, p, add_assistant: n,
     )
     assert other.source == "built-in chatml"
+
+
+@pytest.mark.parametrize("think", [None, False, True])
+def test_think_tags_in_the_messages_are_text(think: bool | None) -> None:
+    """Only the generation prompt decides whether the answer starts inside a think block."""
+    messages = [
+        ChatMessage("user", "What does <think> do?"),
+        ChatMessage("assistant", "It opens reasoning: <think>"),
+        ChatMessage("user", "And then? <think>"),
+    ]
+    rendered = template().render(messages, think=think)
+    assert rendered.opens_think is (think is not False)
+    unclosed = template().render([ChatMessage("user", "</think> then <think>")], think=False)
+    assert not unclosed.opens_think

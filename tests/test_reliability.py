@@ -528,14 +528,19 @@ async def test_serve_raises_when_its_engine_dies(
 # Reasoning is the template's, not the user's
 
 
-async def test_a_user_writing_think_tags_gets_content_not_reasoning(gemma_path: Path) -> None:
-    async with open_stack(engine_config(gemma_path), serve_config()) as stack:
-        async with httpx.AsyncClient(timeout=60) as http:
-            messages = [{"role": "user", "content": "What is the <think> tag for?"}]
-            response = await chat(http, stack, messages=messages, max_tokens=8, ignore_eos=True)
-        message = response.json()["choices"][0]["message"]
-        assert message["content"]
-        assert "reasoning_content" not in message
+@pytest.mark.parametrize("model", ["gemma", "qwen35"])
+async def test_a_user_writing_think_tags_does_not_open_reasoning(
+    gemma_path: Path, qwen35_path: Path, model: str
+) -> None:
+    """Whether generation starts inside a think block comes from the template's generation
+    prompt only: a message mentioning <think> (or ending with one) is text."""
+    path = gemma_path if model == "gemma" else qwen35_path
+    async with Engine.open(engine_config(path, slots=1)) as engine:
+        for text in ("What is the <think> tag for?", "Explain this: <think>"):
+            for think in (None, False):
+                request = GenerateRequest.user(text, think=think, max_tokens=1)
+                _, opens_think = engine._prompt(request)
+                assert not opens_think, (text, think)
 
 
 # ----------------------------------------------------------------------------------------------

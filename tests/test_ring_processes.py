@@ -242,22 +242,7 @@ def _inflight(worker: dict[str, object]) -> int:
     return int(capacity["inflight"]) if isinstance(capacity, dict) else 0
 
 
-@pytest.mark.parametrize(
-    "stream",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="needs issue 7's worker change: the SSE head goes out at the first "
-                "generation event (today at claim, so the stream responds before its first "
-                "token and cannot be requeued)",
-            ),
-        ),
-    ],
-    ids=["json", "sse"],
-)
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_a_worker_killed_before_its_first_token_is_replaced_invisibly(
     ring: Ring, stream: bool
 ) -> None:

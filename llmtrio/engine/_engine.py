@@ -526,6 +526,8 @@ class Engine:
         try:
             while True:
                 with self._cond:
+                    if not jobs:
+                        self._decoding = 0
                     while not (self._closing or self._inbox or jobs):
                         self._cond.wait()
                     if self._closing:
