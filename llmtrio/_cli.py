@@ -1,4 +1,4 @@
-"""The ``llmtrio`` command: ``generate`` and ``serve``."""
+"""The ``llmtrio`` command: ``generate``, ``serve`` and ``worker``."""
 
 from __future__ import annotations
 
@@ -8,24 +8,21 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from ._openai_errors import DEFAULT_MAX_BODY_BYTES
-from .engine import (
-    DEFAULT_QUANT,
-    DEFAULT_REPO,
-    Done,
-    Engine,
-    EngineConfig,
-    EngineError,
-    Failed,
-    GenerateRequest,
-    Sampling,
-    Token,
-)
+
+if TYPE_CHECKING:
+    from .engine import EngineConfig
+    from .ring import ControlConfig
+
+# The engine (and llama.cpp with it) is imported only by the commands that run one, so that
+# ``llmtrio serve --no-local-worker`` is an ingress without llama.cpp loaded.
 
 __all__ = ["main"]
 
@@ -33,13 +30,9 @@ __all__ = ["main"]
 def _engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model and engine")
     group.add_argument("--model", type=Path, help="a local GGUF file (never falls back)")
-    group.add_argument(
-        "--hf-repo", default=DEFAULT_REPO, help="Hugging Face repo (default %(default)s)"
-    )
+    group.add_argument("--hf-repo", help="Hugging Face repo (default: unsloth/Qwen3.5-0.8B-GGUF)")
     group.add_argument("--hf-file", help="the GGUF file in the repo (default: chosen by --quant)")
-    group.add_argument(
-        "--quant", default=DEFAULT_QUANT, help="quantization to pick (default %(default)s)"
-    )
+    group.add_argument("--quant", help="quantization to pick (default: the engine's, Q4_K_M)")
     group.add_argument(
         "--max-inflight", type=int, default=8, help="slots decoded in one batch (default 8)"
     )
@@ -70,11 +63,13 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    from .engine import DEFAULT_QUANT, DEFAULT_REPO, EngineConfig
+
     return EngineConfig(
         model=args.model,
-        hf_repo=args.hf_repo,
+        hf_repo=args.hf_repo or DEFAULT_REPO,
         hf_file=args.hf_file,
-        quant=args.quant,
+        quant=args.quant or DEFAULT_QUANT,
         max_inflight=args.max_inflight,
         ctx_size=args.ctx_size,
         target_step_ms=args.target_step_ms,
@@ -126,6 +121,12 @@ def _parser() -> argparse.ArgumentParser:
         help="requests parked at once before 503 (default 64)",
     )
     serve.add_argument(
+        "--park-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request may wait for a worker before 503 (default 30)",
+    )
+    serve.add_argument(
         "--graceful-timeout",
         type=float,
         default=10.0,
@@ -137,31 +138,168 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body before 413 (default %(default)s)",
     )
+    serve.add_argument(
+        "--send-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client may take nothing before it is disconnected (default 60)",
+    )
+    serve.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=[],
+        metavar="ORIGINS",
+        help="web origins whose pages may call the API, comma-separated or repeated "
+        "(besides this server's own and loopback ones; '*' allows all)",
+    )
+    ring = serve.add_argument_group("remote workers (the ring's control listener)")
+    ring.add_argument(
+        "--control-port",
+        type=int,
+        help="listen for workers on this port (WebSocket over mutual TLS; 0: any free)",
+    )
+    ring.add_argument("--control-host", help="address for the control listener (default: --host)")
+    ring.add_argument("--control-cert", type=Path, help="this ingress's certificate (PEM)")
+    ring.add_argument("--control-key", type=Path, help="its private key (PEM)")
+    ring.add_argument("--control-ca", type=Path, help="the CA that signs worker certificates (PEM)")
+    ring.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=10.0,
+        help="seconds without a heartbeat before a worker is declared dead (default 10)",
+    )
+    ring.add_argument(
+        "--cancel-ack-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a worker has to acknowledge a cancel (default 5)",
+    )
+    ring.add_argument(
+        "--no-local-worker",
+        action="store_true",
+        help="run no engine here (llama.cpp is not loaded): only remote workers serve",
+    )
     _engine_flags(serve)
+
+    worker = sub.add_parser(
+        "worker", help="run an engine that pulls requests from one or more ingresses"
+    )
+    worker.add_argument(
+        "--ingress-url",
+        action="append",
+        required=True,
+        help="an ingress's control listener, wss://HOST:PORT (repeatable)",
+    )
+    worker.add_argument("--tls-cert", type=Path, required=True, help="this worker's certificate")
+    worker.add_argument("--tls-key", type=Path, help="its private key (default: in --tls-cert)")
+    worker.add_argument(
+        "--ca", type=Path, required=True, help="the CA that signs ingress certificates (PEM)"
+    )
+    worker.add_argument("--name", help="a name for logs (the ingress uses the certificate's)")
+    worker.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=30.0,
+        help="seconds held streams get to finish on SIGTERM (default 30)",
+    )
+    _engine_flags(worker)
     return parser
 
 
+def _control_config(args: argparse.Namespace) -> ControlConfig | None:
+    from .ring import ControlConfig, server_ssl_context
+
+    files = (args.control_cert, args.control_key, args.control_ca)
+    if args.control_port is None:
+        if any(files):
+            raise ValueError("--control-cert/--control-key/--control-ca need --control-port")
+        return None
+    if not all(files):
+        raise ValueError("--control-port needs --control-cert, --control-key and --control-ca")
+    try:
+        context = server_ssl_context(args.control_cert, args.control_key, args.control_ca)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load the control certificates: {exc}") from None
+    return ControlConfig(
+        context,
+        host=args.control_host or args.host,
+        port=args.control_port,
+        worker_timeout=args.worker_timeout,
+        cancel_ack_timeout=args.cancel_ack_timeout,
+    )
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from ._ingress import until_signalled
+    from ._remote_worker import run_worker
+    from .ring import client_ssl_context
+
+    try:
+        context = client_ssl_context(args.tls_cert, args.tls_key, args.ca)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"llmtrio worker: cannot load the certificates: {exc}") from None
+    config = engine_config(args)
+
+    async def run(shutdown: trio.Event) -> None:
+        await run_worker(
+            config,
+            args.ingress_url,
+            context,
+            shutdown=shutdown,
+            name=args.name,
+            graceful_timeout=args.graceful_timeout,
+        )
+
+    trio.run(partial(until_signalled, run, graceful_timeout=args.graceful_timeout))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from .server import serve_until_signalled
     from .web import ServeConfig
 
     try:
+        control = _control_config(args)
+        if args.no_local_worker and control is None:
+            raise ValueError("--no-local-worker needs --control-port (or nothing serves)")
         config = ServeConfig(
             host=args.host,
             port=args.port,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             ring_streams=args.ring_streams,
+            park_timeout=args.park_timeout,
             graceful_timeout=args.graceful_timeout,
             max_body_bytes=args.max_body_bytes,
+            send_timeout=args.send_timeout,
+            allowed_origins=[
+                origin.strip()
+                for value in args.allowed_origins
+                for origin in value.split(",")
+                if origin.strip()
+            ],
         )
     except ValueError as exc:
         raise SystemExit(f"llmtrio serve: {exc}") from None
-    trio.run(serve_until_signalled, engine_config(args), config)
+    if args.no_local_worker:
+        from ._ingress import serve_ring_ingress, until_signalled
+
+        assert control is not None
+
+        async def ingress(shutdown: trio.Event) -> None:
+            name = args.model_name or ""
+            await serve_ring_ingress(config, control, model_name=name, shutdown=shutdown)
+
+        trio.run(partial(until_signalled, ingress, graceful_timeout=config.graceful_timeout))
+        return 0
+    from .server import serve_until_signalled
+
+    trio.run(serve_until_signalled, engine_config(args), config, control)
     return 0
 
 
 async def _generate(args: argparse.Namespace) -> int:
+    from .engine import Done, Engine, Failed, GenerateRequest, Sampling, Token
+
     request = GenerateRequest.user(
         args.prompt,
         system=args.system,
@@ -216,10 +354,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return trio.run(_generate, args)
+        if args.command == "worker":
+            return _worker(args)
         return _serve(args)
-    except EngineError as exc:
-        print(f"llmtrio: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        engine = sys.modules.get("llmtrio.engine")  # loaded only by commands that use it
+        if engine is not None and isinstance(exc, engine.EngineError):
+            print(f"llmtrio: {exc}", file=sys.stderr)
+            return 2
+        raise
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

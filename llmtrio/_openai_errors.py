@@ -10,6 +10,7 @@ its own body.
       404 / 405                 unknown path / wrong method
       413 request_too_large     the body is over the size limit
       500 server_error          a failure on our side
+      502 worker_failed (code)  the worker serving the request failed or went away
       503 server_error          every slot is taken (code ring_full) or the model is closing
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "request_too_large",
     "ring_full",
     "server_error",
+    "worker_failed",
 ]
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -132,6 +134,18 @@ def ring_full(retry_after_s: int | None = None) -> OpenAIError:
     )
 
 
+def no_worker(park_timeout: float, retry_after_s: int | None = None) -> OpenAIError:
+    """503: no worker took the request within ``park_timeout`` seconds."""
+    headers = [] if retry_after_s is None else [("Retry-After", str(retry_after_s))]
+    return OpenAIError(
+        503,
+        f"No worker took the request within {park_timeout:g}s. Retry after a short wait.",
+        type="server_error",
+        code="no_worker",
+        headers=headers,
+    )
+
+
 def server_error(
     message: str = "The server had an error while processing your request.",
 ) -> OpenAIError:
@@ -146,3 +160,14 @@ def dumps(value: object) -> bytes:
         return literal.encode()
     except UnicodeEncodeError:
         return _SURROGATE.sub("\ufffd", literal).encode()
+
+
+def worker_failed() -> OpenAIError:
+    """502: the worker serving the request failed or went away (its reason is logged at the
+    ingress, not shown)."""
+    return OpenAIError(
+        502,
+        "The worker serving this request failed. Retry the request.",
+        type="server_error",
+        code="worker_failed",
+    )

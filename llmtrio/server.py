@@ -9,8 +9,8 @@ from functools import partial
 
 import trio
 
-from .engine import Engine, EngineConfig
-from .ring import Ring
+from .engine import Engine, EngineConfig, EngineFailedError
+from .ring import ControlConfig, Ring, serve_control
 from .web import ServeConfig, serve_ingress
 from .worker import serve_link
 
@@ -24,6 +24,7 @@ async def serve(
     config: ServeConfig,
     *,
     shutdown: trio.Event,
+    control: ControlConfig | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load the model, attach a local worker to a new ring, and serve HTTP until ``shutdown``
@@ -32,28 +33,54 @@ async def serve(
     Resource handling: after ``shutdown``, no new connection is accepted; in-flight
     responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
     their generations); then the worker stops and the model is freed.
+
+    Error handling: :class:`EngineFailedError` when the engine's decode loop dies: the local
+    worker detaches at once (``/health`` answers 503 with the reason), the server shuts down
+    as on ``shutdown``, then this raises.
     """
     async with Engine.open(engine_config) as engine:
-        ring = Ring(max_streams=config.ring_streams)
-        async with (
-            ring.attach("local", engine_config.max_inflight) as link,
-            trio.open_nursery() as workers,
-        ):
-            await workers.start(serve_link, engine, link)
+        ring = Ring(max_streams=config.ring_streams, park_timeout=config.park_timeout)
+        failure: EngineFailedError | None = None
+
+        async def local_worker(*, task_status: trio.TaskStatus[None]) -> None:
+            nonlocal failure
+            try:
+                async with ring.attach(
+                    "local", engine_config.max_inflight, models=[engine.model_name]
+                ) as link:
+                    await serve_link(engine, link, task_status=task_status)
+            except EngineFailedError as exc:
+                failure = exc
+                logger.critical("%s: the server stops", exc)
+                shutdown.set()
+
+        async with trio.open_nursery() as workers:
+            await workers.start(local_worker)
+            control_address = (
+                [] if control is None else [await workers.start(serve_control, ring, control)]
+            )
             async with trio.open_nursery() as web:
                 binds = await web.start(
                     partial(
                         serve_ingress, ring, config, model_name=engine.model_name, shutdown=shutdown
                     )
                 )
-                task_status.started(binds)
+                task_status.started([*binds, *control_address])
             # hypercorn returns once in-flight responses drained (or graceful_timeout passed).
             workers.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
 
 
-async def serve_until_signalled(engine_config: EngineConfig, config: ServeConfig) -> None:
-    """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once."""
+async def serve_until_signalled(
+    engine_config: EngineConfig, config: ServeConfig, control: ControlConfig | None = None
+) -> None:
+    """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once.
+
+    Error handling: :class:`EngineFailedError` as ``serve`` raises it (the command exits
+    non-zero)."""
     shutdown = trio.Event()
+    failure: EngineFailedError | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -71,5 +98,10 @@ async def serve_until_signalled(engine_config: EngineConfig, config: ServeConfig
                     shutdown.set()
 
             nursery.start_soon(watch)
-            await serve(engine_config, config, shutdown=shutdown)
+            try:
+                await serve(engine_config, config, shutdown=shutdown, control=control)
+            except EngineFailedError as exc:
+                failure = exc
             nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

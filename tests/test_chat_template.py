@@ -48,7 +48,7 @@ def template(source: str | None = QWEN_STYLE) -> ChatTemplate:
         architecture="qwen35",
         bos_token="",
         eos_token="<|im_end|>",
-        render_builtin=lambda name, pairs: f"{name}:{pairs}",
+        render_builtin=lambda name, pairs, add_assistant: f"{name}:{pairs}",
     )
 
 
@@ -84,13 +84,39 @@ def test_a_template_error_is_a_request_error() -> None:
         template(refusing).render([ChatMessage("user", "{}")], think=None)
 
 
+def builtin_name(name: str, pairs: object, add_assistant: bool) -> str:
+    return name
+
+
 def test_no_template_uses_llama_cpp_builtin_for_the_architecture() -> None:
     gemma = ChatTemplate(
-        None, architecture="gemma3", bos_token="", eos_token="", render_builtin=lambda n, p: n
+        None,
+        architecture="gemma3",
+        bos_token="",
+        eos_token="",
+        render_builtin=lambda n, p, add_assistant: n,
     )
     assert gemma.source == "built-in gemma"
     assert gemma.render([ChatMessage("user", "Hi")], think=None).text == "gemma"
     other = ChatTemplate(
-        None, architecture="qwen35", bos_token="", eos_token="", render_builtin=lambda n, p: n
+        None,
+        architecture="qwen35",
+        bos_token="",
+        eos_token="",
+        render_builtin=lambda n, p, add_assistant: n,
     )
     assert other.source == "built-in chatml"
+
+
+@pytest.mark.parametrize("think", [None, False, True])
+def test_think_tags_in_the_messages_are_text(think: bool | None) -> None:
+    """Only the generation prompt decides whether the answer starts inside a think block."""
+    messages = [
+        ChatMessage("user", "What does <think> do?"),
+        ChatMessage("assistant", "It opens reasoning: <think>"),
+        ChatMessage("user", "And then? <think>"),
+    ]
+    rendered = template().render(messages, think=think)
+    assert rendered.opens_think is (think is not False)
+    unclosed = template().render([ChatMessage("user", "</think> then <think>")], think=False)
+    assert not unclosed.opens_think

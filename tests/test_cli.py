@@ -93,3 +93,11 @@ def test_ctrl_c_stops_generate_cleanly(gemma_path: Path) -> None:
     assert process.returncode == 130
     assert "interrupted" in stderr
     assert "Traceback" not in stderr
+
+
+def test_python_dash_m_llmtrio_is_the_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "llmtrio", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "generate" in result.stdout and "serve" in result.stdout and "worker" in result.stdout

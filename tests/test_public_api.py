@@ -51,6 +51,21 @@ def test_the_web_room_is_a_pure_ingress() -> None:
     assert out.strip() == "[]"
 
 
+def test_an_ingress_without_a_local_worker_loads_no_llama_cpp() -> None:
+    """``llmtrio serve --no-local-worker`` imports the CLI and the ingress's composition root;
+    neither loads llama.cpp (or the engine or the worker)."""
+    code = (
+        "import sys, llmtrio._cli, llmtrio._ingress; "
+        "llmtrio._cli._parser().parse_args(['serve', '--no-local-worker']); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp' "
+        "or m.startswith(('llmtrio.engine', 'llmtrio.worker'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
 ROOMS = ("engine", "ring", "worker", "web")
 
 

@@ -12,6 +12,7 @@ import trio.testing
 import llmtrio.ring
 from llmtrio.ring import (
     Claimed,
+    ParkTimeoutError,
     ProtocolError,
     RequestHead,
     ResponseHead,
@@ -22,9 +23,15 @@ from llmtrio.ring import (
     StreamState,
     WorkerFailedError,
     WorkerLink,
+    _control,
+    _core,
     _errors,
-    _protocol,
+    _framing,
+    _link,
+    _messages,
+    _remote,
     _ring,
+    _tls,
 )
 
 HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
@@ -74,7 +81,7 @@ async def serve(
 
 def test_every_public_name_is_exported_once() -> None:
     exported = {name for name in vars(llmtrio.ring) if not name.startswith("_")}
-    modules = (_errors, _protocol, _ring)
+    modules = (_control, _core, _errors, _framing, _link, _messages, _remote, _ring, _tls)
     defined = [name for module in modules for name in module.__all__]
     assert len(defined) == len(set(defined))
     assert exported == set(defined)
@@ -542,3 +549,39 @@ async def test_stats_follow_streams_and_workers() -> None:
         assert ring.stats().serving == 0
         streams[2].cancel()
         assert_idle(ring)
+
+
+async def test_a_stream_no_worker_claims_times_out_and_is_cancelled(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    ring = Ring(max_streams=4, park_timeout=5.0, retry_after=2.0)
+    stream = ring.park(HEAD)
+    start = trio.current_time()
+    with pytest.raises(ParkTimeoutError) as info:
+        await stream.response_head()
+    assert trio.current_time() - start == pytest.approx(5.0)
+    assert (info.value.park_timeout, info.value.retry_after) == (5.0, 2.0)
+    assert stream.state is StreamState.CANCELLED
+    assert_idle(ring)
+
+
+async def test_the_park_timeout_counts_only_while_parked(autojump_clock: trio.abc.Clock) -> None:
+    """A claimed stream may take longer than the park timeout to answer (a long prefill); a
+    stream requeued by a dying worker gets a new park timeout."""
+    ring = Ring(max_streams=4, park_timeout=5.0)
+    stream = ring.park(HEAD, b"x")
+
+    async def slow_then_die(task_status: trio.TaskStatus[None]) -> None:
+        async with ring.attach("dies", 1) as link:
+            task_status.started()
+            await link.claim()
+            await trio.sleep(20)  # longer than the park timeout, holding the stream
+        # leaving the block detaches the worker: the stream is parked again
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(slow_then_die)
+        start = trio.current_time()
+        with pytest.raises(ParkTimeoutError):
+            await stream.response_head()
+        assert trio.current_time() - start == pytest.approx(25.0)
+    assert_idle(ring)

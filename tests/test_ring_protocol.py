@@ -9,18 +9,22 @@ import json
 import struct
 
 import pytest
+import trio
 
 from llmtrio.ring import (
     MAX_FRAME_SIZE,
+    TRANSITIONS,
     Assign,
     Attach,
     Cancel,
     Claim,
+    Credit,
     Detach,
     FrameDecoder,
     Heartbeat,
     Message,
     ProtocolError,
+    Release,
     RequestHead,
     ResponseData,
     ResponseEnd,
@@ -31,7 +35,10 @@ from llmtrio.ring import (
     StreamState,
     ToClient,
     ToWorker,
+    Withdraw,
+    Withdrawn,
     encode,
+    encode_available,
 )
 
 HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
@@ -39,11 +46,17 @@ HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "applicatio
 EVERY_MESSAGE: list[Message] = [
     Attach("worker-1", 8),
     Attach("wörker ☃", 1),
+    Attach("w", 2, models=("gemma", "qwen"), version=7),
     Heartbeat(inflight=3, max_inflight=8, available_slots=5),
     Heartbeat(0, 0, 0),
     Heartbeat(inflight=8, max_inflight=8, available_slots=0, decoding=6),
     Claim(1),
     Claim(7),
+    Withdraw(3),
+    Withdrawn(0),
+    Release(4),
+    Credit(4, 16),
+    Assign(1, HEAD, b"x", credits=16),
     Assign(1, HEAD, b'{"messages": []}'),
     Assign(2**40, RequestHead("GET", "/health"), b""),
     Assign(3, RequestHead("POST", "/ü", {"x-a": "1", "x-b": "\udcff"}), bytes(range(256)) * 300),
@@ -143,10 +156,20 @@ def test_encode_refuses_a_frame_over_the_bound() -> None:
     assert info.value.offending is message
 
 
+def test_frames_of_unknown_types_are_skipped() -> None:
+    data = frame(99, {"from": "a newer peer"}, b"payload") + encode(Claim(2)) + frame(200, {})
+    assert decode_all(data + encode(Cancel(1))) == [Claim(2), Cancel(1)]
+
+
+def test_a_frame_without_a_version_is_an_attach_of_version_0() -> None:
+    (attach,) = decode_all(frame(1, {"worker_id": "w", "max_inflight": 2}))
+    assert isinstance(attach, Attach)
+    assert (attach.version, attach.models) == (0, ())
+
+
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        (frame(99, {}), "unknown message type 99"),
         (frame(3, None, raw=b"{not json"), "not JSON"),
         (frame(3, None, raw=b"\xff\xfe"), "not JSON"),
         (frame(3, [1, 2]), "not a JSON object"),
@@ -587,3 +610,45 @@ def test_worker_and_ring_talk_through_bytes_only() -> None:
     assert worker_sends(Detach("done")) == []
     assert core.stats().workers == ()
     assert_empty(core)
+
+
+@pytest.mark.parametrize("state", [StreamState.ASSIGNED, StreamState.RESPONDING])
+@pytest.mark.parametrize(
+    "message",
+    [
+        ResponseHead(1, 200),
+        ResponseData(1, b"x"),
+        ResponseEnd(1),
+        ResponseError(1, "e"),
+        Release(1),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_the_core_follows_its_transition_table(state: StreamState, message: Message) -> None:
+    """Every (state, message) pair does what TRANSITIONS says, or is refused changing nothing."""
+    core = RingCore(4)
+    core.attach(Attach("w", 1))
+    core.park(HEAD)
+    core.claim("w", Claim(1))
+    if state is StreamState.RESPONDING:
+        core.respond("w", ResponseHead(1, 200))
+    expected = TRANSITIONS[state].get(type(message))
+    if expected is None:
+        with pytest.raises(ProtocolError):
+            core.receive("w", message)
+        assert core.state(1) is state
+        return
+    core.receive("w", message)
+    if expected in (StreamState.ENDED, StreamState.FAILED):
+        assert core.state(1) is None  # finished and forgotten
+    else:
+        assert core.state(1) is expected
+
+
+def test_encode_available_writes_what_piled_up_as_one_chunk() -> None:
+    send, receive = trio.open_memory_channel[Message](10)
+    for message in (Credit(1, 1), Cancel(2)):
+        send.send_nowait(message)
+    data = encode_available(Claim(3), receive)
+    assert decode_all(data) == [Claim(3), Credit(1, 1), Cancel(2)]
+    assert encode_available(Claim(1), receive) == encode(Claim(1))  # nothing waits any more

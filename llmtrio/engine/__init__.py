@@ -12,6 +12,7 @@ from ._engine import Generation as Generation
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
+from ._errors import EngineFailedError as EngineFailedError
 from ._errors import GrammarError as GrammarError
 from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import ModelLoadError as ModelLoadError
@@ -56,6 +57,7 @@ __all__ = [
     "EngineClosedError",
     "EngineConfig",
     "EngineError",
+    "EngineFailedError",
     "EngineStats",
     "Event",
     "Failed",

@@ -82,28 +82,63 @@ class ChatTemplate:
         think: bool | None,
         tools: Sequence[Tool] = (),
     ) -> RenderedPrompt:
+        """The prompt for ``messages`` (and ``tools``), ending with the template's generation
+        prompt.
+
+        Whether the model starts inside a think block is read from that generation prompt
+        alone (what the template adds for the assistant's turn), never from the messages: a
+        user writing ``<think>`` is text.
+        """
         uses_tools = bool(tools) or any(m.tool_calls or m.role == "tool" for m in messages)
         if uses_tools and not self.renders_tools:
             messages = describe_tools(messages, tools)
+        history = self._render(messages, think=think, tools=tools, add_generation_prompt=False)
+        text = self._render(messages, think=think, tools=tools, add_generation_prompt=True)
+        generation_prompt = text[_common_prefix(history, text) :]
+        opens = generation_prompt.rfind(THINK_OPEN) > generation_prompt.rfind(THINK_CLOSE)
+        return RenderedPrompt(text, opens)
+
+    def _render(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        think: bool | None,
+        tools: Sequence[Tool],
+        add_generation_prompt: bool,
+    ) -> str:
         if self._template is None:
             pairs = [("system" if m.role == "developer" else m.role, m.content) for m in messages]
-            text = str(self._render_builtin(self.builtin_name, pairs))
+            return str(
+                self._render_builtin(self.builtin_name, pairs, add_assistant=add_generation_prompt)
+            )
+        variables: dict[str, Any] = {
+            "messages": [template_message(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self._bos_token,
+            "eos_token": self._eos_token,
+        }
+        if think is not None:
+            variables["enable_thinking"] = think
+        if tools:
+            variables["tools"] = [tool.as_openai() for tool in tools]
+        try:
+            return self._template.render(**variables)
+        except TemplateError as exc:
+            raise InvalidRequestError(
+                f"the model's chat template refused these messages: {exc}", param="messages"
+            ) from exc
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
         else:
-            variables: dict[str, Any] = {
-                "messages": [template_message(m) for m in messages],
-                "add_generation_prompt": True,
-                "bos_token": self._bos_token,
-                "eos_token": self._eos_token,
-            }
-            if think is not None:
-                variables["enable_thinking"] = think
-            if tools:
-                variables["tools"] = [tool.as_openai() for tool in tools]
-            try:
-                text = self._template.render(**variables)
-            except TemplateError as exc:
-                raise InvalidRequestError(
-                    f"the model's chat template refused these messages: {exc}", param="messages"
-                ) from exc
-        opens = text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
-        return RenderedPrompt(text, opens)
+            high = mid
+    return low

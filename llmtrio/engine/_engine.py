@@ -1,9 +1,12 @@
 """The engine: one model, many generations, one ``llama_decode`` per step.
 
-Shape of a step (on the decode thread, started with ``trio.to_thread``):
+Shape of a step (on the decode thread, a ``trio.to_thread.run_sync`` worker):
 
-    inbox (new jobs, cancels) → Scheduler.schedule() → fill Batch → llama_decode → sample
-    → post token ids to Trio (one ``run_sync_soon`` per step for all generations)
+    inbox (new jobs) → cancel flags checked → Scheduler.schedule() → fill Batch
+    → llama_decode → sample → post token ids to Trio (one ``run_sync_soon`` per step for all
+    generations)
+
+Prompts are rendered and tokenized in a worker thread of their own, off the event loop.
 
 Everything text-shaped (pieces, UTF-8, stop strings, think blocks) happens per generation on
 the Trio side, off the decode thread's critical path.
@@ -23,13 +26,13 @@ from contextlib import asynccontextmanager
 import attrs
 import numpy as np
 import numpy.typing as npt
-import outcome
 import trio
 
 from ._chat import ChatTemplate
 from ._errors import (
     DecodeError,
     EngineClosedError,
+    EngineFailedError,
     InvalidRequestError,
     PromptTooLongError,
 )
@@ -82,6 +85,8 @@ class _Job:
     sampler: SlotSampler | None = None
     admitted_at: float = 0.0
     first_token_at: float = 0.0
+    #: Set from the Trio side; the decode loop frees the slot at the next token boundary.
+    cancelled: bool = False
 
 
 @attrs.frozen
@@ -124,6 +129,8 @@ class Generation:
         #: Set once a Done or Failed event was produced; no event follows it.
         self.finished = False
         self.result: Done | Failed | None = None
+        #: Set with ``finished``: the slot is free or being freed; what is left is buffered.
+        self.ended = trio.Event()
 
     def __aiter__(self) -> Generation:
         return self
@@ -138,12 +145,18 @@ class Generation:
         self._scope.cancel()
         self._engine._cancel(self)
 
+    def drain(self) -> list[Event]:
+        """The events produced and not read yet, without waiting."""
+        events: list[Event] = []
+        while True:
+            try:
+                events.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return events
+
     # -- Trio side of the hand-off ---------------------------------------------------
 
     def _apply(self, update: _Update) -> None:
-        if update.released and not self._released:
-            self._released = True
-            self._engine._slot_released()
         if self.finished:
             return
         job = update.job
@@ -157,9 +170,7 @@ class Generation:
                 self._engine._cancel(self)
                 return
         if update.error is not None:
-            self.finished = True
-            self.result = Failed(update.error)
-            self._send.send_nowait(self.result)
+            self._fail(update.error)
         elif update.stop is not None:
             stop = update.stop
             if self._emit(self._utf8.flush()):
@@ -187,6 +198,15 @@ class Generation:
             else:
                 self._send.send_nowait(Token(text, reasoning))
 
+    def _fail(self, error: Exception) -> None:
+        """End with ``Failed(error)`` (unless already ended) and free the slot."""
+        if not self.finished:
+            self.finished = True
+            self.result = Failed(error)
+            self._send.send_nowait(self.result)
+            self.ended.set()
+        self._engine._cancel(self)
+
     def _finish(self, stop: StopReason, job: _Job) -> None:
         now = time.perf_counter()
         admitted = job.admitted_at or now
@@ -203,6 +223,7 @@ class Generation:
             ),
         )
         self._send.send_nowait(self.result)
+        self.ended.set()
 
 
 class Engine:
@@ -225,12 +246,14 @@ class Engine:
         )
         self._think_ids = self._single_tokens((THINK_OPEN, THINK_CLOSE))
         self._pieces: dict[int, bytes] = {}
+        self._max_piece_bytes = max(1, model.max_piece_bytes)
         self._trio_token = trio.lowlevel.current_trio_token()
         self._cond = threading.Condition()
         self._inbox: list[_Job] = []
-        self._cancels: list[_Job] = []
         self._closing = False
         self._closed = False
+        self._failure: EngineFailedError | None = None
+        self._stopped = trio.Event()
         self._next_key = 0
         self._inflight = 0
         self._decoding = 0
@@ -273,29 +296,35 @@ class Engine:
                 config.max_inflight,
                 config.ctx_size,
             )
-            # The decode loop runs on a Trio worker thread (as trio.to_thread does), started
-            # without a nursery so the caller's exceptions leave this block unwrapped.
-            stopped = trio.Event()
-            token = trio.lowlevel.current_trio_token()
-            trio.lowlevel.start_thread_soon(
-                engine._loop,
-                lambda result: token.run_sync_soon(engine._loop_stopped, result, stopped),
-                name="llmtrio decode loop",
-            )
-            try:
-                yield engine
-            finally:
-                engine._close()
-                with trio.CancelScope(shield=True):
-                    await stopped.wait()  # within one decode step
+            # The caller's exception (or cancellation) is held while the nursery closes and
+            # raised after it, so it leaves this block as it was raised, not in a group.
+            error: BaseException | None = None
+            async with trio.open_nursery() as nursery:
+                await nursery.start(engine._run_loop)
+                try:
+                    yield engine
+                except BaseException as exc:
+                    error = exc
+                finally:
+                    engine._close()  # the loop stops within one decode step
+            if error is not None:
+                raise error
         finally:
             model.close()
 
-    def _loop_stopped(self, result: outcome.Outcome[None], stopped: trio.Event) -> None:
-        self._closed = True
-        stopped.set()
-        if isinstance(result, outcome.Error):
-            logger.error("the decode loop failed", exc_info=result.error)
+    async def _run_loop(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Run the decode loop in a ``trio.to_thread.run_sync`` worker until it stops; a
+        loop that dies is recorded (``failure``), not raised: every generation it held has
+        already ended with ``Failed``, and the engine's owner decides what to do."""
+        task_status.started()
+        try:
+            await trio.to_thread.run_sync(self._loop, thread_name="llmtrio decode loop")
+        except Exception as exc:
+            logger.error("the decode loop failed", exc_info=exc)
+            self._failure = EngineFailedError(f"the decode loop failed: {exc!r}")
+        finally:
+            self._closed = True
+            self._stopped.set()
 
     def _close(self) -> None:
         self._closed = True
@@ -304,6 +333,21 @@ class Engine:
             self._cond.notify()
 
     # -- public API ----------------------------------------------------------------------
+
+    @property
+    def failure(self) -> EngineFailedError | None:
+        """Why the decode loop died, once it has; ``None`` while it runs (or closed
+        normally)."""
+        return self._failure
+
+    async def wait_failed(self) -> EngineFailedError:
+        """Return the failure once the decode loop has died; waits forever on an engine
+        that runs or closes normally."""
+        await self._stopped.wait()
+        if self._failure is None:
+            await trio.sleep_forever()
+        assert self._failure is not None
+        return self._failure
 
     def capacity(self) -> Capacity:
         inflight = self._inflight
@@ -345,9 +389,13 @@ class Engine:
         before anything is queued.
         """
         if self._closed:
-            raise EngineClosedError("the engine is closed")
-        prompt, opens_think = self._prompt(request)
-        self._check_grammar(request)
+            raise self._failure or EngineClosedError("the engine is closed")
+        self._check_size(request)
+        # Rendering and tokenizing a long prompt, or compiling a grammar, takes a while: never
+        # on the event loop.
+        prompt, opens_think = await trio.to_thread.run_sync(
+            self._prepare, request, abandon_on_cancel=True
+        )
         generation = Generation(self, len(prompt), opens_think, request.stop)
         budget = self.config.ctx_size - len(prompt) + 1
         job = _Job(
@@ -361,7 +409,7 @@ class Engine:
         generation._job = job
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under
-                raise EngineClosedError("the engine is closed")
+                raise self._failure or EngineClosedError("the engine is closed")
             self._inbox.append(job)
             self._cond.notify()
         self._inflight += 1
@@ -374,6 +422,18 @@ class Engine:
                     self._cancel(generation)
 
     # -- Trio-side helpers -------------------------------------------------------------
+
+    def _check_size(self, request: GenerateRequest) -> None:
+        """Refuse, without tokenizing, a prompt whose size alone cannot fit a slot: no token
+        covers more than ``_max_piece_bytes`` bytes of text, so that bounds its count."""
+        if request.messages is not None:
+            size = sum(len(m.content.encode("utf-8", "replace")) for m in request.messages)
+            at_least = -(-size // self._max_piece_bytes)
+        else:
+            assert request.tokens is not None
+            at_least = len(request.tokens)
+        if at_least >= self.config.ctx_size:
+            raise PromptTooLongError(at_least, self.config.ctx_size, at_least=True)
 
     def _prompt(self, request: GenerateRequest) -> tuple[list[int], bool]:
         model = self._model
@@ -406,6 +466,12 @@ class Engine:
                     param="logit_bias",
                 )
         return prompt, opens_think
+
+    def _prepare(self, request: GenerateRequest) -> tuple[list[int], bool]:
+        """The prompt's tokens and whether it opens a think block; the grammar checked."""
+        prompt = self._prompt(request)
+        self._check_grammar(request)
+        return prompt
 
     def _check_grammar(self, request: GenerateRequest) -> None:
         """Raise :class:`GrammarError` now, not on the decode thread, for a bad grammar."""
@@ -451,10 +517,10 @@ class Engine:
 
     def _cancel(self, generation: Generation) -> None:
         job = generation._job
-        if job is None or generation._released:
+        if job is None or generation._released or job.cancelled:
             return
+        job.cancelled = True  # read by the decode loop at the next token boundary
         with self._cond:
-            self._cancels.append(job)
             self._cond.notify()
 
     def _slot_released(self) -> None:
@@ -463,10 +529,15 @@ class Engine:
 
     def _deliver(self, updates: list[_Update]) -> None:
         for update in updates:
+            generation = update.job.generation
+            if update.released and not generation._released:
+                generation._released = True
+                self._slot_released()
             try:
-                update.job.generation._apply(update)
-            except Exception:  # a bug in one generation must not stop the others
+                generation._apply(update)
+            except Exception as exc:  # a fault in one generation ends that one only
                 logger.exception("delivering to a generation failed")
+                generation._fail(exc)
 
     # -- the decode thread -------------------------------------------------------------
 
@@ -493,24 +564,25 @@ class Engine:
                 job.sampler.close()
                 job.sampler = None
 
+        failure: BaseException | None = None
         try:
             while True:
                 with self._cond:
-                    while not (self._closing or self._inbox or self._cancels or jobs):
+                    if not jobs:
+                        self._decoding = 0
+                    while not (self._closing or self._inbox or jobs):
                         self._cond.wait()
                     if self._closing:
                         break
                     new, self._inbox = self._inbox, []
-                    cancels, self._cancels = self._cancels, []
                 started = time.perf_counter()
                 updates: list[_Update] = []
                 for job in new:
                     jobs[job.key] = job
                     scheduler.add(job.key, len(job.prompt))
-                for job in cancels:
-                    if job.key in jobs:
-                        release(job)
-                        updates.append(_Update(job, [], stop=StopReason.CANCELLED, released=True))
+                for job in [job for job in jobs.values() if job.cancelled]:
+                    release(job)
+                    updates.append(_Update(job, [], stop=StopReason.CANCELLED, released=True))
                 if updates:
                     # Freed slots are known now, not after the next decode.
                     self._post(updates)
@@ -544,13 +616,21 @@ class Engine:
                 stats.decode_s += decode_s
                 stats.python_s += step_s - decode_s
                 scheduler.measured(step_s * 1000, decode_only=not plan.prefill)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
-            # Stopping (or, were it to happen, a bug): whatever is in flight fails, nothing hangs.
+            # Stopping (or a fault): whatever is in flight fails, nothing hangs.
             with self._cond:
                 self._closed = True
                 waiting, self._inbox = self._inbox, []
+            error = (
+                EngineClosedError("the engine closed")
+                if failure is None
+                else EngineFailedError(f"the decode loop failed: {failure!r}")
+            )
             closed = [
-                _Update(job, [], error=EngineClosedError("the engine closed"), released=True)
+                _Update(job, [], error=error, released=True)
                 for job in list(jobs.values()) + waiting
             ]
             for job in list(jobs.values()):

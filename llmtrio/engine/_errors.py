@@ -8,6 +8,7 @@ EngineError
 │       └── GrammarError    a grammar llama.cpp cannot parse
 ├── DecodeError             llama_decode failed for this request (carried by ``Failed``)
 └── EngineClosedError       the engine closed before or while the request ran
+    └── EngineFailedError   the decode loop died: no request runs on this engine again
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ __all__ = [
     "DecodeError",
     "EngineClosedError",
     "EngineError",
+    "EngineFailedError",
     "GrammarError",
     "InvalidRequestError",
     "ModelLoadError",
@@ -43,15 +45,17 @@ class RequestError(EngineError):
 class PromptTooLongError(RequestError):
     """The prompt needs more tokens than one slot's context holds."""
 
-    def __init__(self, prompt_tokens: int, ctx_size: int) -> None:
+    def __init__(self, prompt_tokens: int, ctx_size: int, *, at_least: bool = False) -> None:
         super().__init__(
-            f"the prompt is {prompt_tokens} tokens, but a slot's context holds {ctx_size} "
-            "(at least one token must be left to generate); shorten the prompt or raise "
-            "--ctx-size",
+            f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens, but a "
+            f"slot's context holds {ctx_size} (at least one token must be left to generate); "
+            "shorten the prompt or raise --ctx-size",
             param="messages",
         )
         self.prompt_tokens = prompt_tokens
         self.ctx_size = ctx_size
+        #: ``prompt_tokens`` is a lower bound, found without tokenizing the whole prompt.
+        self.at_least = at_least
 
 
 class InvalidRequestError(RequestError):
@@ -71,3 +75,8 @@ class DecodeError(EngineError):
 
 class EngineClosedError(EngineError):
     """The engine was closed; no request runs on it any more."""
+
+
+class EngineFailedError(EngineClosedError):
+    """The decode loop died (a fault in llama.cpp or a bug); the engine serves nothing more
+    and its owner should stop (``llmtrio serve`` exits non-zero)."""

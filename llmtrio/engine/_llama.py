@@ -97,6 +97,11 @@ class LlamaModel:
         self.chat_template: str | None = template.decode("utf-8", "replace") if template else None
         self._piece_buf = ctypes.create_string_buffer(256)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
+        #: The most bytes of text one token stands for (special tokens included): a prompt
+        #: of N bytes has at least N / max_piece_bytes tokens.
+        self.max_piece_bytes = max(
+            (len(self.special_piece(token)) for token in range(self.n_vocab)), default=1
+        )
 
     def _init_context(self, *, slots: int, ctx_size: int, threads: int, n_batch: int) -> None:
         cparams = llama_cpp.llama_context_default_params()
@@ -170,8 +175,11 @@ class LlamaModel:
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
-    def apply_builtin_template(self, name: str, messages: list[tuple[str, str]]) -> str:
-        """Render ``messages`` with llama.cpp's built-in template ``name`` (e.g. "gemma")."""
+    def apply_builtin_template(
+        self, name: str, messages: list[tuple[str, str]], *, add_assistant: bool = True
+    ) -> str:
+        """Render ``messages`` with llama.cpp's built-in template ``name`` (e.g. "gemma"),
+        with the assistant's turn opened at the end when ``add_assistant``."""
         keep = [(role.encode(), content.encode()) for role, content in messages]
         chat = (llama_cpp.llama_chat_message * len(keep))()
         for i, (role, content) in enumerate(keep):
@@ -179,10 +187,14 @@ class LlamaModel:
             chat[i].content = content
         size = 256 + 2 * sum(len(c) for _, c in keep)
         buf = ctypes.create_string_buffer(size)
-        n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(keep), True, buf, size)
+        n = llama_cpp.llama_chat_apply_template(
+            name.encode(), chat, len(keep), add_assistant, buf, size
+        )
         if n > size:
             buf = ctypes.create_string_buffer(n)
-            n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(keep), True, buf, n)
+            n = llama_cpp.llama_chat_apply_template(
+                name.encode(), chat, len(keep), add_assistant, buf, n
+            )
         if n < 0:
             raise ValueError(f"llama.cpp has no built-in chat template {name!r}")
         return buf.raw[:n].decode("utf-8", "replace")

@@ -1,58 +1,88 @@
 """The upload-response ring: requests park as streams, workers claim them and respond.
 
 The ring knows nothing of llama.cpp, OpenAI or HTTP servers. ``Ring`` is the in-process
-ring; ``RingCore`` and the messages with ``encode``/``FrameDecoder`` are its sans-IO core and
-wire protocol, shared with any transport for remote workers.
+ring; ``RingCore`` (the state machine), the messages, and ``encode``/``FrameDecoder`` (the
+framing) are its sans-IO core and wire protocol. ``serve_control`` is the ingress's mutual-TLS
+listener for remote workers, ``connect_ring`` the worker's end of it; ``RingLink`` is what a
+worker needs from either kind of attachment.
 """
 
+from ._control import ControlConfig as ControlConfig
+from ._control import serve_control as serve_control
+from ._core import TRANSITIONS as TRANSITIONS
+from ._core import Effect as Effect
+from ._core import RingCore as RingCore
+from ._core import RingStats as RingStats
+from ._core import StreamState as StreamState
+from ._core import ToClient as ToClient
+from ._core import ToWorker as ToWorker
+from ._core import WorkerStats as WorkerStats
+from ._errors import ControlRefusedError as ControlRefusedError
+from ._errors import ParkTimeoutError as ParkTimeoutError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RingError as RingError
 from ._errors import RingFullError as RingFullError
 from ._errors import StreamCancelledError as StreamCancelledError
 from ._errors import WorkerFailedError as WorkerFailedError
-from ._protocol import MAX_FRAME_SIZE as MAX_FRAME_SIZE
-from ._protocol import Assign as Assign
-from ._protocol import Attach as Attach
-from ._protocol import Cancel as Cancel
-from ._protocol import Claim as Claim
-from ._protocol import Detach as Detach
-from ._protocol import Effect as Effect
-from ._protocol import FrameDecoder as FrameDecoder
-from ._protocol import Headers as Headers
-from ._protocol import Heartbeat as Heartbeat
-from ._protocol import Message as Message
-from ._protocol import RequestHead as RequestHead
-from ._protocol import ResponseData as ResponseData
-from ._protocol import ResponseEnd as ResponseEnd
-from ._protocol import ResponseError as ResponseError
-from ._protocol import ResponseHead as ResponseHead
-from ._protocol import ResponseMessage as ResponseMessage
-from ._protocol import RingCore as RingCore
-from ._protocol import RingStats as RingStats
-from ._protocol import StreamState as StreamState
-from ._protocol import ToClient as ToClient
-from ._protocol import ToWorker as ToWorker
-from ._protocol import WorkerStats as WorkerStats
-from ._protocol import encode as encode
+from ._framing import MAX_FRAME_SIZE as MAX_FRAME_SIZE
+from ._framing import FrameDecoder as FrameDecoder
+from ._framing import encode as encode
+from ._framing import encode_available as encode_available
+from ._link import ClaimedStream as ClaimedStream
+from ._link import RingLink as RingLink
+from ._messages import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._messages import Assign as Assign
+from ._messages import Attach as Attach
+from ._messages import Cancel as Cancel
+from ._messages import Claim as Claim
+from ._messages import Credit as Credit
+from ._messages import Detach as Detach
+from ._messages import Headers as Headers
+from ._messages import Heartbeat as Heartbeat
+from ._messages import Message as Message
+from ._messages import Release as Release
+from ._messages import RequestHead as RequestHead
+from ._messages import ResponseData as ResponseData
+from ._messages import ResponseEnd as ResponseEnd
+from ._messages import ResponseError as ResponseError
+from ._messages import ResponseHead as ResponseHead
+from ._messages import ResponseMessage as ResponseMessage
+from ._messages import Withdraw as Withdraw
+from ._messages import Withdrawn as Withdrawn
+from ._remote import RemoteClaimed as RemoteClaimed
+from ._remote import RemoteLink as RemoteLink
+from ._remote import connect_ring as connect_ring
 from ._ring import Claimed as Claimed
 from ._ring import Ring as Ring
 from ._ring import RingStream as RingStream
 from ._ring import WorkerLink as WorkerLink
+from ._tls import client_ssl_context as client_ssl_context
+from ._tls import server_ssl_context as server_ssl_context
 
 __all__ = [
     "MAX_FRAME_SIZE",
+    "PROTOCOL_VERSION",
+    "TRANSITIONS",
     "Assign",
     "Attach",
     "Cancel",
     "Claim",
     "Claimed",
+    "ClaimedStream",
+    "ControlConfig",
+    "ControlRefusedError",
+    "Credit",
     "Detach",
     "Effect",
     "FrameDecoder",
     "Headers",
     "Heartbeat",
     "Message",
+    "ParkTimeoutError",
     "ProtocolError",
+    "Release",
+    "RemoteClaimed",
+    "RemoteLink",
     "RequestHead",
     "ResponseData",
     "ResponseEnd",
@@ -63,14 +93,22 @@ __all__ = [
     "RingCore",
     "RingError",
     "RingFullError",
+    "RingLink",
     "RingStats",
     "RingStream",
     "StreamCancelledError",
     "StreamState",
     "ToClient",
     "ToWorker",
+    "Withdraw",
+    "Withdrawn",
     "WorkerFailedError",
     "WorkerLink",
     "WorkerStats",
+    "client_ssl_context",
+    "connect_ring",
     "encode",
+    "encode_available",
+    "serve_control",
+    "server_ssl_context",
 ]

@@ -2,9 +2,11 @@
 
 RingError
 ├── RingFullError           max_streams streams are open; ``retry_after`` says when to try again
+├── ParkTimeoutError        no worker claimed the stream within ``park_timeout`` (it is cancelled)
 ├── StreamCancelledError    the client went away (raised to the worker writing to its stream)
 ├── WorkerFailedError       the worker failed or detached before finishing (raised to the client)
-└── ProtocolError           an illegal transition or a malformed frame; ``offending`` holds it
+├── ProtocolError           an illegal transition or a malformed frame; ``offending`` holds it
+└── ControlRefusedError     a control connection refused (TLS, version, handshake), with why
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._protocol import Message
+    from ._messages import Message
 
 __all__ = [
+    "ControlRefusedError",
+    "ParkTimeoutError",
     "ProtocolError",
     "RingError",
     "RingFullError",
@@ -40,6 +44,17 @@ class RingFullError(RingError):
         )
         self.retry_after = retry_after
         self.max_streams = max_streams
+
+
+class ParkTimeoutError(RingError):
+    """No worker claimed the stream within the ring's ``park_timeout`` seconds; the stream
+    has been cancelled. ``retry_after`` as in ``RingFullError`` (an HTTP ingress answers 503
+    with ``Retry-After``)."""
+
+    def __init__(self, park_timeout: float, retry_after: float) -> None:
+        super().__init__(f"no worker took the request within {park_timeout:g}s")
+        self.park_timeout = park_timeout
+        self.retry_after = retry_after
 
 
 class StreamCancelledError(RingError):
@@ -69,3 +84,9 @@ class ProtocolError(RingError):
     def __init__(self, reason: str, offending: Message | bytes | None = None) -> None:
         super().__init__(reason)
         self.offending = offending
+
+
+class ControlRefusedError(RingError):
+    """A control connection between a worker and an ingress could not be opened or was
+    refused: TLS (no certificate, another CA), the WebSocket handshake, or the protocol
+    version. The message says why (e.g. ``tlsv13 alert certificate required``)."""

@@ -19,13 +19,13 @@ from typing import Never, Self
 import attrs
 import trio
 
-from ._errors import ProtocolError, StreamCancelledError, WorkerFailedError
-from ._protocol import (
+from ._core import Effect, RingCore, RingStats, StreamState, ToClient, ToWorker
+from ._errors import ParkTimeoutError, ProtocolError, StreamCancelledError, WorkerFailedError
+from ._messages import (
     Assign,
     Attach,
     Cancel,
     Claim,
-    Effect,
     Heartbeat,
     RequestHead,
     ResponseData,
@@ -33,11 +33,6 @@ from ._protocol import (
     ResponseError,
     ResponseHead,
     ResponseMessage,
-    RingCore,
-    RingStats,
-    StreamState,
-    ToClient,
-    ToWorker,
 )
 
 __all__ = ["Claimed", "Ring", "RingStream", "WorkerLink"]
@@ -60,7 +55,14 @@ class Ring:
     retry_after: float = attrs.field(default=1.0, on_setattr=attrs.setters.frozen)
     response_buffer: int = attrs.field(default=16, kw_only=True, on_setattr=attrs.setters.frozen)
     max_assignments: int = attrs.field(default=3, kw_only=True, on_setattr=attrs.setters.frozen)
+    park_timeout: float | None = attrs.field(
+        default=None, kw_only=True, on_setattr=attrs.setters.frozen
+    )
+    """Seconds a stream may stay parked (unclaimed) before ``response_head`` gives up."""
     _core: RingCore = attrs.field(init=False)
+    #: The last worker that detached because it failed, and why (shown by ``/health``).
+    last_detach: tuple[str, str] | None = attrs.field(init=False, default=None)
+    _moved: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
     _streams: dict[int, RingStream] = attrs.field(init=False, factory=dict)
     _links: dict[str, WorkerLink] = attrs.field(init=False, factory=dict)
 
@@ -89,8 +91,11 @@ class Ring:
         return stream
 
     @asynccontextmanager
-    async def attach(self, worker_id: str, max_inflight: int) -> AsyncIterator[WorkerLink]:
-        """Attach a worker that will hold at most ``max_inflight`` streams at once.
+    async def attach(
+        self, worker_id: str, max_inflight: int, *, models: Iterable[str] = ()
+    ) -> AsyncIterator[WorkerLink]:
+        """Attach a worker that will hold at most ``max_inflight`` streams at once, serving
+        ``models`` (listed by ``stats``).
 
         Resource handling: leaving the block detaches the worker, however it is left (an
         exception, a cancellation): streams it held without a response head are requeued
@@ -101,7 +106,7 @@ class Ring:
         Error handling: ``ProtocolError`` if ``worker_id`` is already attached.
         """
         await trio.lowlevel.checkpoint()
-        self._core.attach(Attach(worker_id, max_inflight))
+        self._core.attach(Attach(worker_id, max_inflight, models=models))
         link = WorkerLink(self, worker_id, max_inflight)
         self._links[worker_id] = link
         reason = "the worker left"
@@ -111,7 +116,8 @@ class Ring:
             reason = "the worker was cancelled"
             raise
         except Exception as exc:
-            reason = f"the worker failed: {exc!r}"
+            reason = f"the worker failed: {exc}"
+            self.last_detach = (worker_id, str(exc))
             raise
         finally:
             link._detach(reason)
@@ -123,7 +129,9 @@ class Ring:
     # -- routing the core's effects ------------------------------------------------------------
 
     def _route(self, effects: Iterable[Effect]) -> None:
-        """Deliver effects that need no waiting: everything but body chunks."""
+        """Deliver effects that need no waiting: everything but body chunks. Called after
+        every change of the core, so it also wakes the streams watching their park time."""
+        self._moved.unpark_all()
         for effect in effects:
             match effect:
                 case ToWorker(worker_id=worker_id, message=message):
@@ -145,6 +153,15 @@ class Ring:
             else:
                 self._route((effect,))
 
+    def _deliver_final(self, effects: Iterable[Effect]) -> None:
+        """Deliver effects without waiting: body chunks go past the client's buffer bound
+        (the last chunks of a response whose producer is done)."""
+        for effect in effects:
+            if isinstance(effect, ToClient) and isinstance(effect.message, ResponseData):
+                self._streams[effect.stream_id]._tail.append(effect.message.data)
+            else:
+                self._route((effect,))
+
 
 @attrs.define(eq=False)
 class RingStream:
@@ -162,6 +179,8 @@ class RingStream:
     _head: ResponseHead | None = attrs.field(init=False, default=None)
     _outcome: StreamState | None = attrs.field(init=False, default=None)
     _error: str = attrs.field(init=False, default="")
+    # Chunks written by Claimed.end past the buffer bound; read after the buffered ones.
+    _tail: list[bytes] = attrs.field(init=False, factory=list)
     _settled: trio.Event = attrs.field(init=False, factory=trio.Event)  # head in, or finished
 
     @property
@@ -177,8 +196,13 @@ class RingStream:
         """Wait for the response head (status and headers); returns it again on later calls.
 
         Error handling: ``WorkerFailedError`` if the worker failed or detached before sending
-        it; ``StreamCancelledError`` if this stream was cancelled first.
+        it; ``StreamCancelledError`` if this stream was cancelled first; ``ParkTimeoutError``
+        (the stream is cancelled) if it stayed parked for the ring's ``park_timeout`` seconds
+        at a time (each requeue starts a new wait).
         """
+        timeout = self._ring.park_timeout
+        if timeout is not None:
+            await self._watch_park(timeout)
         await self._settled.wait()
         if self._head is not None:
             return self._head
@@ -203,6 +227,7 @@ class RingStream:
         failed, beyond dropping what was not read.
         """
         self._receive.close()
+        self._tail.clear()
         if self._outcome is not None:
             return
         self._outcome = StreamState.CANCELLED
@@ -220,6 +245,22 @@ class RingStream:
         traceback: TracebackType | None,
     ) -> None:
         self.cancel()
+
+    async def _watch_park(self, limit_s: float) -> None:
+        parked_at = trio.current_time()
+        while not self._settled.is_set():
+            if self._is_parked():
+                with trio.move_on_at(parked_at + limit_s):
+                    await self._ring._moved.park()
+                    continue
+                self.cancel()
+                raise ParkTimeoutError(limit_s, self._ring.retry_after)
+            await self._ring._moved.park()
+            if self._is_parked():  # requeued: its worker went away
+                parked_at = trio.current_time()
+
+    def _is_parked(self) -> bool:
+        return self.state is StreamState.PARKED
 
     # -- called by the ring ----------------------------------------------------------------------
 
@@ -265,6 +306,8 @@ class _ResponseBody:
         try:
             return await stream._receive.receive()
         except trio.EndOfChannel:
+            if stream._tail:
+                return stream._tail.pop(0)
             if stream._outcome is StreamState.ENDED:
                 raise StopAsyncIteration from None
             stream._raise_outcome()
@@ -294,7 +337,9 @@ class WorkerLink:
     ) -> None:
         """Report the engine's capacity (shown by ``Ring.stats``)."""
         self._ring._core.heartbeat(
-            self.worker_id, Heartbeat(inflight, max_inflight, available_slots, decoding)
+            self.worker_id,
+            Heartbeat(inflight, max_inflight, available_slots, decoding),
+            at=trio.current_time(),
         )
 
     async def claim(self) -> Claimed:
@@ -419,13 +464,23 @@ class Claimed:
         finally:
             self._sending = False
 
-    async def end(self) -> None:
+    async def end(self, last: bytes = b"") -> None:
         """The response is complete; the client's body iteration stops after the last chunk.
+
+        ``last``, when given, is a final body chunk delivered without waiting for room in the
+        client's buffer: a worker whose work is done hands over what is left and frees its
+        slot at once, however slowly its client reads.
 
         Ending a cancelled stream acknowledges the cancellation and raises nothing.
         Error handling: ``ProtocolError`` before the head or if the stream is finished.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
+        if last and not self.cancelled.is_set():
+            self._check_open()
+            ring = self._link._ring
+            ring._deliver_final(
+                ring._core.respond(self._link.worker_id, ResponseData(self.stream_id, last))
+            )
         self._finish(ResponseEnd(self.stream_id))
         await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -436,6 +491,23 @@ class Claimed:
         """
         if not self._finished:
             self._finish(ResponseError(self.stream_id, message))
+
+    def release(self) -> None:
+        """Give the stream back without responding: it is parked again at the front (this
+        does not count as an assignment); on a cancelled stream, acknowledges the cancel.
+
+        Never blocks. Error handling: ``ProtocolError`` once a head was sent or the stream
+        is finished.
+        """
+        if self._finished:
+            raise ProtocolError(
+                f"stream {self.stream_id} is already finished, or its worker detached"
+            )
+        ring = self._link._ring
+        effects = ring._core.release(self._link.worker_id, self.stream_id)
+        self._finished = True
+        del self._link._claimed[self.stream_id]
+        ring._route(effects)
 
     def __enter__(self) -> Self:
         return self
@@ -450,7 +522,7 @@ class Claimed:
             self.fail("the worker finished without ending the response")
         elif isinstance(exc_value, trio.Cancelled):
             self.fail("the worker was cancelled")
-        else:
+        else:  # for the ingress's log: it tells its client no internals
             self.fail(f"the worker failed: {exc_value!r}")
 
     def _check_open(self) -> None:

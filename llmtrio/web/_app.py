@@ -1,17 +1,31 @@
-"""The Quart-Trio app: the OpenAI-compatible ingress in front of a ring.
+"""The ingress app: the OpenAI-compatible API in front of a ring, and the chat page.
 
-It parks each chat-completion request on the ring and relays the response lane; it knows
-nothing of the engine. Health and model information come from what the workers report.
+It parks each completion request on the ring and relays the response lane; it knows nothing
+of the engine. Health and model information come from what the workers report.
+
+Two layers, one ASGI app:
+
+- :class:`Ingress`, at the ASGI level, owns every request's whole life: the origin and host
+  checks, and the ring's routes (``POST /v1/chat/completions``, ``POST /v1/completions``).
+  A ring request's stream is cancelled by the request's own scope, whenever and however it
+  ends (the client hanging up before the response head, between head and first chunk,
+  mid-stream, during the last flush), never by a body generator that may not start.
+- a Quart-Trio app for the rest: ``/``, ``/health``, ``/v1/models`` and the 404/405s.
+
+Faults stay in their request: anything unexpected while serving one becomes that request's
+500 in OpenAI's shape (no internals in it) and a logged traceback with its request id.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+import secrets
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -20,19 +34,37 @@ from .._openai_errors import (
     DEFAULT_MAX_BODY_BYTES,
     OpenAIError,
     method_not_allowed,
+    no_worker,
     not_found,
     request_too_large,
     ring_full,
     server_error,
+    worker_failed,
 )
-from ..ring import RequestHead, Ring, RingFullError, RingStream, WorkerFailedError
+from ..ring import (
+    ParkTimeoutError,
+    RequestHead,
+    Ring,
+    RingFullError,
+    RingStream,
+    WorkerFailedError,
+    WorkerStats,
+)
+from ._guard import OriginPolicy, header_map
 
-__all__ = ["create_app"]
+__all__ = ["RING_PATHS", "Ingress", "create_app"]
 
 logger = logging.getLogger("llmtrio.web")
 
+#: The paths served by the workers, through the ring (POST only).
+RING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 # Request headers a worker may care about; the rest stay at the ingress.
 _FORWARDED = frozenset({"content-type", "accept", "user-agent"})
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -51,12 +83,15 @@ def _error(error: OpenAIError) -> Response:
 
 
 def create_app(
-    ring: Ring, *, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-) -> QuartTrio:
-    """The app serving ``/v1/chat/completions``, ``/health``, ``/v1/models`` and ``/``."""
+    ring: Ring,
+    *,
+    model_name: str,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    policy: OriginPolicy | None = None,
+) -> Ingress:
+    """The ASGI app serving the ring's routes, ``/health``, ``/v1/models`` and ``/``."""
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
-    app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as their generation
     app.config["BODY_TIMEOUT"] = 60
     page = resources.files("llmtrio.web").joinpath("static/index.html").read_bytes()
 
@@ -67,6 +102,7 @@ def create_app(
     @app.get("/health")
     async def health() -> Response:
         stats = ring.stats()
+        now = trio.current_time()
         beats = [w.capacity for w in stats.workers if w.capacity is not None]
         capacity = {
             "inflight": sum(b.inflight for b in beats),
@@ -74,86 +110,270 @@ def create_app(
             "max_inflight": sum(b.max_inflight for b in beats),
             "available_slots": sum(b.available_slots for b in beats),
         }
-        return _json(
-            {
-                "status": "ok" if stats.workers else "no_workers",
-                "model": model_name,
-                "capacity": capacity,
-                "ring": {
-                    "parked": stats.parked,
-                    "serving": stats.assigned + stats.responding,
-                    "max_streams": stats.max_streams,
-                    "workers": len(stats.workers),
-                },
-            }
-        )
+        body: dict[str, Any] = {
+            "status": "ok" if stats.workers else "no_workers",
+            "model": model_name or next(iter(_models(ring)), ""),
+            "capacity": capacity,
+            "ring": {
+                "parked": stats.parked,
+                "serving": stats.assigned + stats.responding,
+                "max_streams": stats.max_streams,
+                "workers": len(stats.workers),
+            },
+            "workers": [_worker_health(w, now) for w in stats.workers],
+        }
+        if not stats.workers and ring.last_detach is not None:
+            worker, reason = ring.last_detach
+            body["reason"] = f"worker {worker!r} detached: {reason}"
+        # No worker, no service: a load balancer should send requests elsewhere.
+        return _json(body, status=200 if stats.workers else 503)
 
     @app.get("/v1/models")
     async def models() -> Response:
+        names = _models(ring) or ([model_name] if model_name else [])
         return _json(
             {
                 "object": "list",
                 "data": [
-                    {"id": model_name, "object": "model", "created": 0, "owned_by": "llmtrio"}
+                    {"id": name, "object": "model", "created": 0, "owned_by": "llmtrio"}
+                    for name in names
                 ],
             }
         )
 
-    @app.route("/v1/chat/completions", methods=["POST"])
-    @app.route("/v1/completions", methods=["POST"])
-    async def chat_completions() -> Response:
-        body = await request.get_data(cache=False)
-        assert isinstance(body, bytes)
-        head = RequestHead(
-            "POST",
-            request.path,
-            [(k.lower(), v) for k, v in request.headers.items() if k.lower() in _FORWARDED],
-        )
-        try:
-            stream = ring.park(head, body)
-        except RingFullError as exc:
-            return _error(ring_full(max(1, round(exc.retry_after))))
-        try:
-            response_head = await stream.response_head()
-            headers = dict(response_head.headers)
-            if not headers.get("content-type", "").startswith("text/event-stream"):
-                chunks = [chunk async for chunk in stream.body()]
-                return Response(b"".join(chunks), status=response_head.status, headers=headers)
-        except WorkerFailedError as exc:
-            stream.cancel()
-            logger.warning("worker failed before responding: %s", exc)
-            return _error(server_error(f"the worker failed: {exc}"))
-        except BaseException:
-            stream.cancel()
-            raise
-        response = Response(_relay(stream), status=response_head.status, headers=headers)
-        response.timeout = None
-        return response
-
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
         code = exc.code or 500
+        if request.path in RING_PATHS and code in (404, 405):
+            return _error(method_not_allowed(request.method, request.path, ["POST"]))
         if code == 404:
             return _error(not_found(request.method, request.path))
         if code == 405:
-            allowed = ["POST"] if request.path == "/v1/chat/completions" else ["GET"]
-            return _error(method_not_allowed(request.method, request.path, allowed))
+            return _error(method_not_allowed(request.method, request.path, ["GET"]))
         if code == 413:
             return _error(request_too_large(max_body_bytes))
         error = OpenAIError(code, exc.description or exc.name, type="invalid_request_error")
         return _error(error)
 
-    return app
+    return Ingress(app, ring, policy or OriginPolicy(), max_body_bytes)
 
 
-async def _relay(stream: RingStream) -> AsyncIterator[bytes]:
-    """The response lane as an SSE body; the client hanging up cancels the stream (Quart-Trio
-    cancels this generator), which tells the worker to stop."""
-    try:
-        async for chunk in stream.body():
-            yield chunk
-    except WorkerFailedError as exc:
-        logger.warning("worker failed mid-stream: %s", exc)
-        yield server_error(f"the worker failed: {exc}").sse()
-    finally:
-        stream.cancel()
+class Ingress:
+    """The ASGI app in front: checks origin and host, serves the ring's routes itself, and
+    hands every other request to the Quart app."""
+
+    def __init__(
+        self, app: QuartTrio, ring: Ring, policy: OriginPolicy, max_body_bytes: int
+    ) -> None:
+        self.app: Any = app  # called with plain ASGI dicts
+        self._ring = ring
+        self._policy = policy
+        self._max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = header_map(scope["headers"])
+        method = scope["method"]
+        refusal = self._policy.refusal(method, scope.get("scheme", "http"), headers)
+        if refusal is not None:
+            await _send_error(send, refusal)
+            return
+        if OriginPolicy.is_preflight(method, headers):
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 204,
+                    "headers": _encode(self._policy.preflight_headers(headers)),
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        cors = self._policy.cors_headers(headers)
+        if method == "POST" and scope["path"] in RING_PATHS:
+            await _RingRequest(self._ring, scope, headers, cors).serve(
+                receive, send, self._max_body_bytes
+            )
+            return
+        await self.app(scope, receive, _adding_headers(send, cors))
+
+
+def _adding_headers(send: Send, extra: list[tuple[str, str]]) -> Send:
+    if not extra:
+        return send
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *_encode(extra)]}
+        await send(message)
+
+    return wrapped
+
+
+def _encode(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+
+
+async def _send_error(
+    send: Send, error: OpenAIError, extra: list[tuple[str, str]] | None = None
+) -> None:
+    body = error.body()
+    headers = [
+        ("content-type", "application/json"),
+        ("content-length", str(len(body))),
+        *error.headers,
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": error.status, "headers": _encode(headers)})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its request body was read."""
+
+
+class _RingRequest:
+    """One request served through the ring, from its body to its last byte."""
+
+    def __init__(
+        self, ring: Ring, scope: Scope, headers: dict[str, str], cors: list[tuple[str, str]]
+    ) -> None:
+        self._ring = ring
+        self._scope = scope
+        self._headers = headers
+        self.request_id = "req-" + secrets.token_hex(12)
+        self._extra = [("x-request-id", self.request_id), *cors]
+        self._started = False
+
+    async def serve(self, receive: Receive, send: Send, max_body_bytes: int) -> None:
+        """Serve the request; never raises but for cancellation.
+
+        Resource handling: the ring stream is cancelled when this returns, however it
+        returns, unless its response ended; a client that disconnects at any point cancels it
+        at once.
+        """
+        try:
+            await self._serve(receive, send, max_body_bytes)
+        except _ClientGone:
+            logger.debug("request %s: the client left before its body was read", self.request_id)
+        except Exception:
+            logger.exception("request %s failed at the ingress", self.request_id)
+            if not self._started:
+                await _send_error(send, server_error(), self._extra)
+
+    async def _serve(self, receive: Receive, send: Send, max_body_bytes: int) -> None:
+        declared = self._headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            await self._send_error(send, request_too_large(max_body_bytes))
+            return
+        body = await _read_body(receive, max_body_bytes)
+        if body is None:
+            await self._send_error(send, request_too_large(max_body_bytes))
+            return
+        head = RequestHead(
+            "POST",
+            self._scope["path"],
+            [
+                *((k, v) for k, v in self._headers.items() if k in _FORWARDED),
+                ("x-request-id", self.request_id),
+            ],
+        )
+        try:
+            stream = self._ring.park(head, body)
+        except RingFullError as exc:
+            await self._send_error(send, ring_full(max(1, round(exc.retry_after))))
+            return
+        with stream:  # cancels the stream on any way out that did not end it
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_on_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    logger.debug("request %s: the client disconnected", self.request_id)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(cancel_on_disconnect)
+                await self._relay(stream, send)
+                nursery.cancel_scope.cancel()
+
+    async def _relay(self, stream: RingStream, send: Send) -> None:
+        try:
+            head = await stream.response_head()
+            headers = [*head.headers, *self._extra]
+            if not dict(head.headers).get("content-type", "").startswith("text/event-stream"):
+                # One JSON body: whole before the head goes out, so a failure is still a 500.
+                body = b"".join([chunk async for chunk in stream.body()])
+                await self._start(send, head.status, [*headers, ("content-length", str(len(body)))])
+                await send({"type": "http.response.body", "body": body})
+                return
+        except ParkTimeoutError as exc:
+            await self._send_error(
+                send, no_worker(exc.park_timeout, max(1, round(exc.retry_after)))
+            )
+            return
+        except WorkerFailedError as exc:
+            logger.warning("request %s: the worker failed: %s", self.request_id, exc)
+            await self._send_error(send, worker_failed())
+            return
+        await self._start(send, head.status, headers)
+        try:
+            async for chunk in stream.body():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except WorkerFailedError as exc:
+            logger.warning("request %s: the worker failed mid-stream: %s", self.request_id, exc)
+            await send(
+                {"type": "http.response.body", "body": worker_failed().sse(), "more_body": True}
+            )
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _start(self, send: Send, status: int, headers: list[tuple[str, str]]) -> None:
+        self._started = True
+        await send({"type": "http.response.start", "status": status, "headers": _encode(headers)})
+
+    async def _send_error(self, send: Send, error: OpenAIError) -> None:
+        self._started = True
+        await _send_error(send, error, self._extra)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, or ``None`` once it grows past ``limit`` bytes.
+
+    Error handling: :class:`_ClientGone` when the client disconnects first.
+    """
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        body += message.get("body", b"")
+        if len(body) > limit:
+            return None
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def _models(ring: Ring) -> list[str]:
+    """What the attached workers serve, each model once, in attach order."""
+    return list(dict.fromkeys(m for w in ring.stats().workers for m in w.models))
+
+
+def _worker_health(worker: WorkerStats, now: float) -> dict[str, Any]:
+    beat = worker.capacity
+    return {
+        "id": worker.worker_id,
+        "models": list(worker.models),
+        "max_inflight": worker.max_inflight,
+        "held": len(worker.held),
+        "capacity": None
+        if beat is None
+        else {
+            "inflight": beat.inflight,
+            "decoding": beat.decoding,
+            "max_inflight": beat.max_inflight,
+            "available_slots": beat.available_slots,
+        },
+        "last_heartbeat_s_ago": None
+        if worker.last_heartbeat is None
+        else round(now - worker.last_heartbeat, 3),
+    }

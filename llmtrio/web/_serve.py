@@ -1,4 +1,11 @@
-"""The ingress's HTTP server: the app on hypercorn, over TLS or on loopback."""
+"""The ingress's HTTP server: the app on hypercorn, over TLS or on loopback.
+
+Hypercorn's own ``serve`` writes to a client with no time limit (its writes are shielded), so
+a client that stops reading would hold its connection, its request and its stream forever.
+This module runs hypercorn's connection handler over streams whose ``send_all`` gives up
+after ``send_timeout`` seconds without progress: the connection is then closed, the app sees
+the client's disconnect, and the request's stream and generation are cancelled.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +13,21 @@ import ipaddress
 import logging
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr, wrap_app
 
 from .._openai_errors import DEFAULT_MAX_BODY_BYTES
 from ..ring import Ring
 from ._app import create_app
+from ._guard import OriginPolicy
 
 __all__ = ["ServeConfig", "serve_ingress"]
 
@@ -34,15 +47,24 @@ def _is_loopback(host: str) -> bool:
 class ServeConfig:
     """Where and how to listen. Without ``tls_cert``/``tls_key`` only a loopback ``host`` is
     allowed (plain HTTP); ``port=None`` means 8443 with TLS, 8080 without; 0 picks a free one.
-    ``graceful_timeout`` is how long in-flight streams may run on after a shutdown signal."""
+    ``graceful_timeout`` is how long in-flight streams may run on after a shutdown signal.
+    ``send_timeout`` is how long a client may take nothing before it is disconnected.
+    ``allowed_origins`` are the web origins (besides this server's own and loopback ones)
+    whose pages may call the API; ``*`` allows all."""
 
     host: str = "127.0.0.1"
     port: int | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     ring_streams: int = 64
+    park_timeout: float = 30.0
     graceful_timeout: float = 10.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    send_timeout: float = 60.0
+    #: The kernel's send buffer per connection (SO_SNDBUF): what a client that stopped
+    #: reading can still be sent before the send timeout starts to count.
+    send_buffer: int = 64 * 1024
+    allowed_origins: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -52,8 +74,14 @@ class ServeConfig:
                 f"refusing plain HTTP on {self.host}: without --tls-cert/--tls-key llmtrio "
                 "serves on loopback only"
             )
+        if self.park_timeout <= 0:
+            raise ValueError("--park-timeout must be positive")
         if self.ring_streams < 1:
             raise ValueError("--ring-streams must be at least 1")
+        if self.max_body_bytes < 1:
+            raise ValueError("--max-body-bytes must be at least 1")
+        if not self.send_timeout > 0:
+            raise ValueError("--send-timeout must be more than 0")
 
     @property
     def tls(self) -> bool:
@@ -78,9 +106,15 @@ async def serve_ingress(
 
     Resource handling: after ``shutdown``, no new connection is accepted; in-flight
     responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
-    their streams on the ring).
+    their streams on the ring). A client that takes nothing for ``config.send_timeout``
+    seconds is disconnected.
     """
-    app = create_app(ring, model_name=model_name, max_body_bytes=config.max_body_bytes)
+    policy = OriginPolicy(
+        config.allowed_origins, loopback_listener=_is_loopback(config.host), bound_host=config.host
+    )
+    app = create_app(
+        ring, model_name=model_name, max_body_bytes=config.max_body_bytes, policy=policy
+    )
     hypercorn = HypercornConfig()
     hypercorn.bind = [config.bind()]
     hypercorn.graceful_timeout = config.graceful_timeout
@@ -96,7 +130,109 @@ async def serve_ingress(
         )
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
-            partial(hypercorn_serve, app, hypercorn, shutdown_trigger=shutdown.wait)
+            partial(
+                _serve_hypercorn,
+                app,
+                hypercorn,
+                send_timeout=config.send_timeout,
+                send_buffer=config.send_buffer,
+                shutdown=shutdown,
+            )
         )
         logger.info("serving %s on %s", model_name, ", ".join(binds))
         task_status.started(binds)
+
+
+async def _serve_hypercorn(
+    app: Any,
+    config: HypercornConfig,
+    *,
+    send_timeout: float,
+    send_buffer: int,
+    shutdown: trio.Event,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    """Hypercorn's ``worker_serve`` for HTTP/1.1 and HTTP/2 over TCP (with TLS when the
+    config has a certificate), each connection's stream wrapped by :class:`_SendTimeout`
+    and its kernel send buffer capped at ``send_buffer`` bytes (Linux autotunes it up to
+    megabytes, which would hide a client that stops reading for as long)."""
+    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    state: dict[str, Any] = {}
+    lifespan = Lifespan(asgi, config, state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as connections:
+            sockets = config.create_sockets()
+            ssl_context = config.create_ssl_context()
+            listeners: list[trio.abc.Listener[Any]] = []
+            binds = []
+            for sock in (*sockets.secure_sockets, *sockets.insecure_sockets):
+                sock.listen(config.backlog)
+                listener: trio.abc.Listener[Any] = trio.SocketListener(
+                    trio.socket.from_stdlib_socket(sock)
+                )
+                scheme = "http"
+                if sock in sockets.secure_sockets:
+                    assert ssl_context is not None
+                    listener = trio.SSLListener(listener, ssl_context, https_compatible=True)
+                    scheme = "https"
+                listeners.append(listener)
+                binds.append(f"{scheme}://{repr_socket_addr(sock.family, sock.getsockname())}")
+
+            async def handle(stream: trio.abc.Stream) -> None:
+                transport: Any = getattr(stream, "transport_stream", stream)
+                transport.socket.setsockopt(
+                    trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, send_buffer
+                )
+                await TCPServer(
+                    asgi,
+                    config,
+                    context,
+                    ConnectionState(state.copy()),
+                    _SendTimeout(stream, send_timeout),  # type: ignore[arg-type]
+                )
+
+            async with trio.open_nursery() as accepting:
+                accepting.start_soon(
+                    partial(trio.serve_listeners, handle, listeners, handler_nursery=connections)
+                )
+                task_status.started(binds)
+                await shutdown.wait()
+                accepting.cancel_scope.cancel()
+            await context.terminated.set()
+            connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+class _SendTimeout:
+    """A connection's stream whose writes give up after ``timeout`` seconds without
+    completing: the client took nothing for that long. The connection is then closed and
+    ``trio.BrokenResourceError`` raised, which hypercorn handles as the client leaving.
+
+    Everything else (reads, the TLS handshake, the socket) is the wrapped stream's.
+    """
+
+    def __init__(self, stream: trio.abc.Stream, timeout: float) -> None:
+        self._stream = stream
+        self._timeout = timeout
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with trio.move_on_after(self._timeout) as waiting:
+            await self._stream.send_all(data)
+        if waiting.cancelled_caught:
+            await trio.aclose_forcefully(self._stream)
+            raise trio.BrokenResourceError(
+                f"the client took nothing for {self._timeout:g}s; disconnected"
+            )
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

@@ -35,6 +35,7 @@ from ..engine import (
     Done,
     EngineClosedError,
     EngineError,
+    EngineFailedError,
     GenerateRequest,
     InvalidRequestError,
     PromptTooLongError,
@@ -103,6 +104,8 @@ def from_engine_error(exc: EngineError) -> OpenAIError:
         )
     if isinstance(exc, RequestError):
         return invalid_request(str(exc), param=exc.param, code="invalid_value")
+    if isinstance(exc, EngineFailedError):
+        return OpenAIError(503, "The model failed and cannot serve requests.", type="server_error")
     if isinstance(exc, EngineClosedError):
         return OpenAIError(503, "The model is shutting down.", type="server_error")
     return server_error(f"The model failed while generating: {exc}")
@@ -130,9 +133,7 @@ class ChatCompletionRequest:
     logprobs: bool = False
 
 
-def parse_chat_request(
-    body: bytes, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-) -> ChatCompletionRequest:
+def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     """Parse and validate a chat completions request body.
 
     Accepted: ``model``, ``messages``, ``max_tokens``, ``max_completion_tokens`` (wins over
@@ -154,13 +155,12 @@ def parse_chat_request(
     small local model sampled at temperature 1 with no truncation drifts into noise, and users
     of local OpenAI-compatible servers expect llama.cpp's behaviour.
 
-    Error handling: raises :class:`OpenAIError`, 413 when the body is over
-    ``max_body_bytes``, 400 for anything else wrong (invalid UTF-8 or JSON, a body that is not
-    an object, a field of the wrong type or out of range, an unsupported message), naming the
-    offending field in ``param``.
+    The body's size is the ingress's to limit (``--max-body-bytes``), once.
+
+    Error handling: raises :class:`OpenAIError`, 400 for anything wrong (invalid UTF-8 or
+    JSON, a body that is not an object, a field of the wrong type or out of range, an
+    unsupported message), naming the offending field in ``param``.
     """
-    if len(body) > max_body_bytes:
-        raise request_too_large(max_body_bytes)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -494,7 +494,9 @@ def _opt_number(
         return None
     if not _is_number(value):
         raise _invalid_type(key, "a number", value)
-    if not math.isfinite(value):
+    # An integer compares exactly however large it is; only a float can be infinite (JSON's
+    # 1e999). math.isfinite(10**400) would raise OverflowError.
+    if isinstance(value, float) and not math.isfinite(value):
         raise invalid_request(
             f"Invalid '{key}': expected a finite number, but got {_show(value)} instead.",
             param=key,

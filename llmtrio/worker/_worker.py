@@ -3,19 +3,34 @@ engine generation, and writes OpenAI chat-completion bytes to the response lane.
 
 Each claimed stream is handled in its own task and its own cancel scope: the client going
 away (``Claimed.cancelled``) cancels that scope, which ends the generation and frees the slot
-at the next token boundary.
+at the next token boundary. Whatever goes wrong while serving one stream ends that stream
+only, with a 500 in OpenAI's shape; the link and the other streams go on.
+
+Capacity follows the generation: a stream holds one of the link's slots while its generation
+runs; once the generation has ended, what it produced is handed to the ring in one last chunk
+(past the client's buffer bound) and the slot is free, however slowly the client reads.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import trio
 
-from ..engine import Done, Engine, EngineError, Failed, Generation, Token, TokenLogprob
-from ..ring import Claimed, StreamCancelledError, WorkerLink
+from ..engine import (
+    Done,
+    Engine,
+    EngineError,
+    EngineFailedError,
+    Event,
+    Failed,
+    Generation,
+    Token,
+    TokenLogprob,
+)
+from ..ring import ClaimedStream, RingLink, StreamCancelledError
 from ._chat_output import chat_body, chat_stream
 from ._completions import (
     CompletionStream,
@@ -51,19 +66,23 @@ JSON_HEADERS = (("content-type", "application/json"),)
 
 async def serve_link(
     engine: Engine,
-    link: WorkerLink,
+    link: RingLink,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve one ring attachment with ``engine`` until cancelled.
 
-    Claims a stream only while fewer than the link's ``max_inflight`` are held (pull, never
-    push); requests beyond the engine's admission wait inside the engine. Sends a capacity
-    heartbeat whenever the engine's inflight count changes, and every
+    Claims a stream only while fewer than the link's ``max_inflight`` generations run (pull,
+    never push); requests beyond the engine's admission wait inside the engine. Sends a
+    capacity heartbeat whenever the engine's inflight count changes, and every
     ``HEARTBEAT_INTERVAL_S`` (for ``decoding``).
 
     Resource handling: cancelling this cancels every generation it runs; each stream is
     finished (ended or failed) before its task returns.
+
+    Error handling: a fault while serving one stream ends that stream only (logged, and a 500
+    to its client). :class:`EngineFailedError` when the engine's decode loop dies: nothing
+    can be served any more, so the link should detach.
     """
     slots = trio.Semaphore(link.max_inflight)
 
@@ -82,15 +101,25 @@ async def serve_link(
             with trio.move_on_after(HEARTBEAT_INTERVAL_S):
                 await engine.capacity_changed()
 
-    async def handle(claimed: Claimed) -> None:
+    async def handle(claimed: ClaimedStream) -> None:
         try:
             with claimed:
                 await _serve_stream(engine, claimed)
+        except Exception:  # the stream is failed by `with claimed`; nothing else is touched
+            logger.exception("request %s: the worker failed", _request_id(claimed))
         finally:
             slots.release()
 
+    failure: EngineFailedError | None = None
     async with trio.open_nursery() as nursery:
+
+        async def watch_engine() -> None:
+            nonlocal failure
+            failure = await engine.wait_failed()
+            nursery.cancel_scope.cancel()
+
         nursery.start_soon(beat)
+        nursery.start_soon(watch_engine)
         task_status.started()
         while True:
             await slots.acquire()
@@ -100,12 +129,22 @@ async def serve_link(
                 slots.release()
                 raise
             nursery.start_soon(handle, claimed)
+    assert failure is not None  # the loop above ends only by cancellation
+    raise failure
 
 
-async def _serve_stream(engine: Engine, claimed: Claimed) -> None:
+def _request_id(claimed: ClaimedStream) -> str:
+    for name, value in claimed.head.headers:
+        if name == "x-request-id":
+            return value
+    return f"stream-{claimed.stream_id}"
+
+
+async def _serve_stream(engine: Engine, claimed: ClaimedStream) -> None:
     """Respond to one stream; its client going away cancels the response (and so the
-    generation). The caller's ``with claimed:`` acknowledges a cancellation or fails a
-    stream left unfinished."""
+    generation). A fault ends this stream with a 500 (or an error event once streaming).
+    The caller's ``with claimed:`` acknowledges a cancellation or fails a stream left
+    unfinished."""
     async with trio.open_nursery() as nursery:
 
         async def watch() -> None:
@@ -113,16 +152,55 @@ async def _serve_stream(engine: Engine, claimed: Claimed) -> None:
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(watch)
-        with contextlib.suppress(StreamCancelledError):
-            await _respond(engine, claimed)
+        response = _Response(claimed)
+        try:
+            await _respond(engine, response)
+        except StreamCancelledError:
+            pass
+        except Exception:
+            logger.exception("request %s failed", _request_id(claimed))
+            await response.fail(server_error())
         nursery.cancel_scope.cancel()
 
 
-async def _respond(engine: Engine, claimed: Claimed) -> None:
+class _Response:
+    """One stream's response as the worker writes it: remembers whether the head went out,
+    so a failure can still be told in the right form."""
+
+    def __init__(self, claimed: ClaimedStream) -> None:
+        self.claimed = claimed
+        self.streaming = False  # the head of an event stream was sent
+        self.sent_head = False
+
+    async def head(
+        self, status: int, headers: tuple[tuple[str, str], ...], *, streaming: bool = False
+    ) -> None:
+        self.sent_head = True
+        self.streaming = streaming
+        await self.claimed.send_head(status, headers)
+
+    async def error(self, error: OpenAIError) -> None:
+        """A whole error response: status, JSON body, end."""
+        await self.head(error.status, (*JSON_HEADERS, *error.headers))
+        await self.claimed.end(error.body())
+
+    async def fail(self, error: OpenAIError) -> None:
+        """End with ``error``: an error response before the head, an error event on an event
+        stream; a JSON body cut after its head can only be failed."""
+        if not self.sent_head:
+            await self.error(error)
+        elif self.streaming:
+            await self.claimed.end(error.sse())
+        else:
+            self.claimed.fail(error.message)
+
+
+async def _respond(engine: Engine, response: _Response) -> None:
+    claimed = response.claimed
     head = claimed.head
     path = head.path.split("?", 1)[0]
     if path == COMPLETIONS_PATH and head.method == "POST":
-        await _respond_text(engine, claimed)
+        await _respond_text(engine, response)
         return
     try:
         if path != CHAT_PATH:
@@ -131,50 +209,75 @@ async def _respond(engine: Engine, claimed: Claimed) -> None:
             raise method_not_allowed(head.method, path)
         request = parse_chat_request(claimed.body)
     except OpenAIError as error:
-        await _send_error(claimed, error)
+        await response.error(error)
         return
     try:
         async with engine.submit(request.generate) as generation:
             if request.stream:
-                await _stream(engine, claimed, request, generation)
+                await _stream(engine, response, request, generation)
             else:
-                await _complete(engine, claimed, request, generation)
+                await _complete(engine, response, request, generation)
     except EngineError as exc:
-        await _send_error(claimed, from_engine_error(exc))
-
-
-async def _send_error(claimed: Claimed, error: OpenAIError) -> None:
-    await claimed.send_head(error.status, (*JSON_HEADERS, *error.headers))
-    await claimed.send(error.body())
-    await claimed.end()
+        await response.error(from_engine_error(exc))
 
 
 async def _stream(
-    engine: Engine, claimed: Claimed, request: ChatCompletionRequest, generation: Generation
+    engine: Engine, response: _Response, request: ChatCompletionRequest, generation: Generation
 ) -> None:
+    """An event stream; its head goes out with the first event of the generation, so a
+    request that fails before any token gets a plain error response with its status."""
     encoder = chat_stream(
         request, id=new_completion_id(), created=int(time.time()), model=engine.model_name
     )
-    await claimed.send_head(200, SSE_HEADERS)
-    await claimed.send(encoder.role())
-    async for event in generation:
+
+    def encode(event: Event) -> bytes:
         if isinstance(event, Token):
-            chunk = encoder.token(event)
-            if chunk:  # empty while a possible tool call is held back
-                await claimed.send(chunk)
-        elif isinstance(event, Done):
+            return encoder.token(event)  # empty while a possible tool call is held back
+        if isinstance(event, Done):
             tail = encoder.finish(event)
             if request.include_usage:
                 tail += encoder.usage(event)
-            await claimed.send(tail + encoder.done())
-        elif isinstance(event, Failed):
-            error = _failure(event)
-            await claimed.send(error.sse())
-    await claimed.end()
+            return tail + encoder.done()
+        return _failure(event).sse()
+
+    first = await anext(generation)
+    if isinstance(first, Failed):
+        await response.error(_failure(first))
+        return
+    await response.head(200, SSE_HEADERS, streaming=True)
+    await _relay(response.claimed, generation, encode, encoder.role() + encode(first))
+
+
+async def _relay(
+    claimed: ClaimedStream, generation: Generation, encode: Callable[[Event], bytes], first: bytes
+) -> None:
+    """Send each event's bytes as the generation produces them, waiting on the client's
+    buffer (back-pressure) only while the generation runs; once it has ended, everything
+    left goes out in one last chunk and the response ends, so the slot is free at once."""
+    unsent = [first]
+    async with trio.open_nursery() as nursery:
+
+        async def stop_waiting_at_the_end() -> None:
+            await generation.ended.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(stop_waiting_at_the_end)
+        while True:
+            while unsent:
+                if unsent[0]:
+                    await claimed.send(unsent[0])  # a send cancelled here delivered nothing
+                del unsent[0]
+            try:
+                event = await anext(generation)
+            except StopAsyncIteration:
+                break
+            unsent.append(encode(event))
+    unsent += [encode(event) for event in generation.drain()]
+    await claimed.end(b"".join(unsent))
 
 
 async def _complete(
-    engine: Engine, claimed: Claimed, request: ChatCompletionRequest, generation: Generation
+    engine: Engine, response: _Response, request: ChatCompletionRequest, generation: Generation
 ) -> None:
     text: list[str] = []
     reasoning: list[str] = []
@@ -194,12 +297,12 @@ async def _complete(
                 id=new_completion_id(),
                 created=int(time.time()),
             )
-            await claimed.send_head(200, JSON_HEADERS)
-            await claimed.send(body)
-        elif isinstance(event, Failed):
-            await _send_error(claimed, _failure(event))
+            await response.head(200, JSON_HEADERS)
+            await response.claimed.end(body)
             return
-    await claimed.end()
+        elif isinstance(event, Failed):
+            await response.error(_failure(event))
+            return
 
 
 def _failure(event: Failed) -> OpenAIError:
@@ -209,16 +312,20 @@ def _failure(event: Failed) -> OpenAIError:
     return server_error()
 
 
-async def _respond_text(engine: Engine, claimed: Claimed) -> None:
+async def _respond_text(engine: Engine, response: _Response) -> None:
     """``POST /v1/completions``: a raw prompt, streamed or not."""
+    claimed = response.claimed
     try:
         request = parse_completion_request(claimed.body)
-        generate = request.generate(lambda text: engine.tokenize(text, add_special=True))
     except OpenAIError as error:
-        await _send_error(claimed, error)
+        await response.error(error)
         return
     completion_id, created = new_text_completion_id(), int(time.time())
     try:
+        # Tokenizing a long prompt takes a while: never on the event loop.
+        generate = await trio.to_thread.run_sync(
+            request.generate, lambda text: engine.tokenize(text, add_special=True)
+        )
         async with engine.submit(generate) as generation:
             if request.stream:
                 encoder = CompletionStream(
@@ -228,15 +335,20 @@ async def _respond_text(engine: Engine, claimed: Claimed) -> None:
                     include_usage=request.include_usage,
                     logprobs=request.logprobs is not None,
                 )
-                await claimed.send_head(200, SSE_HEADERS)
-                async for event in generation:
+
+                def encode(event: Event) -> bytes:
                     if isinstance(event, Token):
-                        await claimed.send(encoder.token(event))
-                    elif isinstance(event, Done):
-                        await claimed.send(encoder.finish(event))
-                    elif isinstance(event, Failed):
-                        await claimed.send(_failure(event).sse())
-                await claimed.end()
+                        return encoder.token(event)
+                    if isinstance(event, Done):
+                        return encoder.finish(event)
+                    return _failure(event).sse()
+
+                first = await anext(generation)
+                if isinstance(first, Failed):
+                    await response.error(_failure(first))
+                    return
+                await response.head(200, SSE_HEADERS, streaming=True)
+                await _relay(claimed, generation, encode, encode(first))
                 return
             text: list[str] = []
             logprobs: list[TokenLogprob] = []
@@ -253,11 +365,13 @@ async def _respond_text(engine: Engine, claimed: Claimed) -> None:
                         id=completion_id,
                         created=created,
                     )
-                    await claimed.send_head(200, JSON_HEADERS)
-                    await claimed.send(body)
-                elif isinstance(event, Failed):
-                    await _send_error(claimed, _failure(event))
+                    await response.head(200, JSON_HEADERS)
+                    await claimed.end(body)
                     return
-            await claimed.end()
+                elif isinstance(event, Failed):
+                    await response.error(_failure(event))
+                    return
+    except OpenAIError as error:
+        await response.error(error)
     except EngineError as exc:
-        await _send_error(claimed, from_engine_error(exc))
+        await response.error(from_engine_error(exc))

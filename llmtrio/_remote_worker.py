@@ -1,0 +1,57 @@
+"""The composition root of a remote worker (``llmtrio worker``): one engine, attached to every
+ingress's control listener, served by the same ``serve_link`` as the in-process worker."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+from collections.abc import Sequence
+
+import trio
+
+from .engine import Engine, EngineConfig
+from .ring import connect_ring
+from .worker import serve_link
+
+__all__ = ["run_worker"]
+
+logger = logging.getLogger("llmtrio.worker")
+
+
+async def run_worker(
+    engine_config: EngineConfig,
+    urls: Sequence[str],
+    ssl_context: ssl.SSLContext,
+    *,
+    shutdown: trio.Event,
+    name: str | None = None,
+    graceful_timeout: float = 30.0,
+) -> None:
+    """Load the model, attach to every ingress in ``urls`` and serve until ``shutdown``.
+
+    Resource handling: after ``shutdown`` the worker stops claiming, lets the streams it
+    holds finish (up to ``graceful_timeout`` seconds; then they are cancelled and their
+    ingresses fail them), detaches from every ingress and frees the model.
+    """
+    async with Engine.open(engine_config) as engine:
+        async with (
+            connect_ring(
+                urls,
+                ssl_context,
+                worker_id=name or socket.gethostname(),
+                max_inflight=engine_config.max_inflight,
+                models=[engine.model_name],
+            ) as link,
+            trio.open_nursery() as nursery,
+        ):
+            await nursery.start(serve_link, engine, link)
+            logger.info("worker ready: %s, pulling from %s", engine.model_name, ", ".join(urls))
+            await shutdown.wait()
+            link.drain()
+            with trio.move_on_after(graceful_timeout) as scope:
+                await link.wait_idle()
+            if scope.cancelled_caught:
+                logger.warning("streams still running after %gs: cancelling", graceful_timeout)
+            nursery.cancel_scope.cancel()
+        logger.info("worker detached from every ingress")

@@ -1,0 +1,529 @@
+"""The ring's core: the state of every stream and worker, with no I/O at all (sans-IO).
+
+``RingCore``'s event methods check each event against the current state (raising
+``ProtocolError`` and changing nothing when it is illegal), update the state, and return the
+*effects*: messages the caller must deliver, ``ToWorker`` (an ``Assign`` or ``Cancel`` for one
+worker) or ``ToClient`` (a response message for one stream's client). The in-process ring and
+the control listener for remote workers are routers of these effects; the core is the single
+source of truth, and the only owner of routing (which worker gets which stream).
+
+Stream states::
+
+    park ─▶ PARKED ─Claim─▶ ASSIGNED ─ResponseHead─▶ RESPONDING ─ResponseEnd─▶ ENDED
+              ▲               │  │                    │  ↺ ResponseData
+              └───────────────┘  │ ResponseError, or  │ ResponseError,
+              worker detach or   │ worker detach once │ worker detach
+              Release: requeued  │ assigned           │
+              at the front       │ max_assignments    │
+                                 │ times              ▼
+                                 └──────────────────▶ FAILED
+
+    cancel: PARKED ─▶ forgotten at once
+            ASSIGNED or RESPONDING ─▶ CANCELLED, and the worker is sent Cancel; the stream
+            stays in the worker's held set until it acknowledges with ResponseEnd,
+            ResponseError or Release (or detaches); anything else it sends meanwhile is dropped
+
+What a worker's message does to the stream it names is ``TRANSITIONS`` (state -> message type
+-> new state), the table the drawing is drawn from; a message missing from a state's row is a
+``ProtocolError``. ENDED, FAILED and parked-then-cancelled streams are forgotten at once; a
+CANCELLED stream no longer counts against ``max_streams`` but stays in its worker's held set
+until the worker acknowledges.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Final, TypeAlias
+
+import attrs
+
+from ._errors import ProtocolError, RingFullError
+from ._messages import (
+    Assign,
+    Attach,
+    Cancel,
+    Claim,
+    Detach,
+    Heartbeat,
+    Message,
+    Release,
+    RequestHead,
+    ResponseData,
+    ResponseEnd,
+    ResponseError,
+    ResponseHead,
+    ResponseMessage,
+    _to_bytes,
+)
+
+__all__ = [
+    "TRANSITIONS",
+    "Effect",
+    "RingCore",
+    "RingStats",
+    "StreamState",
+    "ToClient",
+    "ToWorker",
+    "WorkerStats",
+]
+
+
+class StreamState(enum.Enum):
+    """Where a stream is in its life; see the drawing at the top of this module."""
+
+    PARKED = "parked"
+    ASSIGNED = "assigned"
+    RESPONDING = "responding"
+    ENDED = "ended"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_S = StreamState
+TRANSITIONS: Final[Mapping[StreamState, Mapping[type[Message], StreamState]]] = {
+    _S.ASSIGNED: {ResponseHead: _S.RESPONDING, ResponseError: _S.FAILED, Release: _S.PARKED},
+    _S.RESPONDING: {ResponseData: _S.RESPONDING, ResponseEnd: _S.ENDED, ResponseError: _S.FAILED},
+    # The worker has been sent Cancel: an End, an Error or a Release acknowledges it (the stream
+    # is then forgotten); a head or data still in flight is dropped.
+    _S.CANCELLED: {
+        ResponseHead: _S.CANCELLED,
+        ResponseData: _S.CANCELLED,
+        ResponseEnd: _S.ENDED,
+        ResponseError: _S.ENDED,
+        Release: _S.ENDED,
+    },
+}
+"""What a worker's message does to a stream it holds: state -> message type -> new state.
+
+PARKED streams are held by no worker, and ENDED and FAILED ones are forgotten, so a worker can
+send nothing about them. A stream leaving CANCELLED for ENDED is acknowledged and forgotten.
+"""
+
+
+@attrs.frozen
+class ToWorker:
+    """Effect: deliver ``message`` (an ``Assign`` or a ``Cancel``) to worker ``worker_id``."""
+
+    worker_id: str
+    message: Assign | Cancel
+
+
+@attrs.frozen
+class ToClient:
+    """Effect: deliver ``message`` to the client waiting on stream ``stream_id``.
+
+    A ``ResponseEnd`` or ``ResponseError`` is the stream's last effect: the core has already
+    forgotten it.
+    """
+
+    stream_id: int
+    message: ResponseMessage
+
+
+Effect: TypeAlias = ToWorker | ToClient
+
+
+@attrs.frozen
+class WorkerStats:
+    """One attached worker: its declared bound, what it waits for, what it holds."""
+
+    worker_id: str
+    max_inflight: int
+    models: tuple[str, ...]
+    """The models it serves, as it said when attaching."""
+    waiting_claims: int
+    """Slots it has claimed that no stream has filled yet."""
+    held: tuple[int, ...]
+    """Stream ids it holds: assigned, responding, or cancelled and not yet acknowledged."""
+    capacity: Heartbeat | None
+    """Its last heartbeat, if any."""
+    last_heartbeat: float | None = None
+    """When its last heartbeat came, on the clock the caller passed to ``heartbeat``."""
+
+
+@attrs.frozen
+class RingStats:
+    """A snapshot of the ring: stream counts by state and every attached worker."""
+
+    max_streams: int
+    parked: int
+    assigned: int
+    responding: int
+    cancelling: int
+    """Cancelled streams their worker has not acknowledged yet (not counted as open)."""
+    workers: tuple[WorkerStats, ...]
+
+    @property
+    def serving(self) -> int:
+        """Streams a worker holds and their client still waits for."""
+        return self.assigned + self.responding
+
+    @property
+    def open(self) -> int:
+        """Streams counted against ``max_streams``."""
+        return self.parked + self.serving
+
+    @property
+    def tracked(self) -> int:
+        """Every stream the core remembers; zero once all streams are finished."""
+        return self.open + self.cancelling
+
+
+@attrs.define
+class _Stream:
+    stream_id: int
+    head: RequestHead
+    body: bytes
+    state: StreamState = StreamState.PARKED
+    worker_id: str | None = None
+    assignments: int = 0
+
+
+@attrs.define
+class _Worker:
+    worker_id: str
+    max_inflight: int
+    models: tuple[str, ...] = ()
+    credits: int = 0
+    held: dict[int, None] = attrs.field(factory=dict)  # an ordered set of stream ids
+    capacity: Heartbeat | None = None
+    last_heartbeat: float | None = None
+
+
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, not {value}")
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must not be negative, not {value}")
+
+
+@attrs.define
+class RingCore:
+    """Every stream and worker of one ring, and the rules that move them.
+
+    ``max_streams`` bounds the open streams (parked, assigned or responding). Parked streams
+    are assigned in arrival order to workers that have claimed free slots; workers waiting
+    for streams are served round-robin, one stream each in turn. When a worker detaches, a
+    stream it held that had no response head yet is *requeued* at the front of the queue,
+    unless it has already been assigned ``max_assignments`` times (a request that kills
+    every worker it reaches must not kill them all): then it fails, as do the streams that
+    were already responding. ``max_assignments=1`` turns requeueing off.
+
+    Every method either raises (``RingFullError``, ``ProtocolError``) and changes nothing, or
+    applies the event and returns the effects the caller must deliver, in order.
+    """
+
+    max_streams: int = attrs.field(validator=_positive)
+    retry_after: float = attrs.field(default=1.0, validator=_non_negative)
+    max_assignments: int = attrs.field(default=3, kw_only=True, validator=_positive)
+    _streams: dict[int, _Stream] = attrs.field(init=False, factory=dict)
+    _counts: Counter[StreamState] = attrs.field(init=False, factory=Counter)
+    _fresh: dict[int, None] = attrs.field(init=False, factory=dict)  # parked, in arrival order
+    _requeued: list[int] = attrs.field(init=False, factory=list)  # parked again, sorted, first
+    _workers: dict[str, _Worker] = attrs.field(init=False, factory=dict)
+    _claimants: dict[str, None] = attrs.field(init=False, factory=dict)  # round-robin order
+    _next_id: int = attrs.field(init=False, default=1)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def open_streams(self) -> int:
+        """Streams counted against ``max_streams``: parked, assigned or responding."""
+        counts = self._counts
+        return (
+            counts[StreamState.PARKED]
+            + counts[StreamState.ASSIGNED]
+            + counts[StreamState.RESPONDING]
+        )
+
+    def state(self, stream_id: int) -> StreamState | None:
+        """The state of a stream the core tracks; ``None`` once it is finished and forgotten."""
+        stream = self._streams.get(stream_id)
+        return None if stream is None else stream.state
+
+    def holder(self, stream_id: int) -> str | None:
+        """The worker holding ``stream_id``, if any."""
+        stream = self._streams.get(stream_id)
+        return None if stream is None else stream.worker_id
+
+    def stats(self) -> RingStats:
+        """A snapshot of stream counts and workers."""
+        return RingStats(
+            max_streams=self.max_streams,
+            parked=self._counts[StreamState.PARKED],
+            assigned=self._counts[StreamState.ASSIGNED],
+            responding=self._counts[StreamState.RESPONDING],
+            cancelling=self._counts[StreamState.CANCELLED],
+            workers=tuple(
+                WorkerStats(
+                    worker_id=worker.worker_id,
+                    max_inflight=worker.max_inflight,
+                    models=worker.models,
+                    waiting_claims=worker.credits,
+                    held=tuple(worker.held),
+                    capacity=worker.capacity,
+                    last_heartbeat=worker.last_heartbeat,
+                )
+                for worker in self._workers.values()
+            ),
+        )
+
+    # -- the client side -----------------------------------------------------------------------
+
+    def park(self, head: RequestHead, body: bytes = b"") -> tuple[int, list[Effect]]:
+        """Park a new request; returns its stream id and the effects (maybe its ``Assign``).
+
+        Error handling: raises ``RingFullError`` when ``max_streams`` streams are open.
+        """
+        if self.open_streams >= self.max_streams:
+            raise RingFullError(self.retry_after, self.max_streams)
+        stream = _Stream(self._next_id, head, _to_bytes(body))
+        self._next_id += 1
+        self._streams[stream.stream_id] = stream
+        self._counts[StreamState.PARKED] += 1
+        self._fresh[stream.stream_id] = None
+        return stream.stream_id, self._dispatch()
+
+    def cancel(self, stream_id: int) -> list[Effect]:
+        """The client went away. Idempotent; a finished or unknown stream is ignored.
+
+        A parked stream is forgotten. An assigned or responding one becomes CANCELLED and the
+        effects hold a ``Cancel`` for its worker: the one case the worker must be told.
+        """
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.state is StreamState.CANCELLED:
+            return []
+        if stream.state is StreamState.PARKED:
+            self._unqueue(stream_id)
+            self._forget(stream)
+            return []
+        assert stream.worker_id is not None
+        self._set_state(stream, StreamState.CANCELLED)
+        stream.body = b""  # nobody will read it again
+        return [ToWorker(stream.worker_id, Cancel(stream_id))]
+
+    # -- the worker side -----------------------------------------------------------------------
+
+    def attach(self, message: Attach) -> None:
+        """A worker arrives. Error handling: ``ProtocolError`` if its id is already attached."""
+        if message.worker_id in self._workers:
+            raise ProtocolError(f"worker {message.worker_id!r} is already attached", message)
+        self._workers[message.worker_id] = _Worker(
+            message.worker_id, message.max_inflight, message.models
+        )
+
+    def receive(self, worker_id: str, message: Message) -> list[Effect]:
+        """Apply any message from attached worker ``worker_id`` (what a transport decodes).
+
+        Error handling: ``ProtocolError`` for a message a worker may not send here
+        (``Attach`` again, ``Assign``, ``Cancel``) or one illegal in the current state.
+        """
+        match message:
+            case Heartbeat():
+                self.heartbeat(worker_id, message)
+                return []
+            case Claim():
+                return self.claim(worker_id, message)
+            case ResponseHead() | ResponseData() | ResponseEnd() | ResponseError():
+                return self.respond(worker_id, message)
+            case Release(stream_id=stream_id):
+                return self.release(worker_id, stream_id)
+            case Detach(reason=reason):
+                return self.detach(worker_id, reason)
+            case _:
+                raise ProtocolError(
+                    f"a worker may not send {type(message).__name__} after attaching", message
+                )
+
+    def heartbeat(self, worker_id: str, message: Heartbeat, at: float | None = None) -> None:
+        """Store the worker's reported capacity and when it came (shown by ``stats``)."""
+        worker = self._worker(worker_id, message)
+        worker.capacity = message
+        worker.last_heartbeat = at
+
+    def claim(self, worker_id: str, message: Claim) -> list[Effect]:
+        """The worker has ``message.count`` more free slots; returns the ``Assign`` effects.
+
+        Error handling: ``ProtocolError`` when the worker would then hold or wait for more
+        streams than the ``max_inflight`` it attached with.
+        """
+        worker = self._worker(worker_id, message)
+        wanted = worker.credits + len(worker.held) + message.count
+        if wanted > worker.max_inflight:
+            raise ProtocolError(
+                f"worker {worker_id!r} claims {message.count} more streams, holding "
+                f"{len(worker.held)} and waiting for {worker.credits}, beyond its "
+                f"max_inflight of {worker.max_inflight}",
+                message,
+            )
+        worker.credits += message.count
+        self._claimants.setdefault(worker_id, None)
+        return self._dispatch()
+
+    def withdraw(self, worker_id: str, count: int = 1) -> int:
+        """Take back up to ``count`` unfilled claims; returns how many were still unfilled."""
+        worker = self._worker(worker_id, None)
+        taken = min(count, worker.credits)
+        worker.credits -= taken
+        if not worker.credits:
+            self._claimants.pop(worker_id, None)
+        return taken
+
+    def release(self, worker_id: str, stream_id: int) -> list[Effect]:
+        """The worker gives back a stream it was assigned but will not serve.
+
+        An ASSIGNED stream is requeued at the front (this does not count as an assignment);
+        a CANCELLED one is acknowledged and forgotten. Error handling: ``ProtocolError`` if the
+        worker does not hold it or has already sent its response head.
+        """
+        message = Release(stream_id)
+        stream = self._held(worker_id, stream_id, message)
+        if self._transition(stream, message) is not StreamState.PARKED:
+            self._forget(stream)  # the acknowledgement of a Cancel
+            return []
+        stream.assignments -= 1
+        self._requeue(stream)
+        return self._dispatch()
+
+    def respond(self, worker_id: str, message: ResponseMessage) -> list[Effect]:
+        """A response message from the worker holding the stream.
+
+        Returns the ``ToClient`` effect forwarding it, or nothing when the stream was cancelled
+        (the message is dropped; ``ResponseEnd``/``ResponseError`` acknowledge the cancel and
+        the stream is forgotten). After ``ResponseEnd``/``ResponseError`` the stream is
+        forgotten. Error handling: ``ProtocolError`` when another worker holds the stream, the
+        stream is unknown, or the message is out of order (data or end before the head, a
+        second head).
+        """
+        stream = self._held(worker_id, message.stream_id, message)
+        cancelled = stream.state is StreamState.CANCELLED
+        new = self._transition(stream, message)
+        if new in (StreamState.ENDED, StreamState.FAILED):
+            self._forget(stream)
+        elif new is not stream.state:
+            self._set_state(stream, new)
+            stream.body = b""  # no requeue once responding
+        return [] if cancelled else [ToClient(message.stream_id, message)]
+
+    def detach(self, worker_id: str, reason: str = "") -> list[Effect]:
+        """The worker left or died. Returns what must happen to the streams it held.
+
+        Streams without a response head are requeued (and may be assigned to another worker
+        in the returned effects) until they have been assigned ``max_assignments`` times;
+        the others get a ``ToClient`` ``ResponseError`` (the client sees WorkerFailedError).
+        Cancelled streams it had not acknowledged are forgotten.
+        """
+        worker = self._worker(worker_id, Detach(reason))
+        del self._workers[worker_id]
+        self._claimants.pop(worker_id, None)
+        because = f": {reason}" if reason else ""
+        effects: list[Effect] = []
+        for stream_id in worker.held:
+            stream = self._streams[stream_id]
+            stream.worker_id = None
+            if stream.state is StreamState.CANCELLED:
+                self._forget(stream)
+            elif stream.state is StreamState.ASSIGNED and stream.assignments < self.max_assignments:
+                self._requeue(stream)
+            else:
+                if stream.state is StreamState.RESPONDING:
+                    text = f"worker {worker_id!r} detached mid-response{because}"
+                else:
+                    text = (
+                        f"worker {worker_id!r} detached before responding{because} "
+                        f"(the stream was assigned {stream.assignments} times)"
+                    )
+                self._forget(stream)
+                effects.append(ToClient(stream_id, ResponseError(stream_id, text)))
+        worker.held.clear()
+        effects += self._dispatch()
+        return effects
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _worker(self, worker_id: str, message: Message | None) -> _Worker:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            raise ProtocolError(f"worker {worker_id!r} is not attached", message)
+        return worker
+
+    def _held(self, worker_id: str, stream_id: int, message: Message | None) -> _Stream:
+        self._worker(worker_id, message)
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.worker_id != worker_id:
+            raise ProtocolError(f"worker {worker_id!r} does not hold stream {stream_id}", message)
+        return stream
+
+    def _transition(self, stream: _Stream, message: ResponseMessage | Release) -> StreamState:
+        """The state ``message`` moves ``stream`` to (``TRANSITIONS``); changes nothing.
+
+        Error handling: ``ProtocolError`` when the message is illegal in the stream's state.
+        """
+        new = TRANSITIONS.get(stream.state, {}).get(type(message))
+        if new is None:
+            if isinstance(message, Release):
+                raise ProtocolError(
+                    f"stream {message.stream_id} cannot be released once its response has started",
+                    message,
+                )
+            raise ProtocolError(
+                f"{type(message).__name__} is illegal on stream {message.stream_id} in state "
+                f"{stream.state.name}",
+                message,
+            )
+        return new
+
+    def _set_state(self, stream: _Stream, state: StreamState) -> None:
+        self._counts[stream.state] -= 1
+        self._counts[state] += 1
+        stream.state = state
+
+    def _forget(self, stream: _Stream) -> None:
+        self._counts[stream.state] -= 1
+        del self._streams[stream.stream_id]
+        if stream.worker_id is not None:
+            self._workers[stream.worker_id].held.pop(stream.stream_id, None)
+
+    def _unqueue(self, stream_id: int) -> None:
+        if stream_id in self._fresh:
+            del self._fresh[stream_id]
+        else:
+            self._requeued.remove(stream_id)
+
+    def _requeue(self, stream: _Stream) -> None:
+        if stream.worker_id is not None:
+            self._workers[stream.worker_id].held.pop(stream.stream_id, None)
+            stream.worker_id = None
+        self._set_state(stream, StreamState.PARKED)
+        # Stream ids grow with arrival and assignment is FIFO, so every requeued stream
+        # arrived before every fresh one: keeping the requeued sorted keeps the queue FIFO.
+        bisect.insort(self._requeued, stream.stream_id)
+
+    def _dispatch(self) -> list[Effect]:
+        """Assign parked streams, oldest first, to claimants in round-robin order."""
+        effects: list[Effect] = []
+        while self._claimants and (self._requeued or self._fresh):
+            worker_id = next(iter(self._claimants))
+            worker = self._workers[worker_id]
+            if self._requeued:
+                stream_id = self._requeued.pop(0)
+            else:
+                stream_id = next(iter(self._fresh))
+                del self._fresh[stream_id]
+            stream = self._streams[stream_id]
+            self._set_state(stream, StreamState.ASSIGNED)
+            stream.worker_id = worker_id
+            stream.assignments += 1
+            worker.credits -= 1
+            worker.held[stream_id] = None
+            del self._claimants[worker_id]
+            if worker.credits:
+                self._claimants[worker_id] = None  # to the back of the line
+            effects.append(ToWorker(worker_id, Assign(stream_id, stream.head, stream.body)))
+        return effects

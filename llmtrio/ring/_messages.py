@@ -1,0 +1,254 @@
+"""The ring's messages: frozen values that travel between a worker and an ingress's ring.
+
+A worker sends ``Attach`` (first), ``Heartbeat``, ``Claim``, ``Withdraw``, ``Release``,
+``ResponseHead``, ``ResponseData``, ``ResponseEnd``, ``ResponseError`` and ``Detach``; the
+ring sends ``Assign``, ``Withdrawn``, ``Credit``, ``Cancel`` and ``Detach``. Every operation of
+``RingCore`` has a message, so a worker across a network can do all an in-process one can.
+``PROTOCOL_VERSION`` is what ``Attach`` carries; an ingress refuses any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, TypeAlias
+
+import attrs
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Assign",
+    "Attach",
+    "Cancel",
+    "Claim",
+    "Credit",
+    "Detach",
+    "Headers",
+    "Heartbeat",
+    "Message",
+    "Release",
+    "RequestHead",
+    "ResponseData",
+    "ResponseEnd",
+    "ResponseError",
+    "ResponseHead",
+    "ResponseMessage",
+    "Withdraw",
+    "Withdrawn",
+]
+
+PROTOCOL_VERSION: Final = 1
+"""The wire protocol's version; an ingress refuses an ``Attach`` carrying another."""
+
+
+Headers: TypeAlias = tuple[tuple[str, str], ...]
+
+
+def _to_strings(value: Iterable[str]) -> tuple[str, ...]:
+    items = tuple(value)
+    if isinstance(value, str) or not all(isinstance(item, str) for item in items):
+        raise TypeError(f"expected strings, not {value!r}")
+    return items
+
+
+def _to_headers(value: Iterable[tuple[str, str]] | Mapping[str, str]) -> Headers:
+    """Normalise headers to a tuple of ``(name, value)`` string pairs, order kept."""
+    items: Iterable[Any] = value.items() if isinstance(value, Mapping) else value
+    headers: list[tuple[str, str]] = []
+    for item in items:
+        if isinstance(item, str | bytes) or len(item) != 2:
+            raise TypeError(f"a header must be a (name, value) pair, not {item!r}")
+        name, text = item
+        if not isinstance(name, str) or not isinstance(text, str):
+            raise TypeError(f"header names and values must be str, not {item!r}")
+        headers.append((name, text))
+    return tuple(headers)
+
+
+def _to_bytes(value: bytes | bytearray | memoryview) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(f"expected bytes, not {type(value).__name__}")
+    return bytes(value)
+
+
+def _int_at_least(minimum: int) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{attribute.name} must be an int, not {value!r}")
+        if value < minimum:
+            raise ValueError(f"{attribute.name} must be at least {minimum}, not {value}")
+
+    return check
+
+
+def _str(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a str, not {value!r}")
+
+
+def _nonempty_str(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    _str(instance, attribute, value)
+    if not value:
+        raise ValueError(f"{attribute.name} must not be empty")
+
+
+def _status(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    _int_at_least(100)(instance, attribute, value)
+    if value > 599:
+        raise ValueError(f"status must be between 100 and 599, not {value}")
+
+
+def _bytes_repr(value: bytes) -> str:
+    return f"<{len(value)} bytes>"
+
+
+_stream_id: Final = _int_at_least(1)
+
+
+@attrs.frozen
+class RequestHead:
+    """The head of an uploaded request: what the client asked for, without the body."""
+
+    method: str = attrs.field(validator=_nonempty_str)
+    path: str = attrs.field(validator=_str)
+    headers: Headers = attrs.field(default=(), converter=_to_headers)
+
+
+@attrs.frozen
+class Attach:
+    """Worker → ring, first message: who the worker is, how many streams it may hold, the
+    models it serves and the protocol version it speaks.
+
+    Over the network, ``worker_id`` is only the worker's suggestion: the control listener
+    names the worker after its certificate.
+    """
+
+    worker_id: str = attrs.field(validator=_nonempty_str)
+    max_inflight: int = attrs.field(validator=_int_at_least(1))
+    models: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
+    version: int = attrs.field(default=PROTOCOL_VERSION, kw_only=True, validator=_int_at_least(0))
+
+
+@attrs.frozen
+class Heartbeat:
+    """Worker → ring: the engine's capacity now (stored for stats; assignment uses claims)."""
+
+    inflight: int = attrs.field(validator=_int_at_least(0))
+    max_inflight: int = attrs.field(validator=_int_at_least(0))
+    available_slots: int = attrs.field(validator=_int_at_least(0))
+    decoding: int = attrs.field(default=0, validator=_int_at_least(0))
+    """Sequences in the engine's current batch (for health pages; optional on the wire)."""
+
+
+@attrs.frozen
+class Claim:
+    """Worker → ring: "I have ``count`` more free slots; assign me up to that many streams"."""
+
+    count: int = attrs.field(default=1, validator=_int_at_least(1))
+
+
+@attrs.frozen
+class Assign:
+    """Ring → worker: a request lane (its head and body) the worker now holds."""
+
+    stream_id: int = attrs.field(validator=_stream_id)
+    head: RequestHead = attrs.field(validator=attrs.validators.instance_of(RequestHead))
+    body: bytes = attrs.field(default=b"", converter=_to_bytes, repr=_bytes_repr)
+    credits: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    """Over the network: how many ``ResponseData`` the worker may send on this stream before
+    it waits for a ``Credit`` (0 in process, where the ring's own buffer back-pressures)."""
+
+
+@attrs.frozen
+class Withdraw:
+    """Worker → ring: take back up to ``count`` of my claims that no stream has filled yet."""
+
+    count: int = attrs.field(default=1, validator=_int_at_least(1))
+
+
+@attrs.frozen
+class Withdrawn:
+    """Ring → worker, the answer to ``Withdraw``: how many claims were still unfilled (the
+    rest were filled, and their ``Assign`` came before this)."""
+
+    count: int = attrs.field(validator=_int_at_least(0))
+
+
+@attrs.frozen
+class Release:
+    """Worker → ring: give back an assigned stream without responding (it is parked again
+    at the front); on a cancelled stream, acknowledges the ``Cancel``."""
+
+    stream_id: int = attrs.field(validator=_stream_id)
+
+
+@attrs.frozen
+class Credit:
+    """Ring → worker: the stream's client took ``count`` more chunks; send that many more."""
+
+    stream_id: int = attrs.field(validator=_stream_id)
+    count: int = attrs.field(default=1, validator=_int_at_least(1))
+
+
+@attrs.frozen
+class ResponseHead:
+    """Worker → ring → client: the response's status and headers; comes before any data."""
+
+    stream_id: int = attrs.field(validator=_stream_id)
+    status: int = attrs.field(validator=_status)
+    headers: Headers = attrs.field(default=(), converter=_to_headers)
+
+
+@attrs.frozen
+class ResponseData:
+    """Worker → ring → client: a chunk of the response body."""
+
+    stream_id: int = attrs.field(validator=_stream_id)
+    data: bytes = attrs.field(converter=_to_bytes)
+
+
+@attrs.frozen
+class ResponseEnd:
+    """Worker → ring → client: the response is complete. Also acknowledges a ``Cancel``."""
+
+    stream_id: int = attrs.field(validator=_stream_id)
+
+
+@attrs.frozen
+class ResponseError:
+    """Worker → ring → client: the worker could not finish; also acknowledges a ``Cancel``."""
+
+    stream_id: int = attrs.field(validator=_stream_id)
+    message: str = attrs.field(validator=_str)
+
+
+@attrs.frozen
+class Cancel:
+    """Ring → worker: the client went away; stop, then acknowledge with End or Error."""
+
+    stream_id: int = attrs.field(validator=_stream_id)
+
+
+@attrs.frozen
+class Detach:
+    """Either way, last message: the worker leaves (or is sent away) for ``reason``."""
+
+    reason: str = attrs.field(default="", validator=_str)
+
+
+Message: TypeAlias = (
+    Attach
+    | Heartbeat
+    | Claim
+    | Withdraw
+    | Withdrawn
+    | Release
+    | Assign
+    | Credit
+    | ResponseHead
+    | ResponseData
+    | ResponseEnd
+    | ResponseError
+    | Cancel
+    | Detach
+)
+ResponseMessage: TypeAlias = ResponseHead | ResponseData | ResponseEnd | ResponseError

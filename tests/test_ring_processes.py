@@ -1,0 +1,341 @@
+"""A real ring: ``llmtrio serve --no-local-worker`` ingresses and ``llmtrio worker`` processes on
+loopback, with real TLS (trustme: one CA for the ingresses, another for the workers) and the
+gemma test model. Kept few: each worker process loads the model."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+import trio
+import trustme
+
+from llmtrio.ring import (
+    PROTOCOL_VERSION,
+    Attach,
+    ControlRefusedError,
+    Detach,
+    FrameDecoder,
+    client_ssl_context,
+    encode,
+)
+from llmtrio.ring._tls import open_control_websocket
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAT = "/v1/chat/completions"
+
+
+@attrs.define
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.text())
+            if found:
+                return found
+            if self.popen.poll() is not None:
+                raise AssertionError(f"{self.name} exited: {self.text()[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name}: no {pattern!r} in {timeout}s: {self.text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=30)
+
+
+@attrs.define
+class Ingress:
+    proc: Proc
+    url: str
+    control: str
+
+    def health(self) -> dict[str, object]:
+        data: dict[str, object] = httpx.get(self.url + "/health", timeout=10).json()
+        return data
+
+    def workers(self) -> list[dict[str, object]]:
+        workers = self.health()["workers"]
+        assert isinstance(workers, list)
+        return workers
+
+    def wait_workers(self, names: set[str], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if {str(w["id"]).split("#")[0] for w in self.workers()} == names:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"workers {names} not attached: {self.workers()}")
+
+
+@attrs.define
+class Ring:
+    tmp: Path
+    gemma: Path
+    ingress_ca: trustme.CA
+    worker_ca: trustme.CA
+    procs: list[Proc] = attrs.field(factory=list)
+
+    def spawn(self, name: str, *args: str) -> Proc:
+        log = self.tmp / f"{name}-{len(self.procs)}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "llmtrio", *args],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def ingress(self, name: str, *extra: str) -> Ingress:
+        cert = self.tmp / f"{name}.pem"
+        self.ingress_ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
+            str(cert)
+        )
+        proc = self.spawn(
+            name,
+            "serve",
+            "--no-local-worker",
+            "--port=0",
+            "--control-port=0",
+            f"--control-cert={cert}",
+            f"--control-key={cert}",
+            f"--control-ca={self.tmp / 'worker-ca.pem'}",
+            "--worker-timeout=3",
+            "--cancel-ack-timeout=3",
+            "--graceful-timeout=1",
+            *extra,
+        )
+        url = proc.wait_for(r"serving .*? on (http://\S+)").group(1)
+        control = proc.wait_for(r"control listener for workers on (wss://\S+)").group(1)
+        return Ingress(proc, url, control)
+
+    def certificate(self, name: str, ca: trustme.CA | None = None) -> Path:
+        path = self.tmp / f"{name}.pem"
+        (ca or self.worker_ca).issue_cert(name).private_key_and_cert_chain_pem.write_to_path(
+            str(path)
+        )
+        return path
+
+    def worker(self, name: str, ingresses: list[Ingress], cert: Path | None = None) -> Proc:
+        return self.spawn(
+            name,
+            "worker",
+            *(f"--ingress-url={ingress.control}" for ingress in ingresses),
+            f"--tls-cert={cert or self.certificate(name)}",
+            f"--ca={self.tmp / 'ingress-ca.pem'}",
+            f"--model={self.gemma}",
+            "--max-inflight=2",
+            "--ctx-size=2048",
+            "--threads=1",
+        )
+
+
+@pytest.fixture
+def ring(tmp_path: Path, gemma_path: Path) -> Iterator[Ring]:
+    ingress_ca, worker_ca = trustme.CA(), trustme.CA()
+    ingress_ca.cert_pem.write_to_path(str(tmp_path / "ingress-ca.pem"))
+    worker_ca.cert_pem.write_to_path(str(tmp_path / "worker-ca.pem"))
+    ring = Ring(tmp_path, gemma_path, ingress_ca, worker_ca)
+    try:
+        yield ring
+    finally:
+        for proc in ring.procs:
+            proc.stop()
+
+
+def chat(max_tokens: int, *, stream: bool = False, prompt: str = "Once upon a time") -> object:
+    return {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+
+
+def test_two_ingresses_two_workers_then_kills_and_a_disconnect(ring: Ring) -> None:
+    ingresses = [ring.ingress("ingress-a"), ring.ingress("ingress-b")]
+    workers = {name: ring.worker(name, ingresses) for name in ("worker-a", "worker-b")}
+    for ingress in ingresses:
+        ingress.wait_workers({"worker-a", "worker-b"})
+        models = httpx.get(ingress.url + "/v1/models", timeout=10).json()
+        assert len(models["data"]) == 1  # what the workers serve: one model
+
+    # Requests to both ingresses, served by both workers.
+    served: set[str] = set()
+    with httpx.Client(timeout=120) as client:
+
+        def ask(url: str) -> None:
+            response = client.post(url + CHAT, json=chat(8))
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["message"]["content"]
+            served.add(response.headers["x-llmtrio-worker"].split("#")[0])
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(ask, [ingress.url for ingress in ingresses for _ in range(6)]))
+    assert served == {"worker-a", "worker-b"}
+
+    # A client that disconnects mid-stream: the remote engine's inflight comes back to 0.
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", ingresses[0].url + CHAT, json=chat(400, stream=True)) as response,
+    ):
+        for line in response.iter_lines():
+            if '"content"' in line:
+                break
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        busy = [w for w in ingresses[0].workers() if w["held"] or _inflight(w)]
+        if not busy:
+            break
+        time.sleep(0.1)
+    assert busy == [], busy
+
+    # A worker SIGKILLed mid-stream: a clean error event, and the stream ends.
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", ingresses[1].url + CHAT, json=chat(400, stream=True)) as response,
+    ):
+        holder = response.headers["x-llmtrio-worker"].split("#")[0]
+        lines = response.iter_lines()
+        for line in lines:
+            if '"content"' in line:
+                break
+        workers[holder].popen.send_signal(signal.SIGKILL)
+        rest = list(lines)
+    events = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+    assert "error" in events[-1], rest[-5:]
+    assert "detached mid-response" in events[-1]["error"]["message"]
+    for ingress in ingresses:
+        ingress.wait_workers({"worker-a", "worker-b"} - {holder})
+    # The survivor still serves both ingresses.
+    for ingress in ingresses:
+        response = httpx.post(ingress.url + CHAT, json=chat(4), timeout=60)
+        assert response.status_code == 200
+
+
+def _inflight(worker: dict[str, object]) -> int:
+    capacity = worker["capacity"]
+    return int(capacity["inflight"]) if isinstance(capacity, dict) else 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_worker_killed_before_its_first_token_is_replaced_invisibly(
+    ring: Ring, stream: bool
+) -> None:
+    ingress = ring.ingress("ingress")
+    workers = {name: ring.worker(name, [ingress]) for name in ("worker-a", "worker-b")}
+    ingress.wait_workers({"worker-a", "worker-b"})
+    prompt = "the quick brown fox jumps over the lazy dog " * 150  # a long prefill
+    with (
+        httpx.Client(timeout=120) as client,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        body = chat(4, prompt=prompt, stream=stream)
+        future = pool.submit(client.post, ingress.url + CHAT, json=body)
+        deadline = time.monotonic() + 30
+        holder = None
+        while holder is None and time.monotonic() < deadline:
+            holder = next((str(w["id"]) for w in ingress.workers() if w["held"]), None)
+            time.sleep(0.02)
+        assert holder is not None
+        killed = holder.split("#")[0]
+        workers[killed].popen.send_signal(signal.SIGKILL)
+        response = future.result()
+    assert response.status_code == 200, response.text
+    assert response.headers["x-llmtrio-worker"].split("#")[0] != killed
+    if stream:
+        assert '"error"' not in response.text
+        assert response.text.rstrip().endswith("data: [DONE]")
+    else:
+        assert response.json()["choices"][0]["message"]["content"]
+
+
+def test_refusals_are_quick_and_named_at_both_ends(ring: Ring) -> None:
+    ingress = ring.ingress("ingress")
+    port = int(ingress.control.rsplit(":", 1)[1])
+    # A worker process with a certificate from another CA.
+    stranger = ring.worker("stranger", [ingress], ring.certificate("stranger", trustme.CA()))
+    stranger.wait_for(r"refused the connection: .*refusing this worker's certificate", 60)
+    ingress.proc.wait_for(r"refused a worker from .*CERTIFICATE_VERIFY_FAILED", 10)
+    assert ingress.workers() == []
+
+    async def raw_clients() -> None:
+        async with trio.open_nursery() as nursery:
+            # No certificate at all.
+            context = client_ssl_context(None, None, ring.tmp / "ingress-ca.pem")
+            with trio.fail_after(10), pytest.raises(ControlRefusedError, match="refusing"):
+                await open_control_websocket(nursery, "127.0.0.1", port, context, limit_s=30)
+            # A good certificate and an incompatible protocol version.
+            good = client_ssl_context(ring.certificate("old"), None, ring.tmp / "ingress-ca.pem")
+            ws = await open_control_websocket(nursery, "127.0.0.1", port, good, limit_s=10)
+            await ws.send_message(encode(Attach("old", 1, version=PROTOCOL_VERSION + 1)))
+            decoder = FrameDecoder()
+            with trio.fail_after(10):
+                decoder.receive_data(bytes(await ws.get_message()))
+            reply = decoder.next_message()
+            assert isinstance(reply, Detach)
+            assert "incompatible protocol version" in reply.reason
+            nursery.cancel_scope.cancel()
+
+    trio.run(raw_clients)
+    ingress.proc.wait_for(r"PEER_DID_NOT_RETURN_A_CERTIFICATE", 10)
+    ingress.proc.wait_for(r"refused worker old .*incompatible protocol version", 10)
+
+
+def test_a_worker_sigtermed_finishes_its_stream_detaches_and_exits_0(ring: Ring) -> None:
+    ingress = ring.ingress("ingress")
+    worker = ring.worker("worker-a", [ingress])
+    ingress.wait_workers({"worker-a"})
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", ingress.url + CHAT, json=chat(48, stream=True)) as response,
+    ):
+        lines = response.iter_lines()
+        for line in lines:
+            if '"content"' in line:
+                break
+        worker.popen.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    assert rest[-1] == "data: [DONE]" or rest[-2:] == ["data: [DONE]", ""], rest[-3:]
+    assert not any('"error"' in line for line in rest)
+    assert worker.popen.wait(timeout=60) == 0
+    assert ingress.workers() == []
+    ingress.proc.wait_for(r"worker worker-a#\d+ detached: the worker left", 10)
+
+
+def test_workers_reattach_to_a_restarted_ingress_by_themselves(ring: Ring) -> None:
+    ingress = ring.ingress("ingress")
+    port = ingress.control.rsplit(":", 1)[1]
+    ring.worker("worker-a", [ingress])
+    ingress.wait_workers({"worker-a"})
+    ingress.proc.popen.send_signal(signal.SIGKILL)
+    ingress.proc.popen.wait(timeout=30)
+    again = ring.ingress("ingress-again", f"--control-port={port}")
+    assert again.control == ingress.control
+    again.wait_workers({"worker-a"})
+    response = httpx.post(again.url + CHAT, json=chat(4), timeout=60)
+    assert response.status_code == 200, response.text
