@@ -81,6 +81,10 @@ class FakeEngine:
             available_slots=self._slots.value,
         )
 
+    async def wait_failed(self) -> BaseException:
+        """A fake engine never fails."""
+        await trio.sleep_forever()
+
     async def capacity_changed(self) -> None:
         await self._lot.park()
 

@@ -481,7 +481,7 @@ async def test_a_dead_engine_makes_health_503_with_the_reason(
         monkeypatch.setattr(stack.engine._model, "decode", decode)
         async with httpx.AsyncClient(timeout=60) as http:
             response = await chat(http, stack, max_tokens=4)
-            assert response.status_code in (500, 503)
+            assert response.status_code in (500, 502, 503)
             assert "exploded" not in response.text
             with trio.fail_after(30):
                 await stack.detached.wait()

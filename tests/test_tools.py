@@ -78,7 +78,7 @@ def template(source: str | None) -> ChatTemplate:
         architecture="qwen35",
         bos_token="",
         eos_token="<|im_end|>",
-        render_builtin=lambda name, pairs: json.dumps(pairs),
+        render_builtin=lambda name, pairs, add_assistant=True: json.dumps(pairs),
     )
 
 

@@ -3,22 +3,46 @@ what /health and /v1/models show of the attached workers."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import httpx
 import pytest
 import trio
 
 from llmtrio.ring import Ring
-from llmtrio.web import create_app
+from llmtrio.web import ServeConfig, serve_ingress
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
+@asynccontextmanager
+async def ingress(ring: Ring, model_name: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The HTTP ingress alone in front of ``ring``, on a free loopback port."""
+    async with trio.open_nursery() as nursery:
+        shutdown = trio.Event()
+        binds = await nursery.start(
+            partial(
+                serve_ingress,
+                ring,
+                ServeConfig(port=0, graceful_timeout=1),
+                model_name=model_name,
+                shutdown=shutdown,
+            )
+        )
+        async with httpx.AsyncClient(base_url=binds[0], timeout=30) as client:
+            yield client
+        shutdown.set()
+
+
 async def test_no_worker_within_the_park_timeout_is_a_503_with_retry_after() -> None:
     ring = Ring(max_streams=4, park_timeout=0.2, retry_after=3)
-    client = create_app(ring, model_name="").test_client()
-    response = await client.post("/v1/chat/completions", json=BODY)
+    async with ingress(ring, "") as client:
+        response = await client.post("/v1/chat/completions", json=BODY)
     assert response.status_code == 503
     assert response.headers["Retry-After"] == "3"
-    error = (await response.get_json())["error"]
+    error = response.json()["error"]
     assert error["code"] == "no_worker"
     assert "0.2s" in error["message"]
     assert ring.stats().tracked == 0
@@ -27,12 +51,15 @@ async def test_no_worker_within_the_park_timeout_is_a_503_with_retry_after() -> 
 @pytest.mark.parametrize("model_name", ["", "served-name"])
 async def test_health_and_models_list_the_attached_workers(model_name: str) -> None:
     ring = Ring(max_streams=4)
-    client = create_app(ring, model_name=model_name).test_client()
-    async with ring.attach("w1#1", 2, models=["m1"]) as one, ring.attach("w2#2", 4, models=["m1"]):
+    async with (
+        ingress(ring, model_name) as client,
+        ring.attach("w1#1", 2, models=["m1"]) as one,
+        ring.attach("w2#2", 4, models=["m1"]),
+    ):
         one.heartbeat(inflight=1, max_inflight=2, available_slots=1)
         await trio.sleep(0.01)
-        health = await (await client.get("/health")).get_json()
-        models = await (await client.get("/v1/models")).get_json()
+        health = (await client.get("/health")).json()
+        models = (await client.get("/v1/models")).json()
     assert [w["id"] for w in health["workers"]] == ["w1#1", "w2#2"]
     first = health["workers"][0]
     assert first["capacity"]["inflight"] == 1

@@ -41,6 +41,7 @@ from .._openai_errors import (
     server_error,
     worker_failed,
 )
+from .._routes import RING_PATHS
 from ..ring import (
     ParkTimeoutError,
     RequestHead,
@@ -52,12 +53,10 @@ from ..ring import (
 )
 from ._guard import OriginPolicy, header_map
 
-__all__ = ["RING_PATHS", "Ingress", "create_app"]
+__all__ = ["Ingress", "create_app"]
 
 logger = logging.getLogger("llmtrio.web")
 
-#: The paths served by the workers, through the ring (POST only).
-RING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 # Request headers a worker may care about; the rest stay at the ingress.
 _FORWARDED = frozenset({"content-type", "accept", "user-agent"})
 

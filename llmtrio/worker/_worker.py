@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import trio
 
+from .._routes import CHAT_PATH, COMPLETIONS_PATH
 from ..engine import (
     Done,
     Engine,
@@ -42,9 +43,7 @@ from ._openai import (
     ChatCompletionRequest,
     OpenAIError,
     from_engine_error,
-    method_not_allowed,
     new_completion_id,
-    not_found,
     parse_chat_request,
     server_error,
 )
@@ -54,8 +53,6 @@ __all__ = ["HEARTBEAT_INTERVAL_S", "serve_link"]
 logger = logging.getLogger("llmtrio.worker")
 
 HEARTBEAT_INTERVAL_S = 0.5
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
 SSE_HEADERS = (
     ("content-type", "text/event-stream"),
     ("cache-control", "no-cache"),
@@ -196,17 +193,16 @@ class _Response:
 
 
 async def _respond(engine: Engine, response: _Response) -> None:
+    """Dispatch on the path the ingress routed here (``llmtrio._routes``): the ingress owns
+    routing, so a path without a handler is a fault (a 500, logged), not a 404."""
     claimed = response.claimed
-    head = claimed.head
-    path = head.path.split("?", 1)[0]
-    if path == COMPLETIONS_PATH and head.method == "POST":
+    path = claimed.head.path.split("?", 1)[0]
+    if path == COMPLETIONS_PATH:
         await _respond_text(engine, response)
         return
+    if path != CHAT_PATH:
+        raise LookupError(f"the ingress routed {path!r} to this worker, which does not serve it")
     try:
-        if path != CHAT_PATH:
-            raise not_found(head.method, path)
-        if head.method != "POST":
-            raise method_not_allowed(head.method, path)
         request = parse_chat_request(claimed.body)
     except OpenAIError as error:
         await response.error(error)
