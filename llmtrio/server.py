@@ -4,11 +4,11 @@ ingress, in one process (``llmtrio serve``)."""
 from __future__ import annotations
 
 import logging
-import signal
 from functools import partial
 
 import trio
 
+from ._ingress import until_signalled
 from .engine import Engine, EngineConfig, EngineFailedError
 from .ring import ControlConfig, Ring, serve_control
 from .web import ServeConfig, serve_ingress
@@ -79,29 +79,15 @@ async def serve_until_signalled(
 
     Error handling: :class:`EngineFailedError` as ``serve`` raises it (the command exits
     non-zero)."""
-    shutdown = trio.Event()
     failure: EngineFailedError | None = None
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
 
-            async def watch() -> None:
-                async for signum in signals:
-                    if shutdown.is_set():
-                        logger.warning("second signal: stopping now")
-                        nursery.cancel_scope.cancel()
-                        return
-                    logger.info(
-                        "%s: finishing in-flight requests (up to %.0fs); again to stop now",
-                        signal.Signals(signum).name,
-                        config.graceful_timeout,
-                    )
-                    shutdown.set()
+    async def run(shutdown: trio.Event) -> None:
+        nonlocal failure
+        try:
+            await serve(engine_config, config, shutdown=shutdown, control=control)
+        except EngineFailedError as exc:
+            failure = exc
 
-            nursery.start_soon(watch)
-            try:
-                await serve(engine_config, config, shutdown=shutdown, control=control)
-            except EngineFailedError as exc:
-                failure = exc
-            nursery.cancel_scope.cancel()
+    await until_signalled(run, graceful_timeout=config.graceful_timeout)
     if failure is not None:
         raise failure
