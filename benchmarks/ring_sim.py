@@ -24,6 +24,7 @@ quiet ingresses' requests must not wait behind the busy one's).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import re
@@ -54,6 +55,41 @@ from llmtrio.ring import (
 from llmtrio.worker import serve_link
 
 HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
+
+
+@attrs.define(eq=False)
+class FakeGeneration:
+    """What the worker reads of a generation (as ``llmtrio.engine.Generation``): its events
+    as it produces them, ``ended`` once the last is out, ``drain()`` for what is unread."""
+
+    ended: trio.Event = attrs.field(factory=trio.Event)
+    _send: trio.MemorySendChannel[object] = attrs.field(init=False)
+    _receive: trio.MemoryReceiveChannel[object] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[object](float("inf"))
+
+    async def run(self, events: AsyncIterator[object]) -> None:
+        async for event in events:
+            self._send.send_nowait(event)
+        self.ended.set()
+        self._send.close()
+
+    def __aiter__(self) -> FakeGeneration:
+        return self
+
+    async def __anext__(self) -> object:
+        try:
+            return await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+    def drain(self) -> list[object]:
+        events = []
+        with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
+            while True:
+                events.append(self._receive.receive_nowait())
+        return events
 
 
 @attrs.define(eq=False)
@@ -89,11 +125,15 @@ class FakeEngine:
         await self._lot.park()
 
     @asynccontextmanager
-    async def submit(self, request: GenerateRequest) -> AsyncIterator[AsyncIterator[object]]:
+    async def submit(self, request: GenerateRequest) -> AsyncIterator[FakeGeneration]:
         self._inflight += 1
         self._lot.unpark_all()
         try:
-            yield self._generate(request)
+            async with trio.open_nursery() as nursery:
+                generation = FakeGeneration()
+                nursery.start_soon(generation.run, self._generate(request))
+                yield generation
+                nursery.cancel_scope.cancel()
         finally:
             self._inflight -= 1
             self._lot.unpark_all()

@@ -296,6 +296,38 @@ async def test_a_slow_client_holds_back_its_own_stream_only(pki: Pki) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_a_worker_that_ends_with_a_last_chunk_is_free_whatever_its_client_reads(
+    pki: Pki,
+) -> None:
+    """Capacity follows the work over the network too: a worker whose client reads nothing
+    ends its stream with everything left as one last chunk (past its credits), its slot is
+    free at once (it serves the next stream), and the stalled client still gets it all."""
+    ring = Ring(max_streams=8, response_buffer=2)
+    ended: list[int] = []
+
+    async def produce_then_end(claimed: ClaimedStream) -> None:
+        await claimed.send_head(200, [("x-worker", "a")])
+        for _ in range(3):
+            await claimed.send(b"x" * 10)
+        await claimed.end(b"y" * 1000)  # what a finished generation hands over
+        ended.append(claimed.stream_id)
+
+    async with trio.open_nursery() as nursery:
+        url = await start_ingress(nursery, pki, ring, credits=2)
+        async with worker(pki, [url], "a", produce_then_end, max_inflight=1):
+            stalled = ring.park(HEAD)  # never read until the end
+            await stalled.response_head()
+            with trio.fail_after(10):
+                _, body = await read_all(ring.park(HEAD))  # served by the same one slot
+            assert body == b"x" * 30 + b"y" * 1000
+            assert len(ended) == 2
+            stats = ring.stats()
+            assert (stats.assigned, stats.responding) == (0, 0)
+            rest = b"".join([chunk async for chunk in stalled.body()])
+            assert rest == b"x" * 30 + b"y" * 1000
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_cancel_not_acknowledged_in_time_loses_the_stream_only(pki: Pki) -> None:
     ring = Ring(max_streams=8)
 

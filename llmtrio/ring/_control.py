@@ -218,6 +218,7 @@ class _Stream:
     outbox: trio.MemoryReceiveChannel[ResponseMessage]
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     ending: bool = False  # its end or error arrived and is being relayed
+    ended: trio.Event = attrs.field(factory=trio.Event)  # set with ``ending``
 
 
 @attrs.define(eq=False)
@@ -339,6 +340,7 @@ class _Session:
                     del self._streams[message.stream_id]
                     stream.inbox.close()
                     stream.ending = True
+                    stream.ended.set()
                     self._ending += 1
             case Detach(reason=reason):
                 raise _WorkerGone(f"the worker left: {reason}" if reason else "the worker left")
@@ -377,7 +379,8 @@ class _Session:
             self._room.unpark_all()
             return
         self._relaying += 1
-        inbox, outbox = trio.open_memory_channel[ResponseMessage](self._config.credits + 2)
+        # The head, the credited chunks, one last chunk past the credits, and the end.
+        inbox, outbox = trio.open_memory_channel[ResponseMessage](self._config.credits + 3)
         stream = _Stream(claimed, inbox, outbox)
         try:
             self._streams[claimed.stream_id] = stream
@@ -393,15 +396,51 @@ class _Session:
                 self._ended.unpark_all()
 
     async def _pump(self, stream: _Stream) -> None:
-        """Write one stream's response messages to its client's lane, in order."""
+        """Write one stream's response messages to its client's lane, in order, waiting on
+        the client while the worker is still producing; once the worker's end (or error) has
+        arrived, what is left is handed over at once, so the stream stops counting against
+        the worker however slowly its client reads."""
+        pending: ResponseMessage | None = None
         with stream.scope:  # cancelled when the stream is released or lost
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_cancel, stream)
-                async for message in stream.outbox:
-                    # The client may leave meanwhile: the worker is being told.
+                with trio.CancelScope() as relaying:
+
+                    async def stop_waiting_at_the_end() -> None:
+                        await stream.ended.wait()
+                        relaying.cancel()
+
+                    nursery.start_soon(stop_waiting_at_the_end)
+                    async for message in stream.outbox:
+                        pending = message  # a relay cancelled here delivered nothing
+                        # The client may leave meanwhile: the worker is being told.
+                        with contextlib.suppress(StreamCancelledError):
+                            await self._relay(stream.claimed, message)
+                        pending = None
+                left = [] if pending is None else [pending]
+                with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
+                    while True:
+                        left.append(stream.outbox.receive_nowait())
+                if left:
                     with contextlib.suppress(StreamCancelledError):
-                        await self._relay(stream.claimed, message)
+                        await self._flush(stream.claimed, left)
                 nursery.cancel_scope.cancel()
+
+    async def _flush(self, claimed: Claimed, messages: list[ResponseMessage]) -> None:
+        """Relay a finished stream's last messages without waiting on its client: its
+        chunks go out as one last chunk with the end."""
+        data = b"".join(m.data for m in messages if isinstance(m, ResponseData))
+        for message in messages:
+            match message:
+                case ResponseHead():
+                    await self._relay(claimed, message)
+                case ResponseEnd():
+                    if claimed.cancelled.is_set():
+                        await claimed.end()
+                    else:
+                        await claimed.end(data)
+                case ResponseError(message=text):
+                    claimed.fail(text)
 
     async def _relay(self, claimed: Claimed, message: ResponseMessage) -> None:
         stream_id = claimed.stream_id

@@ -435,13 +435,14 @@ class RemoteClaimed:
     async def end(self, last: bytes = b"") -> None:
         """The response is complete; on a cancelled stream, acknowledges the cancel.
 
-        ``last`` is a final body chunk. Over the network it still waits for a credit (the
-        ingress relays a stream's end only after its client took the chunks before it), so a
-        remote worker's slot follows its client until then; see docs/ring-protocol.md.
+        ``last`` is a final body chunk, sent without waiting for a credit (the one chunk a
+        worker may send past its credits, right before its end): a worker whose work is done
+        frees its slot at once, however slowly its client reads; see docs/ring-protocol.md.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         if last and not self.cancelled.is_set():
-            await self.send(last)
+            self._check_open()
+            self._connection.send(ResponseData(self.stream_id, last))
         if self._finished:
             raise ProtocolError(f"stream {self.stream_id} is already finished")
         self._finish(ResponseEnd(self.stream_id))
