@@ -83,3 +83,13 @@ class RingLink(Protocol):
 
     async def claim(self) -> ClaimedStream:
         """Wait for the oldest parked stream; cancelling the wait takes the claim back."""
+
+
+def unfinished_reason(exc_value: BaseException | None) -> str:
+    """Why a claimed stream left its ``with`` block unfinished, for its ``ResponseError``: the
+    ingress logs it and tells its client no internals."""
+    if exc_value is None:
+        return "the worker finished without ending the response"
+    if isinstance(exc_value, trio.Cancelled):
+        return "the worker was cancelled"
+    return f"the worker failed: {exc_value!r}"

@@ -30,6 +30,7 @@ from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 
 from ._errors import ControlRefusedError, ProtocolError, StreamCancelledError
 from ._framing import FrameDecoder, encode_available
+from ._link import unfinished_reason
 from ._messages import (
     Assign,
     Attach,
@@ -462,12 +463,7 @@ class RemoteClaimed:
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if exc_value is None:
-            self.fail("the worker finished without ending the response")
-        elif isinstance(exc_value, trio.Cancelled):
-            self.fail("the worker was cancelled")
-        else:
-            self.fail(f"the worker failed: {exc_value!r}")
+        self.fail(unfinished_reason(exc_value))
 
     def _check_open(self) -> None:
         if self.cancelled.is_set():

@@ -21,6 +21,7 @@ import trio
 
 from ._core import Effect, RingCore, RingStats, StreamState, ToClient, ToWorker
 from ._errors import ParkTimeoutError, ProtocolError, StreamCancelledError, WorkerFailedError
+from ._link import unfinished_reason
 from ._messages import (
     Assign,
     Attach,
@@ -518,12 +519,7 @@ class Claimed:
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if exc_value is None:
-            self.fail("the worker finished without ending the response")
-        elif isinstance(exc_value, trio.Cancelled):
-            self.fail("the worker was cancelled")
-        else:  # for the ingress's log: it tells its client no internals
-            self.fail(f"the worker failed: {exc_value!r}")
+        self.fail(unfinished_reason(exc_value))
 
     def _check_open(self) -> None:
         if self.cancelled.is_set():
