@@ -23,15 +23,12 @@ from ..engine import (
     Token,
     TokenLogprob,
 )
-from ._features import parse_penalties, parse_response_format
+from ._features import parse_response_format
 from ._openai import (
     _INT32_MAX,
-    _INT64_MAX,
-    _INT64_MIN,
     _invalid_type,
     _opt_bool,
     _opt_int,
-    _opt_number,
     _opt_str,
     _parse_logit_bias,
     _parse_stop,
@@ -39,6 +36,8 @@ from ._openai import (
     _timings,
     _usage,
     from_engine_error,
+    parse_sampling,
+    parse_stream,
 )
 
 __all__ = [
@@ -149,39 +148,10 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         )
     max_tokens = _opt_int(data, "max_tokens", 1, _INT32_MAX) or DEFAULT_MAX_TOKENS
 
-    sampling: dict[str, Any] = {}
-    for key, low, high, low_open in (
-        ("temperature", 0.0, 2.0, False),
-        ("top_p", 0.0, 1.0, True),
-        ("min_p", 0.0, 1.0, False),
-    ):
-        number = _opt_number(data, key, low, high, low_open=low_open)
-        if number is not None:
-            sampling[key] = number
-    top_k = _opt_int(data, "top_k", 0, _INT32_MAX)
-    if top_k is not None:
-        sampling["top_k"] = top_k
-    seed = _opt_int(data, "seed", _INT64_MIN, _INT64_MAX)
-    if seed is not None:
-        sampling["seed"] = seed
-    sampling.update(parse_penalties(data))
+    sampling = parse_sampling(data)
     logprobs = _opt_int(data, "logprobs", 0, MAX_TOP_LOGPROBS)
 
-    stream = _opt_bool(data, "stream", "stream") or False
-    include_usage = False
-    stream_options = data.get("stream_options")
-    if stream_options is not None:
-        if not stream:
-            raise invalid_request(
-                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-                param="stream_options",
-                code="invalid_value",
-            )
-        if not isinstance(stream_options, dict):
-            raise _invalid_type("stream_options", "an object", stream_options)
-        include_usage = (
-            _opt_bool(stream_options, "include_usage", "stream_options.include_usage") or False
-        )
+    stream, include_usage = parse_stream(data)
     try:
         options = {
             "max_tokens": max_tokens,

@@ -187,23 +187,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     if max_completion_tokens is not None:
         max_tokens = max_completion_tokens
 
-    sampling_args: dict[str, Any] = {}
-    temperature = _opt_number(data, "temperature", 0.0, 2.0)
-    if temperature is not None:
-        sampling_args["temperature"] = temperature
-    top_p = _opt_number(data, "top_p", 0.0, 1.0, low_open=True)
-    if top_p is not None:
-        sampling_args["top_p"] = top_p
-    top_k = _opt_int(data, "top_k", 0, _INT32_MAX)
-    if top_k is not None:
-        sampling_args["top_k"] = top_k
-    min_p = _opt_number(data, "min_p", 0.0, 1.0)
-    if min_p is not None:
-        sampling_args["min_p"] = min_p
-    seed = _opt_int(data, "seed", _INT64_MIN, _INT64_MAX)
-    if seed is not None:
-        sampling_args["seed"] = seed
-    sampling_args.update(parse_penalties(data))
+    sampling_args = parse_sampling(data)
     logprobs = parse_chat_logprobs(data)
     tools = parse_tools(data)
     grammar = parse_response_format(data.get("response_format"))
@@ -222,22 +206,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             code="invalid_value",
         )
 
-    stream = _opt_bool(data, "stream", "stream") or False
-    include_usage = False
-    stream_options = data.get("stream_options")
-    if stream_options is not None:
-        if not stream:
-            # OpenAI refuses stream_options on a request that does not stream.
-            raise invalid_request(
-                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-                param="stream_options",
-                code="invalid_value",
-            )
-        if not isinstance(stream_options, dict):
-            raise _invalid_type("stream_options", "an object", stream_options)
-        include_usage = (
-            _opt_bool(stream_options, "include_usage", "stream_options.include_usage") or False
-        )
+    stream, include_usage = parse_stream(data)
 
     think = _opt_bool(data, "think", "think")
     template_kwargs = data.get("chat_template_kwargs")
@@ -285,6 +254,52 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         tools=tools,
         logprobs=logprobs is not None,
     )
+
+
+def parse_sampling(data: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields present in a chat or text completions body (``temperature``,
+    ``top_p``, ``top_k``, ``min_p``, ``seed`` and the penalties), as ``Sampling`` arguments.
+
+    Error handling: :class:`OpenAIError` (400) naming a field of the wrong type or out of
+    range."""
+    sampling: dict[str, Any] = {}
+    for key, low, high, low_open in (
+        ("temperature", 0.0, 2.0, False),
+        ("top_p", 0.0, 1.0, True),
+        ("min_p", 0.0, 1.0, False),
+    ):
+        number = _opt_number(data, key, low, high, low_open=low_open)
+        if number is not None:
+            sampling[key] = number
+    top_k = _opt_int(data, "top_k", 0, _INT32_MAX)
+    if top_k is not None:
+        sampling["top_k"] = top_k
+    seed = _opt_int(data, "seed", _INT64_MIN, _INT64_MAX)
+    if seed is not None:
+        sampling["seed"] = seed
+    sampling.update(parse_penalties(data))
+    return sampling
+
+
+def parse_stream(data: dict[str, Any]) -> tuple[bool, bool]:
+    """``stream`` and ``stream_options.include_usage`` of a completions body.
+
+    Error handling: :class:`OpenAIError` (400) for a wrong type, or ``stream_options`` on a
+    request that does not stream (OpenAI refuses it)."""
+    stream = _opt_bool(data, "stream", "stream") or False
+    stream_options = data.get("stream_options")
+    if stream_options is None:
+        return stream, False
+    if not stream:
+        raise invalid_request(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+            code="invalid_value",
+        )
+    if not isinstance(stream_options, dict):
+        raise _invalid_type("stream_options", "an object", stream_options)
+    include_usage = _opt_bool(stream_options, "include_usage", "stream_options.include_usage")
+    return stream, include_usage or False
 
 
 def _reject_constant(name: str) -> NoReturn:
