@@ -101,7 +101,9 @@ async def test_eight_prompts_batched_match_llama_cpp_and_agree_with_alone(gemma_
     agreement.
     """
     steps = 24
-    async with Engine.open(config(gemma_path)) as engine:
+    # Without prompt reuse: the batched run must ingest the whole prompts, as llama_greedy
+    # does, not reuse what the runs alone left in the slots (a batch of another shape).
+    async with Engine.open(config(gemma_path, prompt_cache=False)) as engine:
         prompts = [engine.tokenize(p, add_special=True) for p in PROMPTS]
         requests = [GenerateRequest(tokens=p, max_tokens=steps, ignore_eos=True) for p in prompts]
         alone = [(await collect(engine, r))[0] for r in requests]

@@ -15,7 +15,7 @@ the Trio side, off the decode thread's critical path.
 from __future__ import annotations
 
 import contextlib
-import heapq
+import ctypes
 import logging
 import random
 import threading
@@ -38,8 +38,9 @@ from ._errors import (
 )
 from ._llama import Batch, LlamaModel, SlotSampler
 from ._model_source import ResolvedModel, resolve_model
+from ._prompt_cache import PromptCache, common_prefix
 from ._sampling import Penalties, RawLogprob
-from ._scheduler import Scheduler
+from ._scheduler import Scheduler, Start
 from ._text import THINK_CLOSE, THINK_OPEN, StopMatcher, ThinkSplitter, Utf8Assembler
 from ._types import (
     Capacity,
@@ -62,11 +63,25 @@ logger = logging.getLogger("llmtrio.engine")
 @attrs.define
 class EngineStats:
     """Counters of the decode loop, for benchmarks: ``decode_s`` is time inside
-    ``llama_decode``, ``python_s`` the rest of each step (batch filling, sampling, hand-off)."""
+    ``llama_decode``, ``python_s`` the rest of each step (batch filling, sampling, hand-off).
+
+    Prompt reuse: ``prompt_cache_hits`` sequences started with part of their prompt already
+    in memory, ``prompt_cache_reused_tokens`` tokens in all were not ingested again;
+    ``prompt_tokens_ingested`` were. ``prompt_cache_bytes`` of host memory hold
+    ``prompt_cache_entries`` snapshots now; ``prompt_cache_snapshots`` were taken and
+    ``prompt_cache_evictions`` evicted (least recently used first) since the start.
+    """
 
     steps: int = 0
     decode_s: float = 0.0
     python_s: float = 0.0
+    prompt_cache_hits: int = 0
+    prompt_cache_reused_tokens: int = 0
+    prompt_tokens_ingested: int = 0
+    prompt_cache_bytes: int = 0
+    prompt_cache_entries: int = 0
+    prompt_cache_snapshots: int = 0
+    prompt_cache_evictions: int = 0
 
 
 @attrs.define(eq=False)
@@ -78,8 +93,16 @@ class _Job:
     request: GenerateRequest
     max_tokens: int
     generation: Generation
+    #: Prompt lengths worth a snapshot on recurrent memory (chat message boundaries).
+    hints: tuple[int, ...] = ()
     seq: int = -1
     pos: int = 0
+    #: Prompt tokens found in memory at admission (not ingested).
+    cached: int = 0
+    #: Prompt lengths after which the state is snapshotted (the prompt cache's decision).
+    snapshot_at: tuple[int, ...] = ()
+    #: Generated tokens decoded into the sequence's memory, after the prompt.
+    fed: list[int] = attrs.field(factory=list)
     last_token: int = -1
     generated: int = 0
     sampler: SlotSampler | None = None
@@ -216,6 +239,7 @@ class Generation:
             stop=stop,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self._completion_tokens,
+            cached_tokens=job.cached,
             timings=Timings(
                 queue_s=max(0.0, admitted - self._submitted_at),
                 prefill_s=max(0.0, first - admitted),
@@ -283,6 +307,7 @@ class Engine:
                 ctx_size=config.ctx_size,
                 threads=config.threads,
                 n_batch=n_batch,
+                swa_full=config.prompt_cache,
             )
         )
         try:
@@ -393,7 +418,7 @@ class Engine:
         self._check_size(request)
         # Rendering and tokenizing a long prompt, or compiling a grammar, takes a while: never
         # on the event loop.
-        prompt, opens_think = await trio.to_thread.run_sync(
+        prompt, opens_think, hints = await trio.to_thread.run_sync(
             self._prepare, request, abandon_on_cancel=True
         )
         generation = Generation(self, len(prompt), opens_think, request.stop)
@@ -404,6 +429,7 @@ class Engine:
             request=request,
             max_tokens=min(request.max_tokens or budget, budget),
             generation=generation,
+            hints=hints,
         )
         self._next_key += 1
         generation._job = job
@@ -435,7 +461,15 @@ class Engine:
         if at_least >= self.config.ctx_size:
             raise PromptTooLongError(at_least, self.config.ctx_size, at_least=True)
 
-    def _prompt(self, request: GenerateRequest) -> tuple[list[int], bool]:
+    @property
+    def _cut_anywhere(self) -> bool:
+        """Whether a sequence's memory can be cut back to any position: attention only,
+        with a full-size sliding-window cache."""
+        model = self._model
+        recurrent = model.is_recurrent or model.is_hybrid
+        return not recurrent and (model.n_swa == 0 or model.swa_full)
+
+    def _prompt(self, request: GenerateRequest) -> tuple[list[int], bool, tuple[int, ...]]:
         model = self._model
         if request.tokens is not None:
             prompt = list(request.tokens)
@@ -447,15 +481,17 @@ class Engine:
                         param="tokens",
                     )
             opens_think = False
+            hints: tuple[int, ...] = ()
         else:
             assert request.messages is not None
             rendered = self._template.render(
                 request.messages, think=request.think, tools=request.tools
             )
-            prompt = model.tokenize(rendered.text, add_special=model.add_bos)
-            if model.add_bos and len(prompt) > 1 and prompt[0] == prompt[1] == model.bos:
-                prompt = prompt[1:]
+            prompt = self._tokenize_prompt(rendered.text)
             opens_think = rendered.opens_think
+            hints = ()
+            if self.config.prompt_cache and not self._cut_anywhere:
+                hints = self._hints(rendered.text, request.messages[-1].content, prompt)
         if len(prompt) >= self.config.ctx_size:
             raise PromptTooLongError(len(prompt), self.config.ctx_size)
         for token, _ in request.logit_bias:
@@ -465,9 +501,32 @@ class Engine:
                     f"(0..{model.n_vocab - 1})",
                     param="logit_bias",
                 )
-        return prompt, opens_think
+        return prompt, opens_think, hints
 
-    def _prepare(self, request: GenerateRequest) -> tuple[list[int], bool]:
+    def _tokenize_prompt(self, text: str) -> list[int]:
+        model = self._model
+        prompt = model.tokenize(text, add_special=model.add_bos)
+        if model.add_bos and len(prompt) > 1 and prompt[0] == prompt[1] == model.bos:
+            prompt = prompt[1:]
+        return prompt
+
+    def _hints(self, text: str, last: str, prompt: list[int]) -> tuple[int, ...]:
+        """The prompt lengths where the last message's text starts (what precedes it, a
+        system prompt above all, is shared by other requests) and ends (the next turn of
+        the conversation repeats all of it): where a recurrent state is worth a snapshot."""
+        start = text.rfind(last) if last else -1
+        if start <= 0:
+            return ()
+        tokens = np.asarray(prompt, dtype=np.int32)
+        hints = set()
+        for end in (start, start + len(last)):
+            prefix = np.asarray(self._tokenize_prompt(text[:end]), dtype=np.int32)
+            # Where tokenizing the prefix alone agrees with the whole prompt: at most the
+            # boundary, never past it.
+            hints.add(common_prefix(prefix, tokens))
+        return tuple(sorted(h for h in hints if 0 < h < len(prompt)))
+
+    def _prepare(self, request: GenerateRequest) -> tuple[list[int], bool, tuple[int, ...]]:
         """The prompt's tokens and whether it opens a think block; the grammar checked."""
         prompt = self._prompt(request)
         self._check_grammar(request)
@@ -547,18 +606,70 @@ class Engine:
         scheduler = Scheduler(config.max_inflight, config.prefill_chunk, config.target_step_ms)
         batch = Batch(model.n_batch)
         jobs: dict[int, _Job] = {}
-        # Lowest free sequence id first, and batches in ascending id order: llama.cpp splits a
+        # The prompt cache picks each sequence's id: the slot holding most of its prompt,
+        # else the lowest free one. Batches go in ascending id order: llama.cpp splits a
         # batch of non-unified sequences into one micro-batch per run of consecutive,
         # increasing ids, and each micro-batch reads all the weights again.
-        free_seqs = list(range(config.max_inflight))
+        cache = PromptCache(
+            config.max_inflight,
+            cut_anywhere=self._cut_anywhere,
+            budget_bytes=config.cache_ram_mib * 2**20,
+            enabled=config.prompt_cache,
+        )
+        snapshots: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
         stats = self.stats
 
-        def release(job: _Job) -> None:
+        def count_cache() -> None:
+            stats.prompt_cache_hits = cache.hits
+            stats.prompt_cache_reused_tokens = cache.reused_tokens
+            stats.prompt_cache_bytes = cache.bytes_used
+            stats.prompt_cache_entries = cache.entries
+            stats.prompt_cache_snapshots = cache.snapshots
+            stats.prompt_cache_evictions = cache.evictions
+
+        def snapshot(seq: int, tokens: npt.NDArray[np.int32]) -> None:
+            data = model.save_state(seq)
+            if data is None:
+                return
+            entry, evicted = cache.stored(tokens, len(data))
+            for old in evicted:
+                del snapshots[old]
+            if entry is not None:
+                snapshots[entry] = data
+
+        def start(key: int) -> Start:
+            """Carry out the prompt cache's decision for a sequence admitted now."""
+            job = jobs[key]
+            plan = cache.assign(job.prompt, hints=job.hints)
+            seq = job.seq = plan.seq
+            keep = plan.keep
+            if plan.save is not None:
+                snapshot(seq, plan.save)
+            if plan.restore is not None and not model.restore_state(seq, snapshots[plan.restore]):
+                cache.restore_failed(seq)
+                keep = 0
+            if keep == 0 or not model.forget(seq, keep):
+                model.forget(seq)
+                keep = 0
+            job.pos = job.cached = keep
+            job.snapshot_at = plan.snapshot_at
+            count_cache()
+            return Start(keep, plan.snapshot_at)
+
+        def release(job: _Job, *, clear: bool = False) -> None:
+            """Free ``job``'s slot; its memory stays for the prompt cache unless ``clear``
+            (a failed decode may have left it inconsistent)."""
             scheduler.remove(job.key)
             jobs.pop(job.key, None)
             if job.seq >= 0:
-                model.forget(job.seq)
-                heapq.heappush(free_seqs, job.seq)
+                if clear or not config.prompt_cache:
+                    model.forget(job.seq)
+                    cache.released(job.seq, ())
+                else:
+                    held = job.prompt[: min(job.pos, len(job.prompt))]
+                    if job.fed:
+                        held = np.concatenate([held, np.asarray(job.fed, dtype=np.int32)])
+                    cache.released(job.seq, held)
                 job.seq = -1
             if job.sampler is not None:
                 job.sampler.close()
@@ -587,10 +698,9 @@ class Engine:
                     # Freed slots are known now, not after the next decode.
                     self._post(updates)
                     updates = []
-                plan = scheduler.schedule()
+                plan = scheduler.schedule(start)
                 for key in plan.admitted:
                     job = jobs[key]
-                    job.seq = heapq.heappop(free_seqs)
                     job.admitted_at = started
                     job.sampler = self._sampler(job)
                 if plan.empty:
@@ -604,8 +714,14 @@ class Engine:
                 self._decoding = len(parts)
                 decode_s, sampled, failed = self._decode(batch, parts)
                 for job, error in failed:
-                    release(job)
+                    release(job, clear=True)
                     updates.append(_Update(job, [], error=error, released=True))
+                for part in parts:
+                    if part.start is not None and part.job.seq >= 0:
+                        stats.prompt_tokens_ingested += part.count
+                        if part.job.pos in part.job.snapshot_at:
+                            snapshot(part.job.seq, part.job.prompt[: part.job.pos])
+                            count_cache()
                 now = time.perf_counter()
                 for job, token in sampled:
                     updates.append(self._advance(job, token, now, release))
@@ -634,7 +750,7 @@ class Engine:
                 for job in list(jobs.values()) + waiting
             ]
             for job in list(jobs.values()):
-                release(job)
+                release(job, clear=True)
             self._decoding = 0
             self._post(closed)
 
@@ -695,6 +811,7 @@ class Engine:
             for part in parts:
                 if part.start is None:
                     part.job.pos += 1
+                    part.job.fed.append(part.job.last_token)
                 else:
                     part.job.pos = part.start + part.count
                 if part.outputs and part.job.sampler is not None:

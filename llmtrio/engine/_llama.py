@@ -65,7 +65,14 @@ class LlamaModel:
     """
 
     def __init__(
-        self, path: Path, *, slots: int, ctx_size: int, threads: int, n_batch: int
+        self,
+        path: Path,
+        *,
+        slots: int,
+        ctx_size: int,
+        threads: int,
+        n_batch: int,
+        swa_full: bool = False,
     ) -> None:
         _recent_log()
         params = llama_cpp.llama_model_default_params()
@@ -74,7 +81,15 @@ class LlamaModel:
             why = _recent_log() or "llama.cpp could not load it"
             raise ModelLoadError(f"cannot load model {path}: {why}")
         try:
-            self._init_context(slots=slots, ctx_size=ctx_size, threads=threads, n_batch=n_batch)
+            #: The sliding window's size (0: no sliding-window attention).
+            self.n_swa: int = llama_cpp.llama_model_n_swa(self._model)
+            self._init_context(
+                slots=slots,
+                ctx_size=ctx_size,
+                threads=threads,
+                n_batch=n_batch,
+                swa_full=swa_full and self.n_swa > 0,
+            )
         except BaseException:
             llama_cpp.llama_model_free(self._model)
             raise
@@ -103,7 +118,9 @@ class LlamaModel:
             (len(self.special_piece(token)) for token in range(self.n_vocab)), default=1
         )
 
-    def _init_context(self, *, slots: int, ctx_size: int, threads: int, n_batch: int) -> None:
+    def _init_context(
+        self, *, slots: int, ctx_size: int, threads: int, n_batch: int, swa_full: bool
+    ) -> None:
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = ctx_size * slots
         cparams.n_seq_max = slots
@@ -113,6 +130,10 @@ class LlamaModel:
         cparams.n_threads_batch = threads
         # Each slot gets its own ctx_size cells: one long sequence cannot starve the others.
         cparams.kv_unified = False
+        # A full-size sliding-window cache keeps every cell, so a sequence can be cut back
+        # to any position (prompt reuse); the default one drops cells older than the window.
+        cparams.swa_full = swa_full
+        self.swa_full = swa_full
         cparams.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self.ctx:
@@ -208,6 +229,24 @@ class LlamaModel:
         """Drop ``seq``'s memory from position ``start`` on (all of it by default). Returns
         false when the memory cannot be cut there (recurrent state: only all of it)."""
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq, start, -1))
+
+    def save_state(self, seq: int) -> ctypes.Array[ctypes.c_uint8] | None:
+        """A copy of ``seq``'s whole memory (cells and recurrent state) in host memory, or
+        ``None`` when llama.cpp could not write it."""
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, seq)
+        if size <= 0:
+            return None
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq)
+        return buf if written == size else None
+
+    def restore_state(self, seq: int, data: ctypes.Array[ctypes.c_uint8]) -> bool:
+        """Replace ``seq``'s memory with a copy :meth:`save_state` made (of any sequence).
+        False when it did not fit; ``seq``'s memory is then cleared."""
+        if llama_cpp.llama_state_seq_set_data(self.ctx, data, len(data), seq) == len(data):
+            return True
+        self.forget(seq)
+        return False
 
     def logits(self, index: int) -> npt.NDArray[np.float32]:
         ptr = llama_cpp.llama_get_logits_ith(self.ctx, index)

@@ -5,10 +5,11 @@ prompt tokens each ingests. Pure: fed with slot state and measured step times, n
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 
-__all__ = ["Prefill", "Scheduler", "StepPlan"]
+__all__ = ["Prefill", "Scheduler", "Start", "StepPlan"]
 
 
 @attrs.frozen
@@ -31,10 +32,21 @@ class StepPlan:
         return not self.decode and not self.prefill
 
 
+@attrs.frozen
+class Start:
+    """Where an admitted sequence's ingestion starts (``reused`` prompt tokens are already
+    in its memory) and the prompt lengths at which a prefill chunk must end (``stops``: the
+    engine snapshots the state there)."""
+
+    reused: int = 0
+    stops: tuple[int, ...] = ()
+
+
 @attrs.define
 class _Slot:
     prompt_len: int
     prefilled: int = 0
+    stops: tuple[int, ...] = ()
 
 
 @attrs.define
@@ -47,7 +59,8 @@ class Scheduler:
       step has been measured with the last one admitted in it (so every admission is judged
       by a measurement that includes its predecessor).
     - Each step decodes one token for every sequence past its prompt, and spends up to
-      ``prefill_chunk`` prompt tokens on sequences still ingesting, oldest first.
+      ``prefill_chunk`` prompt tokens on sequences still ingesting, oldest first. A chunk
+      never runs past one of its sequence's ``stops``.
     """
 
     max_inflight: int
@@ -80,8 +93,10 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def schedule(self) -> StepPlan:
-        admitted = self._admit()
+    def schedule(self, start: Callable[[int], Start] | None = None) -> StepPlan:
+        """Plan the next step; ``start(key)`` is asked, for each sequence admitted now, how
+        much of its prompt is already in memory and where its chunks must end."""
+        admitted = self._admit(start)
         decode = tuple(
             key for key, slot in self._slots.items() if slot.prefilled >= slot.prompt_len
         )
@@ -93,12 +108,16 @@ class Scheduler:
             left = slot.prompt_len - slot.prefilled
             if left > 0:
                 count = min(left, budget)
+                for stop in slot.stops:
+                    if stop > slot.prefilled:
+                        count = min(count, stop - slot.prefilled)
+                        break
                 prefill.append(Prefill(key, slot.prefilled, count))
                 slot.prefilled += count
                 budget -= count
         return StepPlan(admitted, decode, tuple(prefill))
 
-    def _admit(self) -> tuple[int, ...]:
+    def _admit(self, start: Callable[[int], Start] | None) -> tuple[int, ...]:
         admitted: list[int] = []
         while self._waiting and len(self._slots) < self.max_inflight:
             if self.target_step_ms > 0 and self._slots:
@@ -107,6 +126,11 @@ class Scheduler:
                     break
             key, prompt_len = self._waiting.popleft()
             self._measured_since_admit = False
-            self._slots[key] = _Slot(prompt_len)
+            slot = _Slot(prompt_len)
+            if start is not None:
+                begin = start(key)
+                slot.prefilled = min(begin.reused, prompt_len - 1)
+                slot.stops = tuple(sorted(begin.stops))
+            self._slots[key] = slot
             admitted.append(key)
         return tuple(admitted)

@@ -43,6 +43,12 @@ class EngineConfig:
     the measured decode step is slower than it (0: admission is bounded by ``max_inflight``
     only). ``prefill_chunk`` is the prompt-token budget of one step, shared by all prompts
     being ingested.
+
+    ``prompt_cache`` reuses what a slot's memory already holds of a new prompt (its previous
+    prompt and answer, a shared system prompt) instead of ingesting it again; off, every
+    prompt is ingested from scratch. ``cache_ram_mib`` bounds the host memory kept for
+    prompt snapshots (copies of a sequence's memory that other slots can restore); 0 keeps
+    none (a slot still reuses its own memory).
     """
 
     model: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
@@ -56,6 +62,8 @@ class EngineConfig:
     threads: int = attrs.field(factory=lambda: os.cpu_count() or 1)
     allow_fallback: bool = True
     model_name: str | None = None
+    prompt_cache: bool = True
+    cache_ram_mib: int = 1024
 
     def __attrs_post_init__(self) -> None:
         if self.max_inflight < 1:
@@ -68,6 +76,8 @@ class EngineConfig:
             raise ValueError("prefill_chunk must be at least 1")
         if self.threads < 1:
             raise ValueError("threads must be at least 1")
+        if self.cache_ram_mib < 0:
+            raise ValueError("cache_ram_mib must be 0 or more")
 
 
 @attrs.frozen
@@ -312,10 +322,14 @@ class Token:
 
 @attrs.frozen
 class Done:
+    """The end of a generation. ``cached_tokens`` of the ``prompt_tokens`` were not
+    ingested: the slot's memory held them already (prompt reuse)."""
+
     stop: StopReason
     prompt_tokens: int
     completion_tokens: int
     timings: Timings
+    cached_tokens: int = 0
 
 
 @attrs.frozen

@@ -1,0 +1,272 @@
+"""The prompt-reuse policy: which prompt prefix lives where, what a new sequence reuses, what
+is snapshotted and what is evicted. Pure: fed with token ids and byte counts, no llama.cpp.
+
+Two places hold a prefix's memory:
+
+- a *slot* (a llama.cpp sequence id): the cells of the tokens it last held stay there after
+  its generation ends ("resident"), until the slot is given to a prompt they do not prefix;
+- a *snapshot* in host memory (``llama_state_seq_get_data``): the whole state of a sequence
+  after a given prefix, restorable into any slot, kept under a byte budget, least recently
+  used evicted first.
+
+What can be reused depends on the memory (``cut_anywhere``):
+
+- attention only (the sliding-window cache made full-size): cells can be cut at any
+  position (``llama_memory_seq_rm``), so any common prefix of a resident sequence or a
+  snapshot is reused, and a prompt that shares only a part keeps only that part;
+- recurrent or hybrid memory: the recurrent state exists only at the end of what was
+  ingested, and cannot be cut back. A prefix is reusable only where a state was taken at
+  exactly its end: a resident sequence the prompt extends whole, or a snapshot. Snapshots are
+  therefore taken *while ingesting*, at the ``hints`` the engine passes (message boundaries of
+  a chat prompt: where the last message's text starts, so a shared system prompt is taken,
+  and where it ends, so the next turn of the conversation finds it).
+
+Every reuse leaves at least one prompt token to ingest: its logits give the first token.
+A slot's resident tokens that a new prompt cuts or drops are first saved as a snapshot
+(unless one already covers them), so that other prompts sharing them can still restore them.
+
+The decode thread carries the decisions out (:class:`Assignment`) and reports back what
+happened (:meth:`PromptCache.stored`, :meth:`PromptCache.released`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Assignment", "PromptCache", "common_prefix"]
+
+Tokens = npt.NDArray[np.int32]
+
+_EMPTY: Tokens = np.zeros(0, dtype=np.int32)
+
+
+def common_prefix(a: Tokens, b: Tokens) -> int:
+    """The number of leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+def _tokens(value: Sequence[int] | Tokens) -> Tokens:
+    return np.asarray(value, dtype=np.int32)
+
+
+@attrs.frozen(eq=False)
+class Assignment:
+    """How a new sequence starts, in the order the decode thread carries it out:
+
+    1. ``save``: snapshot ``seq``'s memory first, which holds these tokens (the prompt cuts
+       or drops them); report it with :meth:`PromptCache.stored`.
+    2. ``restore``: restore that snapshot (an entry id) into ``seq``.
+    3. cut ``seq``'s memory back to its first ``keep`` tokens (all of it when 0).
+    4. ingest the prompt from ``keep`` on, taking a snapshot (and reporting it) after each
+       position in ``snapshot_at`` (prompt lengths, in ascending order).
+    """
+
+    seq: int
+    keep: int
+    restore: int | None = None
+    save: Tokens | None = None
+    snapshot_at: tuple[int, ...] = ()
+
+
+@attrs.define(eq=False)
+class _Entry:
+    id: int
+    tokens: Tokens
+    nbytes: int
+    used: int
+
+
+@attrs.define(eq=False)
+class _Slot:
+    tokens: Tokens = _EMPTY
+    busy: bool = False
+    used: int = 0
+
+
+@attrs.define
+class PromptCache:
+    """The policy over ``slots`` sequence ids and ``budget_bytes`` of host snapshots.
+
+    ``budget_bytes == 0`` keeps no snapshots (slots still reuse what they hold);
+    ``enabled=False`` reuses nothing (every prompt is ingested from scratch, each slot's
+    memory cleared).
+
+    ``min_restore`` is the fewest tokens worth restoring a snapshot for (a copy of the whole
+    state), and ``min_snapshot`` the fewest worth keeping one of.
+    """
+
+    slots: int
+    cut_anywhere: bool
+    budget_bytes: int
+    enabled: bool = True
+    min_restore: int = 32
+    min_snapshot: int = 64
+    _slots: list[_Slot] = attrs.field(init=False)
+    _entries: dict[int, _Entry] = attrs.field(init=False, factory=dict)
+    _clock: int = attrs.field(init=False, default=0)
+    _next_id: int = attrs.field(init=False, default=0)
+    #: Counters: sequences that reused anything, tokens reused, snapshots taken and evicted.
+    hits: int = attrs.field(init=False, default=0)
+    reused_tokens: int = attrs.field(init=False, default=0)
+    snapshots: int = attrs.field(init=False, default=0)
+    evictions: int = attrs.field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        self._slots = [_Slot() for _ in range(self.slots)]
+
+    # -- what the engine asks --------------------------------------------------------------
+
+    @property
+    def bytes_used(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    def entry_tokens(self, entry: int) -> Tokens:
+        return self._entries[entry].tokens
+
+    def resident(self, seq: int) -> Tokens:
+        return self._slots[seq].tokens
+
+    def free_slots(self) -> list[int]:
+        return [seq for seq, slot in enumerate(self._slots) if not slot.busy]
+
+    def assign(self, prompt: Sequence[int] | Tokens, *, hints: Sequence[int] = ()) -> Assignment:
+        """Pick a free slot for ``prompt`` and say what of it is reused; the slot is then
+        busy until :meth:`released`.
+
+        Error handling: ``LookupError`` when no slot is free (the scheduler admits no more
+        sequences than there are slots).
+        """
+        tokens = _tokens(prompt)
+        free = self.free_slots()
+        if not free:
+            raise LookupError("no free slot")
+        self._clock += 1
+        if not self.enabled:
+            seq = free[0]
+            self._occupy(seq, _EMPTY)
+            return Assignment(seq, 0)
+        limit = len(tokens) - 1  # at least one token is ingested, for its logits
+        seq, keep, restore = self._best(tokens, limit, free)
+        slot = self._slots[seq]
+        save = None
+        if (restore is not None or keep < len(slot.tokens)) and self._worth_saving(slot.tokens):
+            save = slot.tokens
+        if restore is not None:
+            self._entries[restore].used = self._clock
+        if keep:
+            self.hits += 1
+            self.reused_tokens += keep
+        self._occupy(seq, tokens[:keep])
+        return Assignment(seq, keep, restore, save, self._snapshot_points(tokens, keep, hints))
+
+    def stored(self, tokens: Sequence[int] | Tokens, nbytes: int) -> tuple[int | None, list[int]]:
+        """Record a snapshot of the state after ``tokens``, ``nbytes`` long.
+
+        Returns its entry id (``None`` when it is not kept: larger than the whole budget, or
+        the same tokens are already kept) and the entry ids to evict now (least recently used
+        first), after which the snapshots in use fit the budget again.
+        """
+        tokens = _tokens(tokens).copy()
+        self._clock += 1
+        if nbytes > self.budget_bytes or self._covered(tokens):
+            return None, []
+        entry = _Entry(self._next_id, tokens, nbytes, self._clock)
+        self._next_id += 1
+        self._entries[entry.id] = entry
+        self.snapshots += 1
+        evicted: list[int] = []
+        used = self.bytes_used
+        for old in sorted(self._entries.values(), key=lambda e: e.used):
+            if used <= self.budget_bytes:
+                break
+            if old.id == entry.id:
+                continue
+            del self._entries[old.id]
+            used -= old.nbytes
+            evicted.append(old.id)
+        self.evictions += len(evicted)
+        return entry.id, evicted
+
+    def restore_failed(self, seq: int) -> None:
+        """The restore an assignment asked for did not happen: ``seq`` holds nothing."""
+        self._slots[seq].tokens = _EMPTY
+
+    def released(self, seq: int, tokens: Sequence[int] | Tokens) -> None:
+        """``seq``'s sequence ended; its memory now holds exactly ``tokens`` (empty when it
+        was cleared)."""
+        slot = self._slots[seq]
+        slot.busy = False
+        slot.tokens = _tokens(tokens).copy() if self.enabled else _EMPTY
+        self._clock += 1
+        slot.used = self._clock
+
+    # -- the policy --------------------------------------------------------------------
+
+    def _best(self, tokens: Tokens, limit: int, free: list[int]) -> tuple[int, int, int | None]:
+        """The slot, the tokens reused and the snapshot to restore (if any)."""
+        best_seq, best_keep = -1, 0
+        for seq in free:
+            keep = self._reusable(self._slots[seq].tokens, tokens, limit)
+            if keep > best_keep:
+                best_seq, best_keep = seq, keep
+        best_entry: int | None = None
+        for entry in self._entries.values():
+            keep = self._reusable(entry.tokens, tokens, limit)
+            if keep >= self.min_restore and keep > best_keep:
+                best_entry, best_keep = entry.id, keep
+        if best_entry is None and best_seq >= 0:
+            return best_seq, best_keep, None
+        # A snapshot to restore, or nothing to reuse: take the free slot whose memory is
+        # worth least (empty first, then the least recently used), lowest id on a tie.
+        seq = min(free, key=lambda s: (len(self._slots[s].tokens) > 0, self._slots[s].used, s))
+        return seq, (best_keep if best_entry is not None else 0), best_entry
+
+    def _reusable(self, held: Tokens, tokens: Tokens, limit: int) -> int:
+        """How many tokens of ``tokens`` memory holding ``held`` serves."""
+        if not len(held):
+            return 0
+        common = common_prefix(held, tokens)
+        if self.cut_anywhere:
+            return min(common, limit)
+        # A recurrent state exists only after all of ``held``.
+        return len(held) if common == len(held) and len(held) <= limit else 0
+
+    def _snapshot_points(self, tokens: Tokens, keep: int, hints: Sequence[int]) -> tuple[int, ...]:
+        if self.cut_anywhere or self.budget_bytes <= 0:
+            return ()  # the slot's cells serve any prefix; they are saved when cut
+        points = sorted({h for h in hints if keep < h < len(tokens) and h >= self.min_snapshot})
+        return tuple(p for p in points if not self._covered(tokens[:p]))
+
+    def _worth_saving(self, held: Tokens) -> bool:
+        return self.budget_bytes > 0 and len(held) >= self.min_snapshot and not self._covered(held)
+
+    def _covered(self, tokens: Tokens) -> bool:
+        """Whether a snapshot already serves every prefix ``tokens`` could serve."""
+        for entry in self._entries.values():
+            if self.cut_anywhere:
+                if len(entry.tokens) >= len(tokens) and common_prefix(entry.tokens, tokens) == len(
+                    tokens
+                ):
+                    return True
+            elif len(entry.tokens) == len(tokens) and common_prefix(entry.tokens, tokens) == len(
+                tokens
+            ):
+                return True
+        return False
+
+    def _occupy(self, seq: int, tokens: Tokens) -> None:
+        slot = self._slots[seq]
+        slot.busy = True
+        slot.tokens = tokens
