@@ -270,3 +270,14 @@ def test_the_scheduler_starts_after_the_reused_tokens_and_stops_at_snapshots() -
         (Prefill(0, 264, 36),),
     ]
     assert s.schedule().decode == (0,)
+
+
+def test_the_save_before_a_restore_never_evicts_the_snapshot_restored() -> None:
+    memory = attention(slots=1, budget=BYTES_PER_TOKEN * 150)
+    a, b = tokens(100, 0), tokens(100, 1000)
+    memory.run(a)
+    memory.run(b)  # a is saved
+    # a is restored into the slot that holds b: b is saved first, and there is room for
+    # one of the two only; a, about to be restored, stays.
+    assert memory.run([*a, 1]) == 100
+    assert memory.cache.entries == 1

@@ -113,6 +113,8 @@ class PromptCache:
     _entries: dict[int, _Entry] = attrs.field(init=False, factory=dict)
     _clock: int = attrs.field(init=False, default=0)
     _next_id: int = attrs.field(init=False, default=0)
+    #: The snapshot the last assignment restores: never evicted to make room for its save.
+    _pinned: int | None = attrs.field(init=False, default=None)
     #: Counters: sequences that reused anything, tokens reused, snapshots taken and evicted.
     hits: int = attrs.field(init=False, default=0)
     reused_tokens: int = attrs.field(init=False, default=0)
@@ -153,6 +155,7 @@ class PromptCache:
         if not free:
             raise LookupError("no free slot")
         self._clock += 1
+        self._pinned = None
         if not self.enabled:
             seq = free[0]
             self._occupy(seq, _EMPTY)
@@ -165,6 +168,7 @@ class PromptCache:
             save = slot.tokens
         if restore is not None:
             self._entries[restore].used = self._clock
+            self._pinned = restore
         if keep:
             self.hits += 1
             self.reused_tokens += keep
@@ -191,12 +195,16 @@ class PromptCache:
         for old in sorted(self._entries.values(), key=lambda e: e.used):
             if used <= self.budget_bytes:
                 break
-            if old.id == entry.id:
+            if old.id in (entry.id, self._pinned):
                 continue
             del self._entries[old.id]
             used -= old.nbytes
             evicted.append(old.id)
         self.evictions += len(evicted)
+        if used > self.budget_bytes:  # only with the pinned one: the new one goes
+            del self._entries[entry.id]
+            self.snapshots -= 1
+            return None, evicted
         return entry.id, evicted
 
     def restore_failed(self, seq: int) -> None:
