@@ -49,6 +49,19 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         "--prefill-chunk", type=int, default=256, help="prompt tokens per step (default 256)"
     )
     group.add_argument(
+        "--no-prompt-cache",
+        action="store_true",
+        help="ingest every prompt whole: reuse nothing a slot already holds",
+    )
+    group.add_argument(
+        "--cache-ram",
+        type=int,
+        default=1024,
+        metavar="MiB",
+        help="host memory for prompt snapshots other slots can restore "
+        "(default 1024; 0: none, a slot still reuses its own memory)",
+    )
+    group.add_argument(
         "--threads",
         type=int,
         default=os.cpu_count() or 1,
@@ -77,6 +90,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         threads=args.threads,
         model_name=args.model_name,
         allow_fallback=not args.no_fallback,
+        prompt_cache=not args.no_prompt_cache,
+        cache_ram_mib=args.cache_ram,
     )
 
 

@@ -49,7 +49,13 @@ from llmtrio.worker._openai import (
 )
 
 HI = [{"role": "user", "content": "hi"}]
-DONE = Done(StopReason.END_OF_GENERATION, 7, 3, Timings(0.001, 0.02, 0.05))
+DONE = Done(StopReason.END_OF_GENERATION, 7, 3, Timings(0.001, 0.02, 0.05), cached_tokens=2)
+USAGE = {
+    "prompt_tokens": 7,
+    "completion_tokens": 3,
+    "total_tokens": 10,
+    "prompt_tokens_details": {"cached_tokens": 2},
+}
 
 
 def parse(**fields: Any) -> ChatCompletionRequest:
@@ -567,16 +573,15 @@ def test_stream_chunk_shapes() -> None:
     assert finish == chunk([choice({}, "stop")])
     assert timings == {
         "queue_ms": 1.0,
-        "prompt_n": 7,
+        "cache_n": 2,
+        "prompt_n": 5,
         "prompt_ms": 20.0,
-        "prompt_per_second": 350.0,
+        "prompt_per_second": 250.0,
         "predicted_n": 3,
         "predicted_ms": 50.0,
         "predicted_per_second": 40.0,
     }
-    assert event_json(s.usage(DONE)) == chunk(
-        [], usage={"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-    )
+    assert event_json(s.usage(DONE)) == chunk([], usage=USAGE)
     assert s.done() == b"data: [DONE]\n\n"
 
 
@@ -679,7 +684,7 @@ def test_completion_body_shape() -> None:
         completion_body("Hello!", "", DONE, model="qwen", id="chatcmpl-abc", created=1700000000)
     )
     timings = body.pop("timings")
-    assert timings["prompt_n"] == 7
+    assert (timings["prompt_n"], timings["cache_n"]) == (5, 2)
     assert body == {
         "id": "chatcmpl-abc",
         "object": "chat.completion",
@@ -693,7 +698,7 @@ def test_completion_body_shape() -> None:
                 "finish_reason": "stop",
             }
         ],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+        "usage": USAGE,
     }
 
 

@@ -50,6 +50,7 @@ EVERY_MESSAGE: list[Message] = [
     Heartbeat(inflight=3, max_inflight=8, available_slots=5),
     Heartbeat(0, 0, 0),
     Heartbeat(inflight=8, max_inflight=8, available_slots=0, decoding=6),
+    Heartbeat(1, 4, 3, cache_hits=2, cached_tokens=900, cache_bytes=12_000_000),
     Claim(1),
     Claim(7),
     Withdraw(3),

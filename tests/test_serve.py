@@ -386,3 +386,26 @@ def test_a_client_giving_up_on_a_non_streaming_request_frees_its_slot(
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=1.5)
     wait_idle(live_server, timeout=5)
+
+
+def test_the_next_turn_reports_its_reused_prompt_tokens(live_server: LiveServer) -> None:
+    """Turn 2 of a conversation reuses turn 1's prompt: ``usage`` says how many tokens were
+    cached (OpenAI's ``prompt_tokens_details``), ``timings`` too (llama.cpp's ``cache_n``),
+    and ``/health`` counts the hit."""
+    messages = [{"role": "user", "content": "Name three rivers of Europe, one line each."}]
+    url = live_server.url + "/v1/chat/completions"
+    body = {"messages": messages, "max_tokens": 6, "temperature": 0}
+    first = httpx.post(url, json=body, timeout=60).json()
+    messages += [
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And of Asia?"},
+    ]
+    second = httpx.post(url, json=body, timeout=60).json()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert first["usage"]["prompt_tokens"] - 4 <= cached < second["usage"]["prompt_tokens"]
+    assert second["timings"]["cache_n"] == cached
+    assert second["timings"]["prompt_n"] == second["usage"]["prompt_tokens"] - cached
+    health = httpx.get(live_server.url + "/health", timeout=10).json()
+    assert health["prompt_cache"]["hits"] >= 1
+    assert health["prompt_cache"]["cached_tokens"] >= cached
+    assert health["workers"][0]["capacity"]["prompt_cache"]["hits"] >= 1

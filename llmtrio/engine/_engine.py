@@ -381,6 +381,9 @@ class Engine:
             decoding=self._decoding,
             max_inflight=self.config.max_inflight,
             available_slots=max(0, self.config.max_inflight - inflight),
+            cache_hits=self.stats.prompt_cache_hits,
+            cached_tokens=self.stats.prompt_cache_reused_tokens,
+            cache_bytes=self.stats.prompt_cache_bytes,
         )
 
     async def wait_idle(self) -> None:

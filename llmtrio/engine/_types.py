@@ -352,3 +352,8 @@ class Capacity:
     decoding: int
     max_inflight: int
     available_slots: int
+    #: Prompt reuse so far: sequences that reused part of their prompt, tokens reused, and
+    #: the host memory prompt snapshots hold now.
+    cache_hits: int = 0
+    cached_tokens: int = 0
+    cache_bytes: int = 0

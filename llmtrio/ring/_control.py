@@ -299,6 +299,9 @@ class _Session:
                     max_inflight=max_inflight,
                     available_slots=available,
                     decoding=decoding,
+                    cache_hits=message.cache_hits,
+                    cached_tokens=message.cached_tokens,
+                    cache_bytes=message.cache_bytes,
                 )
             case Claim(count=count):
                 if len(self._waiting) + count > self._link.max_inflight:

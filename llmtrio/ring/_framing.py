@@ -56,6 +56,7 @@ MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
 _PREFIX: Final = struct.Struct(">I")
 _FRAME_HEAD: Final = struct.Struct(">IBI")  # length, type, json_len
 _MIN_LENGTH: Final = 1 + 4  # type + json_len
+_CACHE_FIELDS: Final = ("cache_hits", "cached_tokens", "cache_bytes")
 
 _CODES: Final[dict[type[Message], int]] = {
     Attach: 1,
@@ -92,12 +93,16 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
             available_slots=available,
             decoding=decoding,
         ):
-            return {
+            beat = {
                 "inflight": inflight,
                 "max_inflight": max_inflight,
                 "available_slots": available,
                 "decoding": decoding,
-            }, b""
+            }
+            for name in _CACHE_FIELDS:  # optional: only once the cache was used
+                if value := getattr(message, name):
+                    beat[name] = value
+            return beat, b""
         case Claim(count=count) | Withdraw(count=count) | Withdrawn(count=count):
             return {"count": count}, b""
         case Credit(stream_id=stream_id, count=count):
@@ -203,7 +208,8 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
     if cls is Heartbeat:
         inflight, available = fields.integer("inflight"), fields.integer("available_slots")
         decoding = fields.integer("decoding") if "decoding" in fields else 0
-        return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding)
+        cache = {name: fields.integer(name) for name in _CACHE_FIELDS if name in fields}
+        return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **cache)
     if cls is Claim:
         return Claim(fields.integer("count"))
     if cls is Withdraw:

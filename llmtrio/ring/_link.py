@@ -77,7 +77,15 @@ class RingLink(Protocol):
     def max_inflight(self) -> int: ...
 
     def heartbeat(
-        self, *, inflight: int, max_inflight: int, available_slots: int, decoding: int = 0
+        self,
+        *,
+        inflight: int,
+        max_inflight: int,
+        available_slots: int,
+        decoding: int = 0,
+        cache_hits: int = 0,
+        cached_tokens: int = 0,
+        cache_bytes: int = 0,
     ) -> None:
         """Report the engine's capacity; never blocks."""
 

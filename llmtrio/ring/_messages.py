@@ -137,6 +137,12 @@ class Heartbeat:
     available_slots: int = attrs.field(validator=_int_at_least(0))
     decoding: int = attrs.field(default=0, validator=_int_at_least(0))
     """Sequences in the engine's current batch (for health pages; optional on the wire)."""
+    cache_hits: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    """Prompt reuse, for health pages (optional on the wire): sequences that started with
+    part of their prompt in memory, the tokens reused in all, and the host memory its
+    snapshots hold now."""
+    cached_tokens: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    cache_bytes: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
 
 
 @attrs.frozen

@@ -157,10 +157,26 @@ class RemoteLink:
         return sum(len(connection.held) for connection in self._connections)
 
     def heartbeat(
-        self, *, inflight: int, max_inflight: int, available_slots: int, decoding: int = 0
+        self,
+        *,
+        inflight: int,
+        max_inflight: int,
+        available_slots: int,
+        decoding: int = 0,
+        cache_hits: int = 0,
+        cached_tokens: int = 0,
+        cache_bytes: int = 0,
     ) -> None:
         """Send the engine's capacity to every attached ingress (never blocks)."""
-        self._capacity = Heartbeat(inflight, max_inflight, available_slots, decoding)
+        self._capacity = Heartbeat(
+            inflight,
+            max_inflight,
+            available_slots,
+            decoding,
+            cache_hits=cache_hits,
+            cached_tokens=cached_tokens,
+            cache_bytes=cache_bytes,
+        )
         for connection in self._connections:
             connection.send(self._capacity)
 

@@ -334,12 +334,28 @@ class WorkerLink:
         self._inbox, self._outbox = trio.open_memory_channel[Claimed](self.max_inflight)
 
     def heartbeat(
-        self, *, inflight: int, max_inflight: int, available_slots: int, decoding: int = 0
+        self,
+        *,
+        inflight: int,
+        max_inflight: int,
+        available_slots: int,
+        decoding: int = 0,
+        cache_hits: int = 0,
+        cached_tokens: int = 0,
+        cache_bytes: int = 0,
     ) -> None:
         """Report the engine's capacity (shown by ``Ring.stats``)."""
         self._ring._core.heartbeat(
             self.worker_id,
-            Heartbeat(inflight, max_inflight, available_slots, decoding),
+            Heartbeat(
+                inflight,
+                max_inflight,
+                available_slots,
+                decoding,
+                cache_hits=cache_hits,
+                cached_tokens=cached_tokens,
+                cache_bytes=cache_bytes,
+            ),
             at=trio.current_time(),
         )
 

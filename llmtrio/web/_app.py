@@ -109,10 +109,16 @@ def create_app(
             "max_inflight": sum(b.max_inflight for b in beats),
             "available_slots": sum(b.available_slots for b in beats),
         }
+        prompt_cache = {
+            "hits": sum(b.cache_hits for b in beats),
+            "cached_tokens": sum(b.cached_tokens for b in beats),
+            "bytes": sum(b.cache_bytes for b in beats),
+        }
         body: dict[str, Any] = {
             "status": "ok" if stats.workers else "no_workers",
             "model": model_name or next(iter(_models(ring)), ""),
             "capacity": capacity,
+            "prompt_cache": prompt_cache,
             "ring": {
                 "parked": stats.parked,
                 "serving": stats.assigned + stats.responding,
@@ -371,6 +377,11 @@ def _worker_health(worker: WorkerStats, now: float) -> dict[str, Any]:
             "decoding": beat.decoding,
             "max_inflight": beat.max_inflight,
             "available_slots": beat.available_slots,
+            "prompt_cache": {
+                "hits": beat.cache_hits,
+                "cached_tokens": beat.cached_tokens,
+                "bytes": beat.cache_bytes,
+            },
         },
         "last_heartbeat_s_ago": None
         if worker.last_heartbeat is None

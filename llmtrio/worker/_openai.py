@@ -777,11 +777,14 @@ def chat_logprobs_json(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     return {"content": [token_logprob_json(e) for e in entries], "refusal": None}
 
 
-def _usage(done: Done) -> dict[str, int]:
+def _usage(done: Done) -> dict[str, Any]:
+    """OpenAI's usage: ``prompt_tokens`` counts the reused ones too, and
+    ``prompt_tokens_details.cached_tokens`` says how many of them were reused."""
     return {
         "prompt_tokens": done.prompt_tokens,
         "completion_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
     }
 
 
@@ -789,15 +792,18 @@ def _timings(done: Done) -> dict[str, float | int | None]:
     """llama.cpp server's ``timings`` fields, plus the time spent waiting for a slot.
 
     ``prompt_ms`` runs until the first token was sampled, so the decode rate counts the
-    tokens after the first over ``predicted_ms``.
+    tokens after the first over ``predicted_ms``. As in llama.cpp's server, ``cache_n``
+    prompt tokens were reused from memory and ``prompt_n`` were ingested.
     """
     t = done.timings
     decoded_after_first = max(done.completion_tokens - 1, 0)
+    ingested = done.prompt_tokens - done.cached_tokens
     return {
         "queue_ms": _ms(t.queue_s),
-        "prompt_n": done.prompt_tokens,
+        "cache_n": done.cached_tokens,
+        "prompt_n": ingested,
         "prompt_ms": _ms(t.prefill_s),
-        "prompt_per_second": _rate(done.prompt_tokens, t.prefill_s),
+        "prompt_per_second": _rate(ingested, t.prefill_s),
         "predicted_n": done.completion_tokens,
         "predicted_ms": _ms(t.decode_s),
         "predicted_per_second": _rate(decoded_after_first, t.decode_s),

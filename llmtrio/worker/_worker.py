@@ -90,6 +90,9 @@ async def serve_link(
             max_inflight=capacity.max_inflight,
             available_slots=capacity.available_slots,
             decoding=capacity.decoding,
+            cache_hits=capacity.cache_hits,
+            cached_tokens=capacity.cached_tokens,
+            cache_bytes=capacity.cache_bytes,
         )
 
     async def beat() -> None:
