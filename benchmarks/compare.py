@@ -32,6 +32,13 @@ What it does, in order:
 4. Chunked prefill (llmtrio, llama-server; 4096 tokens per slot): 4 streams decoding, then one
    request with a ~2000-token prompt; the streams' inter-token gaps in the 2 s before it and
    while it is ingested (until its first token).
+5. Prompt reuse (llmtrio with and without ``--no-prompt-cache``, llama-server with its own
+   defaults: ``cache_prompt`` on, context checkpoints, ``--cache-ram`` 8192 MiB; 4 slots x
+   4096 tokens, issue 9's setup): a ~900-word system prompt (unique per trial) and a
+   question, 16 greedy tokens: turn 1's TTFT (cold), turn 2's (the same conversation, the
+   answer and one new question re-sent, as the chat page does); then, with another system
+   prompt, one warm request and 4 concurrent requests sharing it: their TTFT p50. Median of
+   ``--reuse-trials`` trials.
 
 Resource handling: every server runs as a child process that is stopped (SIGINT, then SIGTERM,
 then SIGKILL, each after a timeout) before the next starts, also on errors and Ctrl-C; its
@@ -313,7 +320,7 @@ async def stop_process(process: trio.Process) -> None:
 
 @asynccontextmanager
 async def running_server(
-    spec: ServerSpec, setup: Setup, ctx: int, tag: str
+    spec: ServerSpec, setup: Setup, ctx: int, tag: str, argv: list[str] | None = None
 ) -> AsyncIterator[Running]:
     """Starts the server, waits until it answers, warms it with one short request, and yields.
 
@@ -324,7 +331,7 @@ async def running_server(
     port = free_port()
     base = f"http://{HOST}:{port}"
     log = setup.logdir / f"{tag}.log"
-    argv = server_argv(spec, setup, port, ctx)
+    argv = server_argv(spec, setup, port, ctx) if argv is None else [*argv, "--port", str(port)]
     log_file = await trio.to_thread.run_sync(log.open, "wb")
     env = None
     if spec.key == "llmtrio-base":
@@ -411,14 +418,16 @@ def chat_body(
     max_tokens: int,
     ignore_eos: bool,
     response_format: dict[str, object] | None = None,
+    messages: list[dict[str, str]] | None = None,
 ) -> dict[str, object]:
     """The request; the prompt starts with a request number unique in this run, so that no
     server can skip the prefill by reusing an earlier request's KV (llama-server's slot prompt
-    reuse, llama-cpp-python's prefix reuse; llmtrio has no prefix cache)."""
+    reuse, llama-cpp-python's prefix reuse, llmtrio's prompt cache). ``messages``, when
+    given, are sent as they are instead (the prompt-reuse part)."""
     content = f"Request {next(_request_numbers)}. {prompt}"
     body: dict[str, object] = {
         "model": "bench",
-        "messages": [{"role": "user", "content": content}],
+        "messages": messages or [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
@@ -444,6 +453,7 @@ async def stream_chat(
     on_token: Callable[[float], None] | None = None,
     client: httpx.AsyncClient | None = None,
     response_format: dict[str, object] | None = None,
+    messages: list[dict[str, str]] | None = None,
 ) -> RequestResult:
     """Streams one chat completion and records when each content chunk arrived.
 
@@ -465,6 +475,7 @@ async def stream_chat(
                 on_token=on_token,
                 client=own,
                 response_format=response_format,
+                messages=messages,
             )
     body = chat_body(
         setup,
@@ -472,6 +483,7 @@ async def stream_chat(
         max_tokens=max_tokens,
         ignore_eos=ignore_eos,
         response_format=response_format,
+        messages=messages,
     )
     result = RequestResult(start=time.perf_counter())
     try:
@@ -1004,6 +1016,135 @@ async def prefill_stall(
     )
 
 
+# --- prompt reuse -------------------------------------------------------------------------
+
+REUSE_SLOTS = 4
+REUSE_CTX = 4096  # tokens per slot
+REUSE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class ReuseVariant:
+    label: str
+    kind: Kind
+    argv: list[str]
+
+
+def reuse_variants(setup: Setup, specs: Sequence[ServerSpec]) -> list[ReuseVariant]:
+    """llmtrio with and without its prompt cache, llama-server with its own defaults (the
+    port is appended by running_server)."""
+    variants = []
+    if any(s.key == "llmtrio" for s in specs):
+        argv = _drop_options(
+            llmtrio_argv(setup, 0, REUSE_CTX), ("--port", "--max-inflight", "--ctx-size")
+        )
+        argv += ["--max-inflight", str(REUSE_SLOTS), "--ctx-size", str(REUSE_CTX)]
+        argv += list(setup.extra_args.get(Kind.LLMTRIO, ()))
+        variants.append(ReuseVariant("llmtrio", Kind.LLMTRIO, argv))
+        variants.append(
+            ReuseVariant("llmtrio --no-prompt-cache", Kind.LLMTRIO, [*argv, "--no-prompt-cache"])
+        )
+    if setup.llama_server is not None and any(s.kind is Kind.LLAMA_SERVER for s in specs):
+        argv = [
+            str(setup.llama_server),
+            "-m",
+            str(setup.model),
+            "--host",
+            HOST,
+            "-np",
+            str(REUSE_SLOTS),
+            "-c",
+            str(REUSE_CTX * REUSE_SLOTS),
+            "--threads",
+            str(setup.threads),
+            "--threads-batch",
+            str(setup.threads),
+            "--slots",
+            "--no-webui",
+            *setup.extra_args.get(Kind.LLAMA_SERVER, ()),
+        ]
+        variants.append(ReuseVariant("llama-server", Kind.LLAMA_SERVER, argv))
+    return variants
+
+
+def _drop_options(argv: list[str], names: Sequence[str]) -> list[str]:
+    """``argv`` without the options ``names`` and their values."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in names:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+@dataclass(frozen=True)
+class ReuseResult:
+    turn1_ttft: float
+    turn2_ttft: float
+    shared_ttft_p50: float
+    #: The replies: turn 1, turn 2, then the four sharing a system prompt.
+    texts: tuple[str, ...]
+
+
+def system_prompt(tag: str, words: int = 900) -> str:
+    per = len(LONG_TEXT.split())
+    text = (LONG_TEXT * (words // per + 1)).split()[:words]
+    return f"Session {tag}. You are a harbour guide; use this background:\n" + " ".join(text)
+
+
+async def prompt_reuse(server: Running, setup: Setup, tag: str) -> ReuseResult:
+    """One trial: turn 1 and turn 2 of a conversation, then one warm request and 4
+    concurrent ones sharing a system prompt; TTFTs as the client sees them."""
+
+    async def ask(messages: list[dict[str, str]], client: httpx.AsyncClient) -> RequestResult:
+        result = await stream_chat(
+            server,
+            setup,
+            "",
+            max_tokens=REUSE_TOKENS,
+            ignore_eos=True,
+            client=client,
+            messages=messages,
+        )
+        if result.ttft is None:
+            raise RuntimeError(f"{server.spec.label}: a reuse request failed: {result.error}")
+        return result
+
+    limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+        system = {"role": "system", "content": system_prompt(f"{tag}-chat")}
+        turn1 = [system, {"role": "user", "content": "What does the baker do in the morning?"}]
+        first = await ask(turn1, client)
+        turn2 = [
+            *turn1,
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "And what about the children?"},
+        ]
+        second = await ask(turn2, client)
+
+        shared = {"role": "system", "content": system_prompt(f"{tag}-shared")}
+        await ask([shared, {"role": "user", "content": "Say hello."}], client)
+        ttfts: list[float] = []
+        texts = [first.text, second.text, "", "", "", ""]
+
+        async def one(i: int) -> None:
+            question = f"Question {i}: name {i + 2} things the town is known for."
+            result = await ask([shared, {"role": "user", "content": question}], client)
+            assert result.ttft is not None
+            ttfts.append(result.ttft)
+            texts[2 + i] = result.text
+
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(one, i)
+    assert first.ttft is not None and second.ttft is not None
+    return ReuseResult(first.ttft, second.ttft, statistics.median(ttfts), tuple(texts))
+
+
 # --- output -------------------------------------------------------------------------------
 
 
@@ -1102,6 +1243,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-bandwidth", action="store_true")
     parser.add_argument("--skip-cancel", action="store_true")
     parser.add_argument("--skip-prefill", action="store_true")
+    parser.add_argument("--skip-reuse", action="store_true")
+    parser.add_argument("--reuse-trials", type=int, default=2)
     args = parser.parse_args(argv)
     args.concurrency = list(dict.fromkeys(args.concurrency))  # each N once, in order
     return args
@@ -1215,6 +1358,47 @@ async def run(args: argparse.Namespace, setup: Setup, specs: list[ServerSpec]) -
                 f"{fmt(p.during_max * 1000, 0)} ms, p95 {fmt(p.during_p95 * 1000, 0)} ms "
                 f"({p.during_gaps} gaps) | long prompt TTFT {p.long_ttft * 1000:.0f} ms"
             )
+
+    if not args.skip_reuse:
+        await run_reuse(args, setup, specs)
+
+
+async def run_reuse(args: argparse.Namespace, setup: Setup, specs: list[ServerSpec]) -> None:
+    variants = reuse_variants(setup, specs)
+    if not variants:
+        return
+    print(
+        f"\nPrompt reuse: {REUSE_SLOTS} slots x {REUSE_CTX} tokens, a ~900-word system prompt, "
+        f"{REUSE_TOKENS} greedy tokens; TTFT, median of {args.reuse_trials} trials "
+        f"(seconds)"
+    )
+    print(f"  {'':<28} {'turn 1 (cold)':>14} {'turn 2':>10} {'4 sharing, p50':>16}")
+    nonce = time.time_ns()
+    replies: dict[str, list[tuple[str, ...]]] = {}
+    for variant in variants:
+        spec = ServerSpec(variant.label, variant.label, variant.kind)
+        trials = []
+        tag = variant.label.replace(" ", "").replace("-", "")
+        async with running_server(spec, setup, REUSE_CTX, f"{tag}-reuse", variant.argv) as server:
+            for trial in range(args.reuse_trials):
+                # The same system prompts for every server, new ones for every trial.
+                trials.append(await prompt_reuse(server, setup, f"{nonce}-{trial}"))
+        replies[variant.label] = [t.texts for t in trials]
+        print(
+            f"  {variant.label:<28} "
+            f"{statistics.median(t.turn1_ttft for t in trials):>14.3f} "
+            f"{statistics.median(t.turn2_ttft for t in trials):>10.3f} "
+            f"{statistics.median(t.shared_ttft_p50 for t in trials):>16.3f}",
+            flush=True,
+        )
+    cached, cold = replies.get("llmtrio"), replies.get("llmtrio --no-prompt-cache")
+    if cached and cold:
+        pairs = zip(cached, cold, strict=True)
+        same = [a == b for x, y in pairs for a, b in zip(x, y, strict=True)]
+        print(
+            f"  llmtrio's greedy replies identical with and without the prompt cache: "
+            f"{sum(same)}/{len(same)}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

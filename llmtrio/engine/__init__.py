@@ -6,8 +6,8 @@ async with Engine.open(EngineConfig(model=path, max_inflight=8)) as engine:
             ...   # Token, then Done or Failed
 """
 
+from ._core import EngineStats as EngineStats
 from ._engine import Engine as Engine
-from ._engine import EngineStats as EngineStats
 from ._engine import Generation as Generation
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError

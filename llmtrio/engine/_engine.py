@@ -1,47 +1,42 @@
-"""The engine: one model, many generations, one ``llama_decode`` per step.
+"""The engine's frontend: :meth:`Engine.open`, :meth:`Engine.submit` and :class:`Generation`.
 
-Shape of a step (on the decode thread, a ``trio.to_thread.run_sync`` worker):
+Three parts, with plain values and callables between them (vLLM v1's lines):
 
-    inbox (new jobs) → cancel flags checked → Scheduler.schedule() → fill Batch
-    → llama_decode → sample → post token ids to Trio (one ``run_sync_soon`` per step for all
-    generations)
-
-Prompts are rendered and tokenized in a worker thread of their own, off the event loop.
-
-Everything text-shaped (pieces, UTF-8, stop strings, think blocks) happens per generation on
-the Trio side, off the decode thread's critical path.
+- this frontend (Trio): renders and tokenizes prompts in a worker thread, hands
+  :class:`CoreRequest` values to the decode thread, and delivers its :class:`StepOutput`
+  values to each generation (one ``run_sync_soon`` per step for all of them);
+- the decode-step core (``_core.py``, no Trio): schedule → prompt reuse → one batch →
+  ``llama_decode`` → sample; the decode thread here only feeds it and posts what it returns;
+- per-generation output processing (``_output.py``): pieces, UTF-8, stop strings, think
+  blocks and log-probabilities, on the Trio side, off the decode thread's critical path.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
-import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-import attrs
 import numpy as np
-import numpy.typing as npt
 import trio
 
 from ._chat import ChatTemplate
+from ._core import CoreRequest, EngineCore, EngineStats, StepOutput, cut_anywhere
 from ._errors import (
-    DecodeError,
     EngineClosedError,
     EngineFailedError,
     InvalidRequestError,
     PromptTooLongError,
 )
-from ._llama import Batch, LlamaModel, SlotSampler
+from ._llama import LlamaModel, SlotSampler
 from ._model_source import ResolvedModel, resolve_model
-from ._prompt_cache import PromptCache, common_prefix
-from ._sampling import Penalties, RawLogprob
-from ._scheduler import Scheduler, Start
-from ._text import THINK_CLOSE, THINK_OPEN, StopMatcher, ThinkSplitter, Utf8Assembler
+from ._output import OutputProcessor
+from ._prompt_cache import common_prefix
+from ._sampling import RawLogprob
+from ._text import THINK_CLOSE, THINK_OPEN
 from ._types import (
     Capacity,
     Done,
@@ -55,73 +50,9 @@ from ._types import (
     TokenLogprob,
 )
 
-__all__ = ["Engine", "EngineStats", "Generation"]
+__all__ = ["Engine", "Generation"]
 
 logger = logging.getLogger("llmtrio.engine")
-
-
-@attrs.define
-class EngineStats:
-    """Counters of the decode loop, for benchmarks: ``decode_s`` is time inside
-    ``llama_decode``, ``python_s`` the rest of each step (batch filling, sampling, hand-off).
-
-    Prompt reuse: ``prompt_cache_hits`` sequences started with part of their prompt already
-    in memory, ``prompt_cache_reused_tokens`` tokens in all were not ingested again;
-    ``prompt_tokens_ingested`` were. ``prompt_cache_bytes`` of host memory hold
-    ``prompt_cache_entries`` snapshots now; ``prompt_cache_snapshots`` were taken and
-    ``prompt_cache_evictions`` evicted (least recently used first) since the start.
-    """
-
-    steps: int = 0
-    decode_s: float = 0.0
-    python_s: float = 0.0
-    prompt_cache_hits: int = 0
-    prompt_cache_reused_tokens: int = 0
-    prompt_tokens_ingested: int = 0
-    prompt_cache_bytes: int = 0
-    prompt_cache_entries: int = 0
-    prompt_cache_snapshots: int = 0
-    prompt_cache_evictions: int = 0
-
-
-@attrs.define(eq=False)
-class _Job:
-    """One request as the decode thread sees it."""
-
-    key: int
-    prompt: npt.NDArray[np.int32]
-    request: GenerateRequest
-    max_tokens: int
-    generation: Generation
-    #: Prompt lengths worth a snapshot on recurrent memory (chat message boundaries).
-    hints: tuple[int, ...] = ()
-    seq: int = -1
-    pos: int = 0
-    #: Prompt tokens found in memory at admission (not ingested).
-    cached: int = 0
-    #: Prompt lengths after which the state is snapshotted (the prompt cache's decision).
-    snapshot_at: tuple[int, ...] = ()
-    #: Generated tokens decoded into the sequence's memory, after the prompt.
-    fed: list[int] = attrs.field(factory=list)
-    last_token: int = -1
-    generated: int = 0
-    sampler: SlotSampler | None = None
-    admitted_at: float = 0.0
-    first_token_at: float = 0.0
-    #: Set from the Trio side; the decode loop frees the slot at the next token boundary.
-    cancelled: bool = False
-
-
-@attrs.frozen
-class _Update:
-    """What one step did to one job, handed to the Trio side."""
-
-    job: _Job
-    tokens: list[int]
-    stop: StopReason | None = None
-    error: Exception | None = None
-    released: bool = False
-    logprobs: list[RawLogprob] | None = None
 
 
 class Generation:
@@ -135,20 +66,19 @@ class Generation:
     """
 
     def __init__(
-        self, engine: Engine, prompt_tokens: int, opens_think: bool, stops: tuple[str, ...]
+        self,
+        *,
+        prompt_tokens: int,
+        output: OutputProcessor,
+        scope: trio.CancelScope,
+        end: Callable[[], None],
     ) -> None:
-        self._engine = engine
-        self._job: _Job | None = None
-        self._scope = trio.CancelScope()
+        self._output = output
+        self._scope = scope
+        self._end = end  # asks the decode thread to end this generation (idempotent)
         self._send, self._receive = trio.open_memory_channel[Event](float("inf"))
         self.prompt_tokens = prompt_tokens
-        self._completion_tokens = 0
-        self._utf8 = Utf8Assembler()
-        self._stop = StopMatcher(stops)
-        self._think = ThinkSplitter(reasoning=opens_think)
-        self._logprobs: list[TokenLogprob] = []
         self._submitted_at = time.perf_counter()
-        self._released = False
         #: Set once a Done or Failed event was produced; no event follows it.
         self.finished = False
         self.result: Done | Failed | None = None
@@ -166,7 +96,7 @@ class Generation:
     def cancel(self) -> None:
         """End the generation; safe to call from any Trio task, any number of times."""
         self._scope.cancel()
-        self._engine._cancel(self)
+        self._end()
 
     def drain(self) -> list[Event]:
         """The events produced and not read yet, without waiting."""
@@ -177,69 +107,53 @@ class Generation:
             except (trio.WouldBlock, trio.EndOfChannel):
                 return events
 
-    # -- Trio side of the hand-off ---------------------------------------------------
+    def apply(self, output: StepOutput) -> None:
+        """The engine's hand-off (Trio side): what a decode step did to this generation.
+        A fault here ends this generation only, with ``Failed``."""
+        try:
+            self._apply(output)
+        except Exception as exc:
+            logger.exception("delivering to a generation failed")
+            self.fail(exc)
 
-    def _apply(self, update: _Update) -> None:
-        if self.finished:
-            return
-        job = update.job
-        if update.logprobs:
-            self._logprobs += [self._engine._token_logprob(raw) for raw in update.logprobs]
-        for token in update.tokens:
-            self._completion_tokens += 1
-            text = self._utf8.feed(self._engine._piece(token))
-            if self._emit(text):
-                self._finish(StopReason.STOP_STRING, job)
-                self._engine._cancel(self)
-                return
-        if update.error is not None:
-            self._fail(update.error)
-        elif update.stop is not None:
-            stop = update.stop
-            if self._emit(self._utf8.flush()):
-                stop = StopReason.STOP_STRING  # the last, flushed character completed one
-            else:
-                self._emit_segments(self._think.feed(self._stop.flush()))
-                self._emit_segments(self._think.flush())
-            self._finish(stop, job)
-
-    def _emit(self, text: str) -> bool:
-        """Pass text through the stop matcher and think splitter; true when a stop matched."""
-        if not text:
-            return False
-        safe, stopped = self._stop.feed(text)
-        self._emit_segments(self._think.feed(safe))
-        if stopped:
-            self._emit_segments(self._think.flush())
-        return stopped
-
-    def _emit_segments(self, segments: list[tuple[str, bool]]) -> None:
-        for text, reasoning in segments:
-            if self._logprobs:
-                logprobs, self._logprobs = tuple(self._logprobs), []
-                self._send.send_nowait(Token(text, reasoning, logprobs))
-            else:
-                self._send.send_nowait(Token(text, reasoning))
-
-    def _fail(self, error: Exception) -> None:
+    def fail(self, error: Exception) -> None:
         """End with ``Failed(error)`` (unless already ended) and free the slot."""
         if not self.finished:
             self.finished = True
             self.result = Failed(error)
             self._send.send_nowait(self.result)
             self.ended.set()
-        self._engine._cancel(self)
+        self._end()
 
-    def _finish(self, stop: StopReason, job: _Job) -> None:
+    def _apply(self, output: StepOutput) -> None:
+        if self.finished:
+            return
+        events, stopped = self._output.feed(output.tokens, output.logprobs)
+        self._send_all(events)
+        if stopped:
+            self._finish(StopReason.STOP_STRING, output)
+            self._end()
+        elif output.error is not None:
+            self.fail(output.error)
+        elif output.stop is not None:
+            events, stop = self._output.finish(output.stop)
+            self._send_all(events)
+            self._finish(stop, output)
+
+    def _send_all(self, events: list[Token]) -> None:
+        for event in events:
+            self._send.send_nowait(event)
+
+    def _finish(self, stop: StopReason, output: StepOutput) -> None:
         now = time.perf_counter()
-        admitted = job.admitted_at or now
-        first = job.first_token_at or now
+        admitted = output.admitted_at or now
+        first = output.first_token_at or now
         self.finished = True
         self.result = Done(
             stop=stop,
             prompt_tokens=self.prompt_tokens,
-            completion_tokens=self._completion_tokens,
-            cached_tokens=job.cached,
+            completion_tokens=self._output.tokens,
+            cached_tokens=output.cached,
             timings=Timings(
                 queue_s=max(0.0, admitted - self._submitted_at),
                 prefill_s=max(0.0, first - admitted),
@@ -273,7 +187,10 @@ class Engine:
         self._max_piece_bytes = max(1, model.max_piece_bytes)
         self._trio_token = trio.lowlevel.current_trio_token()
         self._cond = threading.Condition()
-        self._inbox: list[_Job] = []
+        self._inbox: list[CoreRequest] = []
+        self._cancels: set[int] = set()
+        #: The generations whose slot is not released yet, by key (Trio side only).
+        self._generations: dict[int, Generation] = {}
         self._closing = False
         self._closed = False
         self._failure: EngineFailedError | None = None
@@ -424,31 +341,40 @@ class Engine:
         prompt, opens_think, hints = await trio.to_thread.run_sync(
             self._prepare, request, abandon_on_cancel=True
         )
-        generation = Generation(self, len(prompt), opens_think, request.stop)
+        key = self._next_key
+        self._next_key += 1
+        scope = trio.CancelScope()
+        output = OutputProcessor(
+            stops=request.stop,
+            opens_think=opens_think,
+            piece=self._piece,
+            token_logprob=self._token_logprob,
+        )
+        generation = Generation(
+            prompt_tokens=len(prompt), output=output, scope=scope, end=lambda: self._end(key)
+        )
         budget = self.config.ctx_size - len(prompt) + 1
-        job = _Job(
-            key=self._next_key,
-            prompt=np.asarray(prompt, dtype=np.int32),
-            request=request,
+        core_request = CoreRequest(
+            key,
+            np.asarray(prompt, dtype=np.int32),
+            request,
             max_tokens=min(request.max_tokens or budget, budget),
-            generation=generation,
             hints=hints,
         )
-        self._next_key += 1
-        generation._job = job
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under
                 raise self._failure or EngineClosedError("the engine is closed")
-            self._inbox.append(job)
+            self._inbox.append(core_request)
             self._cond.notify()
+        self._generations[key] = generation
         self._inflight += 1
         self._capacity_lot.unpark_all()
-        with generation._scope:
+        with scope:
             try:
                 yield generation
             finally:
                 if not generation.finished:
-                    self._cancel(generation)
+                    self._end(key)
 
     # -- Trio-side helpers -------------------------------------------------------------
 
@@ -463,14 +389,6 @@ class Engine:
             at_least = len(request.tokens)
         if at_least >= self.config.ctx_size:
             raise PromptTooLongError(at_least, self.config.ctx_size, at_least=True)
-
-    @property
-    def _cut_anywhere(self) -> bool:
-        """Whether a sequence's memory can be cut back to any position: attention only,
-        with a full-size sliding-window cache."""
-        model = self._model
-        recurrent = model.is_recurrent or model.is_hybrid
-        return not recurrent and (model.n_swa == 0 or model.swa_full)
 
     def _prompt(self, request: GenerateRequest) -> tuple[list[int], bool, tuple[int, ...]]:
         model = self._model
@@ -493,7 +411,7 @@ class Engine:
             prompt = self._tokenize_prompt(rendered.text)
             opens_think = rendered.opens_think
             hints = ()
-            if self.config.prompt_cache and not self._cut_anywhere:
+            if self.config.prompt_cache and not cut_anywhere(model):
                 hints = self._hints(rendered.text, request.messages[-1].content, prompt)
         if len(prompt) >= self.config.ctx_size:
             raise PromptTooLongError(len(prompt), self.config.ctx_size)
@@ -577,164 +495,51 @@ class Engine:
             self._pieces[token] = piece
         return piece
 
-    def _cancel(self, generation: Generation) -> None:
-        job = generation._job
-        if job is None or generation._released or job.cancelled:
-            return
-        job.cancelled = True  # read by the decode loop at the next token boundary
-        with self._cond:
-            self._cond.notify()
+    def _end(self, key: int) -> None:
+        """Ask the decode thread to end ``key`` at the next token boundary (idempotent)."""
+        if key in self._generations:
+            with self._cond:
+                self._cancels.add(key)
+                self._cond.notify()
 
-    def _slot_released(self) -> None:
-        self._inflight -= 1
-        self._capacity_lot.unpark_all()
-
-    def _deliver(self, updates: list[_Update]) -> None:
-        for update in updates:
-            generation = update.job.generation
-            if update.released and not generation._released:
-                generation._released = True
-                self._slot_released()
-            try:
-                generation._apply(update)
-            except Exception as exc:  # a fault in one generation ends that one only
-                logger.exception("delivering to a generation failed")
-                generation._fail(exc)
+    def _deliver(self, outputs: list[StepOutput]) -> None:
+        for output in outputs:
+            generation = self._generations.get(output.key)
+            if generation is None:
+                continue
+            if output.released:
+                del self._generations[output.key]
+                self._inflight -= 1
+                self._capacity_lot.unpark_all()
+            generation.apply(output)
 
     # -- the decode thread -------------------------------------------------------------
 
     def _loop(self) -> None:
-        config = self.config
-        model = self._model
-        scheduler = Scheduler(config.max_inflight, config.prefill_chunk, config.target_step_ms)
-        batch = Batch(model.n_batch)
-        jobs: dict[int, _Job] = {}
-        # The prompt cache picks each sequence's id: the slot holding most of its prompt,
-        # else the lowest free one. Batches go in ascending id order: llama.cpp splits a
-        # batch of non-unified sequences into one micro-batch per run of consecutive,
-        # increasing ids, and each micro-batch reads all the weights again.
-        cache = PromptCache(
-            config.max_inflight,
-            cut_anywhere=self._cut_anywhere,
-            budget_bytes=config.cache_ram_mib * 2**20,
-            enabled=config.prompt_cache,
-        )
-        snapshots: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
-        stats = self.stats
-
-        def count_cache() -> None:
-            stats.prompt_cache_hits = cache.hits
-            stats.prompt_cache_reused_tokens = cache.reused_tokens
-            stats.prompt_cache_bytes = cache.bytes_used
-            stats.prompt_cache_entries = cache.entries
-            stats.prompt_cache_snapshots = cache.snapshots
-            stats.prompt_cache_evictions = cache.evictions
-
-        def snapshot(seq: int, tokens: npt.NDArray[np.int32]) -> None:
-            data = model.save_state(seq)
-            if data is None:
-                return
-            entry, evicted = cache.stored(tokens, len(data))
-            for old in evicted:
-                del snapshots[old]
-            if entry is not None:
-                snapshots[entry] = data
-
-        def start(key: int) -> Start:
-            """Carry out the prompt cache's decision for a sequence admitted now."""
-            job = jobs[key]
-            plan = cache.assign(job.prompt, hints=job.hints)
-            seq = job.seq = plan.seq
-            keep = plan.keep
-            if plan.save is not None:
-                snapshot(seq, plan.save)
-            if plan.restore is not None and not model.restore_state(seq, snapshots[plan.restore]):
-                cache.restore_failed(seq)
-                keep = 0
-            if keep == 0 or not model.forget(seq, keep):
-                model.forget(seq)
-                keep = 0
-            job.pos = job.cached = keep
-            job.snapshot_at = plan.snapshot_at
-            count_cache()
-            return Start(keep, plan.snapshot_at)
-
-        def release(job: _Job, *, clear: bool = False) -> None:
-            """Free ``job``'s slot; its memory stays for the prompt cache unless ``clear``
-            (a failed decode may have left it inconsistent)."""
-            scheduler.remove(job.key)
-            jobs.pop(job.key, None)
-            if job.seq >= 0:
-                if clear or not config.prompt_cache:
-                    model.forget(job.seq)
-                    cache.released(job.seq, ())
-                else:
-                    held = job.prompt[: min(job.pos, len(job.prompt))]
-                    if job.fed:
-                        held = np.concatenate([held, np.asarray(job.fed, dtype=np.int32)])
-                    cache.released(job.seq, held)
-                job.seq = -1
-            if job.sampler is not None:
-                job.sampler.close()
-                job.sampler = None
-
+        """Feed the core what the Trio side sent (new requests, cancellations) and post
+        what each step returns, until the engine closes."""
+        core = EngineCore(self._model, self.config, self.stats)
         failure: BaseException | None = None
         try:
             while True:
                 with self._cond:
-                    if not jobs:
+                    if not core.busy:
                         self._decoding = 0
-                    while not (self._closing or self._inbox or jobs):
+                    while not (self._closing or self._inbox or self._cancels or core.busy):
                         self._cond.wait()
                     if self._closing:
                         break
                     new, self._inbox = self._inbox, []
-                started = time.perf_counter()
-                updates: list[_Update] = []
-                for job in new:
-                    jobs[job.key] = job
-                    scheduler.add(job.key, len(job.prompt))
-                for job in [job for job in jobs.values() if job.cancelled]:
-                    release(job)
-                    updates.append(_Update(job, [], stop=StopReason.CANCELLED, released=True))
-                if updates:
-                    # Freed slots are known now, not after the next decode.
-                    self._post(updates)
-                    updates = []
-                plan = scheduler.schedule(start)
-                for key in plan.admitted:
-                    job = jobs[key]
-                    job.admitted_at = started
-                    job.sampler = self._sampler(job)
-                if plan.empty:
-                    self._decoding = 0
-                    self._post(updates)
-                    continue
-
-                parts = [_Part(jobs[key], None, 0, 0) for key in plan.decode]
-                parts += [_Part(jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
-                parts.sort(key=lambda part: part.job.seq)
-                self._decoding = len(parts)
-                decode_s, sampled, failed = self._decode(batch, parts)
-                for job, error in failed:
-                    release(job, clear=True)
-                    updates.append(_Update(job, [], error=error, released=True))
-                for part in parts:
-                    if part.start is not None and part.job.seq >= 0:
-                        stats.prompt_tokens_ingested += part.count
-                        if part.job.pos in part.job.snapshot_at:
-                            snapshot(part.job.seq, part.job.prompt[: part.job.pos])
-                            count_cache()
-                now = time.perf_counter()
-                for job, token in sampled:
-                    updates.append(self._advance(job, token, now, release))
-                self._post(updates)
-
-                step_s = time.perf_counter() - started
-                stats.steps += 1
-                stats.decode_s += decode_s
-                stats.python_s += step_s - decode_s
-                scheduler.measured(step_s * 1000, decode_only=not plan.prefill)
+                    cancels, self._cancels = self._cancels, set()
+                for request in new:
+                    core.add(request)
+                for key in cancels:
+                    core.cancel(key)
+                # Freed slots are known now, not after the next decode.
+                self._post(core.release_cancelled())
+                outputs = core.step()
+                self._decoding = core.decoding
+                self._post(outputs)
         except BaseException as exc:
             failure = exc
             raise
@@ -748,146 +553,12 @@ class Engine:
                 if failure is None
                 else EngineFailedError(f"the decode loop failed: {failure!r}")
             )
-            closed = [
-                _Update(job, [], error=error, released=True)
-                for job in list(jobs.values()) + waiting
-            ]
-            for job in list(jobs.values()):
-                release(job, clear=True)
+            closed = core.close(error)
+            closed += [StepOutput(r.key, [], error=error, released=True) for r in waiting]
             self._decoding = 0
             self._post(closed)
 
-    def _sampler(self, job: _Job) -> SlotSampler:
-        request = job.request
-        sampling = request.sampling
-        bias = dict(request.logit_bias)
-        if request.ignore_eos:
-            bias.update(dict.fromkeys(self._model.eog, float("-inf")))
-        penalties = (
-            Penalties(
-                presence=sampling.presence_penalty,
-                frequency=sampling.frequency_penalty,
-                repeat=sampling.repeat_penalty,
-                repeat_last_n=sampling.repeat_last_n,
-            )
-            if sampling.penalized
-            else None
-        )
-        return SlotSampler(
-            self._model,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            min_p=sampling.min_p,
-            seed=(sampling.seed if sampling.seed is not None else random.getrandbits(32))
-            & 0xFFFFFFFF,
-            bias=bias,
-            grammar=request.grammar,
-            penalties=penalties,
-            logprobs=request.logprobs,
-        )
-
-    def _decode(
-        self, batch: Batch, parts: list[_Part]
-    ) -> tuple[float, list[tuple[_Job, int]], list[tuple[_Job, Exception]]]:
-        """Decode ``parts`` in one batch and sample each part that ends with an output.
-
-        When llama_decode fails for a batch of several sequences, each sequence's part of
-        this step is rolled back and retried alone, so only the sequences that fail alone are
-        failed. A sequence whose memory cannot be rolled back (recurrent state) is failed.
-        """
-        batch.clear()
-        for part in parts:
-            job = part.job
-            if part.start is None:
-                part.index = batch.add_one(job.last_token, job.pos, job.seq)
-            else:
-                last = part.start + part.count == len(job.prompt)
-                chunk = job.prompt[part.start : part.start + part.count]
-                part.index = batch.add(chunk, part.start, job.seq, output_last=last)
-                part.outputs = last
-        t0 = time.perf_counter()
-        rc = self._model.decode(batch)
-        decode_s = time.perf_counter() - t0
-        if rc == 0:
-            sampled = []
-            for part in parts:
-                if part.start is None:
-                    part.job.pos += 1
-                    part.job.fed.append(part.job.last_token)
-                else:
-                    part.job.pos = part.start + part.count
-                if part.outputs and part.job.sampler is not None:
-                    sampled.append((part.job, part.job.sampler.sample(part.index)))
-            return decode_s, sampled, []
-        failed: list[tuple[_Job, Exception]] = []
-        retry: list[_Part] = []
-        for part in parts:
-            start = part.job.pos if part.start is None else part.start
-            if len(parts) > 1 and self._model.forget(part.job.seq, start):
-                retry.append(part)
-            else:
-                failed.append((part.job, DecodeError(_decode_error(rc))))
-        sampled = []
-        for part in retry:
-            spent, ok, bad = self._decode(batch, [part])
-            decode_s += spent
-            sampled += ok
-            failed += bad
-        return decode_s, sampled, failed
-
-    def _advance(
-        self, job: _Job, token: int, now: float, release: Callable[[_Job], None]
-    ) -> _Update:
-        if not job.first_token_at:
-            job.first_token_at = now
-        stop: StopReason | None = None
-        tokens: list[int] = []
-        logprobs = None
-        if token < 0 or (token in self._model.eog and not job.request.ignore_eos):
-            # An end-of-generation token, or a grammar that allows nothing more.
-            stop = StopReason.END_OF_GENERATION
-        else:
-            tokens.append(token)
-            if job.request.logprobs is not None and job.sampler is not None:
-                raw = job.sampler.last_logprob
-                logprobs = [raw] if raw is not None else None
-            job.generated += 1
-            job.last_token = token
-            if job.generated >= job.max_tokens:
-                stop = (
-                    StopReason.MAX_TOKENS
-                    if job.request.max_tokens is not None
-                    and job.generated >= job.request.max_tokens
-                    else StopReason.CONTEXT_END
-                )
-            elif job.pos >= self.config.ctx_size:
-                stop = StopReason.CONTEXT_END
-        if stop is not None:
-            release(job)
-        return _Update(job, tokens, stop=stop, released=stop is not None, logprobs=logprobs)
-
-    def _post(self, updates: list[_Update]) -> None:
-        if updates:
+    def _post(self, outputs: list[StepOutput]) -> None:
+        if outputs:
             with contextlib.suppress(trio.RunFinishedError):
-                self._trio_token.run_sync_soon(self._deliver, updates)
-
-
-@attrs.define(eq=False)
-class _Part:
-    """One job's tokens in this step: a decode token (``start is None``) or a prompt chunk."""
-
-    job: _Job
-    start: int | None
-    count: int
-    index: int
-    outputs: bool = True
-
-
-def _decode_error(rc: int) -> str:
-    reasons = {
-        1: "no room left in the context memory for this sequence",
-        2: "the decode was aborted",
-        -1: "llama.cpp rejected the batch as invalid",
-    }
-    return f"llama_decode failed ({rc}): {reasons.get(rc, 'fatal error in the compute graph')}"
+                self._trio_token.run_sync_soon(self._deliver, outputs)
