@@ -48,7 +48,9 @@ class EngineConfig:
     prompt and answer, a shared system prompt) instead of ingesting it again; off, every
     prompt is ingested from scratch. ``cache_ram_mib`` bounds the host memory kept for
     prompt snapshots (copies of a sequence's memory that other slots can restore); 0 keeps
-    none (a slot still reuses its own memory).
+    none (a slot still reuses its own memory). With reuse on, a sliding-window model's
+    window cache is made full size (llama.cpp's ``swa_full``, llama-server's
+    ``--swa-full``), so a sequence's memory can be cut back to any position.
     """
 
     model: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
