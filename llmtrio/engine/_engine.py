@@ -61,12 +61,26 @@ logger = logging.getLogger("llmtrio.engine")
 
 @attrs.define
 class EngineStats:
-    """Counters of the decode loop, for benchmarks: ``decode_s`` is time inside
-    ``llama_decode``, ``python_s`` the rest of each step (batch filling, sampling, hand-off)."""
+    """Counters of the decode loop, for benchmarks and metrics: ``decode_s`` is time inside
+    ``llama_decode``, ``python_s`` the rest of each step (batch filling, sampling, hand-off).
+
+    Plain numbers, written by the decode thread once per step and read (racily, which is
+    fine for counters) at scrape time; nothing here costs the loop more than an addition.
+    """
 
     steps: int = 0
     decode_s: float = 0.0
     python_s: float = 0.0
+    #: Prompt tokens decoded (prefill), as llama.cpp's ``prompt_tokens_total``.
+    prompt_tokens: int = 0
+    #: Tokens sampled and handed out, as llama.cpp's ``tokens_predicted_total``.
+    tokens_predicted: int = 0
+    #: Sequences in each step's batch, summed (busy slots per decode = this / ``steps``).
+    busy_slots: int = 0
+    #: Requests holding a slot (admitted) after the last step; the rest of ``inflight`` waits.
+    running: int = 0
+    #: Context cells the running requests use after the last step (their positions, summed).
+    kv_tokens: int = 0
 
 
 @attrs.define(eq=False)
@@ -570,6 +584,7 @@ class Engine:
                 with self._cond:
                     if not jobs:
                         self._decoding = 0
+                        stats.running = stats.kv_tokens = 0
                     while not (self._closing or self._inbox or jobs):
                         self._cond.wait()
                     if self._closing:
@@ -615,6 +630,11 @@ class Engine:
                 stats.steps += 1
                 stats.decode_s += decode_s
                 stats.python_s += step_s - decode_s
+                stats.busy_slots += len(parts)
+                stats.prompt_tokens += sum(p.count for p in parts if p.start is not None)
+                stats.tokens_predicted += sum(len(u.tokens) for u in updates)
+                stats.running = sum(1 for job in jobs.values() if job.seq >= 0)
+                stats.kv_tokens = sum(job.pos for job in jobs.values() if job.seq >= 0)
                 scheduler.measured(step_s * 1000, decode_only=not plan.prefill)
         except BaseException as exc:
             failure = exc
