@@ -5,6 +5,7 @@ worker's metrics port."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,15 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmtrio._metrics_server import serve_metrics
+from llmtrio._remote_worker import run_worker
 from llmtrio.engine import EngineConfig
-from llmtrio.ring import Ring
+from llmtrio.ring import Ring, client_ssl_context
 from llmtrio.web import ServeConfig, serve_ingress
 
 from ._stack import open_stack
+from .test_ring_remote import Pki, pki, start_ingress, wait_attached
+
+__all__ = ["pki"]  # the fixture, used by name
 
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
@@ -211,3 +216,49 @@ async def test_the_metrics_server_serves_its_registry_only_at_metrics() -> None:
         assert (await http.get(url.replace("/metrics", "/other"))).status_code == 404
         assert (await http.post(url)).status_code == 405
         nursery.cancel_scope.cancel()
+
+
+async def test_a_remote_worker_serves_its_engine_metrics_on_its_metrics_port(
+    gemma_path: Path, pki: Pki
+) -> None:
+    engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
+    ring = Ring(max_streams=8, park_timeout=30)
+    config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1)
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=60) as http:
+        control = await start_ingress(nursery, pki, ring)
+        shutdown = trio.Event()
+        binds = await nursery.start(
+            partial(serve_ingress, ring, config, model_name="m", shutdown=shutdown)
+        )
+        context = client_ssl_context(pki.worker("w1"), None, pki.ingress_ca)
+        worker_metrics = await nursery.start(
+            partial(
+                run_worker,
+                engine,
+                [control],
+                context,
+                shutdown=shutdown,
+                name="w1",
+                metrics_address=("127.0.0.1", 0),
+            )
+        )
+        assert worker_metrics.startswith("http://127.0.0.1:")
+        await wait_attached(ring, 1)
+        before = await scrape(http, worker_metrics)
+        response = await http.post(
+            binds[0] + CHAT, json={"messages": HI, "max_tokens": 4, "ignore_eos": True}
+        )
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]
+        after = await scrape(http, worker_metrics)
+        ingress = await scrape(http, binds[0] + "/metrics")
+        nursery.cancel_scope.cancel()
+    assert moved(before, after, "llamacpp:tokens_predicted_total") == usage["completion_tokens"]
+    assert moved(before, after, "llamacpp:prompt_tokens_total") == usage["prompt_tokens"]
+    assert moved(before, after, "vllm:request_success_total", finished_reason="length") == 1
+    assert value(after, "vllm:num_requests_running") == 0
+    # The worker serves no ingress metrics; the ingress shows the worker by its name.
+    assert not any(name.startswith("llmtrio_") for name, _ in after)
+    assert value(ingress, "llmtrio_workers_attached") == 1
+    ages = [dict(labels)["worker"] for name, labels in ingress if name.endswith("age_seconds")]
+    assert len(ages) == 1 and ages[0].startswith("w1"), ages  # its attachment, w1#1

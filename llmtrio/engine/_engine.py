@@ -624,17 +624,18 @@ class Engine:
                 now = time.perf_counter()
                 for job, token in sampled:
                     updates.append(self._advance(job, token, now, release))
-                self._post(updates)
-
-                step_s = time.perf_counter() - started
+                # Counted before the hand-off, so whoever sees a request end sees its tokens.
                 stats.steps += 1
-                stats.decode_s += decode_s
-                stats.python_s += step_s - decode_s
                 stats.busy_slots += len(parts)
                 stats.prompt_tokens += sum(p.count for p in parts if p.start is not None)
                 stats.tokens_predicted += sum(len(u.tokens) for u in updates)
                 stats.running = sum(1 for job in jobs.values() if job.seq >= 0)
                 stats.kv_tokens = sum(job.pos for job in jobs.values() if job.seq >= 0)
+                self._post(updates)
+
+                step_s = time.perf_counter() - started
+                stats.decode_s += decode_s
+                stats.python_s += step_s - decode_s
                 scheduler.measured(step_s * 1000, decode_only=not plan.prefill)
         except BaseException as exc:
             failure = exc
