@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
+import trio
 
 __all__ = ["Exchange", "ResponseObserver", "request_id"]
 
@@ -141,6 +142,14 @@ class Exchange:
                 # Before the send: the server tells the app of the client's disconnect as
                 # soon as the last body is out, which may cancel this very send.
                 observer.body(message.get("body", b""), message.get("more_body", False))
+                if not message.get("more_body", False):
+                    # Shielded: that cancellation would also cut short the server's own work
+                    # after the last body (hypercorn starts its keep-alive idle timer there,
+                    # so a cancelled last send left the connection open forever). Bounded:
+                    # the connection's writes give up after the send timeout.
+                    with trio.CancelScope(shield=True):
+                        await send(message)
+                    return
             await send(message)
 
         return watched
