@@ -264,3 +264,13 @@ async def test_idle_connections_and_slow_headers_are_closed() -> None:
         await idle.send_all(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         answer = await read_until_closed(idle)  # answered, then closed once idle
         assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_connection_close_request_is_closed_once_answered() -> None:
+    async with ingress(idle_timeout=60) as url:  # longer than read_until_closed waits
+        stream = await raw(url)
+        await stream.send_all(
+            b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        answer = await read_until_closed(stream)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"]}")

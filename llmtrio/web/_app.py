@@ -231,7 +231,8 @@ class Ingress:
             trio.current_time(),
         )
         try:
-            await self._dispatch(scope, receive, exchange.watch(send, trio.current_time), exchange)
+            watched = exchange.watch(send, trio.current_time)
+            await self._dispatch(scope, headers, receive, watched, exchange)
         finally:
             ended = trio.current_time()
             exchange.log(ended)
@@ -241,18 +242,20 @@ class Ingress:
                 seen.status,
                 error_code=seen.error_code,
                 finish_reason=seen.finish_reason,
-                ttfb=None
-                if exchange.first_byte is None
-                else exchange.first_byte - exchange.started,
+                ttfb=exchange.ttfb(),
                 total=ended - exchange.started,
             )
             if seen.status is not None and not seen.complete:
                 self.metrics.client_left()
 
     async def _dispatch(
-        self, scope: Scope, receive: Receive, send: Send, exchange: Exchange
+        self,
+        scope: Scope,
+        headers: dict[str, str],
+        receive: Receive,
+        send: Send,
+        exchange: Exchange,
     ) -> None:
-        headers = header_map(scope["headers"])
         method = scope["method"]
         path = scope["path"]
         refusal = self._policy.refusal(method, scope.get("scheme", "http"), headers)
@@ -413,6 +416,8 @@ class _RingRequest:
 
     async def _deadline_passed(self, send: Send, deadline: float) -> None:
         error = request_timeout(deadline)
+        if self._exchange.observer.complete:  # its last byte went out as the time came
+            return
         if not self._started:
             await self._send_error(send, error)
         elif self._streaming:
