@@ -20,6 +20,7 @@ from ._openai_errors import DEFAULT_MAX_BODY_BYTES
 if TYPE_CHECKING:
     from .engine import EngineConfig
     from .ring import ControlConfig
+    from .worker import RequestLimits
 
 # The engine (and llama.cpp with it) is imported only by the commands that run one, so that
 # ``llmtrio serve --no-local-worker`` is an ingress without llama.cpp loaded.
@@ -95,6 +96,52 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def _limit_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("request limits (a request over one gets a 400 naming it)")
+    group.add_argument(
+        "--max-messages", type=int, default=2048, help="messages per chat request (default 2048)"
+    )
+    group.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        help="the most tokens a request may ask to generate (default: the slot's context)",
+    )
+    group.add_argument(
+        "--max-stop", type=int, default=4, help="stop sequences per request (default 4)"
+    )
+    group.add_argument(
+        "--max-stop-chars",
+        type=int,
+        default=256,
+        help="characters per stop sequence (default 256)",
+    )
+
+
+def request_limits(args: argparse.Namespace) -> RequestLimits:
+    from .worker import RequestLimits
+
+    return RequestLimits(
+        max_messages=args.max_messages,
+        max_tokens=args.max_tokens_limit,
+        max_stop=args.max_stop,
+        max_stop_chars=args.max_stop_chars,
+    )
+
+
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    from .web import read_key_file
+
+    keys = list(args.api_key)
+    for path in args.api_key_file:
+        try:
+            keys += read_key_file(path)
+        except OSError as exc:
+            raise ValueError(f"cannot read --api-key-file {path}: {exc}") from None
+    if args.api_key_file and not keys:
+        raise ValueError("--api-key-file holds no key")
+    return keys
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmtrio", description=__doc__)
     parser.add_argument(
@@ -167,6 +214,44 @@ def _parser() -> argparse.ArgumentParser:
         help="web origins whose pages may call the API, comma-separated or repeated "
         "(besides this server's own and loopback ones; '*' allows all)",
     )
+    guard = serve.add_argument_group("access and limits on the public listener")
+    guard.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="an API key clients must send (Authorization: Bearer, or X-Api-Key); repeatable",
+    )
+    guard.add_argument(
+        "--api-key-file",
+        action="append",
+        type=Path,
+        default=[],
+        help="a file of API keys, one per line ('#' comments and blank lines skipped)",
+    )
+    guard.add_argument(
+        "--rate-limit",
+        type=int,
+        help="completion requests per API key (or client address) per minute, then 429",
+    )
+    guard.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a completion request may run, arrival to last byte (default 600; 0: none)",
+    )
+    guard.add_argument(
+        "--body-timeout",
+        type=float,
+        default=60.0,
+        help="seconds for a request body to arrive, then 408 (default 60)",
+    )
+    guard.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a connection may sit idle, waiting for request headers included (default 5)",
+    )
+    _limit_flags(serve)
     ring = serve.add_argument_group("remote workers (the ring's control listener)")
     ring.add_argument(
         "--control-port",
@@ -217,6 +302,15 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds held streams get to finish on SIGTERM (default 30)",
     )
+    worker.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on this port (0: any free)"
+    )
+    worker.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address for --metrics-port (default %(default)s)",
+    )
+    _limit_flags(worker)
     _engine_flags(worker)
     return parser
 
@@ -254,6 +348,11 @@ def _worker(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise SystemExit(f"llmtrio worker: cannot load the certificates: {exc}") from None
     config = engine_config(args)
+    try:
+        limits = request_limits(args)
+    except ValueError as exc:
+        raise SystemExit(f"llmtrio worker: {exc}") from None
+    metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
 
     async def run(shutdown: trio.Event) -> None:
         await run_worker(
@@ -263,6 +362,8 @@ def _worker(args: argparse.Namespace) -> int:
             shutdown=shutdown,
             name=args.name,
             graceful_timeout=args.graceful_timeout,
+            limits=limits,
+            metrics_address=metrics,
         )
 
     trio.run(partial(until_signalled, run, graceful_timeout=args.graceful_timeout))
@@ -292,7 +393,13 @@ def _serve(args: argparse.Namespace) -> int:
                 for origin in value.split(",")
                 if origin.strip()
             ],
+            api_keys=_api_keys(args),
+            rate_limit=args.rate_limit,
+            request_timeout=args.request_timeout or None,
+            body_timeout=args.body_timeout,
+            idle_timeout=args.idle_timeout,
         )
+        limits = request_limits(args)
     except ValueError as exc:
         raise SystemExit(f"llmtrio serve: {exc}") from None
     if args.no_local_worker:
@@ -308,7 +415,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     from .server import serve_until_signalled
 
-    trio.run(serve_until_signalled, engine_config(args), config, control)
+    trio.run(serve_until_signalled, engine_config(args), config, control, limits)
     return 0
 
 

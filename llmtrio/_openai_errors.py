@@ -6,12 +6,16 @@ its own body.
     OpenAIError                 an error in OpenAI's shape, with its HTTP status
       400 invalid_request_error a body, field or message this server cannot use
       400 context_length_exceeded (code) the prompt does not fit a slot's context
+      401 invalid_api_key (code) a missing or wrong API key
       403 forbidden             a browser origin or host this server does not serve
       404 / 405                 unknown path / wrong method
+      408 request_timeout (code) the body did not arrive in time
       413 request_too_large     the body is over the size limit
+      429 rate_limit_exceeded (code) over the requests-per-minute limit (Retry-After)
       500 server_error          a failure on our side
       502 worker_failed (code)  the worker serving the request failed or went away
       503 server_error          every slot is taken (code ring_full) or the model is closing
+      504 timeout (code)        the request ran past the server's per-request deadline
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ from typing import Any
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "OpenAIError",
+    "body_timeout",
     "dumps",
+    "invalid_api_key",
     "invalid_request",
     "method_not_allowed",
     "not_found",
+    "rate_limited",
+    "request_timeout",
     "request_too_large",
     "ring_full",
     "server_error",
@@ -170,4 +178,47 @@ def worker_failed() -> OpenAIError:
         "The worker serving this request failed. Retry the request.",
         type="server_error",
         code="worker_failed",
+    )
+
+
+def invalid_api_key() -> OpenAIError:
+    """401, as OpenAI answers a missing or wrong key."""
+    return OpenAIError(
+        401,
+        "Incorrect API key provided. Send it as 'Authorization: Bearer <key>' (or 'X-Api-Key').",
+        code="invalid_api_key",
+        headers=[("WWW-Authenticate", 'Bearer realm="llmtrio"')],
+    )
+
+
+def rate_limited(limit_per_minute: int, retry_after_s: int) -> OpenAIError:
+    """429 with ``Retry-After``: over ``limit_per_minute`` requests a minute."""
+    return OpenAIError(
+        429,
+        f"Rate limit reached: {limit_per_minute} requests per minute. "
+        f"Retry after {retry_after_s}s.",
+        type="requests",
+        param="rate_limit",
+        code="rate_limit_exceeded",
+        headers=[("Retry-After", str(retry_after_s))],
+    )
+
+
+def request_timeout(limit_s: float) -> OpenAIError:
+    """504: the request ran past the per-request deadline and was ended."""
+    return OpenAIError(
+        504,
+        f"The request took longer than this server's limit of {limit_s:g}s and was stopped.",
+        type="server_error",
+        param="request_timeout",
+        code="timeout",
+    )
+
+
+def body_timeout(limit_s: float) -> OpenAIError:
+    """408: the request body did not arrive within ``limit_s`` seconds."""
+    return OpenAIError(
+        408,
+        f"The request body did not arrive within {limit_s:g}s.",
+        code="request_timeout",
     )

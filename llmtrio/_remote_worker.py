@@ -7,12 +7,15 @@ import logging
 import socket
 import ssl
 from collections.abc import Sequence
+from functools import partial
 
 import trio
+from prometheus_client import CollectorRegistry
 
+from ._metrics_server import serve_metrics
 from .engine import Engine, EngineConfig
 from .ring import connect_ring
-from .worker import serve_link
+from .worker import RequestLimits, WorkerMetrics, serve_link
 
 __all__ = ["run_worker"]
 
@@ -27,14 +30,22 @@ async def run_worker(
     shutdown: trio.Event,
     name: str | None = None,
     graceful_timeout: float = 30.0,
+    limits: RequestLimits | None = None,
+    metrics_address: tuple[str, int] | None = None,
+    task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Load the model, attach to every ingress in ``urls`` and serve until ``shutdown``.
+    """Load the model, attach to every ingress in ``urls`` and serve until ``shutdown``;
+    request bodies are checked against ``limits``. With ``metrics_address`` (host, port),
+    the engine's metrics are served at ``http://host:port/metrics``; ``task_status.started``
+    gets that URL (``None`` without) once the worker is attached.
 
     Resource handling: after ``shutdown`` the worker stops claiming, lets the streams it
     holds finish (up to ``graceful_timeout`` seconds; then they are cancelled and their
     ingresses fail them), detaches from every ingress and frees the model.
     """
     async with Engine.open(engine_config) as engine:
+        registry = CollectorRegistry()
+        metrics = WorkerMetrics(registry, engine)
         async with (
             connect_ring(
                 urls,
@@ -45,8 +56,13 @@ async def run_worker(
             ) as link,
             trio.open_nursery() as nursery,
         ):
-            await nursery.start(serve_link, engine, link)
+            await nursery.start(partial(serve_link, engine, link, metrics=metrics, limits=limits))
+            url = None
+            if metrics_address is not None:
+                host, port = metrics_address
+                url = await nursery.start(partial(serve_metrics, registry, host=host, port=port))
             logger.info("worker ready: %s, pulling from %s", engine.model_name, ", ".join(urls))
+            task_status.started(url)
             await shutdown.wait()
             link.drain()
             with trio.move_on_after(graceful_timeout) as scope:

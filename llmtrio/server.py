@@ -7,12 +7,13 @@ import logging
 from functools import partial
 
 import trio
+from prometheus_client import CollectorRegistry
 
 from ._ingress import until_signalled
 from .engine import Engine, EngineConfig, EngineFailedError
 from .ring import ControlConfig, Ring, serve_control
 from .web import ServeConfig, serve_ingress
-from .worker import serve_link
+from .worker import RequestLimits, WorkerMetrics, serve_link
 
 __all__ = ["serve", "serve_until_signalled"]
 
@@ -25,10 +26,13 @@ async def serve(
     *,
     shutdown: trio.Event,
     control: ControlConfig | None = None,
+    limits: RequestLimits | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load the model, attach a local worker to a new ring, and serve HTTP until ``shutdown``
     is set; ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``).
+    The ingress's ``/metrics`` shows the local engine's figures too; request bodies are
+    checked against ``limits``.
 
     Resource handling: after ``shutdown``, no new connection is accepted; in-flight
     responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
@@ -40,6 +44,8 @@ async def serve(
     """
     async with Engine.open(engine_config) as engine:
         ring = Ring(max_streams=config.ring_streams, park_timeout=config.park_timeout)
+        registry = CollectorRegistry()
+        metrics = WorkerMetrics(registry, engine, waiting=lambda: ring.stats().parked)
         failure: EngineFailedError | None = None
 
         async def local_worker(*, task_status: trio.TaskStatus[None]) -> None:
@@ -48,7 +54,9 @@ async def serve(
                 async with ring.attach(
                     "local", engine_config.max_inflight, models=[engine.model_name]
                 ) as link:
-                    await serve_link(engine, link, task_status=task_status)
+                    await serve_link(
+                        engine, link, metrics=metrics, limits=limits, task_status=task_status
+                    )
             except EngineFailedError as exc:
                 failure = exc
                 logger.critical("%s: the server stops", exc)
@@ -62,7 +70,12 @@ async def serve(
             async with trio.open_nursery() as web:
                 binds = await web.start(
                     partial(
-                        serve_ingress, ring, config, model_name=engine.model_name, shutdown=shutdown
+                        serve_ingress,
+                        ring,
+                        config,
+                        model_name=engine.model_name,
+                        shutdown=shutdown,
+                        registry=registry,
                     )
                 )
                 task_status.started([*binds, *control_address])
@@ -73,7 +86,10 @@ async def serve(
 
 
 async def serve_until_signalled(
-    engine_config: EngineConfig, config: ServeConfig, control: ControlConfig | None = None
+    engine_config: EngineConfig,
+    config: ServeConfig,
+    control: ControlConfig | None = None,
+    limits: RequestLimits | None = None,
 ) -> None:
     """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once.
 
@@ -84,7 +100,7 @@ async def serve_until_signalled(
     async def run(shutdown: trio.Event) -> None:
         nonlocal failure
         try:
-            await serve(engine_config, config, shutdown=shutdown, control=control)
+            await serve(engine_config, config, shutdown=shutdown, control=control, limits=limits)
         except EngineFailedError as exc:
             failure = exc
 

@@ -9,11 +9,12 @@ from functools import partial
 
 import attrs
 import trio
+from prometheus_client import CollectorRegistry
 
 from llmtrio.engine import Engine, EngineConfig, EngineFailedError
 from llmtrio.ring import Ring
 from llmtrio.web import ServeConfig, serve_ingress
-from llmtrio.worker import serve_link
+from llmtrio.worker import RequestLimits, WorkerMetrics, serve_link
 
 __all__ = ["Stack", "open_stack"]
 
@@ -23,6 +24,8 @@ class Stack:
     engine: Engine
     ring: Ring
     url: str
+    #: The registry ``GET /metrics`` shows (the ingress's and the local worker's metrics).
+    registry: CollectorRegistry
     #: Set when the local worker stopped because the engine died (as ``serve`` does).
     failure: EngineFailedError | None = None
     detached: trio.Event = attrs.field(factory=trio.Event)
@@ -46,18 +49,24 @@ class Stack:
 
 
 @asynccontextmanager
-async def open_stack(engine_config: EngineConfig, config: ServeConfig) -> AsyncIterator[Stack]:
+async def open_stack(
+    engine_config: EngineConfig, config: ServeConfig, limits: RequestLimits | None = None
+) -> AsyncIterator[Stack]:
     """``llmtrio serve``'s stack, put together as ``llmtrio.server.serve`` does, on a free
     loopback port; torn down on exit."""
     async with Engine.open(engine_config) as engine:
         ring = Ring(max_streams=config.ring_streams)
+        registry = CollectorRegistry()
+        metrics = WorkerMetrics(registry, engine, waiting=lambda: ring.stats().parked)
         async with trio.open_nursery() as nursery:
             stack: Stack | None = None
 
             async def worker(*, task_status: trio.TaskStatus[None]) -> None:
                 try:
                     async with ring.attach("local", engine_config.max_inflight) as link:
-                        await serve_link(engine, link, task_status=task_status)
+                        await serve_link(
+                            engine, link, metrics=metrics, limits=limits, task_status=task_status
+                        )
                 except EngineFailedError as exc:
                     assert stack is not None
                     stack.failure = exc
@@ -66,9 +75,16 @@ async def open_stack(engine_config: EngineConfig, config: ServeConfig) -> AsyncI
             await nursery.start(worker)
             shutdown = trio.Event()
             binds = await nursery.start(
-                partial(serve_ingress, ring, config, model_name="test", shutdown=shutdown)
+                partial(
+                    serve_ingress,
+                    ring,
+                    config,
+                    model_name="test",
+                    shutdown=shutdown,
+                    registry=registry,
+                )
             )
-            stack = Stack(engine, ring, binds[0])
+            stack = Stack(engine, ring, binds[0], registry)
             try:
                 yield stack
             finally:

@@ -166,3 +166,58 @@ def test_chat_page_shows_tool_calls_and_json_legibly(
             assert errors == []
         finally:
             browser.close()
+
+
+def test_chat_page_asks_for_the_api_key_once_and_keeps_it_in_the_browser(
+    gemma_path: Path,
+) -> None:
+    from playwright.sync_api import Dialog, Request, expect, sync_playwright
+
+    from llmtrio.engine import EngineConfig
+    from llmtrio.web import ServeConfig
+
+    from ._server import start_server
+
+    server = start_server(
+        EngineConfig(model=gemma_path, max_inflight=1, ctx_size=256, threads=2),
+        ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, api_keys=["page-key"]),
+    )
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                page = browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                asked: list[str] = []
+
+                def answer(dialog: Dialog) -> None:
+                    asked.append(dialog.message)
+                    dialog.accept("page-key")
+
+                page.on("dialog", answer)
+                sent: list[str | None] = []
+
+                def record(request: Request) -> None:
+                    if request.url.endswith("/v1/chat/completions"):
+                        sent.append(request.headers.get("authorization"))
+
+                page.on("request", record)
+                page.goto(server.url + "/")
+                expect(page.locator("#model-name")).to_contain_text("gemma")  # open paths
+                for turn in range(2):
+                    page.fill("#max-tokens", "3")
+                    page.fill("#prompt", "Say hi.")
+                    page.click("#send")
+                    reply = page.locator(".msg.assistant").nth(turn)
+                    expect(reply).to_have_attribute("data-finish", "length", timeout=60_000)
+                assert len(asked) == 1 and "API key" in asked[0]
+                # First try without a key (401), the retry and the next turn with it.
+                assert sent == [None, "Bearer page-key", "Bearer page-key"]
+                stored = page.evaluate("() => localStorage.getItem('llmtrio.apiKey')")
+                assert stored == "page-key"
+                assert errors == []
+            finally:
+                browser.close()
+    finally:
+        server.stop()

@@ -140,7 +140,9 @@ class Ring:
         )
         return path
 
-    def worker(self, name: str, ingresses: list[Ingress], cert: Path | None = None) -> Proc:
+    def worker(
+        self, name: str, ingresses: list[Ingress], cert: Path | None = None, *extra: str
+    ) -> Proc:
         return self.spawn(
             name,
             "worker",
@@ -151,6 +153,7 @@ class Ring:
             "--max-inflight=2",
             "--ctx-size=2048",
             "--threads=1",
+            *extra,
         )
 
 
@@ -340,3 +343,25 @@ def test_workers_reattach_to_a_restarted_ingress_by_themselves(ring: Ring) -> No
     again.wait_workers({"worker-a"})
     response = httpx.post(again.url + CHAT, json=chat(4), timeout=60)
     assert response.status_code == 200, response.text
+
+
+def test_keys_limits_and_metrics_flags_reach_the_ingress_and_the_worker(ring: Ring) -> None:
+    ingress = ring.ingress("ingress", "--api-key=k1", "--rate-limit=100")
+    worker = ring.worker("w", [ingress], None, "--metrics-port=0", "--max-tokens-limit=8")
+    metrics = worker.wait_for(r"metrics on (http://\S+)").group(1)
+    ingress.wait_workers({"w"})
+    key = {"Authorization": "Bearer k1"}
+    url = ingress.url + "/v1/chat/completions"
+    assert httpx.post(url, json=chat(4), timeout=60).status_code == 401
+    assert httpx.get(ingress.url + "/metrics", timeout=10).status_code == 401
+    over = httpx.post(url, json=chat(9), headers=key, timeout=60)
+    assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
+    done = httpx.post(url, json=chat(8), headers=key, timeout=60)
+    assert done.status_code == 200, done.text
+    scraped = httpx.get(metrics, timeout=10).text
+    predicted = re.search(r"^llamacpp:tokens_predicted_total (\S+)$", scraped, re.M)
+    assert predicted is not None
+    assert float(predicted.group(1)) == done.json()["usage"]["completion_tokens"]
+    ingress_metrics = httpx.get(ingress.url + "/metrics", headers=key, timeout=10).text
+    assert "llmtrio_workers_attached 1.0" in ingress_metrics
+    assert re.search(r"request_id=\S+ worker=w#\d+ .* status=200 ", ingress.proc.text())

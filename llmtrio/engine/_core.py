@@ -30,8 +30,14 @@ __all__ = ["CoreRequest", "EngineCore", "EngineStats", "StepOutput"]
 
 @attrs.define
 class EngineStats:
-    """Counters of the decode loop, for benchmarks: ``decode_s`` is time inside
+    """Counters of the decode loop, for benchmarks and metrics: ``decode_s`` is time inside
     ``llama_decode``, ``python_s`` the rest of each step (batch filling, sampling, hand-off).
+
+    Plain numbers, written by the decode thread once per step and read (racily, which is
+    fine for counters) at scrape time; nothing here costs the loop more than an addition.
+    ``tokens_predicted`` tokens were sampled and handed out; ``busy_slots`` sums the
+    sequences in each step's batch (busy slots per decode = it / ``steps``); ``running``
+    requests hold a slot after the last step, using ``kv_tokens`` context cells in all.
 
     Prompt reuse: ``prompt_cache_hits`` sequences started with part of their prompt already
     in memory, ``prompt_cache_reused_tokens`` tokens in all were not ingested again;
@@ -50,6 +56,10 @@ class EngineStats:
     prompt_cache_entries: int = 0
     prompt_cache_snapshots: int = 0
     prompt_cache_evictions: int = 0
+    tokens_predicted: int = 0
+    busy_slots: int = 0
+    running: int = 0
+    kv_tokens: int = 0
 
 
 @attrs.frozen(eq=False)
@@ -185,6 +195,7 @@ class EngineCore:
         for job in [job for job in self._jobs.values() if job.cancelled]:
             self._release(job)
             outputs.append(job.output([], stop=StopReason.CANCELLED, released=True))
+        self._count_running()
         return outputs
 
     def step(self) -> list[StepOutput]:
@@ -197,6 +208,7 @@ class EngineCore:
             job.sampler = self._sampler(job.request.request)
         if plan.empty:
             self.decoding = 0
+            self._count_running()
             return []
         parts = [_Part(self._jobs[key], None, 0, 0) for key in plan.decode]
         parts += [_Part(self._jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
@@ -217,6 +229,10 @@ class EngineCore:
         for job, token in sampled:
             outputs.append(self._advance(job, token, now))
         stats = self._stats
+        # Counted before the hand-off, so whoever sees a request end sees its tokens.
+        stats.busy_slots += len(parts)
+        stats.tokens_predicted += sum(len(output.tokens) for output in outputs)
+        self._count_running()
         step_s = time.perf_counter() - started
         stats.steps += 1
         stats.decode_s += decode_s
@@ -231,6 +247,7 @@ class EngineCore:
             self._release(job, clear=True)
             outputs.append(job.output([], error=error, released=True))
         self.decoding = 0
+        self._count_running()
         return outputs
 
     # -- prompt reuse --------------------------------------------------------------------
@@ -265,6 +282,11 @@ class EngineCore:
         if entry is not None:
             self._snapshots[entry] = data
         self._count_cache()
+
+    def _count_running(self) -> None:
+        running = [job for job in self._jobs.values() if job.seq >= 0]
+        self._stats.running = len(running)
+        self._stats.kv_tokens = sum(job.pos for job in running)
 
     def _count_cache(self) -> None:
         stats, cache = self._stats, self._cache

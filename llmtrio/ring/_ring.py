@@ -138,7 +138,7 @@ class Ring:
                 case ToWorker(worker_id=worker_id, message=message):
                     self._links[worker_id]._deliver(message)
                 case ToClient(stream_id=stream_id, message=ResponseHead() as head):
-                    self._streams[stream_id]._deliver_head(head)
+                    self._streams[stream_id]._deliver_head(head, self._core.holder(stream_id))
                 case ToClient(stream_id=stream_id, message=ResponseEnd()):
                     self._streams.pop(stream_id)._finish(StreamState.ENDED, None)
                 case ToClient(stream_id=stream_id, message=ResponseError(message=text)):
@@ -178,6 +178,8 @@ class RingStream:
     _send: trio.MemorySendChannel[bytes]
     _receive: trio.MemoryReceiveChannel[bytes]
     _head: ResponseHead | None = attrs.field(init=False, default=None)
+    #: The worker that sent the response head (for logs), once it has.
+    worker_id: str | None = attrs.field(init=False, default=None)
     _outcome: StreamState | None = attrs.field(init=False, default=None)
     _error: str = attrs.field(init=False, default="")
     # Chunks written by Claimed.end past the buffer bound; read after the buffered ones.
@@ -272,8 +274,9 @@ class RingStream:
             raise StreamCancelledError(f"stream {self.stream_id} was cancelled by its client")
         raise AssertionError(f"no response to report in outcome {self._outcome}")
 
-    def _deliver_head(self, head: ResponseHead) -> None:
+    def _deliver_head(self, head: ResponseHead, worker_id: str | None) -> None:
         self._head = head
+        self.worker_id = worker_id
         self._settled.set()
 
     async def _put(self, data: bytes) -> None:

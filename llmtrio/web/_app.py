@@ -14,17 +14,22 @@ Two layers, one ASGI app:
 
 Faults stay in their request: anything unexpected while serving one becomes that request's
 500 in OpenAI's shape (no internals in it) and a logged traceback with its request id.
+
+Every request gets an id (the client's own ``X-Request-Id`` when it is sane), sent back as
+``X-Request-Id`` and carried to the worker; when it ends it is counted in the ingress's
+metrics (``GET /metrics``) and logged as one ``llmtrio.access`` line. The :class:`Gate`
+holds what guards the API: API keys, the rate limit, the body and per-request deadlines.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
+import attrs
 import trio
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -33,9 +38,13 @@ from werkzeug.exceptions import HTTPException
 from .._openai_errors import (
     DEFAULT_MAX_BODY_BYTES,
     OpenAIError,
+    body_timeout,
+    invalid_api_key,
     method_not_allowed,
     no_worker,
     not_found,
+    rate_limited,
+    request_timeout,
     request_too_large,
     ring_full,
     server_error,
@@ -51,9 +60,13 @@ from ..ring import (
     WorkerFailedError,
     WorkerStats,
 )
+from ._access import Exchange, request_id
+from ._auth import OPEN_PATHS, ApiKeys
 from ._guard import OriginPolicy, header_map
+from ._metrics import CONTENT_TYPE, IngressMetrics
+from ._ratelimit import RateLimiter, retry_after
 
-__all__ = ["Ingress", "create_app"]
+__all__ = ["Gate", "Ingress", "create_app"]
 
 logger = logging.getLogger("llmtrio.web")
 
@@ -81,14 +94,35 @@ def _error(error: OpenAIError) -> Response:
     )
 
 
+@attrs.frozen
+class Gate:
+    """What guards the API besides the origin policy.
+
+    ``keys``: the API keys asked of every path but ``/``, ``/health`` and ``/v1/models``
+    (none: no key asked). ``rate_limit``: completion requests per key (or per client address
+    when no keys are set) per minute, then 429 (``None``: no limit). ``request_timeout``:
+    seconds a completion request may take from its arrival to its last byte, then it is ended
+    (504, or an error event once streaming; ``None``: no deadline). ``body_timeout``: seconds
+    for a completion request's body to arrive, then 408."""
+
+    keys: ApiKeys = attrs.field(factory=ApiKeys)
+    rate_limit: int | None = None
+    request_timeout: float | None = None
+    body_timeout: float = 60.0
+
+
 def create_app(
     ring: Ring,
     *,
     model_name: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     policy: OriginPolicy | None = None,
+    gate: Gate | None = None,
+    metrics: IngressMetrics | None = None,
 ) -> Ingress:
-    """The ASGI app serving the ring's routes, ``/health``, ``/v1/models`` and ``/``."""
+    """The ASGI app serving the ring's routes, ``/health``, ``/v1/models``, ``/metrics``
+    and ``/``. ``metrics`` (its own registry unless given) counts what it answers."""
+    metrics = metrics if metrics is not None else IngressMetrics(ring)
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.config["BODY_TIMEOUT"] = 60
@@ -146,6 +180,10 @@ def create_app(
             }
         )
 
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), content_type=CONTENT_TYPE)
+
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
         code = exc.code or 500
@@ -160,30 +198,75 @@ def create_app(
         error = OpenAIError(code, exc.description or exc.name, type="invalid_request_error")
         return _error(error)
 
-    return Ingress(app, ring, policy or OriginPolicy(), max_body_bytes)
+    return Ingress(app, ring, policy or OriginPolicy(), max_body_bytes, gate or Gate(), metrics)
 
 
 class Ingress:
-    """The ASGI app in front: checks origin and host, serves the ring's routes itself, and
-    hands every other request to the Quart app."""
+    """The ASGI app in front: checks origin and host, API key and rate limit, serves the
+    ring's routes itself, and hands every other request to the Quart app; counts and logs
+    every request as it ends."""
 
     def __init__(
-        self, app: QuartTrio, ring: Ring, policy: OriginPolicy, max_body_bytes: int
+        self,
+        app: QuartTrio,
+        ring: Ring,
+        policy: OriginPolicy,
+        max_body_bytes: int,
+        gate: Gate,
+        metrics: IngressMetrics,
     ) -> None:
         self.app: Any = app  # called with plain ASGI dicts
         self._ring = ring
         self._policy = policy
         self._max_body_bytes = max_body_bytes
+        self._gate = gate
+        self._limiter = None if gate.rate_limit is None else RateLimiter(gate.rate_limit)
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = header_map(scope["headers"])
+        client = scope.get("client") or ("", 0)
+        exchange = Exchange(
+            request_id(headers),
+            scope["method"],
+            scope["path"],
+            str(client[0]),
+            trio.current_time(),
+        )
+        try:
+            watched = exchange.watch(send, trio.current_time)
+            await self._dispatch(scope, headers, receive, watched, exchange)
+        finally:
+            ended = trio.current_time()
+            exchange.log(ended)
+            seen = exchange.observer
+            self.metrics.request_ended(
+                exchange.path,
+                seen.status,
+                error_code=seen.error_code,
+                finish_reason=seen.finish_reason,
+                ttfb=exchange.ttfb(),
+                total=ended - exchange.started,
+            )
+            if seen.status is not None and not seen.complete:
+                self.metrics.client_left()
+
+    async def _dispatch(
+        self,
+        scope: Scope,
+        headers: dict[str, str],
+        receive: Receive,
+        send: Send,
+        exchange: Exchange,
+    ) -> None:
         method = scope["method"]
+        path = scope["path"]
         refusal = self._policy.refusal(method, scope.get("scheme", "http"), headers)
         if refusal is not None:
-            await _send_error(send, refusal)
+            await _send_error(send, refusal, [("x-request-id", exchange.request_id)])
             return
         if OriginPolicy.is_preflight(method, headers):
             await send(
@@ -195,13 +278,26 @@ class Ingress:
             )
             await send({"type": "http.response.body", "body": b""})
             return
-        cors = self._policy.cors_headers(headers)
-        if method == "POST" and scope["path"] in RING_PATHS:
-            await _RingRequest(self._ring, scope, headers, cors).serve(
+        extra = [("x-request-id", exchange.request_id), *self._policy.cors_headers(headers)]
+        key = None
+        if self._gate.keys and path not in OPEN_PATHS:
+            key = self._gate.keys.match(headers)
+            if key is None:
+                await _send_error(send, invalid_api_key(), extra)
+                return
+        if method == "POST" and path in RING_PATHS:
+            if self._limiter is not None:
+                wait = self._limiter.take(key or exchange.client, trio.current_time())
+                if wait is not None:
+                    assert self._gate.rate_limit is not None
+                    error = rate_limited(self._gate.rate_limit, retry_after(wait))
+                    await _send_error(send, error, extra)
+                    return
+            await _RingRequest(self._ring, scope, headers, extra, exchange, self._gate).serve(
                 receive, send, self._max_body_bytes
             )
             return
-        await self.app(scope, receive, _adding_headers(send, cors))
+        await self.app(scope, receive, _adding_headers(send, extra))
 
 
 def _adding_headers(send: Send, extra: list[tuple[str, str]]) -> Send:
@@ -242,14 +338,23 @@ class _RingRequest:
     """One request served through the ring, from its body to its last byte."""
 
     def __init__(
-        self, ring: Ring, scope: Scope, headers: dict[str, str], cors: list[tuple[str, str]]
+        self,
+        ring: Ring,
+        scope: Scope,
+        headers: dict[str, str],
+        extra: list[tuple[str, str]],
+        exchange: Exchange,
+        gate: Gate,
     ) -> None:
         self._ring = ring
         self._scope = scope
         self._headers = headers
-        self.request_id = "req-" + secrets.token_hex(12)
-        self._extra = [("x-request-id", self.request_id), *cors]
+        self._exchange = exchange
+        self._gate = gate
+        self.request_id = exchange.request_id
+        self._extra = extra
         self._started = False
+        self._streaming = False
 
     async def serve(self, receive: Receive, send: Send, max_body_bytes: int) -> None:
         """Serve the request; never raises but for cancellation.
@@ -272,7 +377,12 @@ class _RingRequest:
         if declared.isdigit() and int(declared) > max_body_bytes:
             await self._send_error(send, request_too_large(max_body_bytes))
             return
-        body = await _read_body(receive, max_body_bytes)
+        body: bytes | None = None
+        with trio.move_on_after(self._gate.body_timeout) as reading:
+            body = await _read_body(receive, max_body_bytes)
+        if reading.cancelled_caught:
+            await self._send_error(send, body_timeout(self._gate.body_timeout))
+            return
         if body is None:
             await self._send_error(send, request_too_large(max_body_bytes))
             return
@@ -289,22 +399,43 @@ class _RingRequest:
         except RingFullError as exc:
             await self._send_error(send, ring_full(max(1, round(exc.retry_after))))
             return
+        deadline = self._gate.request_timeout
         with stream:  # cancels the stream on any way out that did not end it
-            async with trio.open_nursery() as nursery:
+            with trio.move_on_at(
+                self._exchange.started + deadline if deadline is not None else float("inf")
+            ) as timer:
+                async with trio.open_nursery() as nursery:
 
-                async def cancel_on_disconnect() -> None:
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    logger.debug("request %s: the client disconnected", self.request_id)
+                    async def cancel_on_disconnect() -> None:
+                        while (await receive())["type"] != "http.disconnect":
+                            pass
+                        logger.debug("request %s: the client disconnected", self.request_id)
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(cancel_on_disconnect)
+                    await self._relay(stream, send)
                     nursery.cancel_scope.cancel()
+            if timer.cancelled_caught and deadline is not None:
+                logger.info("request %s: past its %gs deadline", self.request_id, deadline)
+                stream.cancel()  # the generation ends at its next token
+                await self._deadline_passed(send, deadline)
 
-                nursery.start_soon(cancel_on_disconnect)
-                await self._relay(stream, send)
-                nursery.cancel_scope.cancel()
+    async def _deadline_passed(self, send: Send, deadline: float) -> None:
+        error = request_timeout(deadline)
+        if self._exchange.observer.complete:  # its last byte went out as the time came
+            return
+        if not self._started:
+            await self._send_error(send, error)
+        elif self._streaming:
+            await send({"type": "http.response.body", "body": error.sse(), "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        else:  # a JSON body's head went out: it can only be cut
+            await send({"type": "http.response.body", "body": b""})
 
     async def _relay(self, stream: RingStream, send: Send) -> None:
         try:
             head = await stream.response_head()
+            self._exchange.worker = stream.worker_id
             headers = [*head.headers, *self._extra]
             if not dict(head.headers).get("content-type", "").startswith("text/event-stream"):
                 # One JSON body: whole before the head goes out, so a failure is still a 500.
@@ -321,6 +452,7 @@ class _RingRequest:
             logger.warning("request %s: the worker failed: %s", self.request_id, exc)
             await self._send_error(send, worker_failed())
             return
+        self._streaming = True
         await self._start(send, head.status, headers)
         try:
             async for chunk in stream.body():

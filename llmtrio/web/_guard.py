@@ -120,7 +120,7 @@ class OriginPolicy:
         return [
             ("access-control-allow-origin", origin),
             ("vary", "Origin"),
-            ("access-control-expose-headers", "X-Request-Id"),
+            ("access-control-expose-headers", "X-Request-Id, Retry-After"),
         ]
 
     def preflight_headers(self, headers: Mapping[str, str]) -> list[tuple[str, str]]:

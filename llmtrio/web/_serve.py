@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,14 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
+from prometheus_client import CollectorRegistry
 
 from .._openai_errors import DEFAULT_MAX_BODY_BYTES
 from ..ring import Ring
-from ._app import create_app
+from ._app import Gate, create_app
+from ._auth import ApiKeys
 from ._guard import OriginPolicy
+from ._metrics import IngressMetrics
 
 __all__ = ["ServeConfig", "serve_ingress"]
 
@@ -43,6 +47,10 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _strings(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class ServeConfig:
     """Where and how to listen. Without ``tls_cert``/``tls_key`` only a loopback ``host`` is
@@ -50,7 +58,15 @@ class ServeConfig:
     ``graceful_timeout`` is how long in-flight streams may run on after a shutdown signal.
     ``send_timeout`` is how long a client may take nothing before it is disconnected.
     ``allowed_origins`` are the web origins (besides this server's own and loopback ones)
-    whose pages may call the API; ``*`` allows all."""
+    whose pages may call the API; ``*`` allows all.
+
+    Guards (see :class:`~llmtrio.web._app.Gate`): ``api_keys`` asked of the API and
+    ``/metrics``; ``rate_limit`` completion requests per key (or client address) per
+    minute; ``request_timeout`` seconds per completion request, arrival to last byte;
+    ``body_timeout`` seconds for its body to arrive. ``idle_timeout`` is how long a
+    connection may sit without a request in flight, which bounds the wait for a request's
+    headers too (hypercorn's ``keep_alive_timeout``: its idle timer runs until a request's
+    headers are complete)."""
 
     host: str = "127.0.0.1"
     port: int | None = None
@@ -65,6 +81,11 @@ class ServeConfig:
     #: reading can still be sent before the send timeout starts to count.
     send_buffer: int = 64 * 1024
     allowed_origins: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    api_keys: tuple[str, ...] = attrs.field(default=(), converter=_strings, repr=False)
+    rate_limit: int | None = None
+    request_timeout: float | None = 600.0
+    body_timeout: float = 60.0
+    idle_timeout: float = 5.0
 
     def __attrs_post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -82,6 +103,21 @@ class ServeConfig:
             raise ValueError("--max-body-bytes must be at least 1")
         if not self.send_timeout > 0:
             raise ValueError("--send-timeout must be more than 0")
+        if self.rate_limit is not None and self.rate_limit < 1:
+            raise ValueError("--rate-limit must be at least 1")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError("--request-timeout must be more than 0")
+        for name in ("body_timeout", "idle_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be more than 0")
+
+    def gate(self) -> Gate:
+        return Gate(
+            keys=ApiKeys(self.api_keys),
+            rate_limit=self.rate_limit,
+            request_timeout=self.request_timeout,
+            body_timeout=self.body_timeout,
+        )
 
     @property
     def tls(self) -> bool:
@@ -99,10 +135,13 @@ async def serve_ingress(
     *,
     model_name: str,
     shutdown: trio.Event,
+    registry: CollectorRegistry | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI API in front of ``ring`` until ``shutdown`` is set;
     ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``).
+    ``GET /metrics`` shows ``registry`` (a new one unless given), with the ingress's own
+    metrics added to it.
 
     Resource handling: after ``shutdown``, no new connection is accepted; in-flight
     responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
@@ -113,11 +152,19 @@ async def serve_ingress(
         config.allowed_origins, loopback_listener=_is_loopback(config.host), bound_host=config.host
     )
     app = create_app(
-        ring, model_name=model_name, max_body_bytes=config.max_body_bytes, policy=policy
+        ring,
+        model_name=model_name,
+        max_body_bytes=config.max_body_bytes,
+        policy=policy,
+        gate=config.gate(),
+        metrics=IngressMetrics(ring, registry),
     )
     hypercorn = HypercornConfig()
     hypercorn.bind = [config.bind()]
     hypercorn.graceful_timeout = config.graceful_timeout
+    hypercorn.keep_alive_timeout = config.idle_timeout
+    # No read_timeout: hypercorn applies it to every read, also while a long response
+    # streams to a client that has nothing more to send, which would cut it.
     hypercorn.accesslog = None
     hypercorn.errorlog = logging.getLogger("hypercorn.error")
     if config.tls_cert is not None and config.tls_key is not None:

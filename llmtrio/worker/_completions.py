@@ -26,6 +26,7 @@ from ..engine import (
 from ._features import parse_response_format
 from ._openai import (
     _INT32_MAX,
+    RequestLimits,
     _invalid_type,
     _opt_bool,
     _opt_int,
@@ -49,6 +50,7 @@ __all__ = [
 
 #: OpenAI's default ``max_tokens`` for completions.
 DEFAULT_MAX_TOKENS = 16
+_DEFAULT_LIMITS = RequestLimits()
 
 
 @attrs.frozen
@@ -105,7 +107,9 @@ def _parse_prompt(value: object) -> str | tuple[int, ...]:
     )
 
 
-def parse_completion_request(body: bytes) -> CompletionRequest:
+def parse_completion_request(
+    body: bytes, limits: RequestLimits = _DEFAULT_LIMITS
+) -> CompletionRequest:
     """Parse and validate a completions request body.
 
     Accepted: ``model``, ``prompt``, ``max_tokens`` (16 when absent, as OpenAI's),
@@ -113,7 +117,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     ``stream_options.include_usage``, ``logprobs`` (0 to 20 alternatives), penalties,
     ``logit_bias``, ``ignore_eos``, ``response_format`` (llama.cpp's extension); ``n`` and
     ``best_of`` of 1, ``echo`` false. Error handling: :class:`OpenAIError` 400, naming the
-    field.
+    field (``max_tokens`` and ``stop`` over ``limits`` too).
     """
     try:
         data = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
@@ -146,7 +150,10 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         raise invalid_request(
             "Invalid 'prompt': it must not be empty.", param="prompt", code="invalid_value"
         )
-    max_tokens = _opt_int(data, "max_tokens", 1, _INT32_MAX) or DEFAULT_MAX_TOKENS
+    max_tokens = _opt_int(data, "max_tokens", 1, _INT32_MAX)
+    limits.check_max_tokens(max_tokens, "max_tokens")
+    if max_tokens is None:
+        max_tokens = min(DEFAULT_MAX_TOKENS, limits.max_tokens or DEFAULT_MAX_TOKENS)
 
     sampling = parse_sampling(data)
     logprobs = _opt_int(data, "logprobs", 0, MAX_TOP_LOGPROBS)
@@ -156,7 +163,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         options = {
             "max_tokens": max_tokens,
             "sampling": Sampling(**sampling),
-            "stop": _parse_stop(data.get("stop")),
+            "stop": _parse_stop(data.get("stop"), limits),
             "ignore_eos": _opt_bool(data, "ignore_eos", "ignore_eos") or False,
             "logit_bias": _parse_logit_bias(data.get("logit_bias")),
             "grammar": parse_response_format(data.get("response_format")),

@@ -61,6 +61,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatCompletionStream",
     "OpenAIError",
+    "RequestLimits",
     "completion_body",
     "from_engine_error",
     "invalid_request",
@@ -116,6 +117,38 @@ def from_engine_error(exc: EngineError) -> OpenAIError:
 
 
 @attrs.frozen
+class RequestLimits:
+    """What one request body may ask for, beyond the body's size (the ingress's) and the
+    slot's context (the engine's); a request over a limit is a 400 naming the field.
+
+    ``max_messages`` bounds ``messages`` (OpenAI's own bound is 2048), ``max_tokens`` what a
+    request may ask to generate (``max_tokens``/``max_completion_tokens``; ``None``: only the
+    context bounds it), ``max_stop`` the stop sequences (OpenAI's 4) and ``max_stop_chars``
+    each one's length."""
+
+    max_messages: int = 2048
+    max_tokens: int | None = None
+    max_stop: int = _MAX_STOP
+    max_stop_chars: int = 256
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("max_messages", "max_stop", "max_stop_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError("--max-tokens-limit must be at least 1")
+
+    def check_max_tokens(self, value: int | None, param: str) -> None:
+        if value is not None and self.max_tokens is not None and value > self.max_tokens:
+            raise invalid_request(
+                f"Invalid '{param}': {value} is too large. This server generates at most "
+                f"{self.max_tokens} tokens per request.",
+                param=param,
+                code="invalid_value",
+            )
+
+
+@attrs.frozen
 class ChatCompletionRequest:
     """A parsed ``POST /v1/chat/completions``.
 
@@ -133,7 +166,9 @@ class ChatCompletionRequest:
     logprobs: bool = False
 
 
-def parse_chat_request(body: bytes) -> ChatCompletionRequest:
+def parse_chat_request(
+    body: bytes, limits: RequestLimits = RequestLimits()
+) -> ChatCompletionRequest:
     """Parse and validate a chat completions request body.
 
     Accepted: ``model``, ``messages``, ``max_tokens``, ``max_completion_tokens`` (wins over
@@ -159,7 +194,8 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
 
     Error handling: raises :class:`OpenAIError`, 400 for anything wrong (invalid UTF-8 or
     JSON, a body that is not an object, a field of the wrong type or out of range, an
-    unsupported message), naming the offending field in ``param``.
+    unsupported message, a request over one of ``limits``), naming the offending field in
+    ``param``.
     """
     try:
         text = body.decode("utf-8")
@@ -180,10 +216,12 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
 
     reject_unimplemented(data)
     model = _opt_str(data, "model")
-    messages = _parse_messages(data.get("messages"))
+    messages = _parse_messages(data.get("messages"), limits.max_messages)
 
     max_tokens = _opt_int(data, "max_tokens", 1, _INT32_MAX)
+    limits.check_max_tokens(max_tokens, "max_tokens")
     max_completion_tokens = _opt_int(data, "max_completion_tokens", 1, _INT32_MAX)
+    limits.check_max_tokens(max_completion_tokens, "max_completion_tokens")
     if max_completion_tokens is not None:
         max_tokens = max_completion_tokens
 
@@ -195,7 +233,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     if tool_grammar is not None:
         grammar = tool_grammar  # a forced call wins over the format of a plain reply
 
-    stop = _parse_stop(data.get("stop"))
+    stop = _parse_stop(data.get("stop"), limits)
 
     n = _opt_int(data, "n", None, None)
     if n is not None and n != 1:
@@ -306,7 +344,7 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _parse_messages(value: object) -> list[ChatMessage]:
+def _parse_messages(value: object, limit: int) -> list[ChatMessage]:
     if value is None:
         raise invalid_request(
             "Missing required parameter: 'messages'.",
@@ -320,6 +358,13 @@ def _parse_messages(value: object) -> list[ChatMessage]:
             "Invalid 'messages': empty array. Expected an array with at least one message.",
             param="messages",
             code="empty_array",
+        )
+    if len(value) > limit:
+        raise invalid_request(
+            f"Invalid 'messages': array too long. Expected an array with maximum length "
+            f"{limit}, but got an array with length {len(value)} instead.",
+            param="messages",
+            code="array_above_max_length",
         )
     messages = []
     for i, item in enumerate(value):
@@ -403,17 +448,17 @@ def _parse_content(value: object, where: str, role: str) -> str:
     return _PART_SEPARATOR.join(texts)
 
 
-def _parse_stop(value: object) -> tuple[str, ...]:
+def _parse_stop(value: object, limits: RequestLimits) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
         items: list[object] = [value]
     elif isinstance(value, list):
         items = value
-        if len(items) > _MAX_STOP:
+        if len(items) > limits.max_stop:
             raise invalid_request(
-                f"Invalid 'stop': array too long. Expected at most {_MAX_STOP} stop sequences, "
-                f"but got {len(items)}.",
+                f"Invalid 'stop': array too long. Expected at most {limits.max_stop} stop "
+                f"sequences, but got {len(items)}.",
                 param="stop",
                 code="array_above_max_length",
             )
@@ -429,6 +474,13 @@ def _parse_stop(value: object) -> tuple[str, ...]:
                 f"Invalid '{where}': stop sequences must not be empty.",
                 param="stop",
                 code="invalid_value",
+            )
+        if len(item) > limits.max_stop_chars:
+            raise invalid_request(
+                f"Invalid '{where}': string too long. Expected a string with maximum length "
+                f"{limits.max_stop_chars}, but got a string with length {len(item)} instead.",
+                param="stop",
+                code="string_above_max_length",
             )
         stops.append(_checked_text(item, "stop"))
     return tuple(stops)

@@ -39,9 +39,11 @@ from ._completions import (
     new_text_completion_id,
     parse_completion_request,
 )
+from ._metrics import WorkerMetrics
 from ._openai import (
     ChatCompletionRequest,
     OpenAIError,
+    RequestLimits,
     from_engine_error,
     new_completion_id,
     parse_chat_request,
@@ -65,9 +67,12 @@ async def serve_link(
     engine: Engine,
     link: RingLink,
     *,
+    metrics: WorkerMetrics | None = None,
+    limits: RequestLimits | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve one ring attachment with ``engine`` until cancelled.
+    """Serve one ring attachment with ``engine`` until cancelled; each finished request is
+    observed by ``metrics``, each request body checked against ``limits``.
 
     Claims a stream only while fewer than the link's ``max_inflight`` generations run (pull,
     never push); requests beyond the engine's admission wait inside the engine. Sends a
@@ -104,7 +109,7 @@ async def serve_link(
     async def handle(claimed: ClaimedStream) -> None:
         try:
             with claimed:
-                await _serve_stream(engine, claimed)
+                await _serve_stream(engine, claimed, metrics, limits or RequestLimits())
         except Exception:  # the stream is failed by `with claimed`; nothing else is touched
             logger.exception("request %s: the worker failed", _request_id(claimed))
         finally:
@@ -140,7 +145,12 @@ def _request_id(claimed: ClaimedStream) -> str:
     return f"stream-{claimed.stream_id}"
 
 
-async def _serve_stream(engine: Engine, claimed: ClaimedStream) -> None:
+async def _serve_stream(
+    engine: Engine,
+    claimed: ClaimedStream,
+    metrics: WorkerMetrics | None,
+    limits: RequestLimits,
+) -> None:
     """Respond to one stream; its client going away cancels the response (and so the
     generation). A fault ends this stream with a 500 (or an error event once streaming).
     The caller's ``with claimed:`` acknowledges a cancellation or fails a stream left
@@ -152,7 +162,7 @@ async def _serve_stream(engine: Engine, claimed: ClaimedStream) -> None:
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(watch)
-        response = _Response(claimed)
+        response = _Response(claimed, metrics, limits)
         try:
             await _respond(engine, response)
         except StreamCancelledError:
@@ -167,8 +177,12 @@ class _Response:
     """One stream's response as the worker writes it: remembers whether the head went out,
     so a failure can still be told in the right form."""
 
-    def __init__(self, claimed: ClaimedStream) -> None:
+    def __init__(
+        self, claimed: ClaimedStream, metrics: WorkerMetrics | None, limits: RequestLimits
+    ) -> None:
         self.claimed = claimed
+        self.metrics = metrics
+        self.limits = limits
         self.streaming = False  # the head of an event stream was sent
         self.sent_head = False
 
@@ -178,6 +192,10 @@ class _Response:
         self.sent_head = True
         self.streaming = streaming
         await self.claimed.send_head(status, headers)
+
+    def finished(self, done: Done) -> None:
+        if self.metrics is not None:
+            self.metrics.finished(done)
 
     async def error(self, error: OpenAIError) -> None:
         """A whole error response: status, JSON body, end."""
@@ -206,7 +224,7 @@ async def _respond(engine: Engine, response: _Response) -> None:
     if path != CHAT_PATH:
         raise LookupError(f"the ingress routed {path!r} to this worker, which does not serve it")
     try:
-        request = parse_chat_request(claimed.body)
+        request = parse_chat_request(claimed.body, response.limits)
     except OpenAIError as error:
         await response.error(error)
         return
@@ -233,6 +251,7 @@ async def _stream(
         if isinstance(event, Token):
             return encoder.token(event)  # empty while a possible tool call is held back
         if isinstance(event, Done):
+            response.finished(event)
             tail = encoder.finish(event)
             if request.include_usage:
                 tail += encoder.usage(event)
@@ -286,6 +305,7 @@ async def _complete(
             (reasoning if event.reasoning else text).append(event.text)
             logprobs += event.logprobs
         elif isinstance(event, Done):
+            response.finished(event)
             body = chat_body(
                 request,
                 "".join(text),
@@ -315,7 +335,7 @@ async def _respond_text(engine: Engine, response: _Response) -> None:
     """``POST /v1/completions``: a raw prompt, streamed or not."""
     claimed = response.claimed
     try:
-        request = parse_completion_request(claimed.body)
+        request = parse_completion_request(claimed.body, response.limits)
     except OpenAIError as error:
         await response.error(error)
         return
@@ -339,6 +359,7 @@ async def _respond_text(engine: Engine, response: _Response) -> None:
                     if isinstance(event, Token):
                         return encoder.token(event)
                     if isinstance(event, Done):
+                        response.finished(event)
                         return encoder.finish(event)
                     return _failure(event).sse()
 
@@ -356,6 +377,7 @@ async def _respond_text(engine: Engine, response: _Response) -> None:
                     text.append(event.text)
                     logprobs += event.logprobs
                 elif isinstance(event, Done):
+                    response.finished(event)
                     body = completion_text_body(
                         "".join(text),
                         logprobs if request.logprobs is not None else None,

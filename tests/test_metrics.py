@@ -1,0 +1,264 @@
+"""Prometheus metrics: ``GET /metrics`` scraped before and after real requests on the real
+stack, each counter moved by exactly what was sent; the engine-less ingress's 503s; a remote
+worker's metrics port."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmtrio._metrics_server import serve_metrics
+from llmtrio._remote_worker import run_worker
+from llmtrio.engine import EngineConfig
+from llmtrio.ring import Ring, client_ssl_context
+from llmtrio.web import ServeConfig, serve_ingress
+
+from ._stack import open_stack
+from .test_ring_remote import Pki, pki, start_ingress, wait_attached
+
+__all__ = ["pki"]  # the fixture, used by name
+
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+HI = [{"role": "user", "content": "Count from one to ten."}]
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    """Every sample of a scrape, keyed by name and sorted labels."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+async def scrape(http: httpx.AsyncClient, url: str) -> Samples:
+    response = await http.get(url)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return parse(response.text)
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+def sse_events(data: bytes) -> list[Any]:
+    return [
+        json.loads(block[6:])
+        for block in data.split(b"\n\n")
+        if block.startswith(b"data: ") and block != b"data: [DONE]"
+    ]
+
+
+async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
+    engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
+    config = ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1)
+    async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
+        metrics = stack.url + "/metrics"
+        before = await scrape(http, metrics)
+        assert value(before, "llmtrio_workers_attached") == 1
+        assert value(before, "vllm:num_requests_running") == 0
+
+        usages = []
+        plain = await http.post(
+            stack.url + CHAT, json={"messages": HI, "max_tokens": 5, "ignore_eos": True}
+        )
+        assert plain.status_code == 200, plain.text
+        usages.append(plain.json()["usage"])
+        streamed = await http.post(
+            stack.url + CHAT,
+            json={
+                "messages": HI,
+                "max_tokens": 4,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
+        assert streamed.status_code == 200
+        usages.append(sse_events(streamed.content)[-1]["usage"])
+        text = await http.post(
+            stack.url + TEXT, json={"prompt": "One, two,", "max_tokens": 3, "ignore_eos": True}
+        )
+        assert text.status_code == 200, text.text
+        usages.append(text.json()["usage"])
+        refused = await http.post(stack.url + CHAT, json={"max_tokens": 3})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "missing_required_parameter"
+        await stack.wait_idle()
+        after = await scrape(http, metrics)
+
+        def delta(name: str, **labels: str) -> float:
+            return moved(before, after, name, **labels)
+
+        prompt = sum(u["prompt_tokens"] for u in usages)
+        completion = sum(u["completion_tokens"] for u in usages)
+        assert completion == 5 + 4 + 3
+        # Ingress: requests by path and status, errors by code, completions by finish reason.
+        ok = {"status": "200", "status_class": "2xx"}
+        assert delta("llmtrio_http_requests_total", path=CHAT, **ok) == 2
+        assert delta("llmtrio_http_requests_total", path=TEXT, **ok) == 1
+        refusals = {"status": "400", "status_class": "4xx"}
+        assert delta("llmtrio_http_requests_total", path=CHAT, **refusals) == 1
+        assert delta("llmtrio_request_errors_total", code="missing_required_parameter") == 1
+        assert delta("llmtrio_request_finish_total", finish_reason="length") == 3
+        assert delta("llmtrio_request_duration_seconds_count") == 4
+        assert delta("llmtrio_time_to_first_byte_seconds_count") == 4
+        assert delta("llmtrio_client_disconnects_total") == 0
+        # Engine (llama.cpp's names): tokens in and out, exactly.
+        assert delta("llamacpp:prompt_tokens_total") == prompt
+        assert delta("llamacpp:tokens_predicted_total") == completion
+        decodes = delta("llamacpp:n_decode_total")
+        assert decodes >= 5  # at least one step per token of the longest request
+        assert 1 <= value(after, "llamacpp:n_busy_slots_per_decode") <= 2
+        # Per request (vLLM's names): one observation per finished request.
+        for name in (
+            "vllm:time_to_first_token_seconds_count",
+            "vllm:e2e_request_latency_seconds_count",
+            "vllm:request_queue_time_seconds_count",
+            "vllm:request_prompt_tokens_count",
+            "vllm:request_generation_tokens_count",
+            "vllm:request_time_per_output_token_seconds_count",
+        ):
+            assert delta(name) == 3, name
+        assert delta("vllm:request_prompt_tokens_sum") == prompt
+        assert delta("vllm:request_generation_tokens_sum") == completion
+        assert delta("vllm:request_success_total", finished_reason="length") == 3
+        # Idle again: nothing running, waiting, parked or cached.
+        for name in (
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+            "llamacpp:requests_processing",
+            "llamacpp:requests_deferred",
+            "llmtrio_ring_parked_streams",
+            "llmtrio_ring_serving_streams",
+        ):
+            assert value(after, name) == 0, name
+        assert value(after, "llmtrio_worker_held_streams", worker="local") == 0
+        assert 0 <= value(after, "llmtrio_worker_heartbeat_age_seconds", worker="local") < 60
+
+
+async def test_gauges_show_a_running_request_and_a_client_leaving(gemma_path: Path) -> None:
+    engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
+    config = ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1)
+    async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
+        before = await scrape(http, stack.url + "/metrics")
+        body = {"messages": HI, "max_tokens": 400, "ignore_eos": True, "stream": True}
+        async with http.stream("POST", stack.url + CHAT, json=body) as response:
+            async for _ in response.aiter_bytes():
+                break  # the first token is out: the request holds a slot
+            during = await scrape(http, stack.url + "/metrics")
+        await stack.wait_idle()
+        after = await scrape(http, stack.url + "/metrics")
+    assert value(during, "vllm:num_requests_running") == 1
+    assert value(during, "llamacpp:requests_processing") == 1
+    assert value(during, "llmtrio_ring_serving_streams") == 1
+    assert 0 < value(during, "vllm:kv_cache_usage_perc") < 1
+    assert moved(before, after, "llmtrio_client_disconnects_total") == 1
+    assert value(after, "vllm:num_requests_running") == 0
+    # A cancelled request is no success; the 200 head went out, so it counts as a 200.
+    assert moved(before, after, "vllm:request_success_total", finished_reason="length") == 0
+
+
+async def test_an_ingress_without_workers_counts_its_503s() -> None:
+    ring = Ring(max_streams=1, park_timeout=0.2)
+    config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1)
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=30) as http:
+        shutdown = trio.Event()
+        binds = await nursery.start(
+            lambda task_status: serve_ingress(
+                ring, config, model_name="m", shutdown=shutdown, task_status=task_status
+            )
+        )
+        url = binds[0]
+        before = await scrape(http, url + "/metrics")
+        response = await http.post(url + CHAT, json={"messages": HI})
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "no_worker"
+        after = await scrape(http, url + "/metrics")
+        shutdown.set()
+    unavailable = {"path": CHAT, "status": "503", "status_class": "5xx"}
+    assert moved(before, after, "llmtrio_http_requests_total", **unavailable) == 1
+    assert moved(before, after, "llmtrio_request_errors_total", code="no_worker") == 1
+    assert value(after, "llmtrio_workers_attached") == 0
+    assert value(after, "llmtrio_ring_max_streams") == 1
+    # An engine-less ingress is no model server: no engine figures.
+    assert not any(name.startswith(("vllm:", "llamacpp:")) for name, _ in after)
+    # The scrape before this one was counted too.
+    ok = {"status": "200", "status_class": "2xx"}
+    assert value(after, "llmtrio_http_requests_total", path="/metrics", **ok) == 1
+
+
+async def test_the_metrics_server_serves_its_registry_only_at_metrics() -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    registry = CollectorRegistry()
+    Counter("things", "Things.", registry=registry).inc(3)
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=30) as http:
+        url = await nursery.start(serve_metrics, registry)
+        assert url.startswith("http://127.0.0.1:")
+        samples = await scrape(http, url)
+        assert value(samples, "things_total") == 3
+        assert (await http.get(url.replace("/metrics", "/other"))).status_code == 404
+        assert (await http.post(url)).status_code == 405
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_remote_worker_serves_its_engine_metrics_on_its_metrics_port(
+    gemma_path: Path, pki: Pki
+) -> None:
+    engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
+    ring = Ring(max_streams=8, park_timeout=30)
+    config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1)
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=60) as http:
+        control = await start_ingress(nursery, pki, ring)
+        shutdown = trio.Event()
+        binds = await nursery.start(
+            partial(serve_ingress, ring, config, model_name="m", shutdown=shutdown)
+        )
+        context = client_ssl_context(pki.worker("w1"), None, pki.ingress_ca)
+        worker_metrics = await nursery.start(
+            partial(
+                run_worker,
+                engine,
+                [control],
+                context,
+                shutdown=shutdown,
+                name="w1",
+                metrics_address=("127.0.0.1", 0),
+            )
+        )
+        assert worker_metrics.startswith("http://127.0.0.1:")
+        await wait_attached(ring, 1)
+        before = await scrape(http, worker_metrics)
+        response = await http.post(
+            binds[0] + CHAT, json={"messages": HI, "max_tokens": 4, "ignore_eos": True}
+        )
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]
+        after = await scrape(http, worker_metrics)
+        ingress = await scrape(http, binds[0] + "/metrics")
+        nursery.cancel_scope.cancel()
+    assert moved(before, after, "llamacpp:tokens_predicted_total") == usage["completion_tokens"]
+    assert moved(before, after, "llamacpp:prompt_tokens_total") == usage["prompt_tokens"]
+    assert moved(before, after, "vllm:request_success_total", finished_reason="length") == 1
+    assert value(after, "vllm:num_requests_running") == 0
+    # The worker serves no ingress metrics; the ingress shows the worker by its name.
+    assert not any(name.startswith("llmtrio_") for name, _ in after)
+    assert value(ingress, "llmtrio_workers_attached") == 1
+    ages = [dict(labels)["worker"] for name, labels in ingress if name.endswith("age_seconds")]
+    assert len(ages) == 1 and ages[0].startswith("w1"), ages  # its attachment, w1#1
