@@ -39,6 +39,7 @@ from .._openai_errors import (
     request_too_large,
     ring_full,
     server_error,
+    shutting_down,
     worker_failed,
 )
 from .._routes import RING_PATHS
@@ -51,6 +52,7 @@ from ..ring import (
     WorkerFailedError,
     WorkerStats,
 )
+from ._drain import Drain
 from ._guard import OriginPolicy, header_map
 
 __all__ = ["Ingress", "create_app"]
@@ -87,8 +89,14 @@ def create_app(
     model_name: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     policy: OriginPolicy | None = None,
+    drain: Drain | None = None,
 ) -> Ingress:
-    """The ASGI app serving the ring's routes, ``/health``, ``/v1/models`` and ``/``."""
+    """The ASGI app serving the ring's routes, ``/health``, ``/v1/models`` and ``/``.
+
+    ``drain`` is the server's shutdown state: once it drains, ring requests are refused with
+    503 and ``/health`` answers 503 ``draining``; once it is cut, requests still running end
+    with an error."""
+    drain = drain or Drain()
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.config["BODY_TIMEOUT"] = 60
@@ -109,8 +117,11 @@ def create_app(
             "max_inflight": sum(b.max_inflight for b in beats),
             "available_slots": sum(b.available_slots for b in beats),
         }
+        status = "ok" if stats.workers else "no_workers"
+        if drain.draining:
+            status = "draining"
         body: dict[str, Any] = {
-            "status": "ok" if stats.workers else "no_workers",
+            "status": status,
             "model": model_name or next(iter(_models(ring)), ""),
             "capacity": capacity,
             "ring": {
@@ -124,8 +135,9 @@ def create_app(
         if not stats.workers and ring.last_detach is not None:
             worker, reason = ring.last_detach
             body["reason"] = f"worker {worker!r} detached: {reason}"
-        # No worker, no service: a load balancer should send requests elsewhere.
-        return _json(body, status=200 if stats.workers else 503)
+        # No worker, no service, or shutting down: a load balancer should send requests
+        # elsewhere.
+        return _json(body, status=200 if status == "ok" else 503)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -154,7 +166,7 @@ def create_app(
         error = OpenAIError(code, exc.description or exc.name, type="invalid_request_error")
         return _error(error)
 
-    return Ingress(app, ring, policy or OriginPolicy(), max_body_bytes)
+    return Ingress(app, ring, policy or OriginPolicy(), max_body_bytes, drain)
 
 
 class Ingress:
@@ -162,12 +174,18 @@ class Ingress:
     hands every other request to the Quart app."""
 
     def __init__(
-        self, app: QuartTrio, ring: Ring, policy: OriginPolicy, max_body_bytes: int
+        self,
+        app: QuartTrio,
+        ring: Ring,
+        policy: OriginPolicy,
+        max_body_bytes: int,
+        drain: Drain | None = None,
     ) -> None:
         self.app: Any = app  # called with plain ASGI dicts
         self._ring = ring
         self._policy = policy
         self._max_body_bytes = max_body_bytes
+        self._drain = drain or Drain()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -191,9 +209,14 @@ class Ingress:
             return
         cors = self._policy.cors_headers(headers)
         if method == "POST" and scope["path"] in RING_PATHS:
-            await _RingRequest(self._ring, scope, headers, cors).serve(
-                receive, send, self._max_body_bytes
-            )
+            if self._drain.draining:
+                # Connection: close, so that a kept-alive client reconnects (elsewhere).
+                await _send_error(send, shutting_down(), [*cors, ("connection", "close")])
+                return
+            with self._drain.track():
+                await _RingRequest(self._ring, scope, headers, cors).serve(
+                    receive, send, self._max_body_bytes, self._drain
+                )
             return
         await self.app(scope, receive, _adding_headers(send, cors))
 
@@ -243,17 +266,33 @@ class _RingRequest:
         self._headers = headers
         self.request_id = "req-" + secrets.token_hex(12)
         self._extra = [("x-request-id", self.request_id), *cors]
-        self._started = False
+        self._started = False  # the response head is (being) sent
+        self._streaming = False  # an event stream's head is sent: errors go as events
+        self._ended = False  # the last body chunk is (being) sent
 
-    async def serve(self, receive: Receive, send: Send, max_body_bytes: int) -> None:
+    async def serve(self, receive: Receive, send: Send, max_body_bytes: int, drain: Drain) -> None:
         """Serve the request; never raises but for cancellation.
 
         Resource handling: the ring stream is cancelled when this returns, however it
         returns, unless its response ended; a client that disconnects at any point cancels it
-        at once.
+        at once, and so does ``drain`` being cut, which ends the response with a
+        ``shutting_down`` error (a 503, or an error event on a started event stream).
         """
         try:
-            await self._serve(receive, send, max_body_bytes)
+            cut = False
+            async with trio.open_nursery() as nursery:
+
+                async def end_when_cut() -> None:
+                    nonlocal cut
+                    await drain.cut_called.wait()
+                    cut = True
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(end_when_cut)
+                await self._serve(receive, send, max_body_bytes)
+                nursery.cancel_scope.cancel()
+            if cut:
+                await self._end_cut(send)
         except _ClientGone:
             logger.debug("request %s: the client left before its body was read", self.request_id)
         except Exception:
@@ -303,8 +342,12 @@ class _RingRequest:
             if not dict(head.headers).get("content-type", "").startswith("text/event-stream"):
                 # One JSON body: whole before the head goes out, so a failure is still a 500.
                 body = b"".join([chunk async for chunk in stream.body()])
-                await self._start(send, head.status, [*headers, ("content-length", str(len(body)))])
-                await send({"type": "http.response.body", "body": body})
+                with trio.CancelScope(shield=True):  # whole or not at all; bounded by send_timeout
+                    await self._start(
+                        send, head.status, [*headers, ("content-length", str(len(body)))]
+                    )
+                    self._ended = True
+                    await send({"type": "http.response.body", "body": body})
                 return
         except ParkTimeoutError as exc:
             await self._send_error(
@@ -316,6 +359,7 @@ class _RingRequest:
             await self._send_error(send, worker_failed())
             return
         await self._start(send, head.status, headers)
+        self._streaming = True
         try:
             async for chunk in stream.body():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -324,7 +368,21 @@ class _RingRequest:
             await send(
                 {"type": "http.response.body", "body": worker_failed().sse(), "more_body": True}
             )
-        await send({"type": "http.response.body", "body": b""})
+        with trio.CancelScope(shield=True):
+            self._ended = True
+            await send({"type": "http.response.body", "body": b""})
+
+    async def _end_cut(self, send: Send) -> None:
+        """End the response of a request cut by the drain, as far as it got."""
+        if self._ended:
+            return
+        logger.warning("request %s: cut by the shutdown", self.request_id)
+        error = shutting_down(cut=True)
+        if self._streaming:
+            await send({"type": "http.response.body", "body": error.sse(), "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        elif not self._started:
+            await self._send_error(send, error)
 
     async def _start(self, send: Send, status: int, headers: list[tuple[str, str]]) -> None:
         self._started = True

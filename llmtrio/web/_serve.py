@@ -27,11 +27,15 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 from .._openai_errors import DEFAULT_MAX_BODY_BYTES
 from ..ring import Ring
 from ._app import create_app
+from ._drain import Drain
 from ._guard import OriginPolicy
 
 __all__ = ["ServeConfig", "serve_ingress"]
 
 logger = logging.getLogger("llmtrio.serve")
+
+#: Seconds the connections get, once the drain is over, to send their last bytes.
+_CLOSE_S = 2.0
 
 
 def _is_loopback(host: str) -> bool:
@@ -104,16 +108,23 @@ async def serve_ingress(
     """Serve the OpenAI API in front of ``ring`` until ``shutdown`` is set;
     ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``).
 
-    Resource handling: after ``shutdown``, no new connection is accepted; in-flight
-    responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
-    their streams on the ring). A client that takes nothing for ``config.send_timeout``
-    seconds is disconnected.
+    Resource handling: after ``shutdown`` the ingress drains: new ring requests are refused
+    with 503 (``shutting_down``, with ``Retry-After``) and ``/health`` answers 503
+    ``draining``, while the requests already in (parked or running) get
+    ``config.graceful_timeout`` seconds to finish; those still running then end with a
+    ``shutting_down`` error (which cancels their streams on the ring), and the server closes.
+    A client that takes nothing for ``config.send_timeout`` seconds is disconnected.
     """
     policy = OriginPolicy(
         config.allowed_origins, loopback_listener=_is_loopback(config.host), bound_host=config.host
     )
+    drain = Drain()
     app = create_app(
-        ring, model_name=model_name, max_body_bytes=config.max_body_bytes, policy=policy
+        ring,
+        model_name=model_name,
+        max_body_bytes=config.max_body_bytes,
+        policy=policy,
+        drain=drain,
     )
     hypercorn = HypercornConfig()
     hypercorn.bind = [config.bind()]
@@ -137,6 +148,7 @@ async def serve_ingress(
                 send_timeout=config.send_timeout,
                 send_buffer=config.send_buffer,
                 shutdown=shutdown,
+                drain=drain,
             )
         )
         logger.info("serving %s on %s", model_name, ", ".join(binds))
@@ -150,12 +162,19 @@ async def _serve_hypercorn(
     send_timeout: float,
     send_buffer: int,
     shutdown: trio.Event,
+    drain: Drain,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     """Hypercorn's ``worker_serve`` for HTTP/1.1 and HTTP/2 over TCP (with TLS when the
     config has a certificate), each connection's stream wrapped by :class:`_SendTimeout`
     and its kernel send buffer capped at ``send_buffer`` bytes (Linux autotunes it up to
-    megabytes, which would hide a client that stops reading for as long)."""
+    megabytes, which would hide a client that stops reading for as long).
+
+    The shutdown follows hypercorn's ``trio/run.py`` (a trigger, then a deadline on the
+    connections), with a drain before it: after ``shutdown`` the listeners go on accepting,
+    so that new requests get their 503 rather than a refused connection, until the ring
+    requests in ``drain`` finished or ``graceful_timeout`` passed; then ``drain`` is cut,
+    the listeners close, and the connections get ``_CLOSE_S`` to say goodbye."""
     asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
     state: dict[str, Any] = {}
     lifespan = Lifespan(asgi, config, state)
@@ -200,9 +219,26 @@ async def _serve_hypercorn(
                 )
                 task_status.started(binds)
                 await shutdown.wait()
+                drain.start()
+                logger.info(
+                    "draining: %d requests in flight, up to %gs to finish",
+                    drain.active,
+                    config.graceful_timeout,
+                )
+                with trio.move_on_after(config.graceful_timeout):
+                    await drain.wait_idle()
+                if drain.active:
+                    logger.warning(
+                        "%d requests still running after %gs: cutting them",
+                        drain.active,
+                        config.graceful_timeout,
+                    )
+                drain.cut()
+                with trio.move_on_after(_CLOSE_S):
+                    await drain.wait_idle()
                 accepting.cancel_scope.cancel()
             await context.terminated.set()
-            connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+            connections.cancel_scope.deadline = trio.current_time() + _CLOSE_S
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
 
