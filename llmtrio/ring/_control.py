@@ -184,7 +184,7 @@ async def _serve_worker(
         session = _Session(link, ws, config, worker_id)
         try:
             reason = await session.run(decoder)
-        except trio.Cancelled:
+        except* trio.Cancelled:
             # The listener is closing (the ingress shuts down): tell the worker why, so that
             # it knows why (it reattaches by itself once the ingress is back).
             reason = "the ingress is shutting down"
