@@ -54,6 +54,7 @@ from ..ring import (
 )
 from ._drain import Drain
 from ._guard import OriginPolicy, header_map
+from ._openapi import openapi
 
 __all__ = ["Ingress", "create_app"]
 
@@ -105,6 +106,12 @@ def create_app(
     @app.get("/")
     async def index() -> Response:
         return Response(page, content_type="text/html; charset=utf-8")
+
+    document = json.dumps(openapi()).encode()
+
+    @app.get("/openapi.json")
+    async def openapi_json() -> Response:
+        return Response(document, content_type="application/json")
 
     @app.get("/health")
     async def health() -> Response:
