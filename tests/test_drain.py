@@ -5,12 +5,16 @@ and real signals is in ``test_drain_processes.py``."""
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import attrs
 import httpx
+import pytest
 import trio
+import trustme
 
 from llmtrio.ring import Claimed, Ring, WorkerLink
 from llmtrio.web import ServeConfig, serve_ingress
@@ -28,21 +32,32 @@ class Server:
 
 
 @asynccontextmanager
-async def ingress(ring: Ring, graceful_timeout: float) -> AsyncIterator[Server]:
-    """The HTTP ingress in front of ``ring`` on a free loopback port; leaving the block waits
-    (10 s at most) for the server to stop, which the test triggers with ``shutdown``."""
+async def ingress(
+    ring: Ring, graceful_timeout: float, tls: Path | None = None
+) -> AsyncIterator[Server]:
+    """The HTTP ingress in front of ``ring`` on a free loopback port (HTTPS with HTTP/2 when
+    ``tls`` is a directory with ``cert.pem``, ``key.pem`` and ``ca.pem``); leaving the block
+    waits (10 s at most) for the server to stop, which the test triggers with ``shutdown``."""
     shutdown, stopped = trio.Event(), trio.Event()
     async with trio.open_nursery() as nursery:
 
         async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            config = ServeConfig(port=0, graceful_timeout=graceful_timeout)
+            config = ServeConfig(
+                port=0,
+                graceful_timeout=graceful_timeout,
+                tls_cert=None if tls is None else tls / "cert.pem",
+                tls_key=None if tls is None else tls / "key.pem",
+            )
             await serve_ingress(
                 ring, config, model_name="m", shutdown=shutdown, task_status=task_status
             )
             stopped.set()
 
         binds = await nursery.start(run)
-        async with httpx.AsyncClient(base_url=binds[0], timeout=30) as client:
+        verify = True if tls is None else ssl.create_default_context(cafile=tls / "ca.pem")
+        async with httpx.AsyncClient(
+            base_url=binds[0], timeout=30, verify=verify, http2=tls is not None
+        ) as client:
             yield Server(client, shutdown, stopped)
         shutdown.set()
         with trio.fail_after(10):
@@ -74,11 +89,22 @@ async def start_stream(
     task_status.started(claimed)
 
 
-async def test_a_running_stream_finishes_while_new_requests_get_503() -> None:
+@pytest.fixture
+def tls(tmp_path: Path) -> Path:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("http", ["http/1.1", "h2"])
+async def test_a_running_stream_finishes_while_new_requests_get_503(http: str, tls: Path) -> None:
     ring = Ring(max_streams=8)
     async with (
         ring.attach("w#1", 2, models=["m"]) as link,
-        ingress(ring, 30) as server,
+        ingress(ring, 30, tls if http == "h2" else None) as server,
         trio.open_nursery() as nursery,
     ):
         claimed = trio.Event()
@@ -97,10 +123,17 @@ async def test_a_running_stream_finishes_while_new_requests_get_503() -> None:
             server.shutdown.set()
             health = await wait_draining(server.client)
             assert health.status_code == 503  # a load balancer stops sending here
-            refused = await server.client.post(CHAT, json=BODY)
+            # A body larger than HTTP/2's first flow-control window: some of it arrives after
+            # the refusal was sent (which must not break the connection, nor its other stream).
+            big = {**BODY, "messages": [{"role": "user", "content": "hi " * 100_000}]}
+            refused = await server.client.post(CHAT, json=big)
             assert refused.status_code == 503
             assert refused.headers["retry-after"] == "1"
-            assert refused.headers["connection"] == "close"
+            if http == "h2":  # HTTP/2 has no Connection header; the stream ends there
+                assert refused.http_version == "HTTP/2"
+                assert "connection" not in refused.headers
+            else:  # a kept-alive client reconnects, and its next request goes elsewhere
+                assert refused.headers["connection"] == "close"
             assert refused.json()["error"]["code"] == "shutting_down"
             assert refused.json()["error"]["type"] == "server_error"
             assert ring.stats().open == 1  # the refused request never reached the ring

@@ -217,8 +217,16 @@ class Ingress:
         cors = self._policy.cors_headers(headers)
         if method == "POST" and scope["path"] in RING_PATHS:
             if self._drain.draining:
-                # Connection: close, so that a kept-alive client reconnects (elsewhere).
-                await _send_error(send, shutting_down(), [*cors, ("connection", "close")])
+                # Read the body first: hypercorn's HTTP/2 protocol fails the whole connection
+                # (every stream on it) on data for a stream that was already answered.
+                try:
+                    await _read_body(receive, self._max_body_bytes)
+                except _ClientGone:
+                    return
+                # HTTP/1: Connection: close, so that a kept-alive client reconnects (elsewhere);
+                # HTTP/2 forbids the header (its streams end with their response anyway).
+                close = [("connection", "close")] if scope.get("http_version", "1.1") < "2" else []
+                await _send_error(send, shutting_down(), [*cors, *close])
                 return
             with self._drain.track():
                 await _RingRequest(self._ring, scope, headers, cors).serve(
