@@ -14,7 +14,8 @@ its own body.
       429 rate_limit_exceeded (code) over the requests-per-minute limit (Retry-After)
       500 server_error          a failure on our side
       502 worker_failed (code)  the worker serving the request failed or went away
-      503 server_error          every slot is taken (code ring_full) or the model is closing
+      503 server_error          every slot is taken (code ring_full), the model is closing,
+                                or the server is shutting down (code shutting_down)
       504 timeout (code)        the request ran past the server's per-request deadline
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "request_too_large",
     "ring_full",
     "server_error",
+    "shutting_down",
     "worker_failed",
 ]
 
@@ -151,6 +153,24 @@ def no_worker(park_timeout: float, retry_after_s: int | None = None) -> OpenAIEr
         type="server_error",
         code="no_worker",
         headers=headers,
+    )
+
+
+def shutting_down(retry_after_s: int = 1, *, cut: bool = False) -> OpenAIError:
+    """503: the server is shutting down. Before a request is taken (``cut=False``) it is
+    refused so that its client retries elsewhere; ``cut=True`` ends a request still running
+    when the graceful timeout passed."""
+    message = (
+        "The server shut down before this request finished. Retry the request."
+        if cut
+        else "The server is shutting down and takes no new requests. Retry the request."
+    )
+    return OpenAIError(
+        503,
+        message,
+        type="server_error",
+        code="shutting_down",
+        headers=[("Retry-After", str(retry_after_s))],
     )
 
 

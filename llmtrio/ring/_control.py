@@ -97,8 +97,9 @@ async def serve_control(
     """Accept remote workers onto ``ring`` until cancelled; ``task_status.started`` gets the
     address workers use (``wss://HOST:PORT``, the real port when ``config.port`` is 0).
 
-    Resource handling: cancelling this closes every worker connection, which detaches the
-    workers (their unanswered streams are requeued or failed by the ring).
+    Resource handling: cancelling this sends every worker ``Detach`` and closes its
+    connection, which detaches the workers (their unanswered streams are requeued or failed
+    by the ring).
     """
     listeners = await trio.open_tcp_listeners(config.port, host=config.host)
     port = listeners[0].socket.getsockname()[1]
@@ -183,6 +184,13 @@ async def _serve_worker(
         session = _Session(link, ws, config, worker_id)
         try:
             reason = await session.run(decoder)
+        except* trio.Cancelled:
+            # The listener is closing (the ingress shuts down): tell the worker why, so that
+            # it knows why (it reattaches by itself once the ingress is back).
+            reason = "the ingress is shutting down"
+            with trio.move_on_after(1, shield=True), contextlib.suppress(ConnectionClosed):
+                await ws.send_message(encode(Detach(reason)))
+            raise
         finally:
             logger.info("worker %s detached: %s", worker_id, reason)
 

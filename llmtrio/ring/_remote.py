@@ -18,7 +18,7 @@ import math
 import random
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Self
@@ -103,6 +103,16 @@ async def connect_ring(
         finally:
             link._close("the worker is shutting down")
             nursery.cancel_scope.deadline = trio.current_time() + 2
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    """The exceptions in ``group`` and in the groups nested in it (a session's nurseries
+    nest), so that a log names each one rather than "Exceptions from Trio nursery"."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 @attrs.define(eq=False)
@@ -278,7 +288,7 @@ class RemoteLink:
                 ConnectionClosed,
                 ProtocolError,
             ) as group:
-                logger.warning("ingress %s: %s", name, "; ".join(map(str, group.exceptions)))
+                logger.warning("ingress %s: %s", name, "; ".join(map(str, _leaves(group))))
             if self._closing:
                 return
             failures = 0 if trio.current_time() - started > STABLE_S else failures + 1

@@ -48,6 +48,7 @@ from .._openai_errors import (
     request_too_large,
     ring_full,
     server_error,
+    shutting_down,
     worker_failed,
 )
 from .._routes import RING_PATHS
@@ -62,8 +63,10 @@ from ..ring import (
 )
 from ._access import Exchange, request_id
 from ._auth import OPEN_PATHS, ApiKeys
+from ._drain import Drain
 from ._guard import OriginPolicy, header_map
 from ._metrics import CONTENT_TYPE, IngressMetrics
+from ._openapi import openapi
 from ._ratelimit import RateLimiter, retry_after
 
 __all__ = ["Gate", "Ingress", "create_app"]
@@ -119,10 +122,17 @@ def create_app(
     policy: OriginPolicy | None = None,
     gate: Gate | None = None,
     metrics: IngressMetrics | None = None,
+    drain: Drain | None = None,
 ) -> Ingress:
-    """The ASGI app serving the ring's routes, ``/health``, ``/v1/models``, ``/metrics``
-    and ``/``. ``metrics`` (its own registry unless given) counts what it answers."""
+    """The ASGI app serving the ring's routes, ``/health``, ``/v1/models``, ``/metrics``,
+    ``/openapi.json`` and ``/``. ``metrics`` (its own registry unless given) counts what it
+    answers.
+
+    ``drain`` is the server's shutdown state: once it drains, ring requests are refused with
+    503 and ``/health`` answers 503 ``draining``; once it is cut, requests still running end
+    with an error."""
     metrics = metrics if metrics is not None else IngressMetrics(ring)
+    drain = drain or Drain()
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.config["BODY_TIMEOUT"] = 60
@@ -131,6 +141,12 @@ def create_app(
     @app.get("/")
     async def index() -> Response:
         return Response(page, content_type="text/html; charset=utf-8")
+
+    document = json.dumps(openapi()).encode()
+
+    @app.get("/openapi.json")
+    async def openapi_json() -> Response:
+        return Response(document, content_type="application/json")
 
     @app.get("/health")
     async def health() -> Response:
@@ -148,8 +164,11 @@ def create_app(
             "cached_tokens": sum(b.cached_tokens for b in beats),
             "bytes": sum(b.cache_bytes for b in beats),
         }
+        status = "ok" if stats.workers else "no_workers"
+        if drain.draining:
+            status = "draining"
         body: dict[str, Any] = {
-            "status": "ok" if stats.workers else "no_workers",
+            "status": status,
             "model": model_name or next(iter(_models(ring)), ""),
             "capacity": capacity,
             "prompt_cache": prompt_cache,
@@ -164,8 +183,9 @@ def create_app(
         if not stats.workers and ring.last_detach is not None:
             worker, reason = ring.last_detach
             body["reason"] = f"worker {worker!r} detached: {reason}"
-        # No worker, no service: a load balancer should send requests elsewhere.
-        return _json(body, status=200 if stats.workers else 503)
+        # No worker, no service, or shutting down: a load balancer should send requests
+        # elsewhere.
+        return _json(body, status=200 if status == "ok" else 503)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -198,7 +218,9 @@ def create_app(
         error = OpenAIError(code, exc.description or exc.name, type="invalid_request_error")
         return _error(error)
 
-    return Ingress(app, ring, policy or OriginPolicy(), max_body_bytes, gate or Gate(), metrics)
+    return Ingress(
+        app, ring, policy or OriginPolicy(), max_body_bytes, gate or Gate(), metrics, drain
+    )
 
 
 class Ingress:
@@ -214,6 +236,7 @@ class Ingress:
         max_body_bytes: int,
         gate: Gate,
         metrics: IngressMetrics,
+        drain: Drain,
     ) -> None:
         self.app: Any = app  # called with plain ASGI dicts
         self._ring = ring
@@ -222,6 +245,7 @@ class Ingress:
         self._gate = gate
         self._limiter = None if gate.rate_limit is None else RateLimiter(gate.rate_limit)
         self.metrics = metrics
+        self._drain = drain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -286,6 +310,18 @@ class Ingress:
                 await _send_error(send, invalid_api_key(), extra)
                 return
         if method == "POST" and path in RING_PATHS:
+            if self._drain.draining:
+                # Read the body first: hypercorn's HTTP/2 protocol fails the whole connection
+                # (every stream on it) on data for a stream that was already answered.
+                try:
+                    await _read_body(receive, self._max_body_bytes)
+                except _ClientGone:
+                    return
+                # HTTP/1: Connection: close, so that a kept-alive client reconnects (elsewhere);
+                # HTTP/2 forbids the header (its streams end with their response anyway).
+                close = [("connection", "close")] if scope.get("http_version", "1.1") < "2" else []
+                await _send_error(send, shutting_down(), [*extra, *close])
+                return
             if self._limiter is not None:
                 wait = self._limiter.take(key or exchange.client, trio.current_time())
                 if wait is not None:
@@ -293,9 +329,10 @@ class Ingress:
                     error = rate_limited(self._gate.rate_limit, retry_after(wait))
                     await _send_error(send, error, extra)
                     return
-            await _RingRequest(self._ring, scope, headers, extra, exchange, self._gate).serve(
-                receive, send, self._max_body_bytes
-            )
+            with self._drain.track():
+                await _RingRequest(self._ring, scope, headers, extra, exchange, self._gate).serve(
+                    receive, send, self._max_body_bytes, self._drain
+                )
             return
         await self.app(scope, receive, _adding_headers(send, extra))
 
@@ -353,18 +390,33 @@ class _RingRequest:
         self._gate = gate
         self.request_id = exchange.request_id
         self._extra = extra
-        self._started = False
-        self._streaming = False
+        self._started = False  # the response head is (being) sent
+        self._streaming = False  # an event stream's head is sent: errors go as events
+        self._ended = False  # the last body chunk is (being) sent
 
-    async def serve(self, receive: Receive, send: Send, max_body_bytes: int) -> None:
+    async def serve(self, receive: Receive, send: Send, max_body_bytes: int, drain: Drain) -> None:
         """Serve the request; never raises but for cancellation.
 
         Resource handling: the ring stream is cancelled when this returns, however it
         returns, unless its response ended; a client that disconnects at any point cancels it
-        at once.
+        at once, and so does ``drain`` being cut, which ends the response with a
+        ``shutting_down`` error (a 503, or an error event on a started event stream).
         """
         try:
-            await self._serve(receive, send, max_body_bytes)
+            cut = False
+            async with trio.open_nursery() as nursery:
+
+                async def end_when_cut() -> None:
+                    nonlocal cut
+                    await drain.cut_called.wait()
+                    cut = True
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(end_when_cut)
+                await self._serve(receive, send, max_body_bytes)
+                nursery.cancel_scope.cancel()
+            if cut:
+                await self._end_cut(send)
         except _ClientGone:
             logger.debug("request %s: the client left before its body was read", self.request_id)
         except Exception:
@@ -440,8 +492,12 @@ class _RingRequest:
             if not dict(head.headers).get("content-type", "").startswith("text/event-stream"):
                 # One JSON body: whole before the head goes out, so a failure is still a 500.
                 body = b"".join([chunk async for chunk in stream.body()])
-                await self._start(send, head.status, [*headers, ("content-length", str(len(body)))])
-                await send({"type": "http.response.body", "body": body})
+                with trio.CancelScope(shield=True):  # whole or not at all; bounded by send_timeout
+                    await self._start(
+                        send, head.status, [*headers, ("content-length", str(len(body)))]
+                    )
+                    self._ended = True
+                    await send({"type": "http.response.body", "body": body})
                 return
         except ParkTimeoutError as exc:
             await self._send_error(
@@ -462,7 +518,21 @@ class _RingRequest:
             await send(
                 {"type": "http.response.body", "body": worker_failed().sse(), "more_body": True}
             )
-        await send({"type": "http.response.body", "body": b""})
+        with trio.CancelScope(shield=True):
+            self._ended = True
+            await send({"type": "http.response.body", "body": b""})
+
+    async def _end_cut(self, send: Send) -> None:
+        """End the response of a request cut by the drain, as far as it got."""
+        if self._ended:
+            return
+        logger.warning("request %s: cut by the shutdown", self.request_id)
+        error = shutting_down(cut=True)
+        if self._streaming:
+            await send({"type": "http.response.body", "body": error.sse(), "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        elif not self._started:
+            await self._send_error(send, error)
 
     async def _start(self, send: Send, status: int, headers: list[tuple[str, str]]) -> None:
         self._started = True

@@ -30,12 +30,16 @@ from .._openai_errors import DEFAULT_MAX_BODY_BYTES
 from ..ring import Ring
 from ._app import Gate, create_app
 from ._auth import ApiKeys
+from ._drain import Drain
 from ._guard import OriginPolicy
 from ._metrics import IngressMetrics
 
 __all__ = ["ServeConfig", "serve_ingress"]
 
 logger = logging.getLogger("llmtrio.serve")
+
+#: Seconds the connections get, once the drain is over, to send their last bytes.
+_CLOSE_S = 2.0
 
 
 def _is_loopback(host: str) -> bool:
@@ -143,14 +147,17 @@ async def serve_ingress(
     ``GET /metrics`` shows ``registry`` (a new one unless given), with the ingress's own
     metrics added to it.
 
-    Resource handling: after ``shutdown``, no new connection is accepted; in-flight
-    responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
-    their streams on the ring). A client that takes nothing for ``config.send_timeout``
-    seconds is disconnected.
+    Resource handling: after ``shutdown`` the ingress drains: new ring requests are refused
+    with 503 (``shutting_down``, with ``Retry-After``) and ``/health`` answers 503
+    ``draining``, while the requests already in (parked or running) get
+    ``config.graceful_timeout`` seconds to finish; those still running then end with a
+    ``shutting_down`` error (which cancels their streams on the ring), and the server closes.
+    A client that takes nothing for ``config.send_timeout`` seconds is disconnected.
     """
     policy = OriginPolicy(
         config.allowed_origins, loopback_listener=_is_loopback(config.host), bound_host=config.host
     )
+    drain = Drain()
     app = create_app(
         ring,
         model_name=model_name,
@@ -158,6 +165,7 @@ async def serve_ingress(
         policy=policy,
         gate=config.gate(),
         metrics=IngressMetrics(ring, registry),
+        drain=drain,
     )
     hypercorn = HypercornConfig()
     hypercorn.bind = [config.bind()]
@@ -184,6 +192,7 @@ async def serve_ingress(
                 send_timeout=config.send_timeout,
                 send_buffer=config.send_buffer,
                 shutdown=shutdown,
+                drain=drain,
             )
         )
         logger.info("serving %s on %s", model_name, ", ".join(binds))
@@ -197,12 +206,19 @@ async def _serve_hypercorn(
     send_timeout: float,
     send_buffer: int,
     shutdown: trio.Event,
+    drain: Drain,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     """Hypercorn's ``worker_serve`` for HTTP/1.1 and HTTP/2 over TCP (with TLS when the
     config has a certificate), each connection's stream wrapped by :class:`_SendTimeout`
     and its kernel send buffer capped at ``send_buffer`` bytes (Linux autotunes it up to
-    megabytes, which would hide a client that stops reading for as long)."""
+    megabytes, which would hide a client that stops reading for as long).
+
+    The shutdown follows hypercorn's ``trio/run.py`` (a trigger, then a deadline on the
+    connections), with a drain before it: after ``shutdown`` the listeners go on accepting,
+    so that new requests get their 503 rather than a refused connection, until the ring
+    requests in ``drain`` finished or ``graceful_timeout`` passed; then ``drain`` is cut,
+    the listeners close, and the connections get ``_CLOSE_S`` to say goodbye."""
     asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
     state: dict[str, Any] = {}
     lifespan = Lifespan(asgi, config, state)
@@ -247,9 +263,26 @@ async def _serve_hypercorn(
                 )
                 task_status.started(binds)
                 await shutdown.wait()
+                drain.start()
+                logger.info(
+                    "draining: %d requests in flight, up to %gs to finish",
+                    drain.active,
+                    config.graceful_timeout,
+                )
+                with trio.move_on_after(config.graceful_timeout):
+                    await drain.wait_idle()
+                if drain.active:
+                    logger.warning(
+                        "%d requests still running after %gs: cutting them",
+                        drain.active,
+                        config.graceful_timeout,
+                    )
+                drain.cut()
+                with trio.move_on_after(_CLOSE_S):
+                    await drain.wait_idle()
                 accepting.cancel_scope.cancel()
             await context.terminated.set()
-            connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+            connections.cancel_scope.deadline = trio.current_time() + _CLOSE_S
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
 

@@ -68,7 +68,9 @@ class EngineCollector(Collector):
         running = min(stats.running, capacity.inflight)
         deferred = capacity.inflight - running
         yield CounterMetricFamily(
-            "llamacpp:prompt_tokens", "Number of prompt tokens processed.", stats.prompt_tokens_ingested
+            "llamacpp:prompt_tokens",
+            "Number of prompt tokens processed.",
+            stats.prompt_tokens_ingested,
         )
         yield CounterMetricFamily(
             "llamacpp:tokens_predicted",

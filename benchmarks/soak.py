@@ -1,0 +1,635 @@
+"""A bounded soak with chaos: a real ring of processes under mixed load, with a worker killed
+and an ingress restarted mid-run; at the end every request is accounted for and nothing leaks.
+
+    python benchmarks/soak.py --requests 3000 --duration 900 --model path/to/gemma.gguf
+
+On loopback only, it stops by itself (after ``--requests`` requests or ``--duration`` seconds,
+whichever comes first):
+
+- two ingresses, ``llmtrio serve --no-local-worker`` with a control listener, and two
+  ``llmtrio worker`` processes attached to both, over mutual TLS (trustme: one CA for the
+  ingresses, another for the workers), on the gemma test model by default;
+- ``--concurrency`` clients send chat and text completions, streamed and not, of mixed prompt
+  and output sizes, to either ingress (only to those a load balancer would pick: not one that
+  is draining or down); ``--abort`` of them hang up on purpose (mid-stream, or before the
+  answer of a request that does not stream);
+- chaos: at a quarter of the run worker ``w1`` is SIGKILLed and started again; at half, ingress
+  ``i1`` is restarted the way a deploy does it (taken out of the pool, SIGTERM: it drains, exits
+  0, and comes back on the same ports; the workers reattach by themselves).
+
+At the end it prints every request's outcome (completed; an error in OpenAI's shape, by HTTP
+status and code, or as an error event in a stream; aborted by its client), checks that
+``/health`` shows nothing parked, nothing serving and no slot in use, and compares the open
+files and threads of the processes that lived through the whole run (ingress ``i0``, worker
+``w0``) with what they had before the load, once idle again; RSS growth is reported. It exits
+non-zero on an unaccounted request (a transport error, a truncated stream, a body not in
+OpenAI's shape, a hang), on a non-idle end, or on growth in files or threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+import trustme
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "the",
+    "lazy",
+    "dog",
+    "while",
+    "a",
+    "cat",
+    "sleeps",
+    "in",
+    "the",
+    "warm",
+    "sun",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes
+
+
+@attrs.define
+class Proc:
+    """A ``llmtrio`` process logging to a file."""
+
+    name: str
+    args: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "llmtrio", *self.args],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def wait_for(self, pattern: str, limit_s: float = 120, *, after: int = 0) -> None:
+        """Wait until the log (from byte ``after`` on) matches ``pattern``."""
+        with trio.fail_after(limit_s):
+            while not re.search(pattern, self.text()[after:]):
+                assert self.popen is not None
+                if self.popen.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited: {self.text()[-2000:]}")
+                await trio.sleep(0.05)
+
+    async def wait_exit(self, limit_s: float) -> int:
+        assert self.popen is not None
+        with trio.fail_after(limit_s):
+            while (code := self.popen.poll()) is None:  # noqa: ASYNC110 (another process)
+                await trio.sleep(0.05)
+        return code
+
+    def kill(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(timeout=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@attrs.define
+class Cluster:
+    """Two ingresses and two workers, their certificates in ``tmp``."""
+
+    tmp: Path
+    model: Path
+    slots: int
+    ctx_size: int
+    ingresses: dict[str, Proc] = attrs.field(factory=dict)
+    urls: dict[str, str] = attrs.field(factory=dict)
+    workers: dict[str, Proc] = attrs.field(factory=dict)
+    up: set[str] = attrs.field(factory=set)  # the ingresses a load balancer would pick
+
+    @classmethod
+    def create(cls, tmp: Path, model: Path, slots: int, ctx_size: int) -> Cluster:
+        ingress_ca, worker_ca = trustme.CA(), trustme.CA()
+        ingress_ca.cert_pem.write_to_path(str(tmp / "ingress-ca.pem"))
+        worker_ca.cert_pem.write_to_path(str(tmp / "worker-ca.pem"))
+        ingress_ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
+            str(tmp / "ingress.pem")
+        )
+        cluster = cls(tmp, model, slots, ctx_size)
+        for name in ("i0", "i1"):
+            http, control = _free_port(), _free_port()
+            cluster.urls[name] = f"http://127.0.0.1:{http}"
+            cluster.ingresses[name] = Proc(
+                name,
+                [
+                    "serve",
+                    "--no-local-worker",
+                    f"--port={http}",
+                    f"--control-port={control}",
+                    f"--control-cert={tmp / 'ingress.pem'}",
+                    f"--control-key={tmp / 'ingress.pem'}",
+                    f"--control-ca={tmp / 'worker-ca.pem'}",
+                    "--worker-timeout=5",
+                    "--cancel-ack-timeout=5",
+                    "--graceful-timeout=5",
+                    "--park-timeout=30",
+                    "--ring-streams=128",
+                ],
+                tmp / f"{name}.log",
+            )
+        controls = [
+            f"--ingress-url=wss://127.0.0.1:{proc.args[3].split('=')[1]}"
+            for proc in cluster.ingresses.values()
+        ]
+        for name in ("w0", "w1"):
+            cert = tmp / f"{name}.pem"
+            worker_ca.issue_cert(name).private_key_and_cert_chain_pem.write_to_path(str(cert))
+            cluster.workers[name] = Proc(
+                name,
+                [
+                    "worker",
+                    *controls,
+                    f"--tls-cert={cert}",
+                    f"--ca={tmp / 'ingress-ca.pem'}",
+                    f"--model={model}",
+                    f"--max-inflight={slots}",
+                    f"--ctx-size={ctx_size}",
+                    "--threads=1",
+                    "--graceful-timeout=5",
+                ],
+                tmp / f"{name}.log",
+            )
+        return cluster
+
+    async def start_ingress(self, name: str) -> None:
+        proc = self.ingresses[name]
+        mark = len(proc.text()) if proc.log.exists() else 0
+        proc.start()
+        await proc.wait_for(r"serving .*? on http://", after=mark)
+        await proc.wait_for(r"control listener for workers on wss://", after=mark)
+
+    async def start_worker(self, name: str) -> None:
+        proc = self.workers[name]
+        mark = len(proc.text()) if proc.log.exists() else 0
+        proc.start()
+        await proc.wait_for(r"worker ready", after=mark)
+
+    async def health(self, client: httpx.AsyncClient, name: str) -> dict[str, Any]:
+        response = await client.get(self.urls[name] + "/health", timeout=10)
+        data: dict[str, Any] = response.json()
+        return data
+
+    async def wait_attached(self, client: httpx.AsyncClient, limit_s: float = 60) -> None:
+        """Until every ingress has both workers attached."""
+        with trio.fail_after(limit_s):
+            for name in self.ingresses:
+                while len((await self.health(client, name))["workers"]) < len(self.workers):  # noqa: ASYNC110
+                    await trio.sleep(0.1)
+
+    def stop(self) -> None:
+        for proc in [*self.ingresses.values(), *self.workers.values()]:
+            proc.kill()
+
+
+# ----------------------------------------------------------------------------------------------
+# Load
+
+
+@attrs.define
+class Tally:
+    outcomes: Counter[str] = attrs.field(factory=Counter)
+    unaccounted: list[str] = attrs.field(factory=list)
+    sent: int = 0
+    tokens: int = 0
+    refused: int = 0  # connections refused by an ingress going down, sent again elsewhere
+
+    def add(self, outcome: str, detail: str = "") -> None:
+        self.outcomes[outcome] += 1
+        if outcome.startswith("UNACCOUNTED"):
+            self.unaccounted.append(f"{outcome}: {detail}"[:500])
+
+
+def _is_openai_error(value: object) -> bool:
+    if not isinstance(value, dict) or not isinstance(value.get("error"), dict):
+        return False
+    error = value["error"]
+    return isinstance(error.get("message"), str) and isinstance(error.get("type"), str)
+
+
+def _request(rng: random.Random, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    size = rng.choice([3, 10, 40, 150])  # words of prompt
+    prompt = " ".join(rng.choice(WORDS) for _ in range(size))
+    body: dict[str, Any] = {
+        "max_tokens": rng.randint(1, max_tokens),
+        "temperature": rng.choice([0, 0.7]),
+        "stream": rng.random() < 0.5,
+        "ignore_eos": rng.random() < 0.5,
+    }
+    if rng.random() < 0.6:
+        return CHAT, {**body, "messages": [{"role": "user", "content": prompt}]}
+    return TEXT, {**body, "prompt": prompt}
+
+
+async def _one(
+    client: httpx.AsyncClient,
+    url: str,
+    path: str,
+    body: dict[str, Any],
+    tally: Tally,
+    rng: random.Random,
+    *,
+    abort: bool = False,
+) -> None:
+    """Send one request and tally its outcome; ``abort``: hang up on purpose.
+
+    Error handling: ``httpx.ConnectError`` when nothing listens at ``url``."""
+    try:
+        if not body["stream"]:
+            with trio.move_on_after(rng.uniform(0.01, 0.5) if abort else 300) as scope:
+                response = await client.post(url + path, json=body)
+            if scope.cancelled_caught:
+                tally.add("aborted" if abort else "UNACCOUNTED hang", path)
+                return
+            _tally_json(response, tally)
+            return
+        with trio.fail_after(300):
+            async with client.stream("POST", url + path, json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    _tally_json(response, tally)
+                    return
+                events: list[str] = []
+                leave_after = rng.randint(1, 4) if abort else None
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        if leave_after is not None and len(events) >= leave_after:
+                            tally.add("aborted")
+                            return
+        _tally_events(events, tally)
+    except trio.TooSlowError:
+        tally.add("UNACCOUNTED hang", path)
+    except httpx.ConnectError:
+        raise  # the caller knows whether that ingress was going down
+    except httpx.HTTPError as exc:
+        tally.add(f"UNACCOUNTED transport {type(exc).__name__}", f"{url}{path}: {exc!r}")
+
+
+def _tally_json(response: httpx.Response, tally: Tally) -> None:
+    try:
+        data = response.json()
+    except ValueError:
+        tally.add(f"UNACCOUNTED {response.status_code} not JSON", response.text[:200])
+        return
+    if response.status_code == 200 and isinstance(data, dict) and data.get("choices"):
+        tally.add("completed")
+        tally.tokens += int(data.get("usage", {}).get("completion_tokens", 0))
+    elif response.status_code >= 400 and _is_openai_error(data):
+        tally.add(f"error {response.status_code} {data['error'].get('code')}")
+    else:
+        tally.add(f"UNACCOUNTED {response.status_code}", response.text[:200])
+
+
+def _tally_events(events: list[str], tally: Tally) -> None:
+    if events and events[-1] == "[DONE]":
+        tally.add("completed (stream)")
+        tally.tokens += len(events) - 1
+        return
+    try:
+        last = json.loads(events[-1]) if events else None
+    except ValueError:
+        last = None
+    if _is_openai_error(last):
+        assert isinstance(last, dict)
+        tally.add(f"error event {last['error'].get('code')}")
+    else:
+        tally.add("UNACCOUNTED truncated stream", "|".join(events[-3:]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Leaks
+
+
+@attrs.frozen
+class Usage:
+    fds: int
+    threads: int
+    rss_kib: int
+
+
+def usage(pid: int) -> Usage:
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+    return Usage(len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task")), rss)
+
+
+async def settled(pid: int, baseline: Usage, limit_s: float = 20) -> Usage:
+    """The process's usage once its files and threads came back to ``baseline`` (closing
+    sockets and idle worker threads take a moment), or after ``limit_s``."""
+    with trio.move_on_after(limit_s):
+        while True:
+            now = usage(pid)
+            if now.fds <= baseline.fds and now.threads <= baseline.threads:
+                return now
+            await trio.sleep(0.2)
+    return usage(pid)
+
+
+async def idle(cluster: Cluster, client: httpx.AsyncClient, limit_s: float = 60) -> list[str]:
+    """Wait until every ingress shows nothing parked, serving or in use; what is still busy."""
+    busy: list[str] = []
+    with trio.move_on_after(limit_s):
+        while True:
+            busy = []
+            for name in cluster.ingresses:
+                health = await cluster.health(client, name)
+                ring = health["ring"]
+                if ring["parked"] or ring["serving"]:
+                    busy.append(f"{name}: ring {ring}")
+                for worker in health["workers"]:
+                    capacity = worker["capacity"] or {}
+                    if worker["held"] or capacity.get("inflight"):
+                        busy.append(f"{name}: worker {worker['id']} {worker}")
+            if not busy:
+                return busy
+            await trio.sleep(0.2)
+    return busy
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+
+
+@attrs.frozen
+class SoakConfig:
+    model: Path
+    requests: int = 3000
+    duration: float = 900.0
+    concurrency: int = 8
+    max_tokens: int = 24
+    abort: float = 0.1
+    slots: int = 4
+    ctx_size: int = 1024
+    seed: int = 0
+    chaos: bool = True
+
+
+@attrs.define
+class SoakResult:
+    tally: Tally
+    seconds: float
+    kills: int
+    restarts: int
+    leaks: list[str]
+    busy: list[str]
+    usage: dict[str, tuple[Usage, Usage]]
+    exit_codes: dict[str, int]
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.tally.unaccounted
+            and not self.leaks
+            and not self.busy
+            and all(code == 0 for code in self.exit_codes.values())
+        )
+
+    def report(self) -> str:
+        sent = self.tally.sent
+        lines = [
+            f"requests: {sent} in {self.seconds:.0f}s ({sent / self.seconds:.1f}/s), "
+            f"{self.tally.tokens} tokens out",
+            f"chaos: {self.kills} worker SIGKILLed and restarted, {self.restarts} ingress "
+            f"restarted (SIGTERM, drain; exit codes {self.exit_codes})",
+            "outcomes:",
+            *(f"  {count:6d}  {outcome}" for outcome, count in sorted(self.tally.outcomes.items())),
+            f"accounted for: {sent - len(self.tally.unaccounted)} of {sent} "
+            f"({self.tally.refused} refused by the restarting ingress, sent again elsewhere)",
+            f"end state: {'idle' if not self.busy else 'BUSY: ' + '; '.join(self.busy)}",
+        ]
+        for name, (before, after) in self.usage.items():
+            lines.append(
+                f"{name}: fds {before.fds} -> {after.fds}, threads {before.threads} -> "
+                f"{after.threads}, RSS {before.rss_kib / 1024:.1f} -> {after.rss_kib / 1024:.1f} "
+                f"MiB ({(after.rss_kib - before.rss_kib) / 1024:+.1f})"
+            )
+        lines.append(f"leaks: {len(self.leaks)}" + "".join(f"\n  {leak}" for leak in self.leaks))
+        lines.extend(f"  {line}" for line in self.tally.unaccounted[:20])
+        lines.append("PASS" if self.ok else "FAIL")
+        return "\n".join(lines)
+
+
+async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
+    """Run the soak in ``tmp`` (certificates, logs); every process is killed on the way out."""
+    rng = random.Random(config.seed)
+    cluster = Cluster.create(tmp, config.model, config.slots, config.ctx_size)
+    tally = Tally()
+    kills = restarts = 0
+    exit_codes: dict[str, int] = {}
+    try:
+        async with trio.open_nursery() as nursery:
+            for name in cluster.ingresses:
+                nursery.start_soon(cluster.start_ingress, name)
+        async with trio.open_nursery() as nursery:
+            for name in cluster.workers:
+                nursery.start_soon(cluster.start_worker, name)
+        cluster.up = set(cluster.ingresses)
+        limits = httpx.Limits(max_connections=config.concurrency * 2)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            await cluster.wait_attached(client)
+            # Warm up, then take the survivors' baseline with no client connected.
+            async with trio.open_nursery() as nursery:
+                for i in range(2 * config.concurrency):
+                    url = cluster.urls[f"i{i % 2}"]
+                    path, body = _request(rng, config.max_tokens)
+                    nursery.start_soon(_one, client, url, path, body, Tally(), rng)
+        async with httpx.AsyncClient(timeout=120) as probe:
+            assert not await idle(cluster, probe)
+        survivors = {"i0": cluster.ingresses["i0"].pid, "w0": cluster.workers["w0"].pid}
+        await trio.sleep(1)
+        baseline = {name: usage(pid) for name, pid in survivors.items()}
+
+        started = trio.current_time()
+        deadline = started + config.duration
+        limits = httpx.Limits(max_connections=config.concurrency * 2)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            send, receive = trio.open_memory_channel[int](0)
+            sent_all = trio.Event()
+
+            async def clients() -> None:
+                async def one_client() -> None:
+                    async for _ in receive:
+                        path, body = _request(rng, config.max_tokens)
+                        abort = rng.random() < config.abort
+                        while True:
+                            name = rng.choice(sorted(cluster.up))
+                            url = cluster.urls[name]
+                            try:
+                                await _one(client, url, path, body, tally, rng, abort=abort)
+                            except httpx.ConnectError as exc:
+                                if name in cluster.up:
+                                    tally.add("UNACCOUNTED transport ConnectError", repr(exc))
+                                    break
+                                # Sent as the ingress went down: as a load balancer does, try
+                                # another (the request never reached a server).
+                                tally.refused += 1
+                                continue
+                            break
+
+                async with trio.open_nursery() as nursery:
+                    for _ in range(config.concurrency):
+                        nursery.start_soon(one_client)
+
+            async def chaos() -> None:
+                nonlocal kills, restarts
+                if not config.chaos:
+                    return
+                while tally.sent < config.requests // 4:
+                    if sent_all.is_set():
+                        return
+                    await trio.sleep(0.1)
+                worker = cluster.workers["w1"]
+                worker.popen.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+                await worker.wait_exit(30)
+                kills += 1
+                await cluster.start_worker("w1")
+                while tally.sent < config.requests // 2:
+                    if sent_all.is_set():
+                        return
+                    await trio.sleep(0.1)
+                # A rolling restart: SIGTERM; out of the pool once its /health says draining
+                # (requests sent meanwhile get 503 shutting_down); back on the same ports.
+                ingress = cluster.ingresses["i1"]
+                ingress.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+                async with httpx.AsyncClient(timeout=10) as probe:
+                    while ingress.popen.poll() is None:  # type: ignore[union-attr]
+                        try:
+                            if (await cluster.health(probe, "i1"))["status"] == "draining":
+                                break
+                        except httpx.HTTPError:
+                            break
+                        await trio.sleep(0.05)
+                cluster.up.discard("i1")
+                exit_codes["i1"] = await ingress.wait_exit(60)
+                await cluster.start_ingress("i1")
+                async with httpx.AsyncClient(timeout=10) as probe:
+                    await cluster.wait_attached(probe)
+                cluster.up.add("i1")
+                restarts += 1
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(clients)
+                nursery.start_soon(chaos)
+                async with send:
+                    for i in range(config.requests):
+                        if trio.current_time() > deadline:
+                            break
+                        await send.send(i)
+                        tally.sent += 1
+                sent_all.set()
+        seconds = trio.current_time() - started
+        missing = tally.sent - sum(tally.outcomes.values())
+        if missing:
+            tally.add("UNACCOUNTED no outcome", f"{missing} requests")
+        async with httpx.AsyncClient(timeout=10) as probe:
+            busy = await idle(cluster, probe)
+        leaks = []
+        after = {}
+        for name, pid in survivors.items():
+            after[name] = await settled(pid, baseline[name])
+            if after[name].fds > baseline[name].fds:
+                leaks.append(f"{name}: open files {baseline[name].fds} -> {after[name].fds}")
+            if after[name].threads > baseline[name].threads:
+                leaks.append(f"{name}: threads {baseline[name].threads} -> {after[name].threads}")
+        # Every process shuts down cleanly: the ingresses drain, the workers detach.
+        for proc in [*cluster.ingresses.values(), *cluster.workers.values()]:
+            proc.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        for proc in [*cluster.ingresses.values(), *cluster.workers.values()]:
+            exit_codes[f"{proc.name} at the end"] = await proc.wait_exit(60)
+        return SoakResult(
+            tally,
+            seconds,
+            kills,
+            restarts,
+            leaks,
+            busy,
+            {name: (baseline[name], after[name]) for name in survivors},
+            exit_codes,
+        )
+    finally:
+        cluster.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="a GGUF file (default: the gemma test model)")
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--duration", type=float, default=900, help="seconds at most")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--abort", type=float, default=0.1, help="share of client aborts")
+    parser.add_argument("--slots", type=int, default=4, help="slots per worker")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", action="store_true", help="keep the logs (printed path)")
+    args = parser.parse_args()
+    if args.model is None:
+        from llmtrio.engine import demo_model_path
+
+        args.model = demo_model_path()
+    config = SoakConfig(
+        model=args.model,
+        requests=args.requests,
+        duration=args.duration,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        abort=args.abort,
+        slots=args.slots,
+        seed=args.seed,
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="llmtrio-soak-"))
+    started = time.monotonic()
+    result = trio.run(soak, config, tmp)
+    print(result.report())
+    print(f"wall time {time.monotonic() - started:.0f}s; logs in {tmp}")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
