@@ -31,10 +31,12 @@ class Stack:
     detached: trio.Event = attrs.field(factory=trio.Event)
 
     def idle(self) -> bool:
-        """Nothing parked, nothing being served, nothing in the engine."""
+        """Nothing parked, nothing being served, nothing in the engine, and every completion
+        request counted by the ingress."""
         stats = self.ring.stats()
         return (
-            stats.parked == 0
+            self.registry.get_sample_value("llmtrio_requests_in_progress") == 0
+            and stats.parked == 0
             and stats.assigned + stats.responding == 0
             and self.engine.capacity().inflight == 0
         )

@@ -105,6 +105,7 @@ async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
             return moved(before, after, name, **labels)
 
         prompt = sum(u["prompt_tokens"] for u in usages)
+        cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
         completion = sum(u["completion_tokens"] for u in usages)
         assert completion == 5 + 4 + 3
         # Ingress: requests by path and status, errors by code, completions by finish reason.
@@ -119,7 +120,10 @@ async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
         assert delta("llmtrio_time_to_first_byte_seconds_count") == 4
         assert delta("llmtrio_client_disconnects_total") == 0
         # Engine (llama.cpp's names): tokens in and out, exactly.
-        assert delta("llamacpp:prompt_tokens_total") == prompt
+        # Prompt tokens ingested; those reused from the prompt cache are prefix-cache hits.
+        assert delta("llamacpp:prompt_tokens_total") == prompt - cached
+        assert delta("vllm:prefix_cache_queries_total") == prompt
+        assert delta("vllm:prefix_cache_hits_total") == cached
         assert delta("llamacpp:tokens_predicted_total") == completion
         decodes = delta("llamacpp:n_decode_total")
         assert decodes >= 5  # at least one step per token of the longest request
@@ -254,7 +258,8 @@ async def test_a_remote_worker_serves_its_engine_metrics_on_its_metrics_port(
         ingress = await scrape(http, binds[0] + "/metrics")
         nursery.cancel_scope.cancel()
     assert moved(before, after, "llamacpp:tokens_predicted_total") == usage["completion_tokens"]
-    assert moved(before, after, "llamacpp:prompt_tokens_total") == usage["prompt_tokens"]
+    ingested = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+    assert moved(before, after, "llamacpp:prompt_tokens_total") == ingested
     assert moved(before, after, "vllm:request_success_total", finished_reason="length") == 1
     assert value(after, "vllm:num_requests_running") == 0
     # The worker serves no ingress metrics; the ingress shows the worker by its name.

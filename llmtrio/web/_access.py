@@ -128,9 +128,12 @@ class Exchange:
     first_byte: float | None = None
     observer: ResponseObserver = attrs.field(factory=ResponseObserver)
 
-    def watch(self, send: Send, clock: Callable[[], float]) -> Send:
+    def watch(
+        self, send: Send, clock: Callable[[], float], on_last: Callable[[], None] | None = None
+    ) -> Send:
         """``send``, recording the response it sends (``complete`` once its last body
-        message is handed to the server)."""
+        message is handed to the server); ``on_last`` runs just before that last message
+        goes, so that what it counts is counted before the client can see the end."""
         observer = self.observer
 
         async def watched(message: Message) -> None:
@@ -143,6 +146,8 @@ class Exchange:
                 # soon as the last body is out, which may cancel this very send.
                 observer.body(message.get("body", b""), message.get("more_body", False))
                 if not message.get("more_body", False):
+                    if on_last is not None:
+                        on_last()
                     # Shielded: that cancellation would also cut short the server's own work
                     # after the last body (hypercorn starts its keep-alive idle timer there,
                     # so a cancelled last send left the connection open forever). Bounded:

@@ -260,10 +260,15 @@ class Ingress:
             str(client[0]),
             trio.current_time(),
         )
-        try:
-            watched = exchange.watch(send, trio.current_time)
-            await self._dispatch(scope, headers, receive, watched, exchange)
-        finally:
+        self.metrics.request_started(exchange.path)
+        accounted = False
+
+        def account() -> None:
+            """Log and count the request, once: before its last byte goes, or as it ends."""
+            nonlocal accounted
+            if accounted:
+                return
+            accounted = True
             ended = trio.current_time()
             exchange.log(ended)
             seen = exchange.observer
@@ -277,6 +282,12 @@ class Ingress:
             )
             if seen.status is not None and not seen.complete:
                 self.metrics.client_left()
+
+        try:
+            watched = exchange.watch(send, trio.current_time, on_last=account)
+            await self._dispatch(scope, headers, receive, watched, exchange)
+        finally:
+            account()
 
     async def _dispatch(
         self,

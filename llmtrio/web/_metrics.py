@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import generate_latest as _generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -111,6 +111,11 @@ class IngressMetrics:
             "Requests whose client left before the response ended.",
             registry=self.registry,
         )
+        self._in_progress = Gauge(
+            "llmtrio_requests_in_progress",
+            "Completion requests at the ingress, from their arrival until they are counted.",
+            registry=self.registry,
+        )
         self._ttfb = Histogram(
             "llmtrio_time_to_first_byte_seconds",
             "Seconds from a completion request's arrival to its response head (at the ingress).",
@@ -124,6 +129,11 @@ class IngressMetrics:
             registry=self.registry,
         )
 
+    def request_started(self, path: str) -> None:
+        """A request arrived; :meth:`request_ended` counts it when it ends."""
+        if path in RING_PATHS:
+            self._in_progress.inc()
+
     def request_ended(
         self,
         path: str,
@@ -135,6 +145,8 @@ class IngressMetrics:
         total: float,
     ) -> None:
         """Count one request; ``status`` ``None`` when the client left before any answer."""
+        if path in RING_PATHS:
+            self._in_progress.dec()
         if status is None:
             self._gone.inc()
             return
