@@ -224,7 +224,6 @@ class Engine:
                 ctx_size=config.ctx_size,
                 threads=config.threads,
                 n_batch=n_batch,
-                swa_full=config.prompt_cache,
             )
         )
         try:

@@ -72,7 +72,7 @@ class LlamaModel:
         ctx_size: int,
         threads: int,
         n_batch: int,
-        swa_full: bool = False,
+        swa_full: bool = True,
     ) -> None:
         _recent_log()
         params = llama_cpp.llama_model_default_params()
@@ -88,7 +88,7 @@ class LlamaModel:
                 ctx_size=ctx_size,
                 threads=threads,
                 n_batch=n_batch,
-                swa_full=swa_full and self.n_swa > 0,
+                swa_full=swa_full,
             )
         except BaseException:
             llama_cpp.llama_model_free(self._model)
@@ -130,8 +130,9 @@ class LlamaModel:
         cparams.n_threads_batch = threads
         # Each slot gets its own ctx_size cells: one long sequence cannot starve the others.
         cparams.kv_unified = False
-        # A full-size sliding-window cache keeps every cell, so a sequence can be cut back
-        # to any position (prompt reuse); the default one drops cells older than the window.
+        # A full-size sliding-window cache (llama.cpp's default for a context; llama-server's
+        # is off) keeps every cell, so a sequence can be cut back to any position (prompt
+        # reuse); a window-size one drops cells older than the window.
         cparams.swa_full = swa_full
         self.swa_full = swa_full
         cparams.no_perf = True

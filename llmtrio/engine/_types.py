@@ -48,8 +48,8 @@ class EngineConfig:
     prompt and answer, a shared system prompt) instead of ingesting it again; off, every
     prompt is ingested from scratch. ``cache_ram_mib`` bounds the host memory kept for
     prompt snapshots (copies of a sequence's memory that other slots can restore); 0 keeps
-    none (a slot still reuses its own memory). With reuse on, a sliding-window model's
-    window cache is made full size (llama.cpp's ``swa_full``, llama-server's
+    none (a slot still reuses its own memory). A sliding-window model's window cache is
+    full size (llama.cpp's ``swa_full``, its default for a context; llama-server's
     ``--swa-full``), so a sequence's memory can be cut back to any position.
     """
 
