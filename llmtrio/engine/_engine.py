@@ -72,7 +72,7 @@ class EngineStats:
     decode_s: float = 0.0
     python_s: float = 0.0
     #: Prompt tokens decoded (prefill), as llama.cpp's ``prompt_tokens_total``.
-    prompt_tokens: int = 0
+    prompt_tokens_ingested: int = 0
     #: Tokens sampled and handed out, as llama.cpp's ``tokens_predicted_total``.
     tokens_predicted: int = 0
     #: Sequences in each step's batch, summed (busy slots per decode = this / ``steps``).
@@ -627,7 +627,7 @@ class Engine:
                 # Counted before the hand-off, so whoever sees a request end sees its tokens.
                 stats.steps += 1
                 stats.busy_slots += len(parts)
-                stats.prompt_tokens += sum(p.count for p in parts if p.start is not None)
+                stats.prompt_tokens_ingested += sum(p.count for p in parts if p.start is not None)
                 stats.tokens_predicted += sum(len(u.tokens) for u in updates)
                 stats.running = sum(1 for job in jobs.values() if job.seq >= 0)
                 stats.kv_tokens = sum(job.pos for job in jobs.values() if job.seq >= 0)

@@ -68,7 +68,9 @@ class EngineCollector(Collector):
         running = min(stats.running, capacity.inflight)
         deferred = capacity.inflight - running
         yield CounterMetricFamily(
-            "llamacpp:prompt_tokens", "Number of prompt tokens processed.", stats.prompt_tokens
+            "llamacpp:prompt_tokens",
+            "Number of prompt tokens processed.",
+            stats.prompt_tokens_ingested,
         )
         yield CounterMetricFamily(
             "llamacpp:tokens_predicted",
@@ -103,11 +105,14 @@ class EngineCollector(Collector):
             "KV-cache usage. 1 means 100 percent usage.",
             min(1.0, stats.kv_tokens / cells) if cells else 0.0,
         )
-        # Prompt-cache hits (issue 9): once EngineStats counts prompt tokens reused from a
-        # slot's cache, yield them here as vLLM does, in tokens:
-        #   CounterMetricFamily("vllm:prefix_cache_queries", ..., <prompt tokens looked up>)
-        #   CounterMetricFamily("vllm:prefix_cache_hits", ..., <prompt tokens reused>)
-        # and document them in the README's metrics table.
+        # PROMPT-CACHE HITS GO HERE (issue 9). Once EngineStats counts prompt tokens reused
+        # from memory (issue 9's branch names them prompt_cache_reused_tokens, next to
+        # prompt_tokens_ingested), yield them as vLLM does, in tokens:
+        #   CounterMetricFamily("vllm:prefix_cache_queries", "Prompt tokens looked up.",
+        #                       stats.prompt_tokens_ingested + stats.prompt_cache_reused_tokens)
+        #   CounterMetricFamily("vllm:prefix_cache_hits", "Prompt tokens found cached.",
+        #                       stats.prompt_cache_reused_tokens)
+        # and add them to the README's metrics table.
 
 
 class WorkerMetrics:
