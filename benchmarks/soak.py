@@ -409,6 +409,7 @@ class SoakConfig:
     ctx_size: int = 1024
     seed: int = 0
     chaos: bool = True
+    progress: bool = False  # a line on stderr every 5% of the requests
 
 
 @attrs.define
@@ -563,6 +564,13 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
                             break
                         await send.send(i)
                         tally.sent += 1
+                        if config.progress and tally.sent % max(1, config.requests // 20) == 0:
+                            print(
+                                f"{trio.current_time() - started:6.0f}s {tally.sent} sent, "
+                                f"{dict(tally.outcomes)}",
+                                file=sys.stderr,
+                                flush=True,
+                            )
                 sent_all.set()
         seconds = trio.current_time() - started
         missing = tally.sent - sum(tally.outcomes.values())
@@ -622,6 +630,7 @@ def main() -> int:
         abort=args.abort,
         slots=args.slots,
         seed=args.seed,
+        progress=True,
     )
     tmp = Path(tempfile.mkdtemp(prefix="llmtrio-soak-"))
     started = time.monotonic()
