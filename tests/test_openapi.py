@@ -37,8 +37,8 @@ from ._server import LiveServer, start_server
 MAX_TOKENS = 8
 SCHEMA = schemathesis.openapi.from_dict(openapi())
 OPERATIONS = [
-    ("POST", "/v1/chat/completions", 50),
-    ("POST", "/v1/completions", 50),
+    ("POST", "/v1/chat/completions", 30),
+    ("POST", "/v1/completions", 30),
     ("GET", "/v1/models", 5),
     ("GET", "/health", 5),
     ("GET", "/openapi.json", 2),

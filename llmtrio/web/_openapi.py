@@ -180,7 +180,7 @@ _SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "role": {"enum": ["system", "developer", "user"]},
                     "content": _ref("Content"),
-                    "name": {"type": "string"},
+                    "name": _nullable({"type": "string"}),
                 },
             },
             {
@@ -189,8 +189,8 @@ _SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "role": {"const": "assistant"},
                     "content": _nullable(_ref("Content")),
-                    "name": {"type": "string"},
-                    "tool_calls": {"type": "array", "items": _ref("ToolCall")},
+                    "name": _nullable({"type": "string"}),
+                    "tool_calls": _nullable({"type": "array", "items": _ref("ToolCall")}),
                 },
             },
             {
@@ -199,7 +199,7 @@ _SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "role": {"const": "tool"},
                     "content": _ref("Content"),
-                    "tool_call_id": {"type": "string"},
+                    "tool_call_id": _nullable({"type": "string"}),
                 },
             },
         ],
@@ -221,9 +221,9 @@ _SCHEMAS: dict[str, Any] = {
                 "required": ["name"],
                 "properties": {
                     "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-                    "description": {"type": "string"},
-                    "parameters": {"type": "object"},
-                    "strict": {"type": "boolean"},
+                    "description": _nullable({"type": "string"}),
+                    "parameters": _nullable({"type": "object"}),
+                    "strict": _nullable({"type": "boolean"}),
                 },
             },
         },
@@ -245,9 +245,9 @@ _SCHEMAS: dict[str, Any] = {
                         "type": "object",
                         "required": ["schema"],
                         "properties": {
-                            "name": {"type": "string"},
+                            "name": _nullable({"type": "string"}),
                             "schema": {"type": "object"},
-                            "strict": {"type": "boolean"},
+                            "strict": _nullable({"type": "boolean"}),
                         },
                     },
                 },
