@@ -28,6 +28,17 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
+def _mib(text: str) -> int:
+    """A size in MiB: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of MiB: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 def _engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model and engine")
     group.add_argument("--model", type=Path, help="a local GGUF file (never falls back)")
@@ -56,7 +67,7 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--cache-ram",
-        type=int,
+        type=_mib,
         default=1024,
         metavar="MiB",
         help="host memory for prompt snapshots other slots can restore "

@@ -101,3 +101,26 @@ def test_python_dash_m_llmtrio_is_the_command() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "generate" in result.stdout and "serve" in result.stdout and "worker" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["serve", "worker", "generate"])
+def test_prompt_cache_flags_reach_the_engine_config(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmtrio._cli import _parser, engine_config
+
+    needed = {
+        "serve": [],
+        "worker": ["--ingress-url=wss://i:1", "--tls-cert=c.pem", "--ca=ca.pem"],
+        "generate": ["--prompt=hi"],
+    }[command]
+
+    def parsed(*flags: str) -> tuple[bool, int]:
+        config = engine_config(_parser().parse_args([command, "--model=m.gguf", *flags, *needed]))
+        return config.prompt_cache, config.cache_ram_mib
+
+    assert parsed() == (True, 1024)
+    assert parsed("--no-prompt-cache", "--cache-ram=0") == (False, 0)
+    with pytest.raises(SystemExit):
+        parsed("--cache-ram=-1")
+    assert "--cache-ram: must be 0 or more, not -1" in capsys.readouterr().err
