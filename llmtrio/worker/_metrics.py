@@ -117,12 +117,12 @@ class EngineCollector(Collector):
             stats.prompt_cache_reused_tokens,
         )
         yield CounterMetricFamily(
-            "llmtrio:prompt_cache_hits",
+            "llmtrio_prompt_cache_hits",
             "Requests that started with part of their prompt already in memory.",
             stats.prompt_cache_hits,
         )
         yield GaugeMetricFamily(
-            "llmtrio:prompt_cache_bytes",
+            "llmtrio_prompt_cache_bytes",
             "Host memory held by prompt-state snapshots.",
             stats.prompt_cache_bytes,
         )
