@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +291,17 @@ def test_greedy_under_a_grammar_takes_the_best_token_it_allows(gemma_path: Path)
         assert model.piece(chosen).decode().lstrip().startswith("{")
     finally:
         model.close()
+
+
+def test_a_tiny_repeat_penalty_keeps_logits_finite() -> None:
+    penalties = Penalties(presence=0, frequency=0, repeat=1e-300, repeat_last_n=4)
+    penalties.accept(1)
+    penalties.accept(2)
+    logits = np.array([0.5, 3.0, -2.0, 1.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning either
+        penalties.apply(logits)
+    assert np.isfinite(logits).all()
+    assert int(np.argmax(logits)) == 1  # the penalized positive logit, as large as it gets
+    assert logits[2] == 0.0  # a negative one multiplied towards 0
+    assert logprob_of(logits, 1, 2).logprob == 0.0

@@ -14,6 +14,8 @@ import numpy.typing as npt
 
 __all__ = ["Penalties", "RawLogprob", "logprob_of"]
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 class Penalties:
     """OpenAI's presence and frequency penalties over every token generated so far, and
@@ -37,8 +39,11 @@ class Penalties:
         """Penalize ``logits`` in place."""
         if self._window:
             ids = np.fromiter(set(self._window), dtype=np.int64)
-            values = logits[ids]
-            logits[ids] = np.where(values > 0, values / self._repeat, values * self._repeat)
+            values = logits[ids].astype(np.float64)
+            scaled = np.where(values > 0, values / self._repeat, values * self._repeat)
+            # A tiny penalty (1e-300 is valid) would overflow float32 logits to +-inf, which
+            # turns every later softmax into NaN: the most a float32 holds is the most it gets.
+            logits[ids] = np.clip(scaled, -_FLOAT32_MAX, _FLOAT32_MAX)
         if self._counts and (self._presence or self._frequency):
             ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
             counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(ids))
