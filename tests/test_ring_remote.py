@@ -8,8 +8,12 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
+import ssl
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -471,4 +475,27 @@ async def test_the_readme_certificates_make_a_working_ring(tmp_path: Path) -> No
             assert ring.stats().workers[0].worker_id.startswith("worker-1#")
             assert await read_all(ring.park(HEAD, b"hi")) == ("w", b"0:hi;")
             workers.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reset_right_after_the_handshake_reads_as_a_refusal(pki: Pki) -> None:
+    """The ingress refuses by closing once the handshake is done; when the worker's WebSocket
+    request is still unread in its socket then, the kernel sends a reset, not a close."""
+    server = server_ssl_context(pki.ingress, pki.ingress, pki.worker_ca)
+    server.verify_mode = ssl.CERT_OPTIONAL  # finish the handshake; refuse after it
+
+    async def refuse(tcp: trio.SocketStream) -> None:
+        tls = trio.SSLStream(tcp, server, server_side=True)
+        await tls.do_handshake()
+        await trio.lowlevel.wait_readable(tcp.socket)  # the request arrived, unread
+        tcp.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        tcp.socket.close()  # a reset
+
+    context = client_ssl_context(pki.worker("w"), None, pki.ingress_ca)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, refuse, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        with trio.fail_after(10), pytest.raises(ControlRefusedError) as info:
+            await open_control_websocket(nursery, "127.0.0.1", port, context, limit_s=30)
+        assert "refusing this worker's certificate" in str(info.value)
         nursery.cancel_scope.cancel()

@@ -62,6 +62,18 @@ def describe_tls_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _is_reset(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was caused by) the peer resetting the connection."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionResetError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def peer_identity(stream: trio.SSLStream[trio.SocketStream]) -> str:
     """The peer's name from its verified certificate: its first DNS name, else its CN."""
     cert = stream.getpeercert()
@@ -169,9 +181,11 @@ async def open_control_websocket(
         why = (
             # The ingress checks our certificate after our side of the handshake is done,
             # and trio closes without sending its alert: this is the only way to refuse.
+            # When our WebSocket request is still unread in its socket as it closes, the
+            # kernel sends a reset instead of the close: the same refusal.
             "it closed the connection after the TLS handshake, refusing this worker's "
             "certificate (none given, or not from a CA it trusts; its log says which)"
-            if watched.error is None
+            if watched.error is None or _is_reset(watched.error)
             else describe_tls_error(watched.error)
         )
         raise ControlRefusedError(f"{host}:{port} refused the connection: {why}")
