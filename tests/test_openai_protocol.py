@@ -296,6 +296,12 @@ BAD_FIELDS: list[tuple[dict[str, Any], str, str, str]] = [
     ({"messages": ["hi"]}, "messages[0]", "invalid_type", "expected an object"),
     ({"messages": [{"content": "x"}]}, "messages[0].role", "missing_required_parameter", "role"),
     ({"messages": [{"role": 1, "content": "x"}]}, "messages[0].role", "invalid_type", "string"),
+    (
+        {"messages": [{"role": "user", "content": "x", "name": -16331014181079037855662080}]},
+        "messages[0].name",
+        "invalid_type",
+        "expected a string, but got an integer",
+    ),
     ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role", "invalid_value", "'bot'"),
     (
         {"messages": [{"role": "function", "content": "x", "name": "f"}]},

@@ -103,15 +103,21 @@ def _short(body: Any) -> Any:
     return body
 
 
+# Invalid requests only where there is something to get wrong: GETs take no parameters.
+RUNS = [
+    (method, path, examples, mode)
+    for method, path, examples in OPERATIONS
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    if method == "POST" or mode is GenerationMode.POSITIVE
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-@pytest.mark.parametrize(("method", "path", "examples"), OPERATIONS)
+@pytest.mark.parametrize(("method", "path", "examples", "mode"), RUNS)
 def test_every_generated_request_gets_a_2xx_or_a_4xx_in_openai_shape(
     server: LiveServer, method: str, path: str, examples: int, mode: GenerationMode
 ) -> None:
     operation = SCHEMA[path][method]
-    if mode is GenerationMode.NEGATIVE and method == "GET":
-        pytest.skip("nothing to get wrong in a request without parameters or a body")
     checks = [
         not_a_server_error,
         status_code_conformance,

@@ -390,6 +390,9 @@ def _parse_messages(value: object, limit: int) -> list[ChatMessage]:
                 param=f"{where}.role",
                 code="invalid_value",
             )
+        name = item.get("name")
+        if name is not None and not isinstance(name, str):  # a participant's name: unused
+            raise _invalid_type(f"{where}.name", "a string", name)
         calls = (
             parse_assistant_tool_calls(item.get("tool_calls"), f"{where}.tool_calls")
             if role == "assistant"
