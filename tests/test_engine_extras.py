@@ -293,8 +293,9 @@ def test_greedy_under_a_grammar_takes_the_best_token_it_allows(gemma_path: Path)
         model.close()
 
 
-def test_a_tiny_repeat_penalty_keeps_logits_finite() -> None:
-    penalties = Penalties(presence=0, frequency=0, repeat=1e-300, repeat_last_n=4)
+@pytest.mark.parametrize("repeat", [1e-300, 5e-324])
+def test_a_tiny_repeat_penalty_keeps_logits_finite(repeat: float) -> None:
+    penalties = Penalties(presence=0, frequency=0, repeat=repeat, repeat_last_n=4)
     penalties.accept(1)
     penalties.accept(2)
     logits = np.array([0.5, 3.0, -2.0, 1.0], dtype=np.float32)

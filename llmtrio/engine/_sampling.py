@@ -40,7 +40,8 @@ class Penalties:
         if self._window:
             ids = np.fromiter(set(self._window), dtype=np.int64)
             values = logits[ids].astype(np.float64)
-            scaled = np.where(values > 0, values / self._repeat, values * self._repeat)
+            with np.errstate(over="ignore"):  # inf, clipped below
+                scaled = np.where(values > 0, values / self._repeat, values * self._repeat)
             # A tiny penalty (1e-300 is valid) would overflow float32 logits to +-inf, which
             # turns every later softmax into NaN: the most a float32 holds is the most it gets.
             logits[ids] = np.clip(scaled, -_FLOAT32_MAX, _FLOAT32_MAX)
