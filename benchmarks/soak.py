@@ -139,20 +139,21 @@ class Cluster:
     model: Path
     slots: int
     ctx_size: int
+    cache_ram: int
     ingresses: dict[str, Proc] = attrs.field(factory=dict)
     urls: dict[str, str] = attrs.field(factory=dict)
     workers: dict[str, Proc] = attrs.field(factory=dict)
     up: set[str] = attrs.field(factory=set)  # the ingresses a load balancer would pick
 
     @classmethod
-    def create(cls, tmp: Path, model: Path, slots: int, ctx_size: int) -> Cluster:
+    def create(cls, tmp: Path, model: Path, slots: int, ctx_size: int, cache_ram: int) -> Cluster:
         ingress_ca, worker_ca = trustme.CA(), trustme.CA()
         ingress_ca.cert_pem.write_to_path(str(tmp / "ingress-ca.pem"))
         worker_ca.cert_pem.write_to_path(str(tmp / "worker-ca.pem"))
         ingress_ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
             str(tmp / "ingress.pem")
         )
-        cluster = cls(tmp, model, slots, ctx_size)
+        cluster = cls(tmp, model, slots, ctx_size, cache_ram)
         for name in ("i0", "i1"):
             http, control = _free_port(), _free_port()
             cluster.urls[name] = f"http://127.0.0.1:{http}"
@@ -191,6 +192,7 @@ class Cluster:
                     f"--model={model}",
                     f"--max-inflight={slots}",
                     f"--ctx-size={ctx_size}",
+                    f"--cache-ram={cache_ram}",
                     "--threads=1",
                     "--graceful-timeout=5",
                 ],
@@ -407,6 +409,7 @@ class SoakConfig:
     abort: float = 0.1
     slots: int = 4
     ctx_size: int = 1024
+    cache_ram: int = 1024  # MiB of prompt snapshots per worker (the engine's default)
     seed: int = 0
     chaos: bool = True
     progress: bool = False  # a line on stderr every 5% of the requests
@@ -422,6 +425,8 @@ class SoakResult:
     busy: list[str]
     usage: dict[str, tuple[Usage, Usage]]
     exit_codes: dict[str, int]
+    caches: dict[str, Any] = attrs.field(factory=dict)
+    """Each worker's prompt cache at the end, as ``/health`` shows it."""
 
     @property
     def ok(self) -> bool:
@@ -451,6 +456,11 @@ class SoakResult:
                 f"{after.threads}, RSS {before.rss_kib / 1024:.1f} -> {after.rss_kib / 1024:.1f} "
                 f"MiB ({(after.rss_kib - before.rss_kib) / 1024:+.1f})"
             )
+        for name, cache in sorted(self.caches.items()):
+            lines.append(
+                f"{name} prompt cache: {cache['hits']} hits, {cache['cached_tokens']} tokens "
+                f"reused, {cache['bytes'] / 2**20:.1f} MiB of snapshots held"
+            )
         lines.append(f"leaks: {len(self.leaks)}" + "".join(f"\n  {leak}" for leak in self.leaks))
         lines.extend(f"  {line}" for line in self.tally.unaccounted[:20])
         lines.append("PASS" if self.ok else "FAIL")
@@ -460,7 +470,7 @@ class SoakResult:
 async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
     """Run the soak in ``tmp`` (certificates, logs); every process is killed on the way out."""
     rng = random.Random(config.seed)
-    cluster = Cluster.create(tmp, config.model, config.slots, config.ctx_size)
+    cluster = Cluster.create(tmp, config.model, config.slots, config.ctx_size, config.cache_ram)
     tally = Tally()
     kills = restarts = 0
     exit_codes: dict[str, int] = {}
@@ -578,6 +588,10 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
             tally.add("UNACCOUNTED no outcome", f"{missing} requests")
         async with httpx.AsyncClient(timeout=10) as probe:
             busy = await idle(cluster, probe)
+            caches = {
+                str(worker["id"]).split("#")[0]: (worker["capacity"] or {}).get("prompt_cache")
+                for worker in (await cluster.health(probe, "i0"))["workers"]
+            }
         leaks = []
         after = {}
         for name, pid in survivors.items():
@@ -600,6 +614,7 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
             busy,
             {name: (baseline[name], after[name]) for name in survivors},
             exit_codes,
+            {name: cache for name, cache in caches.items() if cache is not None},
         )
     finally:
         cluster.stop()
@@ -614,6 +629,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--abort", type=float, default=0.1, help="share of client aborts")
     parser.add_argument("--slots", type=int, default=4, help="slots per worker")
+    parser.add_argument(
+        "--cache-ram", type=int, default=1024, help="MiB of prompt snapshots per worker"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the logs (printed path)")
     args = parser.parse_args()
@@ -629,6 +647,7 @@ def main() -> int:
         max_tokens=args.max_tokens,
         abort=args.abort,
         slots=args.slots,
+        cache_ram=args.cache_ram,
         seed=args.seed,
         progress=True,
     )

@@ -37,3 +37,5 @@ async def test_a_short_soak_with_a_kill_and_a_restart_accounts_for_every_request
     assert result.leaks == []
     assert set(result.exit_codes.values()) == {0}
     assert result.ok
+    # w0 lived through the run, and its prompt cache reused the prompts' shared beginnings.
+    assert result.caches["w0"]["hits"] > 0
