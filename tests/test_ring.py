@@ -12,6 +12,7 @@ import trio.testing
 import llmtrio.ring
 from llmtrio.ring import (
     Claimed,
+    Heartbeat,
     ParkTimeoutError,
     ProtocolError,
     RequestHead,
@@ -525,10 +526,10 @@ async def test_stats_follow_streams_and_workers() -> None:
     assert (stats.max_streams, stats.parked, stats.serving, stats.workers) == (10, 4, 0, ())
 
     async with ring.attach("w", max_inflight=3) as link:
-        link.heartbeat(inflight=0, max_inflight=3, available_slots=3)
+        link.heartbeat(Heartbeat(inflight=0, max_inflight=3, available_slots=3))
         a, b = await link.claim(), await link.claim()
         await a.send_head(200)
-        link.heartbeat(inflight=2, max_inflight=3, available_slots=1)
+        link.heartbeat(Heartbeat(inflight=2, max_inflight=3, available_slots=1))
         streams[3].cancel()
         stats = ring.stats()
         assert (stats.parked, stats.assigned, stats.responding) == (1, 1, 1)

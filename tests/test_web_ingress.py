@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from llmtrio.ring import Ring
+from llmtrio.ring import Heartbeat, Ring
 from llmtrio.web import ServeConfig, serve_ingress
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -56,7 +56,7 @@ async def test_health_and_models_list_the_attached_workers(model_name: str) -> N
         ring.attach("w1#1", 2, models=["m1"]) as one,
         ring.attach("w2#2", 4, models=["m1"]),
     ):
-        one.heartbeat(inflight=1, max_inflight=2, available_slots=1)
+        one.heartbeat(Heartbeat(inflight=1, max_inflight=2, available_slots=1))
         await trio.sleep(0.01)
         health = (await client.get("/health")).json()
         models = (await client.get("/v1/models")).json()

@@ -301,16 +301,8 @@ class _Session:
     def _handle(self, message: Message) -> None:
         assert self._nursery is not None
         match message:
-            case Heartbeat(inflight, max_inflight, available, decoding):
-                self._link.heartbeat(
-                    inflight=inflight,
-                    max_inflight=max_inflight,
-                    available_slots=available,
-                    decoding=decoding,
-                    cache_hits=message.cache_hits,
-                    cached_tokens=message.cached_tokens,
-                    cache_bytes=message.cache_bytes,
-                )
+            case Heartbeat():
+                self._link.heartbeat(message)
             case Claim(count=count):
                 if len(self._waiting) + count > self._link.max_inflight:
                     raise ProtocolError(

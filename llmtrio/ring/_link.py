@@ -11,7 +11,7 @@ from typing import Protocol, Self
 
 import trio
 
-from ._messages import RequestHead
+from ._messages import Heartbeat, RequestHead
 
 __all__ = ["ClaimedStream", "RingLink"]
 
@@ -76,17 +76,7 @@ class RingLink(Protocol):
     @property
     def max_inflight(self) -> int: ...
 
-    def heartbeat(
-        self,
-        *,
-        inflight: int,
-        max_inflight: int,
-        available_slots: int,
-        decoding: int = 0,
-        cache_hits: int = 0,
-        cached_tokens: int = 0,
-        cache_bytes: int = 0,
-    ) -> None:
+    def heartbeat(self, beat: Heartbeat) -> None:
         """Report the engine's capacity; never blocks."""
 
     async def claim(self) -> ClaimedStream:

@@ -166,27 +166,9 @@ class RemoteLink:
         """Streams held over every ingress (assigned and not finished)."""
         return sum(len(connection.held) for connection in self._connections)
 
-    def heartbeat(
-        self,
-        *,
-        inflight: int,
-        max_inflight: int,
-        available_slots: int,
-        decoding: int = 0,
-        cache_hits: int = 0,
-        cached_tokens: int = 0,
-        cache_bytes: int = 0,
-    ) -> None:
+    def heartbeat(self, beat: Heartbeat) -> None:
         """Send the engine's capacity to every attached ingress (never blocks)."""
-        self._capacity = Heartbeat(
-            inflight,
-            max_inflight,
-            available_slots,
-            decoding,
-            cache_hits=cache_hits,
-            cached_tokens=cached_tokens,
-            cache_bytes=cache_bytes,
-        )
+        self._capacity = beat
         for connection in self._connections:
             connection.send(self._capacity)
 

@@ -336,31 +336,9 @@ class WorkerLink:
         # held streams by max_inflight: the inbox never overflows.
         self._inbox, self._outbox = trio.open_memory_channel[Claimed](self.max_inflight)
 
-    def heartbeat(
-        self,
-        *,
-        inflight: int,
-        max_inflight: int,
-        available_slots: int,
-        decoding: int = 0,
-        cache_hits: int = 0,
-        cached_tokens: int = 0,
-        cache_bytes: int = 0,
-    ) -> None:
+    def heartbeat(self, beat: Heartbeat) -> None:
         """Report the engine's capacity (shown by ``Ring.stats``)."""
-        self._ring._core.heartbeat(
-            self.worker_id,
-            Heartbeat(
-                inflight,
-                max_inflight,
-                available_slots,
-                decoding,
-                cache_hits=cache_hits,
-                cached_tokens=cached_tokens,
-                cache_bytes=cache_bytes,
-            ),
-            at=trio.current_time(),
-        )
+        self._ring._core.heartbeat(self.worker_id, beat, at=trio.current_time())
 
     async def claim(self) -> Claimed:
         """Wait for the oldest parked stream; call it only when a slot is free.

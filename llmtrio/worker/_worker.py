@@ -31,7 +31,7 @@ from ..engine import (
     Token,
     TokenLogprob,
 )
-from ..ring import ClaimedStream, RingLink, StreamCancelledError
+from ..ring import ClaimedStream, Heartbeat, RingLink, StreamCancelledError
 from ._chat_output import chat_body, chat_stream
 from ._completions import (
     CompletionStream,
@@ -91,13 +91,15 @@ async def serve_link(
     def heartbeat() -> None:
         capacity = engine.capacity()
         link.heartbeat(
-            inflight=capacity.inflight,
-            max_inflight=capacity.max_inflight,
-            available_slots=capacity.available_slots,
-            decoding=capacity.decoding,
-            cache_hits=capacity.cache_hits,
-            cached_tokens=capacity.cached_tokens,
-            cache_bytes=capacity.cache_bytes,
+            Heartbeat(
+                capacity.inflight,
+                capacity.max_inflight,
+                capacity.available_slots,
+                capacity.decoding,
+                cache_hits=capacity.cache_hits,
+                cached_tokens=capacity.cached_tokens,
+                cache_bytes=capacity.cache_bytes,
+            )
         )
 
     async def beat() -> None:
