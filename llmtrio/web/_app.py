@@ -403,7 +403,6 @@ class _RingRequest:
         self._extra = extra
         self._started = False  # the response head is (being) sent
         self._streaming = False  # an event stream's head is sent: errors go as events
-        self._ended = False  # the last body chunk is (being) sent
 
     async def serve(self, receive: Receive, send: Send, max_body_bytes: int, drain: Drain) -> None:
         """Serve the request; never raises but for cancellation.
@@ -427,7 +426,8 @@ class _RingRequest:
                 await self._serve(receive, send, max_body_bytes)
                 nursery.cancel_scope.cancel()
             if cut:
-                await self._end_cut(send)
+                logger.warning("request %s: cut by the shutdown", self.request_id)
+                await self._end_early(send, shutting_down(cut=True))
         except _ClientGone:
             logger.debug("request %s: the client left before its body was read", self.request_id)
         except Exception:
@@ -481,10 +481,12 @@ class _RingRequest:
             if timer.cancelled_caught and deadline is not None:
                 logger.info("request %s: past its %gs deadline", self.request_id, deadline)
                 stream.cancel()  # the generation ends at its next token
-                await self._deadline_passed(send, deadline)
+                await self._end_early(send, request_timeout(deadline))
 
-    async def _deadline_passed(self, send: Send, deadline: float) -> None:
-        error = request_timeout(deadline)
+    async def _end_early(self, send: Send, error: OpenAIError) -> None:
+        """End the response with ``error`` as far as it got (the deadline passed, or the drain
+        cut it): the error itself before the head, an error event on a started event stream;
+        nothing once its last byte went out."""
         if self._exchange.observer.complete:  # its last byte went out as the time came
             return
         if not self._started:
@@ -507,7 +509,6 @@ class _RingRequest:
                     await self._start(
                         send, head.status, [*headers, ("content-length", str(len(body)))]
                     )
-                    self._ended = True
                     await send({"type": "http.response.body", "body": body})
                 return
         except ParkTimeoutError as exc:
@@ -529,21 +530,8 @@ class _RingRequest:
             await send(
                 {"type": "http.response.body", "body": worker_failed().sse(), "more_body": True}
             )
-        with trio.CancelScope(shield=True):
-            self._ended = True
-            await send({"type": "http.response.body", "body": b""})
-
-    async def _end_cut(self, send: Send) -> None:
-        """End the response of a request cut by the drain, as far as it got."""
-        if self._ended:
-            return
-        logger.warning("request %s: cut by the shutdown", self.request_id)
-        error = shutting_down(cut=True)
-        if self._streaming:
-            await send({"type": "http.response.body", "body": error.sse(), "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        elif not self._started:
-            await self._send_error(send, error)
+        # The last send is shielded where every response's is (``Exchange.watch``).
+        await send({"type": "http.response.body", "body": b""})
 
     async def _start(self, send: Send, status: int, headers: list[tuple[str, str]]) -> None:
         self._started = True
