@@ -132,6 +132,41 @@ _FINISH_REASON = _nullable(
     {"type": "string", "enum": ["stop", "length", "tool_calls", "content_filter"]}
 )
 
+
+def _completion_object(
+    kind: str, content: dict[str, Any], *, usage_required: bool
+) -> dict[str, Any]:
+    """A completion response (or chunk): OpenAI's envelope around choices that carry
+    ``content`` (their ``message``, ``delta`` or ``text``) beside index, logprobs and finish
+    reason; ``usage`` is required, or may be absent or null."""
+    (field,) = content
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"]
+        + (["usage"] if usage_required else []),
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": kind},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", field, "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        **content,
+                        "logprobs": {"type": ["object", "null"]},
+                        "finish_reason": _FINISH_REASON,
+                    },
+                },
+            },
+            "usage": _USAGE if usage_required else _nullable(_USAGE),
+        },
+    }
+
+
 _SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
@@ -301,71 +336,37 @@ _SCHEMAS: dict[str, Any] = {
             **_SAMPLING,
         },
     },
-    "ChatCompletion": {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices", "usage"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "chat.completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["index", "message", "finish_reason"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "message": {
-                            "type": "object",
-                            "required": ["role", "content"],
-                            "properties": {
-                                "role": {"const": "assistant"},
-                                "content": {"type": ["string", "null"]},
-                                "reasoning_content": {"type": "string"},
-                                "tool_calls": {"type": "array", "items": _ref("ToolCall")},
-                            },
-                        },
-                        "logprobs": {"type": ["object", "null"]},
-                        "finish_reason": _FINISH_REASON,
-                    },
+    "ChatCompletion": _completion_object(
+        "chat.completion",
+        {
+            "message": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": {"type": ["string", "null"]},
+                    "reasoning_content": {"type": "string"},
+                    "tool_calls": {"type": "array", "items": _ref("ToolCall")},
                 },
             },
-            "usage": _USAGE,
         },
-    },
-    "ChatCompletionChunk": {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "chat.completion.chunk"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["index", "delta", "finish_reason"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "delta": {
-                            "type": "object",
-                            "properties": {
-                                "role": {"const": "assistant"},
-                                "content": {"type": ["string", "null"]},
-                                "reasoning_content": {"type": "string"},
-                                "tool_calls": {"type": "array"},
-                            },
-                        },
-                        "logprobs": {"type": ["object", "null"]},
-                        "finish_reason": _FINISH_REASON,
-                    },
+        usage_required=True,
+    ),
+    "ChatCompletionChunk": _completion_object(
+        "chat.completion.chunk",
+        {
+            "delta": {
+                "type": "object",
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": {"type": ["string", "null"]},
+                    "reasoning_content": {"type": "string"},
+                    "tool_calls": {"type": "array"},
                 },
             },
-            "usage": _nullable(_USAGE),
         },
-    },
+        usage_required=False,
+    ),
     "CompletionRequest": {
         "type": "object",
         "required": ["prompt"],
@@ -410,30 +411,9 @@ _SCHEMAS: dict[str, Any] = {
             **_SAMPLING,
         },
     },
-    "Completion": {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "text_completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["text", "index", "finish_reason"],
-                    "properties": {
-                        "text": {"type": "string"},
-                        "index": {"type": "integer"},
-                        "logprobs": {"type": ["object", "null"]},
-                        "finish_reason": _FINISH_REASON,
-                    },
-                },
-            },
-            "usage": _nullable(_USAGE),
-        },
-    },
+    "Completion": _completion_object(
+        "text_completion", {"text": {"type": "string"}}, usage_required=False
+    ),
     "Model": {
         "type": "object",
         "required": ["id", "object", "created", "owned_by"],
