@@ -70,6 +70,9 @@ class ChatTemplate:
         #: The Jinja template renders ``tools`` itself; otherwise they are described in a
         #: system message (see ``_tools.describe_tools``).
         self.renders_tools = bool(jinja_source) and "tools" in (jinja_source or "")
+        #: The template writes tool calls in Qwen's XML form (``<function=name>``), so forced
+        #: and constrained calls take that form; otherwise Hermes JSON.
+        self.xml_tool_calls = self.renders_tools and "<function=" in (jinja_source or "")
 
     @property
     def source(self) -> str:

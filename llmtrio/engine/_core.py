@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._errors import DecodeError
+from ._grammar import Grammar
 from ._llama import Batch, LlamaModel, SlotSampler
 from ._prompt_cache import PromptCache
 from ._sampling import Penalties, RawLogprob
@@ -72,6 +73,8 @@ class CoreRequest:
     request: GenerateRequest
     max_tokens: int
     hints: tuple[int, ...] = ()
+    #: The grammar the engine compiled for it (parsed and cached: a slot copies it).
+    grammar: Grammar | None = None
 
 
 @attrs.frozen(eq=False)
@@ -205,7 +208,7 @@ class EngineCore:
         for key in plan.admitted:
             job = self._jobs[key]
             job.admitted_at = started
-            job.sampler = self._sampler(job.request.request)
+            job.sampler = self._sampler(job.request.request, job.request.grammar)
         if plan.empty:
             self.decoding = 0
             self._count_running()
@@ -318,7 +321,7 @@ class EngineCore:
 
     # -- one step ------------------------------------------------------------------------
 
-    def _sampler(self, request: GenerateRequest) -> SlotSampler:
+    def _sampler(self, request: GenerateRequest, grammar: Grammar | None) -> SlotSampler:
         sampling = request.sampling
         bias = dict(request.logit_bias)
         if request.ignore_eos:
@@ -342,7 +345,7 @@ class EngineCore:
             seed=(sampling.seed if sampling.seed is not None else random.getrandbits(32))
             & 0xFFFFFFFF,
             bias=bias,
-            grammar=request.grammar,
+            grammar=grammar,
             penalties=penalties,
             logprobs=request.logprobs,
         )

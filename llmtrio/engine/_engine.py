@@ -31,7 +31,8 @@ from ._errors import (
     InvalidRequestError,
     PromptTooLongError,
 )
-from ._llama import LlamaModel, SlotSampler
+from ._grammar import Grammar, request_grammar
+from ._llama import LlamaModel
 from ._model_source import ResolvedModel, resolve_model
 from ._output import OutputProcessor
 from ._prompt_cache import common_prefix
@@ -176,7 +177,7 @@ class Engine:
         self.model_path = resolved.path
         self._model = model
         self._template = ChatTemplate(
-            model.chat_template,
+            config.chat_template or model.chat_template,
             architecture=model.architecture,
             bos_token=self._special_text(model.bos),
             eos_token=self._special_text(model.eos),
@@ -337,7 +338,7 @@ class Engine:
         self._check_size(request)
         # Rendering and tokenizing a long prompt, or compiling a grammar, takes a while: never
         # on the event loop.
-        prompt, opens_think, hints = await trio.to_thread.run_sync(
+        prompt, opens_think, hints, grammar = await trio.to_thread.run_sync(
             self._prepare, request, abandon_on_cancel=True
         )
         key = self._next_key
@@ -359,6 +360,7 @@ class Engine:
             request,
             max_tokens=min(request.max_tokens or budget, budget),
             hints=hints,
+            grammar=grammar,
         )
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under
@@ -446,25 +448,22 @@ class Engine:
             hints.add(common_prefix(prefix, tokens))
         return tuple(sorted(h for h in hints if 0 < h < len(prompt)))
 
-    def _prepare(self, request: GenerateRequest) -> tuple[list[int], bool, tuple[int, ...]]:
-        """The prompt's tokens and whether it opens a think block; the grammar checked."""
-        prompt = self._prompt(request)
-        self._check_grammar(request)
-        return prompt
+    def _prepare(
+        self, request: GenerateRequest
+    ) -> tuple[list[int], bool, tuple[int, ...], Grammar | None]:
+        """The prompt's tokens, whether it opens a think block, where its snapshots go, and
+        its grammar, compiled and parsed (both cached), so the decode thread only copies it.
 
-    def _check_grammar(self, request: GenerateRequest) -> None:
-        """Raise :class:`GrammarError` now, not on the decode thread, for a bad grammar."""
-        if request.grammar is not None:
-            SlotSampler(
-                self._model,
-                temperature=0.0,
-                top_k=0,
-                top_p=1.0,
-                min_p=0.0,
-                seed=0,
-                bias={},
-                grammar=request.grammar,
-            ).close()
+        Error handling: :class:`InvalidRequestError` for a schema the grammar cannot
+        enforce, :class:`GrammarError` for a grammar llama.cpp cannot parse.
+        """
+        prompt, opens_think, hints = self._prompt(request)
+        grammar = request_grammar(
+            request, xml_calls=self._template.xml_tool_calls, opens_think=opens_think
+        )
+        if grammar is not None:
+            self._model.grammars.check(grammar)
+        return prompt, opens_think, hints, grammar
 
     def _token_logprob(self, raw: RawLogprob) -> TokenLogprob:
         def text(token: int) -> tuple[str, bytes]:

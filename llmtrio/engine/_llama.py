@@ -7,9 +7,7 @@ nothing here knows of Trio.
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
-from collections import deque
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,44 +15,13 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import GrammarError, ModelLoadError
+from ._errors import ModelLoadError
+from ._grammar import Grammar
+from ._grammar_cache import GrammarCache
+from ._llama_log import recent_log
 from ._sampling import Penalties, RawLogprob, logprob_of
 
 __all__ = ["Batch", "LlamaModel", "SlotSampler"]
-
-logger = logging.getLogger("llmtrio.llama")
-
-# llama.cpp logs through one process-wide callback. Its warnings and errors go to our logger;
-# the last lines are kept so a failed load can say why.
-_recent_lines: deque[str] = deque(maxlen=20)
-_log_lock = threading.Lock()
-# ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line's level.
-_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
-_last_level = [logging.DEBUG]
-
-
-@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-    line = text.decode("utf-8", "replace").rstrip()
-    if not line:
-        return
-    with _log_lock:
-        _recent_lines.append(line)
-        if level != 5:
-            _last_level[0] = _LEVELS.get(level, logging.DEBUG)
-        py_level = _last_level[0]
-    logger.log(py_level, "%s", line)
-
-
-llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-llama_cpp.llama_backend_init()
-
-
-def _recent_log() -> str:
-    with _log_lock:
-        lines = [line for line in _recent_lines if "error" in line.lower() or "failed" in line]
-        _recent_lines.clear()
-    return "; ".join(lines[-3:])
 
 
 class LlamaModel:
@@ -74,11 +41,11 @@ class LlamaModel:
         n_batch: int,
         swa_full: bool = True,
     ) -> None:
-        _recent_log()
+        recent_log()
         params = llama_cpp.llama_model_default_params()
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
-            why = _recent_log() or "llama.cpp could not load it"
+            why = recent_log() or "llama.cpp could not load it"
             raise ModelLoadError(f"cannot load model {path}: {why}")
         try:
             #: The sliding window's size (0: no sliding-window attention).
@@ -117,6 +84,7 @@ class LlamaModel:
         self.max_piece_bytes = max(
             (len(self.special_piece(token)) for token in range(self.n_vocab)), default=1
         )
+        self.grammars = GrammarCache(self.vocab, self.tokenize, self.special_piece, self.piece)
 
     def _init_context(
         self, *, slots: int, ctx_size: int, threads: int, n_batch: int, swa_full: bool
@@ -138,7 +106,7 @@ class LlamaModel:
         cparams.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self.ctx:
-            why = _recent_log() or "llama.cpp could not create the context"
+            why = recent_log() or "llama.cpp could not create the context"
             raise ModelLoadError(
                 f"cannot create a context of {slots} slots x {ctx_size} tokens: {why}"
             )
@@ -157,6 +125,7 @@ class LlamaModel:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     def close(self) -> None:
+        self.grammars.clear()
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
@@ -333,7 +302,9 @@ class SlotSampler:
     above, and the grammar checks that one token; only when it refuses is the grammar applied
     to the whole vocabulary and the token picked again (llama.cpp's common sampler does the
     same). A greedy slot first tries the 64 most likely tokens: the best one the grammar allows
-    there is the best it allows at all. ``logprobs`` (a count of alternatives) records
+    there is the best it allows at all. A lazy grammar (:class:`Grammar` with a trigger)
+    allows everything until it triggers; with ``after``, it is shown nothing the model writes
+    until that text (the end of a think block). ``logprobs`` (a count of alternatives) records
     :attr:`last_logprob` from the raw logits. When the grammar allows no token at all,
     :meth:`sample` returns -1.
 
@@ -351,13 +322,15 @@ class SlotSampler:
         min_p: float,
         seed: int,
         bias: dict[int, float],
-        grammar: str | None = None,
+        grammar: str | Grammar | None = None,
         penalties: Penalties | None = None,
         logprobs: int | None = None,
     ) -> None:
         self._model = model
         self._chain: Any = None
         self._grammar: Any = None
+        self._wait: bytes = b""  # text the grammar is shown nothing before (``after``)
+        self._seen = b""
         self._argmax = temperature <= 0
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
@@ -369,12 +342,11 @@ class SlotSampler:
         if grammar is not None:
             self._one = _Candidates(1)
             self._shortlist = _Candidates(min(_SHORTLIST, model.n_vocab))
-            self._grammar = llama_cpp.llama_sampler_init_grammar(
-                model.vocab, grammar.encode("utf-8"), b"root"
-            )
-            if not self._grammar:
-                why = _recent_log() or "llama.cpp could not parse it"
-                raise GrammarError(f"invalid grammar: {why}")
+            if isinstance(grammar, str):
+                grammar = Grammar(grammar)
+            self._grammar = model.grammars.new(grammar)
+            if grammar.trigger is not None and grammar.after:
+                self._wait = grammar.after.encode("utf-8")
         if self._argmax:
             return
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -425,12 +397,20 @@ class SlotSampler:
             logits = np.ascontiguousarray(candidates.data["logit"])
             token = self._pick(logits)
         if self._grammar is not None:
-            llama_cpp.llama_sampler_accept(self._grammar, token)
+            self._accept(token)
         if self._penalties is not None:
             self._penalties.accept(token)
         if raw is not None:
             self.last_logprob = logprob_of(raw, token, self._logprobs or 0)
         return token
+
+    def _accept(self, token: int) -> None:
+        if not self._wait:
+            llama_cpp.llama_sampler_accept(self._grammar, token)
+            return
+        self._seen = (self._seen + self._model.special_piece(token))[-len(self._wait) :]
+        if self._seen == self._wait:
+            self._wait = b""
 
     def _pick(self, logits: npt.NDArray[np.float32]) -> int:
         if self._argmax:

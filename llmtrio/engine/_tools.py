@@ -7,6 +7,10 @@ Two output formats are understood, both inside ``<tool_call>...</tool_call>``:
 - Qwen3-Coder / Qwen3.5 XML: ``<function=get_weather><parameter=city>Paris</parameter>
   </function>``.
 
+Calls are read by :class:`ToolCallStream` (``_tool_stream``), which streams their arguments;
+:class:`ToolCallParser` gathers its events into whole calls, so a reply read whole and one
+streamed give the same calls.
+
 A model whose chat template has no ``tools`` variable (or no template at all, like gemma's
 built-in one) is told about the tools Hermes-style, in a system message; earlier calls and
 tool results in the history are written the same way.
@@ -15,13 +19,19 @@ tool results in the history are written the same way.
 from __future__ import annotations
 
 import json
-import re
-import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from ._tool_grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from ._tool_stream import (
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolCallStream,
+    new_tool_call_id,
+)
 from ._types import ChatMessage, Tool, ToolCall
 
 __all__ = [
@@ -33,16 +43,6 @@ __all__ = [
     "parse_tool_call",
     "template_message",
 ]
-
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-
-_FUNCTION = re.compile(r"^\s*<function=([^>\s]+)>(.*?)</function>\s*$", re.S)
-_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.S)
-
-
-def new_tool_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
 
 
 def _arguments_value(arguments: str) -> object:
@@ -120,105 +120,48 @@ def describe_tools(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> li
 def parse_tool_call(body: str, tools: Sequence[Tool]) -> ToolCall | None:
     """The call in the text between ``<tool_call>`` and ``</tool_call>``, or ``None`` when
     it is neither format or names no known tool."""
-    known = {tool.name: tool for tool in tools}
-    text = body.strip()
-    if text.startswith("{"):
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return None
-        if not isinstance(data, dict):
-            return None
-        name = data.get("name")
-        arguments = data.get("arguments", data.get("parameters", {}))
-        if not isinstance(name, str) or name not in known:
-            return None
-        if isinstance(arguments, str):
-            arguments_text = arguments
-        else:
-            arguments_text = json.dumps(arguments, ensure_ascii=False)
-        return ToolCall(new_tool_call_id(), name, arguments_text)
-    match = _FUNCTION.match(text)
-    if match is None or match.group(1) not in known:
-        return None
-    name = match.group(1)
-    properties = known[name].parameters.get("properties", {})
-    values: dict[str, object] = {}
-    for key, raw in _PARAMETER.findall(match.group(2)):
-        kind = properties.get(key, {}).get("type") if isinstance(properties, dict) else None
-        if kind == "string":
-            values[key] = raw
-            continue
-        try:
-            values[key] = json.loads(raw)
-        except ValueError:
-            values[key] = raw
-    return ToolCall(new_tool_call_id(), name, json.dumps(values, ensure_ascii=False))
-
-
-def _held(text: str, tag: str) -> int:
-    for length in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:length]):
-            return length
-    return 0
+    items = ToolCallParser(tuple(tools)).feed(f"{TOOL_CALL_OPEN}{body}{TOOL_CALL_CLOSE}")
+    calls = [item for item in items if isinstance(item, ToolCall)]
+    return calls[0] if len(calls) == 1 and len(items) == 1 else None
 
 
 @attrs.define
 class ToolCallParser:
-    """Splits generated text into content and tool calls, incrementally.
+    """Splits generated text into content and whole tool calls, incrementally.
 
     ``feed`` returns what is settled: content strings and :class:`ToolCall` values, in
-    order. Text that may be the start of ``<tool_call>`` is held back; a call is returned
-    once its ``</tool_call>`` arrives. A block that does not parse as a call is returned as
-    content, unchanged.
+    order (a call once it has ended). Text that may be the start of ``<tool_call>`` is held
+    back. A block that is not a call of a known tool is returned as content, unchanged.
     """
 
     tools: tuple[Tool, ...]
-    _pending: str = ""
-    _inside: bool = False
+    _stream: ToolCallStream | None = None
+    _open: dict[int, list[str]] = attrs.Factory(dict)
     calls: int = 0
 
     def feed(self, text: str) -> list[str | ToolCall]:
-        out: list[str | ToolCall] = []
-        buffer = self._pending + text
-        while buffer:
-            if not self._inside:
-                at = buffer.find(TOOL_CALL_OPEN)
-                if at < 0:
-                    held = _held(buffer, TOOL_CALL_OPEN)
-                    if len(buffer) > held:
-                        out.append(buffer[: len(buffer) - held])
-                    buffer = buffer[len(buffer) - held :]
-                    break
-                if at:
-                    out.append(buffer[:at])
-                buffer = buffer[at:]
-                self._inside = True
-            end = buffer.find(TOOL_CALL_CLOSE)
-            if end < 0:
-                break
-            block = buffer[: end + len(TOOL_CALL_CLOSE)]
-            buffer = buffer[end + len(TOOL_CALL_CLOSE) :]
-            self._inside = False
-            call = parse_tool_call(block[len(TOOL_CALL_OPEN) : -len(TOOL_CALL_CLOSE)], self.tools)
-            if call is None:
-                out.append(block)
-            else:
-                self.calls += 1
-                out.append(call)
-        self._pending = buffer
-        return out
+        if self._stream is None:
+            self._stream = ToolCallStream(self.tools)
+        return self._gather(self._stream.feed(text))
 
     def flush(self) -> list[str | ToolCall]:
-        """The rest at the end: an unfinished block is content as it stands; a block whose
-        closing tag the generation ended on (a stop, the grammar's end) is tried as a call."""
-        pending, self._pending = self._pending, ""
-        if not pending:
+        """The rest at the end: held text as content, a call cut short as far as it got."""
+        if self._stream is None:
             return []
-        if self._inside:
-            self._inside = False
-            call = parse_tool_call(pending[len(TOOL_CALL_OPEN) :], self.tools)
-            if call is not None:
+        stream, self._stream = self._stream, None
+        return self._gather(stream.finish())
+
+    def _gather(self, events: list[Any]) -> list[str | ToolCall]:
+        out: list[str | ToolCall] = []
+        for event in events:
+            if isinstance(event, str):
+                out.append(event)
+            elif isinstance(event, ToolCallStart):
+                self._open[event.index] = [event.id, event.name, ""]
+            elif isinstance(event, ToolCallArguments):
+                self._open[event.index][2] += event.text
+            elif isinstance(event, ToolCallEnd):
+                call_id, name, arguments = self._open.pop(event.index)
                 self.calls += 1
-                return [call]
-        return [pending]
+                out.append(ToolCall(call_id, name, arguments))
+        return out

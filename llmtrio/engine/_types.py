@@ -51,6 +51,9 @@ class EngineConfig:
     none (a slot still reuses its own memory). A sliding-window model's window cache is
     full size (llama.cpp's ``swa_full``, its default for a context; llama-server's
     ``--swa-full``), so a sequence's memory can be cut back to any position.
+
+    ``chat_template``: a Jinja chat template used instead of the model's own (llama-server's
+    ``--chat-template-file``).
     """
 
     model: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
@@ -66,6 +69,7 @@ class EngineConfig:
     model_name: str | None = None
     prompt_cache: bool = True
     cache_ram_mib: int = 1024
+    chat_template: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.max_inflight < 1:
@@ -223,11 +227,19 @@ class GenerateRequest:
     ids to a bias added to their logits (``-inf`` bans a token).
 
     ``grammar`` is a GBNF grammar (llama.cpp's, root rule ``root``) every generated token must
-    follow; the generation ends when the grammar is complete. ``logprobs`` asks for each
-    token's log-probability and that many alternatives (0 to 20); ``None`` costs nothing.
+    follow; the generation ends when the grammar is complete. ``json_schema`` is a JSON
+    schema the reply must follow (compiled to a grammar off the event loop, once per schema).
+    ``logprobs`` asks for each token's log-probability and that many alternatives (0 to 20);
+    ``None`` costs nothing.
+
     ``tools`` are passed to the chat template (or described in a system prompt when the
     template has no tools support); the model's calls come back as text for the caller to
-    parse (:class:`ToolCallParser`).
+    parse (:class:`ToolCallStream`), in the template's own format (Qwen's XML
+    ``<function=...>`` when the template writes calls so, else Hermes JSON).
+    ``tool_choice``: ``"auto"`` lets the model write text or calls, and a call it opens
+    follows its tool's parameter schema (a lazy grammar); ``"required"`` makes the reply a
+    call (of ``tool_name`` when given), by a grammar from the first token; ``"none"``
+    constrains nothing. ``parallel_tool_calls``: a call may be followed by more.
     """
 
     messages: tuple[ChatMessage, ...] | None = attrs.field(
@@ -243,6 +255,10 @@ class GenerateRequest:
     grammar: str | None = None
     logprobs: int | None = None
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tuple_of_tools)
+    json_schema: dict[str, Any] | bool | None = None
+    tool_choice: str = "auto"
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.tokens is None):
@@ -261,6 +277,20 @@ class GenerateRequest:
             )
         if self.grammar is not None and not self.grammar.strip():
             raise InvalidRequestError("grammar must not be empty", param="grammar")
+        if self.tool_choice not in ("auto", "required", "none"):
+            raise InvalidRequestError(
+                "tool_choice must be 'auto', 'required' or 'none'", param="tool_choice"
+            )
+        if self.tool_choice == "required" and not self.tools:
+            raise InvalidRequestError("tool_choice 'required' needs tools", param="tool_choice")
+        if self.tool_name is not None and all(t.name != self.tool_name for t in self.tools):
+            raise InvalidRequestError(f"no tool named {self.tool_name!r}", param="tool_choice")
+        forced = self.tool_choice == "required"
+        if sum((self.grammar is not None, self.json_schema is not None, forced)) > 1:
+            raise InvalidRequestError(
+                "give at most one of grammar, json_schema and a required tool call",
+                param="grammar",
+            )
 
     @classmethod
     def user(cls, prompt: str, *, system: str | None = None, **kwargs: object) -> GenerateRequest:

@@ -166,7 +166,7 @@ def parse_completion_request(
             "stop": _parse_stop(data.get("stop"), limits),
             "ignore_eos": _opt_bool(data, "ignore_eos", "ignore_eos") or False,
             "logit_bias": _parse_logit_bias(data.get("logit_bias")),
-            "grammar": parse_response_format(data.get("response_format")),
+            **parse_response_format(data.get("response_format")),
         }
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from None

@@ -18,12 +18,9 @@ from ..engine import (
     JSON_OBJECT_GRAMMAR,
     MAX_TOP_LOGPROBS,
     ChatMessage,
-    InvalidRequestError,
     Tool,
     ToolCall,
-    json_schema_grammar,
     new_tool_call_id,
-    tool_call_grammar,
 )
 
 __all__ = [
@@ -140,21 +137,23 @@ def parse_chat_logprobs(data: dict[str, Any]) -> int | None:
     return (top or 0) if logprobs else None
 
 
-def parse_response_format(value: object) -> str | None:
-    """``response_format``: ``text`` (no grammar), ``json_object`` (any JSON object) or
-    ``json_schema`` (``{"name", "schema", "strict"}``): the GBNF grammar to enforce.
+def parse_response_format(value: object) -> dict[str, Any]:
+    """``response_format``: ``text`` (nothing), ``json_object`` (any JSON object) or
+    ``json_schema`` (``{"name", "schema", "strict"}``), as :class:`GenerateRequest` keyword
+    arguments (``grammar`` or ``json_schema``).
 
-    Whatever ``strict`` says, the schema is enforced; a schema keyword the grammar cannot
-    enforce is a 400 naming it."""
+    Whatever ``strict`` says, the schema is enforced; the engine compiles it (off the event
+    loop, once per schema) and refuses a keyword the grammar cannot enforce with a 400
+    naming it."""
     if value is None:
-        return None
+        return {}
     if not isinstance(value, dict):
         raise _type_error("response_format", "an object")
     kind = value.get("type")
     if kind == "text":
-        return None
+        return {}
     if kind == "json_object":
-        return JSON_OBJECT_GRAMMAR
+        return {"grammar": JSON_OBJECT_GRAMMAR}
     if kind != "json_schema":
         raise _invalid(
             f"Invalid 'response_format.type': {kind!r}. Supported values are: 'text', "
@@ -178,10 +177,9 @@ def parse_response_format(value: object) -> str | None:
     if strict is not None and not isinstance(strict, bool):
         raise _type_error("response_format.json_schema.strict", "a boolean")
     schema = spec.get("schema", {})
-    try:
-        return json_schema_grammar(schema, where="response_format.json_schema.schema")
-    except InvalidRequestError as exc:
-        raise _invalid(f"Invalid 'response_format': {exc}", "response_format.json_schema") from None
+    if not isinstance(schema, dict | bool):
+        raise _type_error("response_format.json_schema.schema", "a JSON schema object")
+    return {"json_schema": schema}
 
 
 @attrs.frozen
@@ -200,14 +198,18 @@ class ToolChoice:
         """Whether the reply is searched for tool calls."""
         return bool(self.tools) and self.mode != "none"
 
-    def grammar(self) -> str | None:
-        """The grammar that forces a call, for ``required`` or a named function."""
-        if not self.forced:
-            return None
-        try:
-            return tool_call_grammar(self.forced)
-        except InvalidRequestError as exc:
-            raise _invalid(f"Invalid 'tools': {exc}", "tools") from None
+    def generate_options(self) -> dict[str, Any]:
+        """The :class:`GenerateRequest` keyword arguments: the tools the template sees and
+        how calls are constrained (the engine builds the grammar in the template's format)."""
+        if self.mode == "none":
+            return {}
+        named = self.forced[0].name if len(self.forced) == 1 else None
+        return {
+            "tools": self.tools,
+            "tool_choice": self.mode,
+            "tool_name": named,
+            "parallel_tool_calls": self.parallel,
+        }
 
 
 def parse_tools(data: dict[str, Any]) -> ToolChoice:

@@ -228,10 +228,9 @@ def parse_chat_request(
     sampling_args = parse_sampling(data)
     logprobs = parse_chat_logprobs(data)
     tools = parse_tools(data)
-    grammar = parse_response_format(data.get("response_format"))
-    tool_grammar = tools.grammar()
-    if tool_grammar is not None:
-        grammar = tool_grammar  # a forced call wins over the format of a plain reply
+    output_format = parse_response_format(data.get("response_format"))
+    if tools.forced:
+        output_format = {}  # a forced call wins over the format of a plain reply
 
     stop = _parse_stop(data.get("stop"), limits)
 
@@ -256,7 +255,7 @@ def parse_chat_request(
         )
         if think is None:
             think = enable_thinking
-    if grammar is not None:
+    if output_format or tools.forced:
         if think:
             raise invalid_request(
                 "Thinking cannot be combined with 'response_format' json or a forced tool "
@@ -278,9 +277,9 @@ def parse_chat_request(
             think=think,
             ignore_eos=ignore_eos,
             logit_bias=logit_bias,
-            grammar=grammar,
             logprobs=logprobs,
-            tools=tools.tools if tools.mode != "none" else (),
+            **output_format,
+            **tools.generate_options(),
         )
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from None

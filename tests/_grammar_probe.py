@@ -1,0 +1,116 @@
+"""llama.cpp's own grammar engine, driven byte by byte with a model's vocabulary: what a
+grammar accepts is asked of ``llama_sampler_init_grammar`` (the sampler the engine uses),
+never of a grammar interpreter written here."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+__all__ = ["GrammarProbe"]
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+# Whole characters a random walk may write besides ASCII (two, three and four UTF-8 bytes).
+WIDE = ("é", "ß", "中", "€", "😀")
+
+
+class GrammarProbe:
+    """A model's vocabulary (loaded alone, no weights) and llama.cpp's grammar sampler."""
+
+    def __init__(self, model: Path) -> None:
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self._model = llama_cpp.llama_model_load_from_file(str(model).encode(), params)
+        assert self._model, f"cannot load the vocabulary of {model}"
+        self.vocab = llama_cpp.llama_model_get_vocab(self._model)
+        n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        buf = ctypes.create_string_buffer(64)
+        #: For each byte, a token whose text is that byte alone.
+        self.byte_token: dict[int, int] = {}
+        for token in range(n_vocab):
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+            if n == 1 and not llama_cpp.llama_vocab_is_eog(self.vocab, token):
+                self.byte_token.setdefault(buf.raw[0], token)
+        missing = [b for b in range(256) if b not in self.byte_token]
+        assert not missing, f"no single-byte token for bytes {missing[:8]}"
+        self.eog = llama_cpp.llama_vocab_eos(self.vocab)
+
+    def close(self) -> None:
+        llama_cpp.llama_model_free(self._model)
+
+    @contextmanager
+    def grammar(self, gbnf: str) -> Iterator[Any]:
+        sampler = llama_cpp.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
+        assert sampler, "llama.cpp refused the grammar"
+        try:
+            yield sampler
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
+
+    def allowed(self, sampler: Any, tokens: list[int]) -> list[bool]:
+        """Which of ``tokens`` the grammar allows next."""
+        data = np.zeros(len(tokens), dtype=_TOKEN_DATA)
+        data["id"] = tokens
+        array = llama_cpp.llama_token_data_array(
+            data=data.ctypes.data_as(llama_cpp.llama_token_data_p),
+            size=len(tokens),
+            selected=-1,
+            sorted=False,
+        )
+        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+        return [bool(np.isfinite(x)) for x in data["logit"]]
+
+    def feed(self, sampler: Any, data: bytes) -> bool:
+        """Feed ``data`` byte by byte; false (and the sampler spoiled) at the first byte the
+        grammar refuses."""
+        for byte in data:
+            token = self.byte_token[byte]
+            if not self.allowed(sampler, [token])[0]:
+                return False
+            llama_cpp.llama_sampler_accept(sampler, token)
+        return True
+
+    def can_end(self, sampler: Any) -> bool:
+        return self.allowed(sampler, [self.eog])[0]
+
+    def accepts(self, gbnf: str, text: str) -> bool:
+        """Whether the grammar accepts exactly ``text``."""
+        with self.grammar(gbnf) as sampler:
+            return self.feed(sampler, text.encode()) and self.can_end(sampler)
+
+    def walk(
+        self, gbnf: str, choose: Callable[[int, bool], int], limit: int = 600
+    ) -> str | None:
+        """A random string the grammar accepts: at each step ``choose(n, can_end)`` picks one
+        of the ``n`` allowed continuations (ASCII bytes, then :data:`WIDE` characters), or
+        -1 to end where the grammar may end. ``None`` past ``limit`` bytes."""
+        out = bytearray()
+        ascii_tokens = [self.byte_token[b] for b in range(128)]
+        with self.grammar(gbnf) as sampler:
+            while len(out) < limit:
+                options: list[bytes] = [
+                    bytes([b])
+                    for b, ok in zip(range(128), self.allowed(sampler, ascii_tokens), strict=True)
+                    if ok
+                ]
+                for char in WIDE:
+                    trial = llama_cpp.llama_sampler_clone(sampler)
+                    try:
+                        if self.feed(trial, char.encode()):
+                            options.append(char.encode())
+                    finally:
+                        llama_cpp.llama_sampler_free(trial)
+                can_end = self.can_end(sampler)
+                assert options or can_end, f"the grammar is stuck after {bytes(out)!r}"
+                pick = choose(len(options), can_end) if options else -1
+                if pick < 0:
+                    return out.decode("utf-8")
+                assert self.feed(sampler, options[pick])
+                out += options[pick]
+        return None
