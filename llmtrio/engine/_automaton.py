@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TypeVar
 
 import attrs
 
-from ._gbnf import CharSet, Rules, char_class, chars, intersect, literal, subtract, union
+from ._gbnf import ANY_CHAR, CharSet, Rules, char_class, chars, intersect, literal, subtract, union
 
-__all__ = ["Dfa", "Nfa", "TooComplexError", "explore", "to_gbnf"]
+__all__ = [
+    "ANY_STRING",
+    "Dfa",
+    "Nfa",
+    "TooComplexError",
+    "explore",
+    "none_of",
+    "one_of",
+    "to_gbnf",
+    "without",
+]
 
 # States past which a pattern, format or range is refused as too large a grammar.
 MAX_STATES = 6000
@@ -179,9 +190,7 @@ class Dfa:
             if find(s) not in number:
                 number[find(s)] = len(order)
                 order.append(find(s))
-        edges = tuple(
-            tuple((cs, number[t]) for cs, t in self._moves(s, find, live)) for s in order
-        )
+        edges = tuple(tuple((cs, number[t]) for cs, t in self._moves(s, find, live)) for s in order)
         accepting = frozenset(i for i, s in enumerate(order) if s in self.accepting)
         return Dfa(edges, accepting)
 
@@ -222,21 +231,23 @@ class Dfa:
 
 
 def _product(a: Dfa, b: Dfa, accepting: Callable[[int, int], bool]) -> Dfa:
-    return explore(
-        (0, 0),
-        lambda s: accepting(s[0], s[1]),
-        lambda s: [
+    def moves(state: tuple[int, int]) -> list[tuple[CharSet, tuple[int, int]]]:
+        return [
             (intersect(ca, cb), (ta, tb))
-            for ca, ta in a.edges[s[0]]
-            for cb, tb in b.edges[s[1]]
-        ],
-    )
+            for ca, ta in a.edges[state[0]]
+            for cb, tb in b.edges[state[1]]
+        ]
+
+    return explore((0, 0), lambda s: accepting(s[0], s[1]), moves)
+
+
+State = TypeVar("State", bound=Hashable)
 
 
 def explore(
-    start: Hashable,
-    accepting: Callable[[Hashable], bool],
-    moves: Callable[[Hashable], Iterable[tuple[CharSet, Hashable]]],
+    start: State,
+    accepting: Callable[[State], bool],
+    moves: Callable[[State], Iterable[tuple[CharSet, State]]],
 ) -> Dfa:
     """The minimal :class:`Dfa` of the states reachable from ``start``; ``moves(state)`` gives
     a state's transitions, whose character sets must be disjoint."""
@@ -259,10 +270,67 @@ def explore(
     return Dfa(tuple(edges), final).minimal()
 
 
+#: Any string at all.
+ANY_STRING = Dfa((((ANY_CHAR, 0),),), frozenset({0}))
+
+
+def _trie(words: tuple[str, ...], *, listed: bool) -> Dfa:
+    prefixes = {w[:i] for w in words for i in range(len(w) + 1)}
+
+    def moves(state: str | None) -> list[tuple[CharSet, str | None]]:
+        if state is None:
+            return [(ANY_CHAR, None)]
+        nexts = sorted(
+            {p[len(state)] for p in prefixes if len(p) == len(state) + 1 and p.startswith(state)}
+        )
+        out: list[tuple[CharSet, str | None]] = [(chars(c), state + c) for c in nexts]
+        return out if listed else [*out, (subtract(ANY_CHAR, chars(*nexts)), None)]
+
+    start: str | None = ""
+    if listed:
+        return explore(start, lambda s: s in words, moves)
+    return explore(start, lambda s: s is None or s not in words, moves)
+
+
+def one_of(words: tuple[str, ...]) -> Dfa:
+    """Exactly ``words``."""
+    return _trie(words, listed=True)
+
+
+def none_of(words: tuple[str, ...]) -> Dfa:
+    """Every string but ``words``."""
+    return _trie(words, listed=False)
+
+
+def without(text: str) -> Dfa:
+    """The strings that do not hold ``text`` (a string matcher's automaton)."""
+    letters = sorted(set(text))
+
+    def after(k: int, char: str) -> int:
+        seen = text[:k] + char
+        return next(j for j in range(min(len(seen), len(text)), -1, -1) if seen.endswith(text[:j]))
+
+    def moves(k: int) -> list[tuple[CharSet, int]]:
+        if k == len(text):
+            return []
+        out = [(chars(c), after(k, c)) for c in letters]
+        return [*out, (subtract(ANY_CHAR, chars(*letters)), 0)]
+
+    return explore(0, lambda k: k != len(text), moves)
+
+
 # JSON string content: what must be escaped, and how.
 _QUOTE_BACKSLASH = chars('"\\')
 _CONTROL = chars((0, 0x1F), "\x7f")
-_SHORT = {0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x22: '\\"', 0x5C: "\\\\"}
+_SHORT = {
+    0x08: "\\b",
+    0x0C: "\\f",
+    0x0A: "\\n",
+    0x0D: "\\r",
+    0x09: "\\t",
+    0x22: '\\"',
+    0x5C: "\\\\",
+}
 
 
 def _json_alternatives(charset: CharSet) -> list[str]:
@@ -272,8 +340,11 @@ def _json_alternatives(charset: CharSet) -> list[str]:
     raw = subtract(charset, union(_QUOTE_BACKSLASH, _CONTROL))
     if raw:
         out.append(char_class(raw))
-    specials = [c for lo, hi in intersect(charset, union(_QUOTE_BACKSLASH, _CONTROL))
-                for c in range(lo, hi + 1)]
+    specials = [
+        c
+        for lo, hi in intersect(charset, union(_QUOTE_BACKSLASH, _CONTROL))
+        for c in range(lo, hi + 1)
+    ]
     controls = [c for c in specials if c <= 0x1F]
     if len(controls) == 32:
         out.append('"\\\\u00" [01] [0-9a-fA-F]')

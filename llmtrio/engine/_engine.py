@@ -462,7 +462,7 @@ class Engine:
             request, xml_calls=self._template.xml_tool_calls, opens_think=opens_think
         )
         if grammar is not None:
-            self._model.grammars.check(grammar)
+            self._model.grammars.check(grammar.text)
         return prompt, opens_think, hints, grammar
 
     def _token_logprob(self, raw: RawLogprob) -> TokenLogprob:

@@ -93,7 +93,7 @@ for _version in range(1, 6):
     FORMATS[f"uuid{_version}"] = _UUID
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def format_dfa(name: str) -> Dfa:
     """The strings format ``name`` allows here (``KeyError``: not enforced)."""
     return pattern_dfa(f"^{FORMATS[name]}$", search=False)

@@ -128,7 +128,7 @@ def literal(text: str) -> str:
 
 def char_class(charset: CharSet) -> str:
     """``charset`` as a GBNF character class (``[a-z0-9]``)."""
-    specials = "[]\\-^\""
+    specials = '[]\\-^"'
     parts = []
     for lo, hi in charset:
         if lo == hi:
@@ -151,9 +151,7 @@ def repetition(item: str, low: int, high: int | None, separator: str = "") -> st
         if high is None:
             return f"( {item} )" + ("+" if low == 1 else "*" if low == 0 else f"{{{low},}}")
         return f"( {item} ){{{low},{high}}}"
-    rest = repetition(
-        f"{separator} {item}", max(low - 1, 0), None if high is None else high - 1
-    )
+    rest = repetition(f"{separator} {item}", max(low - 1, 0), None if high is None else high - 1)
     body = f"{item} {rest}"
     return f"( {body} )?" if low == 0 else body
 

@@ -104,7 +104,9 @@ def request_grammar(
         return None
     parallel = request.parallel_tool_calls
     if request.tool_choice == "required":
-        tools = [t for t in request.tools if request.tool_name in (None, t.name)]
-        return Grammar(tool_call_grammar(tools, xml=xml_calls, parallel=parallel))
+        if request.tool_name is not None:  # a named function: one call of it
+            named = [t for t in request.tools if t.name == request.tool_name]
+            return Grammar(tool_call_grammar(named, xml=xml_calls))
+        return Grammar(tool_call_grammar(request.tools, xml=xml_calls, parallel=parallel))
     text = tool_call_grammar(request.tools, xml=xml_calls, parallel=parallel, loose=True)
     return Grammar(text, trigger=TOOL_CALL_OPEN, after=THINK_CLOSE if opens_think else None)

@@ -7,7 +7,6 @@ nothing here knows of Trio.
 from __future__ import annotations
 
 import ctypes
-import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -81,10 +80,14 @@ class LlamaModel:
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         #: The most bytes of text one token stands for (special tokens included): a prompt
         #: of N bytes has at least N / max_piece_bytes tokens.
-        self.max_piece_bytes = max(
-            (len(self.special_piece(token)) for token in range(self.n_vocab)), default=1
-        )
-        self.grammars = GrammarCache(self.vocab, self.tokenize, self.special_piece, self.piece)
+        pieces = [self.special_piece(token) for token in range(self.n_vocab)]
+        self.max_piece_bytes = max(map(len, pieces), default=1)
+        #: For each byte, a token whose text is that byte alone (to feed a grammar text).
+        self.byte_tokens: dict[int, int] = {}
+        for token, piece in enumerate(pieces):
+            if len(piece) == 1 and token not in self.eog:
+                self.byte_tokens.setdefault(piece[0], token)
+        self.grammars = GrammarCache(self.vocab)
 
     def _init_context(
         self, *, slots: int, ctx_size: int, threads: int, n_batch: int, swa_full: bool
@@ -302,9 +305,14 @@ class SlotSampler:
     above, and the grammar checks that one token; only when it refuses is the grammar applied
     to the whole vocabulary and the token picked again (llama.cpp's common sampler does the
     same). A greedy slot first tries the 64 most likely tokens: the best one the grammar allows
-    there is the best it allows at all. A lazy grammar (:class:`Grammar` with a trigger)
-    allows everything until it triggers; with ``after``, it is shown nothing the model writes
-    until that text (the end of a think block). ``logprobs`` (a count of alternatives) records
+    there is the best it allows at all.
+
+    A lazy grammar (:class:`Grammar` with a trigger) starts when the output holds the
+    trigger (after ``after``, when given): the grammar is fed the trigger and the rest of
+    that token's text byte by byte, and a token whose rest it refuses is not picked (the
+    next best is). llama.cpp's own lazy grammar is not used: a token that completes its
+    trigger pattern and carries text the grammar refuses aborts the process, and it searches
+    all the output so far at every token. ``logprobs`` (a count of alternatives) records
     :attr:`last_logprob` from the raw logits. When the grammar allows no token at all,
     :meth:`sample` returns -1.
 
@@ -329,8 +337,10 @@ class SlotSampler:
         self._model = model
         self._chain: Any = None
         self._grammar: Any = None
-        self._wait: bytes = b""  # text the grammar is shown nothing before (``after``)
-        self._seen = b""
+        self._lazy: str | None = None  # a grammar waiting for its trigger
+        self._trigger = b""
+        self._wait = b""  # text the trigger is looked for after (``after``)
+        self._tail = b""  # the end of the output, where a trigger may be starting
         self._argmax = temperature <= 0
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
@@ -344,9 +354,11 @@ class SlotSampler:
             self._shortlist = _Candidates(min(_SHORTLIST, model.n_vocab))
             if isinstance(grammar, str):
                 grammar = Grammar(grammar)
-            self._grammar = model.grammars.new(grammar)
-            if grammar.trigger is not None and grammar.after:
-                self._wait = grammar.after.encode("utf-8")
+            if grammar.trigger is None:
+                self._grammar = model.grammars.new(grammar.text)
+            else:
+                self._lazy, self._trigger = grammar.text, grammar.trigger.encode()
+                self._wait = (grammar.after or "").encode()
         if self._argmax:
             return
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -385,7 +397,9 @@ class SlotSampler:
         if self._penalties is not None:
             self._penalties.apply(logits)
         token = self._pick(logits)
-        if self._grammar is not None and not self._allows(token):
+        if self._lazy is not None:
+            token = self._watch(token, logits)
+        elif self._grammar is not None and not self._allows(token):
             token = self._best_allowed(logits) if self._argmax else -1
         if token < 0 and self._grammar is not None:
             candidates = self._candidates()
@@ -396,21 +410,52 @@ class SlotSampler:
                 return -1
             logits = np.ascontiguousarray(candidates.data["logit"])
             token = self._pick(logits)
-        if self._grammar is not None:
-            self._accept(token)
+        if self._grammar is not None and self._lazy is None:
+            llama_cpp.llama_sampler_accept(self._grammar, token)
+        if self._lazy == "":
+            self._lazy = None  # started with this token, which it was fed
         if self._penalties is not None:
             self._penalties.accept(token)
         if raw is not None:
             self.last_logprob = logprob_of(raw, token, self._logprobs or 0)
         return token
 
-    def _accept(self, token: int) -> None:
-        if not self._wait:
-            llama_cpp.llama_sampler_accept(self._grammar, token)
-            return
-        self._seen = (self._seen + self._model.special_piece(token))[-len(self._wait) :]
-        if self._seen == self._wait:
-            self._wait = b""
+    def _watch(self, token: int, logits: npt.NDArray[np.float32]) -> int:
+        """A lazy grammar waits: start it if ``token`` completes the trigger (then ``token``
+        must suit it, or the next best is picked); returns the token."""
+        for _ in range(_TRIGGER_TRIES):
+            text = self._tail + self._model.special_piece(token)
+            if self._wait:
+                at = text.find(self._wait)
+                if at < 0:
+                    self._tail = text[-len(self._wait) :]
+                    return token
+                text = text[at + len(self._wait) :]
+            at = text.find(self._trigger)
+            if at < 0:
+                if not self._wait:
+                    self._tail = text[-len(self._trigger) :]
+                else:
+                    self._wait, self._tail = b"", text[-len(self._trigger) :]
+                return token
+            assert self._lazy is not None
+            grammar = self._model.grammars.new(self._lazy)
+            if self._feed(grammar, text[at:]):
+                self._grammar, self._lazy = grammar, ""
+                return token
+            llama_cpp.llama_sampler_free(grammar)
+            logits[token] = -np.inf
+            token = self._pick(logits)
+        return token
+
+    def _feed(self, grammar: Any, data: bytes) -> bool:
+        """Feed ``data`` to ``grammar`` byte by byte; false at the first byte it refuses."""
+        for byte in data:
+            token = self._model.byte_tokens.get(byte)
+            if token is None or not self._allows(token, grammar):
+                return False
+            llama_cpp.llama_sampler_accept(grammar, token)
+        return True
 
     def _pick(self, logits: npt.NDArray[np.float32]) -> int:
         if self._argmax:
@@ -442,13 +487,13 @@ class SlotSampler:
             return -1
         return int(shortlist.data["id"][int(np.argmax(allowed))])
 
-    def _allows(self, token: int) -> bool:
+    def _allows(self, token: int, grammar: Any = None) -> bool:
         one = self._one
         one.data["id"][0] = token
         one.data["logit"][0] = 0.0
         one.data["p"][0] = 0.0
         one.reset()
-        llama_cpp.llama_sampler_apply(self._grammar, one.ref)
+        llama_cpp.llama_sampler_apply(grammar or self._grammar, one.ref)
         return bool(np.isfinite(one.data["logit"][0]))
 
     def close(self) -> None:
@@ -462,6 +507,8 @@ class SlotSampler:
 
 # Tokens a greedy slot's grammar looks at before it looks at the whole vocabulary.
 _SHORTLIST = 64
+# Tokens tried for the one that starts a lazy grammar (each refused one is not picked).
+_TRIGGER_TRIES = 8
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 

@@ -12,8 +12,9 @@ with ``d``), and then a number has at most ``k`` decimals.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterator
 from decimal import Decimal
+from typing import NamedTuple
 
 from ._automaton import Dfa, explore
 from ._gbnf import CharSet, chars
@@ -88,53 +89,55 @@ class NumberRange:
             )
             parts.append(("-", negative))
 
-        def moves(state: Hashable) -> Iterable[tuple[CharSet, Hashable]]:
-            if state == "start":
-                for sign, magnitude in parts:
+        def moves(state: Reading) -> Iterator[tuple[CharSet, Reading]]:
+            if isinstance(state, str):
+                for n, (sign, magnitude) in enumerate(parts):
                     if sign:
-                        yield _MINUS, (1, magnitude.start())
+                        yield _MINUS, (n, magnitude.start())
                     else:
-                        yield from ((cs, (0, s)) for cs, s in magnitude.moves(magnitude.start()))
+                        for charset, inner in magnitude.moves(magnitude.start()):
+                            yield charset, (n, inner)
                 return
-            which, inner = state  # type: ignore[misc]
-            magnitude = parts[-1][1] if which else parts[0][1]
-            yield from ((cs, (which, s)) for cs, s in magnitude.moves(inner))
+            assert not isinstance(state, str)
+            n, inner = state
+            for charset, after in parts[n][1].moves(inner):
+                yield charset, (n, after)
 
-        def accepting(state: Hashable) -> bool:
-            if state == "start":
+        def accepting(state: Reading) -> bool:
+            if isinstance(state, str):
                 return False
-            which, inner = state  # type: ignore[misc]
-            magnitude = parts[-1][1] if which else parts[0][1]
-            return magnitude.accepting(inner)
+            return parts[state[0]][1].accepting(state[1])
 
-        return explore("start", accepting, moves)
+        start: Reading = "start"
+        return explore(start, accepting, moves)
 
 
 def _digits(value: Decimal) -> tuple[str, str]:
     """A non-negative decimal's integer digits and its fraction digits (no trailing zeros)."""
-    text = f"{value:f}"
-    whole, _, fraction = text.partition(".")
+    whole, _, fraction = f"{value:f}".partition(".")
     return whole.lstrip("0") or "0", fraction.rstrip("0")
 
 
-class _Bound:
-    """Where a number being read stands against one bound ``B``: a state is ``-1``/``1``
-    (settled: below/above ``B``) or ``(phase, n, 0)``: equal to ``B``'s first ``n`` digits of
-    the integer part (phase 0) or of the fraction (phase 1); ``(0, n, c)`` with ``c`` -1/1
-    means the first ``n`` integer digits compare so with ``B``'s (the length decides)."""
+# Where a number being read stands against a bound B: -1 or 1 once settled (below, above),
+# else (phase, n, c): equal to B's first n integer digits (phase 0) or fraction digits
+# (phase 1), or, in phase 0 with c = -1/1, its first n integer digits compare so with B's
+# (the length still decides).
+Place = int | tuple[int, int, int]
 
+
+class _Bound:
     def __init__(self, bound: Decimal) -> None:
         self.whole, self.fraction = _digits(bound)
 
-    start: Hashable = (0, 0, 0)
+    start: Place = (0, 0, 0)
 
-    def digit(self, state: Hashable, digit: int) -> Hashable:
-        if state in (-1, 1):
-            return state
-        phase, n, c = state  # type: ignore[misc]
+    def digit(self, place: Place, digit: int) -> Place:
+        if isinstance(place, int):
+            return place
+        phase, n, c = place
         if phase == 0:
             if n >= len(self.whole):
-                return 1  # longer than B's integer part: above
+                return 1  # more integer digits than B: above
             if c == 0:
                 c = (digit > int(self.whole[n])) - (digit < int(self.whole[n]))
             return (0, n + 1, c)
@@ -143,26 +146,40 @@ class _Bound:
             return 1 if digit > b else -1
         return (1, n + 1, 0)
 
-    def point(self, state: Hashable) -> Hashable:
-        if state in (-1, 1):
-            return state
-        _, n, c = state  # type: ignore[misc]
+    def point(self, place: Place) -> Place:
+        if isinstance(place, int) or place[0] == 1:
+            return place
+        _, n, c = place
         if n < len(self.whole):
-            return -1
+            return -1  # fewer integer digits than B: below
         return c if c else (1, 0, 0)
 
-    def end(self, state: Hashable) -> int:
-        """-1, 0 or 1: the whole number read against ``B``."""
-        state = self.point(state) if state not in (-1, 1) and state[0] == 0 else state  # type: ignore[index]
-        if state in (-1, 1):
-            return state  # type: ignore[return-value]
-        _, n, _ = state  # type: ignore[misc]
-        return -1 if self.fraction[n:].strip("0") else 0
+    def end(self, place: Place) -> int:
+        """-1, 0 or 1: the whole number read, against B."""
+        place = self.point(place)
+        if isinstance(place, int):
+            return place
+        return -1 if self.fraction[place[1] :].strip("0") else 0
+
+
+class _State(NamedTuple):
+    """Reading a non-negative number: ``phase`` 0 in the integer part, 1 in the fraction,
+    2 after a lone ``0``; digits read in each; places against the bounds; the remainder."""
+
+    phase: int
+    whole: int
+    frac: int
+    lo: Place
+    hi: Place
+    r: int
+
+
+# The number automaton's states: the start, or which part (sign) and where in it.
+Reading = str | tuple[int, _State]
 
 
 class _Magnitude:
-    """The text of a non-negative number in a range: states ``(phase, digits, frac, lo, hi,
-    remainder)``; phase 0 reads the integer part, 1 the fraction, 2 is after a lone ``0``."""
+    """The texts of the non-negative numbers in a range."""
 
     def __init__(
         self,
@@ -179,54 +196,49 @@ class _Magnitude:
         self.low_exclusive, self.high_exclusive = low_exclusive, high_exclusive
         self.d, self.k = d, k
         self.decimals = 0 if integer else k
-        whole = len(self.high.whole) if self.high is not None else MAX_DIGITS
-        self.max_whole = max(whole, len(self.low.whole)) if self.high is None else whole
+        if self.high is not None:
+            self.max_whole = len(self.high.whole)
+        else:
+            self.max_whole = max(MAX_DIGITS, len(self.low.whole))
 
-    def start(self) -> Hashable:
-        high = self.high.start if self.high is not None else None
-        return (0, 0, 0, self.low.start, high, 0)
+    def start(self) -> _State:
+        return _State(0, 0, 0, self.low.start, self.high.start if self.high else 0, 0)
 
-    def moves(self, state: Hashable) -> Iterable[tuple[CharSet, Hashable]]:
-        phase, whole, frac, lo, hi, r = state  # type: ignore[misc]
-        if phase == 0 and whole < self.max_whole:
-            for digit in range(1 if whole == 0 else 0, 10):
+    def moves(self, state: _State) -> Iterator[tuple[CharSet, _State]]:
+        if state.phase == 0 and state.whole < self.max_whole:
+            for digit in range(1 if state.whole == 0 else 0, 10):
                 yield _DIGITS[digit], self._digit(state, digit)
-            if whole == 0:
-                zero = self._digit(state, 0)
-                yield _DIGITS[0], (2, *zero[1:])  # type: ignore[index]
-        room = min(self.decimals, MAX_DIGITS - max(whole, 1)) - frac
-        if (phase == 2 or (phase == 0 and whole > 0)) and room > 0:
+            if state.whole == 0:
+                yield _DIGITS[0], self._digit(state, 0)._replace(phase=2)
+        room = min(self.decimals, MAX_DIGITS - max(state.whole, 1)) - state.frac
+        if room > 0 and (state.phase == 2 or (state.phase == 0 and state.whole > 0)):
             yield _POINT, self._point(state)
-        if phase == 1 and room > 0:
+        if room > 0 and state.phase == 1:
             for digit in range(10):
                 yield _DIGITS[digit], self._digit(state, digit)
 
-    def _digit(self, state: Hashable, digit: int) -> Hashable:
-        phase, whole, frac, lo, hi, r = state  # type: ignore[misc]
-        lo = self.low.digit(lo, digit)
-        hi = self.high.digit(hi, digit) if self.high is not None else None
-        r = (r * 10 + digit) % self.d
-        return (phase, whole + 1, frac, lo, hi, r) if phase == 0 else (1, whole, frac + 1, lo, hi, r)
+    def _digit(self, state: _State, digit: int) -> _State:
+        hi = self.high.digit(state.hi, digit) if self.high is not None else 0
+        lo, r = self.low.digit(state.lo, digit), (state.r * 10 + digit) % self.d
+        if state.phase == 1:
+            return state._replace(frac=state.frac + 1, lo=lo, hi=hi, r=r)
+        return state._replace(whole=state.whole + 1, lo=lo, hi=hi, r=r)
 
-    def _point(self, state: Hashable) -> Hashable:
-        _, whole, frac, lo, hi, r = state  # type: ignore[misc]
-        hi = self.high.point(hi) if self.high is not None else None
-        return (1, whole, frac, self.low.point(lo), hi, r)
+    def _point(self, state: _State) -> _State:
+        hi = self.high.point(state.hi) if self.high is not None else 0
+        return state._replace(phase=1, lo=self.low.point(state.lo), hi=hi)
 
-    def accepting(self, state: Hashable) -> bool:
-        phase, whole, frac, lo, hi, r = state  # type: ignore[misc]
-        if phase == 0 and whole == 0:
+    def accepting(self, state: _State) -> bool:
+        if (state.phase == 0 and state.whole == 0) or (state.phase == 1 and state.frac == 0):
             return False
-        if phase == 1 and frac == 0:
+        if (state.r * 10 ** (self.k - state.frac)) % self.d:
             return False
-        if (r * 10 ** (self.k - frac)) % self.d:
-            return False
-        below = self.low.end(lo)
+        below = self.low.end(state.lo)
         if below < 0 or (below == 0 and self.low_exclusive):
             return False
         if self.high is None:
             return True
-        above = self.high.end(hi)
+        above = self.high.end(state.hi)
         return above < 0 or (above == 0 and not self.high_exclusive)
 
 

@@ -21,6 +21,7 @@ property escapes, inline flags, anchors elsewhere.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from ._automaton import Dfa, Nfa
 from ._gbnf import ANY_CHAR, CharSet, chars, complement, intersect, union
@@ -44,7 +45,7 @@ class PatternError(ValueError):
 
 # The syntax tree: ("set", CharSet) | ("cat", [node]) | ("alt", [node])
 # | ("rep", node, low, high or None) | ("bol",) | ("eol",)
-Node = tuple[object, ...]
+Node = tuple[Any, ...]
 
 
 class _Parser:
@@ -222,37 +223,37 @@ def _build(nfa: Nfa, node: Node, start: int) -> int:
     kind = node[0]
     if kind == "set":
         end = nfa.state()
-        nfa.edge(start, node[1], end)  # type: ignore[arg-type]
+        nfa.edge(start, node[1], end)
         return end
     if kind == "cat":
-        for item in node[1]:  # type: ignore[attr-defined]
+        for item in node[1]:
             start = _build(nfa, item, start)
         return start
     if kind == "alt":
         end = nfa.state()
-        for branch in node[1]:  # type: ignore[attr-defined]
+        for branch in node[1]:
             nfa.epsilon(_build(nfa, branch, start), end)
         return end
     if kind == "rep":
         _, item, low, high = node
-        for _ in range(low):  # type: ignore[attr-defined]
-            start = _build(nfa, item, start)  # type: ignore[arg-type]
+        for _ in range(low):
+            start = _build(nfa, item, start)
         if high is None:
             loop = nfa.state()
             nfa.epsilon(start, loop)
-            nfa.epsilon(_build(nfa, item, loop), loop)  # type: ignore[arg-type]
+            nfa.epsilon(_build(nfa, item, loop), loop)
             return loop
         end = nfa.state()
         nfa.epsilon(start, end)
-        for _ in range(high - low):  # type: ignore[operator]
-            start = _build(nfa, item, start)  # type: ignore[arg-type]
+        for _ in range(high - low):
+            start = _build(nfa, item, start)
             nfa.epsilon(start, end)
         return end
     raise PatternError("'^' or '$' inside the pattern (only at its start or end)")
 
 
 def _anchors(branch: Node) -> tuple[Node, bool, bool]:
-    items = list(branch[1]) if branch[0] == "cat" else [branch]  # type: ignore[call-overload]
+    items = list(branch[1]) if branch[0] == "cat" else [branch]
     starts = bool(items) and items[0][0] == "bol"
     if starts:
         items = items[1:]
@@ -277,7 +278,7 @@ def pattern_dfa(pattern: str, *, search: bool = True) -> Dfa:
     branches = tree[1] if tree[0] == "alt" else [tree]
     nfa = Nfa()
     start, accept = nfa.state(), nfa.state()
-    for branch in branches:  # type: ignore[attr-defined]
+    for branch in branches:
         body, starts, ends = _anchors(branch)
         at = start
         if search and not starts:

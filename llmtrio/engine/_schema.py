@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from ._automaton import Dfa, TooComplexError, explore, to_gbnf
+from ._automaton import ANY_STRING, Dfa, TooComplexError, none_of, one_of, to_gbnf, without
 from ._formats import FORMATS, format_dfa
-from ._gbnf import ANY_CHAR, SPACE, CharSet, Rules, chars, literal, repetition, subtract
+from ._gbnf import SPACE, Rules, literal, repetition
 from ._numbers import MAX_DIVISOR, divisor, range_dfa
 from ._regex import PatternError, pattern_dfa
 from ._schema_keywords import (
@@ -233,18 +233,20 @@ class SchemaConverter:
             return kinds is None or "boolean" in kinds
         if isinstance(value, int | float):
             integral = isinstance(value, int) or float(value).is_integer()
-            if kinds is not None and "number" not in kinds:
-                if not ("integer" in kinds and integral):
-                    return False
+            if (
+                kinds is not None
+                and "number" not in kinds
+                and not ("integer" in kinds and integral)
+            ):
+                return False
             if not any(ENFORCED.get(k) == "number" for k in schema):
                 return True
-            dfa = self._number_dfa(schema, integer=False, where=where)
-            return dfa.accepts(json_text(value))
+            return self._number_dfa(schema, integer=False, where=where).accepts(json_text(value))
         if isinstance(value, str):
             if kinds is not None and "string" not in kinds:
                 return False
-            dfa = self._string_dfa(schema, where)
-            return dfa is None or dfa.accepts(value)
+            strings = self._string_dfa(schema, where)
+            return strings is None or strings.accepts(value)
         kind = "null" if value is None else "array" if isinstance(value, list) else "object"
         return kinds is None or kind in kinds
 
@@ -328,11 +330,10 @@ class SchemaConverter:
                 dfa = found if dfa is None else dfa.intersect(found)
             low, high = _count(schema, "minLength", where), _count(schema, "maxLength", where)
             if low is not None or high is not None:
-                dfa = (dfa or _ANY).bounded(low or 0, high)
+                dfa = (dfa or ANY_STRING).bounded(low or 0, high)
         except TooComplexError:
             raise SchemaError(
-                f"{where}: the string keywords (pattern, format, lengths) make too large a "
-                f"grammar"
+                f"{where}: the string keywords (pattern, format, lengths) make too large a grammar"
             ) from None
         if dfa is not None and dfa.empty:
             raise SchemaError(f"{where}: no string meets pattern, format and lengths at once")
@@ -356,14 +357,14 @@ class SchemaConverter:
     def raw_string(self, schema: dict[str, Any], hint: str, where: str, forbid: str) -> str:
         """A string's characters unquoted and unescaped (an XML tool-call parameter), never
         holding ``forbid``."""
-        dfa = self._string_dfa(schema, where) or _ANY
+        dfa = self._string_dfa(schema, where) or ANY_STRING
         if "const" in schema or "enum" in schema:
             values = [schema["const"]] if "const" in schema else schema["enum"]
             if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
                 raise SchemaError(f"{where}: a raw string's 'enum' must hold strings only")
-            dfa = dfa.intersect(_not_one_of(tuple(values), listed=True))
+            dfa = dfa.intersect(one_of(tuple(values)))
         try:
-            dfa = dfa.intersect(_without(forbid))
+            dfa = dfa.intersect(without(forbid))
         except TooComplexError:
             raise SchemaError(f"{where}: the string keywords make too large a grammar") from None
         if dfa.empty:
@@ -455,50 +456,9 @@ class SchemaConverter:
 
     def _other_key(self, names: list[str], hint: str) -> str:
         """A JSON string that is none of ``names``."""
-        dfa = _not_one_of(tuple(names))
+        dfa = none_of(tuple(names))
         start = to_gbnf(dfa, self.rules, f"{hint}-other-key", json_string=True)
         return self.rules.add(f"{hint}-other-key", f"{_QUOTE} {start} {_QUOTE}")
-
-
-_ANY = pattern_dfa(".*", search=True)
-
-
-def _not_one_of(names: tuple[str, ...], *, listed: bool = False) -> Dfa:
-    """Strings that are none of ``names`` (a trie, its leaves not accepting); ``listed``:
-    exactly ``names`` instead."""
-    prefixes = {n[:i] for n in names for i in range(len(n) + 1)}
-
-    def moves(state: object) -> list[tuple[CharSet, object]]:
-        if state is None:
-            return [(ANY_CHAR, None)]
-        assert isinstance(state, str)
-        nexts = sorted(
-            {p[len(state)] for p in prefixes if len(p) == len(state) + 1 and p.startswith(state)}
-        )
-        out: list[tuple[CharSet, object]] = [(chars(c), state + c) for c in nexts]
-        return out if listed else [*out, (subtract(ANY_CHAR, chars(*nexts)), None)]
-
-    if listed:
-        return explore("", lambda s: s in names, moves)
-    return explore("", lambda s: s is None or s not in names, moves)
-
-
-def _without(text: str) -> Dfa:
-    """Strings that do not hold ``text`` (a string matcher's automaton)."""
-    letters = sorted(set(text))
-
-    def after(k: int, char: str) -> int:
-        seen = text[:k] + char
-        return next(j for j in range(min(len(seen), len(text)), -1, -1) if seen.endswith(text[:j]))
-
-    def moves(k: object) -> list[tuple[CharSet, object]]:
-        assert isinstance(k, int)
-        if k == len(text):
-            return []
-        out: list[tuple[CharSet, object]] = [(chars(c), after(k, c)) for c in letters]
-        return [*out, (subtract(ANY_CHAR, chars(*letters)), 0)]
-
-    return explore(0, lambda k: k != len(text), moves)
 
 
 def schema_grammar(schema: object, where: str) -> str:

@@ -115,6 +115,12 @@ def types_of(schema: Mapping[str, Any], where: str) -> list[str]:
     return [k for k in order if k in implied] or list(_TYPES[:-1])
 
 
+_BOUNDS = frozenset(
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+    | {"minItems", "maxItems", "minLength", "maxLength"}
+)
+
+
 def _stricter(key: str, a: Any, b: Any) -> Any:
     if key in ("minimum", "exclusiveMinimum", "minItems", "minLength"):
         return max(a, b)
@@ -169,9 +175,7 @@ def merge(
                 out[key] = keep if key == "enum" else (keep[0] if keep else None)
                 if not keep:
                     raise SchemaError(f"{where}: allOf leaves no value of its enum or const")
-            elif key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-                out[key] = _stricter(key, out[key], value)
-            elif key in ("minItems", "maxItems", "minLength", "maxLength"):
+            elif key in _BOUNDS:
                 out[key] = _stricter(key, out[key], value)
             elif key == "pattern":
                 out[key] = [*_as_list(out[key]), *_as_list(value)]

@@ -50,9 +50,11 @@ def _resolver(root: object) -> Callable[[object], Mapping[str, Any]]:
             ref = schema["$ref"]
             node: Any = root
             for part in ref[1:].split("/")[1:] if isinstance(ref, str) and ref != "#" else []:
-                node = node.get(part.replace("~1", "/").replace("~0", "~"), {}) if isinstance(
-                    node, dict
-                ) else {}
+                node = (
+                    node.get(part.replace("~1", "/").replace("~0", "~"), {})
+                    if isinstance(node, dict)
+                    else {}
+                )
             schema = node
         return schema if isinstance(schema, dict) else {}
 
@@ -78,9 +80,9 @@ def raw_parameter(parameters: Mapping[str, Any], name: str) -> bool:
     schema = _resolver(parameters)(properties.get(name, {}))
     kind = schema.get("type")
     if kind is not None:
-        return kind == "string" or kind == ["string"]
+        return bool(kind == "string" or kind == ["string"])
     values = [schema["const"]] if "const" in schema else schema.get("enum")
-    return bool(values) and all(isinstance(v, str) for v in values)
+    return isinstance(values, list) and bool(values) and all(isinstance(v, str) for v in values)
 
 
 def _json_call(converter: SchemaConverter, tool: Tool, loose: bool) -> str:
@@ -120,7 +122,7 @@ def _xml_call(converter: SchemaConverter, tool: Tool, loose: bool) -> str:
                 raise
             value = converter.raw_string({}, f"{hint}-any", where, PARAMETER_CLOSE)
         tag = literal(f"<parameter={name}>\n")
-        part = f'{tag} {value} {literal(chr(10) + PARAMETER_CLOSE + chr(10))}'
+        part = f"{tag} {value} {literal(chr(10) + PARAMETER_CLOSE + chr(10))}"
         parts.append(part if name in required else f"( {part} )?")
     head = literal(f"<function={tool.name}>\n")
     return f"{head} {' '.join(parts)} {literal(FUNCTION_CLOSE)}"

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -84,6 +85,7 @@ class ToolCallEnd:
 ToolCallEvent = str | ToolCallStart | ToolCallArguments | ToolCallEnd
 
 _SPACE = " \t\r\n"
+_scanstring: Any = getattr(json.decoder, "scanstring")  # noqa: B009 (not in the stubs)
 _ARGUMENT_KEYS = ("arguments", "parameters")
 
 
@@ -316,7 +318,7 @@ class ToolCallStream:
             self._broken()
             return
         try:
-            key, end = json.decoder.scanstring(stripped, 1)
+            key, end = _scanstring(stripped, 1)
         except ValueError:
             return  # not whole yet
         self._consume(end)
