@@ -4,6 +4,7 @@ never of a grammar interpreter written here."""
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,8 +17,6 @@ import numpy as np
 __all__ = ["GrammarProbe"]
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-# Whole characters a random walk may write besides ASCII (two, three and four UTF-8 bytes).
-WIDE = ("é", "ß", "中", "€", "😀")
 
 
 class GrammarProbe:
@@ -88,29 +87,36 @@ class GrammarProbe:
         self, gbnf: str, choose: Callable[[int, bool], int], limit: int = 600
     ) -> str | None:
         """A random string the grammar accepts: at each step ``choose(n, can_end)`` picks one
-        of the ``n`` allowed continuations (ASCII bytes, then :data:`WIDE` characters), or
-        -1 to end where the grammar may end. ``None`` past ``limit`` bytes."""
+        of the ``n`` bytes llama.cpp allows next (those that keep the text valid UTF-8, in
+        byte order), or -1 to end where the grammar may end. ``None`` past ``limit`` bytes."""
         out = bytearray()
-        ascii_tokens = [self.byte_token[b] for b in range(128)]
+        tokens = [self.byte_token[b] for b in range(256)]
         with self.grammar(gbnf) as sampler:
             while len(out) < limit:
-                options: list[bytes] = [
-                    bytes([b])
-                    for b, ok in zip(range(128), self.allowed(sampler, ascii_tokens), strict=True)
-                    if ok
-                ]
-                for char in WIDE:
-                    trial = llama_cpp.llama_sampler_clone(sampler)
-                    try:
-                        if self.feed(trial, char.encode()):
-                            options.append(char.encode())
-                    finally:
-                        llama_cpp.llama_sampler_free(trial)
+                allowed = self.allowed(sampler, tokens)
+                options = [b for b in range(256) if allowed[b] and _utf8_prefix(out, b)]
                 can_end = self.can_end(sampler)
                 assert options or can_end, f"the grammar is stuck after {bytes(out)!r}"
                 pick = choose(len(options), can_end) if options else -1
                 if pick < 0:
                     return out.decode("utf-8")
-                assert self.feed(sampler, options[pick])
-                out += options[pick]
+                assert self.feed(sampler, bytes([options[pick]]))
+                out.append(options[pick])
         return None
+
+
+def _utf8_prefix(text: bytearray, byte: int) -> bool:
+    """Whether ``text`` + ``byte`` can still be (the start of) valid UTF-8."""
+    start = len(text)
+    while start > max(0, len(text) - 3) and 0x80 <= text[start - 1] <= 0xBF:
+        start -= 1
+    start = max(start - 1, 0)  # the last character's lead byte
+    second = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+    if start == len(text) - 1 and text and text[-1] in second:
+        low, high = second[text[-1]]
+        return low <= byte <= high
+    try:
+        codecs.utf_8_decode(bytes(text[start:]) + bytes([byte]), "strict", False)
+    except UnicodeDecodeError:
+        return False
+    return True
