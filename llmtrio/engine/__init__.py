@@ -19,13 +19,19 @@ from ._errors import ModelLoadError as ModelLoadError
 from ._errors import PromptTooLongError as PromptTooLongError
 from ._errors import RequestError as RequestError
 from ._grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
+from ._grammar import Grammar as Grammar
 from ._grammar import json_schema_grammar as json_schema_grammar
 from ._grammar import tool_call_grammar as tool_call_grammar
 from ._model_source import ResolvedModel as ResolvedModel
 from ._model_source import demo_model_path as demo_model_path
 from ._model_source import resolve_model as resolve_model
+from ._tool_stream import ToolCallArguments as ToolCallArguments
+from ._tool_stream import ToolCallEnd as ToolCallEnd
+from ._tool_stream import ToolCallEvent as ToolCallEvent
+from ._tool_stream import ToolCallStart as ToolCallStart
+from ._tool_stream import ToolCallStream as ToolCallStream
+from ._tool_stream import new_tool_call_id as new_tool_call_id
 from ._tools import ToolCallParser as ToolCallParser
-from ._tools import new_tool_call_id as new_tool_call_id
 from ._types import DEFAULT_QUANT as DEFAULT_QUANT
 from ._types import DEFAULT_REPO as DEFAULT_REPO
 from ._types import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
@@ -63,6 +69,7 @@ __all__ = [
     "Failed",
     "GenerateRequest",
     "Generation",
+    "Grammar",
     "GrammarError",
     "InvalidRequestError",
     "ModelLoadError",
@@ -76,7 +83,12 @@ __all__ = [
     "TokenLogprob",
     "Tool",
     "ToolCall",
+    "ToolCallArguments",
+    "ToolCallEnd",
+    "ToolCallEvent",
     "ToolCallParser",
+    "ToolCallStart",
+    "ToolCallStream",
     "demo_model_path",
     "json_schema_grammar",
     "new_tool_call_id",

@@ -76,7 +76,8 @@ class ToolCallArguments:
 
 @attrs.frozen
 class ToolCallEnd:
-    """Call ``index`` is over; ``complete`` false when the reply ended inside it."""
+    """Call ``index`` is over; ``complete``: its arguments were whole (false when the reply
+    ended inside them)."""
 
     index: int
     complete: bool
@@ -172,6 +173,7 @@ class ToolCallStream:
         self._value_text = ""
         self._held_arguments: str | None = None
         self._sent_arguments = False
+        self._whole = False  # the call's arguments are all out
         # The XML form: parameters written, and whether the current one is raw.
         self._parameters = 0
         self._raw = False
@@ -188,7 +190,7 @@ class ToolCallStream:
         if self._state == "text":
             self._out.append(self._buf)
         elif self._index >= 0:
-            self._end_call(complete=self._state == "closing")
+            self._end_call(complete=self._whole)
         else:
             self._out.append(TOOL_CALL_OPEN + self._block + self._buf)
         self._buf, self._state = "", "text"
@@ -231,7 +233,7 @@ class ToolCallStream:
         return taken
 
     def _start(self, name: str) -> None:
-        self._index, self._name = self.calls, name
+        self._index, self._name, self._whole = self.calls, name, False
         self.calls += 1
         self._out.append(ToolCallStart(self._index, new_tool_call_id(), name))
 
@@ -312,7 +314,7 @@ class ToolCallStream:
                 return
             if not self._sent_arguments:
                 self._arguments("{}")
-            self._state = "closing"
+            self._whole, self._state = True, "closing"
             return
         if stripped[0] != '"':
             self._broken()
@@ -370,6 +372,7 @@ class ToolCallStream:
             self._start(name)
             if self._held_arguments is not None:
                 self._arguments(self._held_arguments)
+                self._whole = True
         elif arguments:
             if text.startswith('"'):  # arguments written as a JSON string: decoded
                 try:
@@ -378,10 +381,11 @@ class ToolCallStream:
                     decoded = None
                 text = decoded if isinstance(decoded, str) else text
             elif self._index >= 0:
-                self._sent_arguments = True  # streamed already
+                self._sent_arguments = self._whole = True  # streamed already
                 return
             if self._index >= 0:
                 self._arguments(text)
+                self._whole = True
             else:
                 self._held_arguments = text
 
@@ -389,7 +393,7 @@ class ToolCallStream:
 
     def _close_arguments(self) -> None:
         self._arguments("}" if self._parameters else "{}")
-        self._state = "closing"
+        self._whole, self._state = True, "closing"
 
     def _xml_between(self, final: bool) -> None:
         """Between parameters: a ``<parameter=...>``, or the ``</function>``."""
@@ -439,10 +443,9 @@ class ToolCallStream:
             self._xml_piece(value[:-1] if value.endswith("\n") else value, last=True)
             self._state = "xml_between"
             return
-        keep = 0
-        if not final:
-            keep = max(_held(self._buf, "\n" + PARAMETER_CLOSE), _held(self._buf, PARAMETER_CLOSE))
-            keep = max(keep, _held(self._buf, TOOL_CALL_CLOSE))
+        # Held back: what may begin the closing tag (dropped if the reply ends there).
+        keep = max(_held(self._buf, "\n" + PARAMETER_CLOSE), _held(self._buf, PARAMETER_CLOSE))
+        keep = max(keep, _held(self._buf, TOOL_CALL_CLOSE))
         self._xml_piece(self._buf[: len(self._buf) - keep], last=False)
         self._buf = self._buf[len(self._buf) - keep :]
 
