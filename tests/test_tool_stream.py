@@ -171,6 +171,9 @@ def test_json_forms() -> None:
     assert arguments_of(as_string, 0) == '{"n": 1}'
     none = events_of('<tool_call>{"name": "get_time"}</tool_call>')
     assert arguments_of(none, 0) == "{}"
+    # The object closed: whole, even if the reply ends before the closing tag.
+    assert events_of('<tool_call>{"name": "get_time"}')[-1] == ToolCallEnd(0, True)
+    assert events_of('<tool_call>{"name": "get_time", "argu')[-1] == ToolCallEnd(0, False)
     inside = events_of('<tool_call>{"name": "lookup", "arguments": {"q": "</tool_call>"}}</tool_call>')
     assert json.loads(arguments_of(inside, 0)) == {"q": "</tool_call>"}
 
