@@ -83,9 +83,7 @@ class GrammarProbe:
         with self.grammar(gbnf) as sampler:
             return self.feed(sampler, text.encode()) and self.can_end(sampler)
 
-    def walk(
-        self, gbnf: str, choose: Callable[[int, bool], int], limit: int = 600
-    ) -> str | None:
+    def walk(self, gbnf: str, choose: Callable[[int, bool], int], limit: int = 600) -> str | None:
         """A random string the grammar accepts: at each step ``choose(n, can_end)`` picks one
         of the ``n`` bytes llama.cpp allows next (those that keep the text valid UTF-8, in
         byte order), or -1 to end where the grammar may end. ``None`` past ``limit`` bytes."""

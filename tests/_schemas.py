@@ -52,7 +52,7 @@ def _bound(draw: Any, integer: bool) -> Any:
 @st.composite
 def _integer(draw: Any) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "integer"}
-    low, high = sorted(draw(st.lists(st.integers(-10**6, 10**6), min_size=2, max_size=2)))
+    low, high = sorted(draw(st.lists(st.integers(-(10**6), 10**6), min_size=2, max_size=2)))
     if draw(st.booleans()):
         schema[draw(st.sampled_from(["minimum", "exclusiveMinimum"]))] = low
     if draw(st.booleans()):
@@ -105,7 +105,9 @@ def _leaf() -> st.SearchStrategy[dict[str, Any]]:
             st.lists(st.one_of(_TEXT, st.integers(-99, 99), st.none()), min_size=1, max_size=3),
         ),
     )
-    nullable = st.builds(lambda s: {**s, "type": [s["type"], "null"]}, st.one_of(_integer(), _string()))
+    nullable = st.builds(
+        lambda s: {**s, "type": [s["type"], "null"]}, st.one_of(_integer(), _string())
+    )
     return st.one_of(scalars, nullable)
 
 
@@ -141,11 +143,20 @@ def schemas(draw: Any) -> dict[str, Any]:
     body = draw(st.recursive(_leaf(), _extend, max_leaves=6))
     shape = draw(st.sampled_from(["plain", "ref", "list"]))
     if shape == "ref":
-        return {"$defs": {"Item": body}, "type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}}, "required": ["item"], "additionalProperties": False}
+        return {
+            "$defs": {"Item": body},
+            "type": "object",
+            "properties": {"item": {"$ref": "#/$defs/Item"}},
+            "required": ["item"],
+            "additionalProperties": False,
+        }
     if shape == "list":  # recursive: a linked list of values
         node = {
             "type": "object",
-            "properties": {"value": body, "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}},
+            "properties": {
+                "value": body,
+                "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]},
+            },
             "required": ["value", "next"],
             "additionalProperties": False,
         }

@@ -19,6 +19,7 @@ from llmtrio.engine import (
     EngineConfig,
     GenerateRequest,
     GrammarError,
+    InvalidRequestError,
     Sampling,
     StopReason,
     Token,
@@ -143,6 +144,38 @@ async def test_a_grammar_that_does_not_parse_is_refused_at_submit(gemma_path: Pa
         with pytest.raises(GrammarError, match="invalid grammar"):
             async with engine.submit(GenerateRequest.user("hi", grammar="root ::= (")):
                 pass
+        assert engine.capacity().inflight == 0
+
+
+async def test_a_schema_compiles_once_for_many_requests(gemma_path: Path) -> None:
+    """The schema's grammar is made and parsed once (off the event loop); each generation
+    gets a copy. A schema the grammar cannot enforce is refused at submit, naming it."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    async with Engine.open(config(gemma_path, max_inflight=4)) as engine:
+        parses = engine._model.grammars.parses
+        results: list[tuple[str, Done]] = []
+
+        async def one(i: int) -> None:
+            request = GenerateRequest.user(f"Number {i}:", json_schema=schema, max_tokens=20)
+            results.append(await collect(engine, request))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(one, i)
+        assert engine._model.grammars.parses == parses + 1
+        for text, done in results:
+            assert done.stop is StopReason.END_OF_GENERATION
+            jsonschema.validate(json.loads(text), schema)
+        with pytest.raises(InvalidRequestError, match="'uniqueItems'") as info:
+            bad = {"type": "array", "uniqueItems": True}
+            async with engine.submit(GenerateRequest.user("hi", json_schema=bad)):
+                pass
+        assert info.value.param == "json_schema"
         assert engine.capacity().inflight == 0
 
 

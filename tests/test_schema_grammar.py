@@ -21,9 +21,7 @@ from llmtrio.engine import InvalidRequestError, json_schema_grammar
 from ._grammar_probe import GrammarProbe
 from ._schemas import FORMATS, canonical, instances, schemas, validator
 
-PROPERTY = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +183,13 @@ def test_recursive_references(probe: GrammarProbe) -> None:
         "$ref": "#/$defs/Node",
     }
     grammar = json_schema_grammar(tree)
-    deep = '{"label": "a", "children": [{"label": "b", "children": [{"label": "c", "children": []}]}]}'
+    deep = (
+        '{"label": "a", "children": [{"label": "b", "children": [{"label": "c", "children": []}]}]}'
+    )
     assert probe.accepts(grammar, deep)
-    assert not probe.accepts(grammar, '{"label": "a", "children": [{"label": "toolong", "children": []}]}')
+    assert not probe.accepts(
+        grammar, '{"label": "a", "children": [{"label": "toolong", "children": []}]}'
+    )
 
 
 @pytest.mark.parametrize(
@@ -218,8 +220,21 @@ def test_what_a_grammar_cannot_enforce_is_refused_by_name(schema: object, words:
 
 
 def test_a_discriminated_one_of_is_enforced(probe: GrammarProbe) -> None:
-    cat = {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["kind", "lives"], "additionalProperties": False}
-    dog = {"type": "object", "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}}, "required": ["kind", "good"], "additionalProperties": False}
+    cat = {
+        "type": "object",
+        "properties": {
+            "kind": {"const": "cat"},
+            "lives": {"type": "integer", "minimum": 1, "maximum": 9},
+        },
+        "required": ["kind", "lives"],
+        "additionalProperties": False,
+    }
+    dog = {
+        "type": "object",
+        "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}},
+        "required": ["kind", "good"],
+        "additionalProperties": False,
+    }
     grammar = json_schema_grammar({"oneOf": [cat, dog], "discriminator": {"propertyName": "kind"}})
     assert probe.accepts(grammar, '{"kind": "cat", "lives": 9}')
     assert not probe.accepts(grammar, '{"kind": "cat", "good": true}')

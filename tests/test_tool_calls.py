@@ -217,9 +217,7 @@ async def test_auto_calls_follow_the_schema_free_text_does_not(gemma_path: Path)
     async with Engine.open(config) as engine:
         tokens = engine.tokenize(prompt, add_special=True)
         free = GenerateRequest(tokens=tokens, max_tokens=48, tools=TOOLS, tool_choice="none")
-        auto = GenerateRequest(
-            tokens=tokens, max_tokens=48, tools=TOOLS, parallel_tool_calls=False
-        )
+        auto = GenerateRequest(tokens=tokens, max_tokens=48, tools=TOOLS, parallel_tool_calls=False)
         free_text, _ = await collect(engine, free)
         auto_text, done = await collect(engine, auto)
     assert "<tool_call>" in free_text and '"note"' in free_text  # it copies the examples
@@ -239,8 +237,11 @@ async def test_a_forced_call_takes_the_template_format(
         model=gemma_path, max_inflight=1, ctx_size=512, threads=2, chat_template=source
     )
     request = GenerateRequest.user(
-        "What is the weather in Paris?", tools=TOOLS, tool_choice="required",
-        tool_name="get_weather", max_tokens=120,
+        "What is the weather in Paris?",
+        tools=TOOLS,
+        tool_choice="required",
+        tool_name="get_weather",
+        max_tokens=120,
     )
     async with Engine.open(config) as engine:
         text, done = await collect(engine, request)

@@ -62,7 +62,11 @@ def calls(draw: Any) -> tuple[str, str, dict[str, Any]]:
         f"<parameter={key}>\n{value if key in ('q', 'mode') else json.dumps(value)}\n</parameter>\n"
         for key, value in arguments.items()
     )
-    return f"<tool_call>\n<function=lookup>\n{parameters}</function>\n</tool_call>", "lookup", arguments
+    return (
+        f"<tool_call>\n<function=lookup>\n{parameters}</function>\n</tool_call>",
+        "lookup",
+        arguments,
+    )
 
 
 def feed_text(stream: ToolCallStream, text: str, cuts: list[int]) -> list[tuple[Any, int]]:
@@ -135,7 +139,9 @@ def test_arguments_stream_before_the_call_ends() -> None:
     body = json.dumps({"name": "lookup", "arguments": {"q": "x" * 40}})
     for text in (
         f"<tool_call>\n{body}\n</tool_call>",
-        "<tool_call>\n<function=lookup>\n<parameter=q>\n" + "x" * 40 + "\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=lookup>\n<parameter=q>\n"
+        + "x" * 40
+        + "\n</parameter>\n</function>\n</tool_call>",
     ):
         timed = feed_text(ToolCallStream(TOOLS), text, [1])
         first = next(at for e, at in timed if isinstance(e, ToolCallArguments))
@@ -157,7 +163,7 @@ def test_what_is_not_a_call_is_content() -> None:
         "<tool_call><function=nope></function></tool_call>",
         '<tool_call>{"arguments": {}}</tool_call>',
         "x <tool_",
-        "<tool_call>\n{\"name\": ",
+        '<tool_call>\n{"name": ',
     ):
         events = events_of(text)
         assert all(isinstance(e, str) for e in events) and "".join(events) == text, text
@@ -174,7 +180,9 @@ def test_json_forms() -> None:
     # The object closed: whole, even if the reply ends before the closing tag.
     assert events_of('<tool_call>{"name": "get_time"}')[-1] == ToolCallEnd(0, True)
     assert events_of('<tool_call>{"name": "get_time", "argu')[-1] == ToolCallEnd(0, False)
-    inside = events_of('<tool_call>{"name": "lookup", "arguments": {"q": "</tool_call>"}}</tool_call>')
+    inside = events_of(
+        '<tool_call>{"name": "lookup", "arguments": {"q": "</tool_call>"}}</tool_call>'
+    )
     assert json.loads(arguments_of(inside, 0)) == {"q": "</tool_call>"}
 
 
@@ -196,5 +204,5 @@ def test_a_call_malformed_after_it_started_keeps_what_was_sent() -> None:
     assert [type(e) for e in broken] == [ToolCallStart, ToolCallArguments, ToolCallEnd, str]
     assert arguments_of(broken, 0) == '{"q": "x"'
     assert broken[2] == ToolCallEnd(0, True) and broken[3] == " after"
-    cut = events_of('<tool_call>\n<function=lookup>\n<parameter=q>\nPar')
+    cut = events_of("<tool_call>\n<function=lookup>\n<parameter=q>\nPar")
     assert arguments_of(cut, 0) == '{"q": "Par' and cut[-1] == ToolCallEnd(0, False)

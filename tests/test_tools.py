@@ -9,7 +9,14 @@ from typing import Any
 import jsonschema
 import pytest
 
-from llmtrio.engine import ChatMessage, Tool, ToolCall, ToolCallParser, tool_call_grammar
+from llmtrio.engine import (
+    ChatMessage,
+    InvalidRequestError,
+    Tool,
+    ToolCall,
+    ToolCallParser,
+    tool_call_grammar,
+)
 from llmtrio.engine._chat import ChatTemplate
 from llmtrio.worker._chat_output import split_tool_calls
 from llmtrio.worker._openai import OpenAIError, parse_chat_request
@@ -163,20 +170,32 @@ def body(**fields: Any) -> bytes:
 TOOLS_JSON = [WEATHER.as_openai(), TIME.as_openai()]
 
 
-def test_named_tool_choice_forces_a_grammar_and_turns_thinking_off() -> None:
+def test_named_tool_choice_forces_a_call_and_turns_thinking_off() -> None:
     request = parse_chat_request(
         body(tools=TOOLS_JSON, tool_choice={"type": "function", "function": {"name": "get_time"}})
     )
     assert request.tools.mode == "required"
     assert [t.name for t in request.tools.forced] == ["get_time"]
-    assert request.generate.grammar == tool_call_grammar([TIME])
-    assert request.generate.think is False
-    assert request.generate.tools == (WEATHER, TIME)
+    generate = request.generate
+    assert (generate.tool_choice, generate.tool_name, generate.grammar) == (
+        "required",
+        "get_time",
+        None,
+    )
+    assert generate.think is False
+    assert generate.tools == (WEATHER, TIME)
+    # A forced call wins over the format of a plain reply.
+    both = parse_chat_request(
+        body(tools=TOOLS_JSON, tool_choice="required", response_format={"type": "json_object"})
+    )
+    assert (both.generate.tool_choice, both.generate.grammar) == ("required", None)
 
 
 def test_auto_none_and_history() -> None:
-    auto = parse_chat_request(body(tools=TOOLS_JSON))
+    auto = parse_chat_request(body(tools=TOOLS_JSON, parallel_tool_calls=False))
     assert auto.tools.mode == "auto" and auto.tools.parses and auto.generate.grammar is None
+    assert (auto.generate.tool_choice, auto.generate.parallel_tool_calls) == ("auto", False)
+    assert auto.generate.think is None  # a lazy grammar leaves thinking alone
     none = parse_chat_request(body(tools=TOOLS_JSON, tool_choice="none"))
     assert not none.tools.parses and none.generate.tools == ()
     history = parse_chat_request(
@@ -218,22 +237,6 @@ def test_auto_none_and_history() -> None:
         ({"tools": [{"type": "retrieval"}]}, "tools[0].type", "'function' tools only"),
         ({"tools": [TIME.as_openai(), TIME.as_openai()]}, "tools", "used twice"),
         (
-            {
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": "f",
-                            "parameters": {"type": "object", "not": {"required": ["a"]}},
-                        },
-                    }
-                ],
-                "tool_choice": "required",
-            },
-            "tools",
-            "'not' is not supported",
-        ),
-        (
             {"tools": TOOLS_JSON, "tool_choice": "required", "think": True},
             "think",
             "grammar holds from the first token",
@@ -248,11 +251,13 @@ def test_bad_tool_fields_are_400(fields: dict[str, Any], param: str, words: str)
     assert words in info.value.message
 
 
-def test_forced_grammar_describes_one_call_of_the_offered_tools() -> None:
-    grammar = tool_call_grammar([WEATHER, TIME])
-    root = next(line for line in grammar.splitlines() if line.startswith("root ::="))
-    assert '"<tool_call>\\n"' in root and '"\\n</tool_call>"' in root
-    assert "get_weather" in root and "get_time" in root
+def test_a_tool_schema_a_grammar_cannot_enforce_is_refused_when_forced() -> None:
+    odd = Tool("f", "", {"type": "object", "not": {"required": ["a"]}})
+    with pytest.raises(InvalidRequestError, match="'not' is not supported") as info:
+        tool_call_grammar([odd])
+    assert info.value.param == "tools"
+    # Under tool_choice "auto" its arguments are only loosened to any object.
+    assert "root ::=" in tool_call_grammar([odd], loose=True)
 
 
 def test_split_tool_calls_respects_parallel_tool_calls() -> None:

@@ -29,6 +29,8 @@ class GrammarCache:
         self._size = size
         self._parsed: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
+        #: Grammars parsed so far (a grammar found in the cache is not parsed again).
+        self.parses = 0
 
     def check(self, grammar: str) -> None:
         """Parse ``grammar`` now, unless it is parsed already.
@@ -55,6 +57,7 @@ class GrammarCache:
 
     def _parse(self, grammar: str) -> Any:
         recent_log()
+        self.parses += 1
         parsed = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
         if not parsed:
             why = recent_log() or "llama.cpp could not parse it"
