@@ -1,0 +1,233 @@
+"""Structured output costs: compiling a 50-property schema (cold, and from the caches), and
+how soon a streamed tool call's arguments start against the whole call's time.
+
+    .venv/bin/python benchmarks/grammar_bench.py [--model PATH] [--rounds 5]
+
+Compile: the JSON schema to GBNF (llmtrio's converter, every cache emptied; a schema not
+seen before, the formats' automata built; then again, a cache hit) and llama.cpp's parse of the GBNF (``llama_sampler_init_grammar``; then a copy of the
+parsed grammar, what each further request with the schema costs). llama-cpp-python's converter
+is timed on the same schema less the keywords it cannot enforce, for reference.
+
+Tool calls: a forced call of a tool with a long string argument, greedy, on the engine; the
+reply's tokens are read by ``ToolCallStream`` as they come: the time from submit to the call's
+start (id and name), to its first argument byte, and to its end, in the Hermes JSON form (the
+model's built-in template) and Qwen's XML form (a template that writes calls so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import trio
+from llama_cpp import llama_grammar
+
+from llmtrio.engine import (
+    Engine,
+    EngineConfig,
+    GenerateRequest,
+    Token,
+    Tool,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolCallStream,
+    demo_model_path,
+    json_schema_grammar,
+)
+from llmtrio.engine import _formats, _grammar, _regex
+from llmtrio.engine._grammar_cache import GrammarCache
+from llmtrio.engine._llama import LlamaModel
+
+_KINDS: list[dict[str, Any]] = [
+    {"type": "integer", "minimum": 0, "maximum": 150},
+    {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+    {"type": "string", "minLength": 1, "maxLength": 40},
+    {"type": "string", "pattern": "^[A-Z]{2}[0-9]{4}$"},
+    {"type": "string", "format": "date"},
+    {"type": "string", "format": "email"},
+    {"type": "string", "format": "uuid"},
+    {"type": "string", "enum": ["red", "green", "blue"]},
+    {"type": ["string", "null"], "maxLength": 20},
+    {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 5},
+]
+# What llama-cpp-python's converter refuses or ignores.
+_UNSUPPORTED = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+
+
+def schema_50() -> dict[str, Any]:
+    properties = {f"field_{i:02d}": _KINDS[i % len(_KINDS)] for i in range(50)}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _strip(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _strip(v) for k, v in schema.items() if k not in _UNSUPPORTED}
+    if isinstance(schema, list):
+        return [_strip(v) for v in schema]
+    if schema == "email":
+        return "date"  # a format it takes
+    return schema
+
+
+def best_of(rounds: int, fn: Any) -> float:
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def compile_figures(model_path: Path, rounds: int) -> None:
+    schema = schema_50()
+
+    def cold() -> str:
+        _grammar._schema_grammar.cache_clear()
+        _formats.format_dfa.cache_clear()
+        _regex.pattern_dfa.cache_clear()
+        return json_schema_grammar(schema)
+
+    def first() -> str:  # a schema not seen before; the formats' automata built already
+        _grammar._schema_grammar.cache_clear()
+        return json_schema_grammar(schema)
+
+    gbnf = cold()
+    cold_s = best_of(rounds, cold)
+    first_s = best_of(rounds, first)
+    warm_s = best_of(rounds * 20, lambda: json_schema_grammar(schema))
+
+    stripped = _strip(schema)
+
+    def port() -> None:
+        converter: Any = llama_grammar.SchemaConverter(
+            prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
+        )
+        converter.visit(converter.resolve_refs(json.loads(json.dumps(stripped)), "s"), "")
+        converter.format_grammar()
+
+    port_s = best_of(rounds, port)
+
+    model = LlamaModel(model_path, slots=1, ctx_size=64, threads=2, n_batch=64)
+    try:
+
+        def parse() -> None:
+            cache = GrammarCache(model.vocab)
+            cache.check(gbnf)
+            cache.clear()
+
+        parse_s = best_of(rounds, parse)
+        cache = GrammarCache(model.vocab)
+        cache.check(gbnf)
+
+        def copy() -> None:
+            llama_cpp.llama_sampler_free(cache.new(gbnf))
+
+        copy_s = best_of(rounds * 20, copy)
+        cache.clear()
+    finally:
+        model.close()
+    print(f"A 50-property schema ({len(gbnf.splitlines())} grammar rules, {len(gbnf)} bytes):")
+    print(f"  JSON schema to GBNF, cold (caches emptied)   {cold_s * 1000:8.2f} ms")
+    print(f"  JSON schema to GBNF, a new schema            {first_s * 1000:8.2f} ms")
+    print(f"  JSON schema to GBNF, cached                  {warm_s * 1000:8.3f} ms")
+    print(f"  llama-cpp-python's converter (no bounds)     {port_s * 1000:8.2f} ms")
+    print(f"  llama.cpp parses the GBNF                    {parse_s * 1000:8.2f} ms")
+    print(f"  a copy of the parsed grammar (cached)        {copy_s * 1000:8.3f} ms")
+    print(
+        f"  per request: {(first_s + parse_s) * 1000:.1f} ms for a new schema, "
+        f"{(warm_s + copy_s) * 1000:.2f} ms for one seen before "
+        f"({(first_s + parse_s) / (warm_s + copy_s):.0f}x)"
+    )
+
+
+NOTE = Tool(
+    "save_note",
+    "Save a note",
+    {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 30},
+            "body": {"type": "string", "minLength": 200, "maxLength": 240},
+        },
+        "required": ["title", "body"],
+        "additionalProperties": False,
+    },
+)
+# A template that writes calls in Qwen's XML form (the engine then forces that form).
+XML_TEMPLATE = (
+    "{%- if tools %}{{- '<tools>' }}{%- for t in tools %}{{- t | tojson }}{%- endfor %}"
+    "{{- '</tools> Call as <tool_call>\\n<function=NAME>\\n<parameter=P>\\nV\\n</parameter>\\n"
+    "</function>\\n</tool_call>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{{- m.role + ': ' + m.content + '\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- 'assistant: ' }}{%- endif %}"
+)
+
+
+async def call_times(model_path: Path, template: str | None, rounds: int) -> list[float]:
+    config = EngineConfig(
+        model=model_path, max_inflight=1, ctx_size=768, threads=2, chat_template=template
+    )
+    request = GenerateRequest.user(
+        "Save a note about the weather.",
+        tools=[NOTE],
+        tool_choice="required",
+        tool_name="save_note",
+        max_tokens=500,
+    )
+    starts, firsts, ends = [], [], []
+    async with Engine.open(config) as engine:
+        for _ in range(rounds):
+            stream = ToolCallStream([NOTE])
+            begin = time.perf_counter()
+            seen: dict[str, float] = {}
+            async with engine.submit(request) as generation:
+                async for event in generation:
+                    if not isinstance(event, Token):
+                        continue
+                    for item in stream.feed(event.text):
+                        now = time.perf_counter() - begin
+                        if isinstance(item, ToolCallStart):
+                            seen.setdefault("start", now)
+                        elif isinstance(item, ToolCallArguments):
+                            seen.setdefault("first", now)
+                        elif isinstance(item, ToolCallEnd):
+                            seen.setdefault("end", now)
+            for item in stream.finish():
+                if isinstance(item, ToolCallEnd):
+                    seen.setdefault("end", time.perf_counter() - begin)
+            starts.append(seen["start"])
+            firsts.append(seen["first"])
+            ends.append(seen["end"])
+    return [statistics.median(x) for x in (starts, firsts, ends)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    model_path = args.model or demo_model_path()
+    compile_figures(model_path, args.rounds)
+    print("\nA forced tool call streamed (a 200-240 character argument), greedy, median:")
+    for label, template in (("Hermes JSON", None), ("Qwen XML", XML_TEMPLATE)):
+        start, first, end = trio.run(call_times, model_path, template, args.rounds)
+        print(
+            f"  {label:<12} call start {start * 1000:7.0f} ms, first argument byte "
+            f"{first * 1000:7.0f} ms, whole call {end * 1000:7.0f} ms "
+            f"(first byte at {first / end:.0%} of the call's time)"
+        )
+
+
+if __name__ == "__main__":
+    main()
