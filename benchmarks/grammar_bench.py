@@ -4,8 +4,9 @@ how soon a streamed tool call's arguments start against the whole call's time.
     .venv/bin/python benchmarks/grammar_bench.py [--model PATH] [--rounds 5]
 
 Compile: the JSON schema to GBNF (llmtrio's converter, every cache emptied; a schema not
-seen before, the formats' automata built; then again, a cache hit) and llama.cpp's parse of the GBNF (``llama_sampler_init_grammar``; then a copy of the
-parsed grammar, what each further request with the schema costs). llama-cpp-python's converter
+seen before, the formats' automata built; then again, a cache hit) and llama.cpp's parse of
+the GBNF (``llama_sampler_init_grammar``; then a copy of the parsed grammar, what each
+further request with the schema costs). llama-cpp-python's converter
 is timed on the same schema less the keywords it cannot enforce, for reference.
 
 Tool calls: a forced call of a tool with a long string argument, greedy, on the engine; the
@@ -37,10 +38,12 @@ from llmtrio.engine import (
     ToolCallEnd,
     ToolCallStart,
     ToolCallStream,
+    _formats,
+    _grammar,
+    _regex,
     demo_model_path,
     json_schema_grammar,
 )
-from llmtrio.engine import _formats, _grammar, _regex
 from llmtrio.engine._grammar_cache import GrammarCache
 from llmtrio.engine._llama import LlamaModel
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
-from decimal import Decimal
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from typing import Any, Literal
 
 import pydantic

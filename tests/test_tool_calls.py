@@ -170,7 +170,7 @@ def test_the_lazy_grammar_starts_where_the_output_opens_a_call(gemma: LlamaModel
     sampler = SlotSampler(
         gemma, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, bias={}, grammar=grammar
     )
-    forced = gemma.tokenize("Sure <tool_call", add_special=False) + [2588]
+    forced = [*gemma.tokenize("Sure <tool_call", add_special=False), 2588]  # 2588: "></"
     preferred = forced + [gemma.tokenize("hello", add_special=False)[0]] * 2000
     out = b""
     try:
