@@ -6,6 +6,7 @@ valid values written in the grammar's forms are accepted."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -238,3 +239,36 @@ def test_a_discriminated_one_of_is_enforced(probe: GrammarProbe) -> None:
     grammar = json_schema_grammar({"oneOf": [cat, dog], "discriminator": {"propertyName": "kind"}})
     assert probe.accepts(grammar, '{"kind": "cat", "lives": 9}')
     assert not probe.accepts(grammar, '{"kind": "cat", "good": true}')
+
+
+PATTERN_CASES = [
+    "[a-z]+",
+    "^[a-z]+$",
+    "^a|b$",
+    "^[0-9]{2,3}$",
+    "ab*c",
+    "^(foo|bar)+baz?$",
+    "colou?r",
+    "^.{2,4}$",
+    "x{2,}",
+    "^[^a-c]x",
+    r"\.",
+    "(?:ab|c)d",
+    "^$",
+]
+
+
+@given(
+    pattern=st.sampled_from(PATTERN_CASES),
+    text=st.text(st.sampled_from(list("abcdfoxyrzu019.-é\n")), max_size=8),
+)
+def test_patterns_mean_what_python_re_search_means(pattern: str, text: str) -> None:
+    """What a pattern's automaton accepts, ``re.search`` matches; and the converse, but for
+    Python's ``$`` also matching before a final newline (a grammar writes no such string)."""
+    from llmtrio.engine._regex import pattern_dfa
+
+    accepted = pattern_dfa(pattern).accepts(text)
+    if accepted:
+        assert re.search(pattern, text)
+    elif re.search(pattern, text):
+        assert re.search(pattern.replace("$", r"\Z"), text) is None

@@ -26,12 +26,11 @@ from llmtrio.engine import (
     ToolCallParser,
     tool_call_grammar,
 )
-from llmtrio.engine._chat import ChatTemplate
 from llmtrio.engine._llama import Batch, LlamaModel, SlotSampler
 
 from ._grammar_probe import GrammarProbe
 from ._helpers import collect
-from .test_tools import QWEN35_TOOLS
+from .test_tools import QWEN35_TOOLS, template
 
 # The tool-call part of a Hermes / Qwen 2.5 template (calls as JSON in <tool_call> tags).
 HERMES_TOOLS = """
@@ -81,12 +80,6 @@ NOTE = Tool(
     },
 )
 TOOLS = (WEATHER, NOTE)
-
-
-def template(source: str | None) -> ChatTemplate:
-    return ChatTemplate(
-        source, architecture="qwen35", bos_token="", eos_token="<|im_end|>", render_builtin=None
-    )
 
 
 def test_the_template_decides_the_call_format() -> None:

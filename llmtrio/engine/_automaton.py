@@ -69,26 +69,12 @@ class Nfa:
 
     def determinize(self, start: int, accept: int) -> Dfa:
         """The equivalent :class:`Dfa` (subset construction)."""
-        first = self.closure([start])
-        index = {first: 0}
-        order = [first]
-        edges: list[tuple[tuple[CharSet, int], ...]] = []
-        accepting = set()
-        while len(edges) < len(order):
-            current = order[len(edges)]
-            if accept in current:
-                accepting.add(len(edges))
-            out = []
-            for charset, targets in _split([e for s in current for e in self.edges[s]]):
-                target = self.closure(targets)
-                if target not in index:
-                    if len(order) >= MAX_STATES:
-                        raise TooComplexError("too many states")
-                    index[target] = len(order)
-                    order.append(target)
-                out.append((charset, index[target]))
-            edges.append(tuple(out))
-        return Dfa(tuple(edges), frozenset(accepting)).minimal()
+
+        def moves(current: frozenset[int]) -> list[tuple[CharSet, frozenset[int]]]:
+            edges = [edge for state in current for edge in self.edges[state]]
+            return [(charset, self.closure(targets)) for charset, targets in _split(edges)]
+
+        return explore(self.closure([start]), lambda states: accept in states, moves)
 
 
 def _split(edges: Sequence[tuple[CharSet, int]]) -> list[tuple[CharSet, frozenset[int]]]:
