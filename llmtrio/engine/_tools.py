@@ -40,7 +40,6 @@ __all__ = [
     "ToolCallParser",
     "describe_tools",
     "new_tool_call_id",
-    "parse_tool_call",
     "template_message",
 ]
 
@@ -115,14 +114,6 @@ def describe_tools(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> li
         else:
             out.append(ChatMessage(message.role, message.content))
     return out
-
-
-def parse_tool_call(body: str, tools: Sequence[Tool]) -> ToolCall | None:
-    """The call in the text between ``<tool_call>`` and ``</tool_call>``, or ``None`` when
-    it is neither format or names no known tool."""
-    items = ToolCallParser(tuple(tools)).feed(f"{TOOL_CALL_OPEN}{body}{TOOL_CALL_CLOSE}")
-    calls = [item for item in items if isinstance(item, ToolCall)]
-    return calls[0] if len(calls) == 1 and len(items) == 1 else None
 
 
 @attrs.define
