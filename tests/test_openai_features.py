@@ -143,6 +143,9 @@ def test_completion_bodies() -> None:
     assert completion(prompt=[[5, 6]]).prompt == (5, 6)
     generate = completion(prompt="x", logprobs=3, max_tokens=5).generate(lambda t: [7, 8])
     assert generate.tokens == (7, 8) and generate.logprobs == 3 and generate.max_tokens == 5
+    assert generate.cache_prompt is True
+    no_reuse = completion(prompt="x", cache_prompt=False).generate(lambda t: [7])
+    assert no_reuse.cache_prompt is False
     assert completion(prompt="x", n=1, best_of=1, echo=False).options
     for fields, param in (
         ({"prompt": "x", "echo": True}, "echo"),
@@ -154,6 +157,7 @@ def test_completion_bodies() -> None:
         ({"prompt": ""}, "prompt"),
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": "x", "cache_prompt": 1}, "cache_prompt"),
     ):
         assert refused(completion, **fields).param == param, fields
 

@@ -160,10 +160,17 @@ def test_null_is_the_same_as_absent() -> None:
             "think",
             "chat_template_kwargs",
             "ignore_eos",
+            "cache_prompt",
             "logit_bias",
         ]
     )
     assert parse(**nulls) == parse()
+
+
+def test_cache_prompt_is_llama_cpp_servers() -> None:
+    assert parse().generate.cache_prompt is True
+    assert parse(cache_prompt=True).generate.cache_prompt is True
+    assert parse(cache_prompt=False).generate.cache_prompt is False
 
 
 def test_content_as_text_parts_is_joined_with_newlines() -> None:
@@ -404,6 +411,7 @@ BAD_FIELDS: list[tuple[dict[str, Any], str, str, str]] = [
         "boolean",
     ),
     ({"ignore_eos": 0}, "ignore_eos", "invalid_type", "boolean"),
+    ({"cache_prompt": "no"}, "cache_prompt", "invalid_type", "boolean"),
     ({"logit_bias": [[1, 2]]}, "logit_bias", "invalid_type", "object"),
     ({"logit_bias": {"abc": 1}}, "logit_bias", "invalid_value", "token ids"),
     ({"logit_bias": {"-1": 1}}, "logit_bias", "invalid_value", "'-1'"),

@@ -164,6 +164,36 @@ class Generation:
         self.ended.set()
 
 
+async def _abandonable_load(load: Callable[[], LlamaModel]) -> LlamaModel:
+    """``load()`` in a worker thread, which a cancellation does not wait for.
+
+    Resource handling: a model whose load was abandoned is closed as soon as it exists, by
+    whichever side sees the abandonment last (the thread once it finishes loading, or this
+    task if the model was already there), so an abandoned load leaks nothing.
+    """
+    lock = threading.Lock()
+    loaded: list[LlamaModel] = []
+    abandoned = False
+
+    def run() -> None:
+        model = load()
+        with lock:
+            if abandoned:
+                model.close()
+            else:
+                loaded.append(model)
+
+    try:
+        await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+    except BaseException:
+        with lock:
+            abandoned = True
+            for model in loaded:
+                model.close()
+        raise
+    return loaded[0]
+
+
 class Engine:
     """Continuous batching over ``config.max_inflight`` slots of one llama.cpp model.
 
@@ -215,9 +245,12 @@ class Engine:
         Resource handling: on exit, generations still running end with
         ``Failed(EngineClosedError)``, the decode thread stops and the model is freed.
         """
-        resolved = await trio.to_thread.run_sync(resolve_model, config)
+        # A download or a load can take minutes: cancelling (Ctrl-C) must not wait for it.
+        # An abandoned download finishes into the cache in its thread (or dies with the
+        # process); an abandoned load is closed by its thread (``_abandonable_load``).
+        resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
         n_batch = max(config.prefill_chunk + config.max_inflight, 64)
-        model = await trio.to_thread.run_sync(
+        model = await _abandonable_load(
             lambda: LlamaModel(
                 resolved.path,
                 slots=config.max_inflight,

@@ -228,6 +228,11 @@ class GenerateRequest:
     ``tools`` are passed to the chat template (or described in a system prompt when the
     template has no tools support); the model's calls come back as text for the caller to
     parse (:class:`ToolCallParser`).
+
+    ``cache_prompt=False`` reuses no memory of earlier requests: the whole prompt is ingested
+    (llama.cpp server's ``cache_prompt``). Reuse computes the prompt's last logits from other
+    batches than a whole ingestion does, and llama.cpp's logits depend on batch shapes in
+    their last bits, so only requests ingested alike are bit-for-bit reproducible.
     """
 
     messages: tuple[ChatMessage, ...] | None = attrs.field(
@@ -243,6 +248,7 @@ class GenerateRequest:
     grammar: str | None = None
     logprobs: int | None = None
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tuple_of_tools)
+    cache_prompt: bool = True
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.tokens is None):

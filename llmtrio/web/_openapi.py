@@ -97,6 +97,13 @@ _SAMPLING: dict[str, Any] = {
         }
     ),
     "ignore_eos": _nullable({"type": "boolean", "description": "llama.cpp's extension."}),
+    "cache_prompt": _nullable(
+        {
+            "type": "boolean",
+            "description": "llama.cpp's extension: false ingests the whole prompt, reusing "
+            "no earlier request's memory (default true).",
+        }
+    ),
     "logit_bias": _nullable(
         {
             "type": "object",

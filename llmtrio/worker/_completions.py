@@ -115,7 +115,8 @@ def parse_completion_request(
     Accepted: ``model``, ``prompt``, ``max_tokens`` (16 when absent, as OpenAI's),
     ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``, ``stream``,
     ``stream_options.include_usage``, ``logprobs`` (0 to 20 alternatives), penalties,
-    ``logit_bias``, ``ignore_eos``, ``response_format`` (llama.cpp's extension); ``n`` and
+    ``logit_bias``, ``ignore_eos``, ``cache_prompt``, ``response_format`` (llama.cpp's
+    extensions); ``n`` and
     ``best_of`` of 1, ``echo`` false. Error handling: :class:`OpenAIError` 400, naming the
     field (``max_tokens`` and ``stop`` over ``limits`` too).
     """
@@ -165,6 +166,7 @@ def parse_completion_request(
             "sampling": Sampling(**sampling),
             "stop": _parse_stop(data.get("stop"), limits),
             "ignore_eos": _opt_bool(data, "ignore_eos", "ignore_eos") or False,
+            "cache_prompt": _opt_bool(data, "cache_prompt", "cache_prompt") is not False,
             "logit_bias": _parse_logit_bias(data.get("logit_bias")),
             "grammar": parse_response_format(data.get("response_format")),
         }

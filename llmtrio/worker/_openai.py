@@ -174,8 +174,9 @@ def parse_chat_request(
     Accepted: ``model``, ``messages``, ``max_tokens``, ``max_completion_tokens`` (wins over
     ``max_tokens``), ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``,
     ``stream``, ``stream_options.include_usage``, ``n`` (1 only), ``think`` and
-    ``chat_template_kwargs.enable_thinking`` (``think`` wins), ``ignore_eos`` and
-    ``logit_bias``; ``presence_penalty``, ``frequency_penalty``, ``repeat_penalty`` and
+    ``chat_template_kwargs.enable_thinking`` (``think`` wins), ``ignore_eos``, ``cache_prompt``
+    (llama.cpp's: ``false`` reuses no earlier prompt's memory) and ``logit_bias``;
+    ``presence_penalty``, ``frequency_penalty``, ``repeat_penalty`` and
     ``repeat_last_n``; ``logprobs`` and ``top_logprobs``; ``response_format``; ``tools``,
     ``tool_choice`` and ``parallel_tool_calls``. An OpenAI field this server does not
     implement (``audio``, ``modalities``, ``prediction``, ...) is a 400 naming it; other
@@ -267,6 +268,7 @@ def parse_chat_request(
         think = False
 
     ignore_eos = _opt_bool(data, "ignore_eos", "ignore_eos") or False
+    cache_prompt = _opt_bool(data, "cache_prompt", "cache_prompt") is not False
     logit_bias = _parse_logit_bias(data.get("logit_bias"))
 
     try:
@@ -277,6 +279,7 @@ def parse_chat_request(
             stop=stop,
             think=think,
             ignore_eos=ignore_eos,
+            cache_prompt=cache_prompt,
             logit_bias=logit_bias,
             grammar=grammar,
             logprobs=logprobs,
