@@ -420,7 +420,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         async def ingress(shutdown: trio.Event) -> None:
             name = args.model_name or ""
-            await serve_ring_ingress(config, control, model_name=name, shutdown=shutdown)
+            await serve_ring_ingress(
+                config, control, model_name=name, shutdown=shutdown, limits=limits
+            )
 
         trio.run(partial(until_signalled, ingress, graceful_timeout=config.graceful_timeout))
         return 0

@@ -20,8 +20,8 @@ from llmtrio.engine import EngineConfig
 from llmtrio.ring import Ring
 from llmtrio.web import RateLimiter, ServeConfig, serve_ingress
 from llmtrio.worker import RequestLimits
+from llmtrio.worker._chat_request import parse_chat_request
 from llmtrio.worker._completions import parse_completion_request
-from llmtrio.worker._openai import parse_chat_request
 
 from ._stack import open_stack
 
@@ -81,8 +81,8 @@ def test_each_limit_is_a_400_naming_its_parameter() -> None:
     assert "maximum length 2" in error["message"]
     for field in ("max_tokens", "max_completion_tokens"):
         error = refusal(lambda field=field: parse_chat_request(chat(**{field: 9}), limits))
-        assert (error["param"], error["code"]) == (field, "invalid_value")
-        assert "at most 8 tokens" in error["message"]
+        assert (error["param"], error["code"]) == (field, "integer_above_max_value")
+        assert "<= 8 (this server's limit), but got 9" in error["message"]
     error = refusal(lambda: parse_chat_request(chat(stop=["a", "b"]), limits))
     assert (error["param"], error["code"]) == ("stop", "array_above_max_length")
     error = refusal(lambda: parse_chat_request(chat(stop="abcdef"), limits))
@@ -118,7 +118,7 @@ def test_limits_have_safe_defaults_and_flags() -> None:
     serve = _parser().parse_args(["serve"])
     assert (serve.request_timeout, serve.body_timeout, serve.idle_timeout) == (600, 60, 5)
     assert serve.rate_limit is None and request_limits(serve) == RequestLimits()
-    with pytest.raises(ValueError, match="max-messages"):
+    with pytest.raises(ValueError, match="max_messages"):
         RequestLimits(max_messages=0)
     with pytest.raises(ValueError, match="rate-limit"):
         ServeConfig(rate_limit=0)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmtrio._openai_errors import OpenAIError
 from llmtrio.engine import (
     JSON_OBJECT_GRAMMAR,
     InvalidRequestError,
@@ -18,8 +19,8 @@ from llmtrio.engine import (
     ToolCallParser,
     json_schema_grammar,
 )
+from llmtrio.worker._chat_request import parse_chat_request
 from llmtrio.worker._completions import parse_completion_request
-from llmtrio.worker._openai import OpenAIError, parse_chat_request
 
 HI = [{"role": "user", "content": "Hi"}]
 

@@ -32,6 +32,7 @@ from llmtrio.engine import EngineConfig
 from llmtrio.web import ServeConfig
 from llmtrio.web._openapi import openapi
 
+from ._procs import Ring
 from ._server import LiveServer, start_server
 
 MAX_TOKENS = 8
@@ -145,3 +146,28 @@ def test_every_generated_request_gets_a_2xx_or_a_4xx_in_openai_shape(
             assert set(error) == {"message", "type", "param", "code"}
 
     run()
+
+
+def test_the_document_states_the_running_servers_limits(tmp_path: Path, gemma_path: Path) -> None:
+    """``serve --max-stop 8`` (and the other request limits) shows in its own document, as the
+    bounds its workers check."""
+    with Ring.opened(tmp_path, gemma_path) as ring:
+        ingress = ring.ingress(
+            "limited", "--max-stop=8", "--max-stop-chars=12", "--max-messages=3",
+            "--max-tokens-limit=100",
+        )  # fmt: skip
+        document = httpx.get(ingress.url + "/openapi.json", timeout=30).json()
+    schemas = document["components"]["schemas"]
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    stop = chat["stop"]["anyOf"][0]["anyOf"]
+    assert stop[1]["maxItems"] == 8
+    assert stop[0]["maxLength"] == stop[1]["items"]["maxLength"] == 12
+    assert chat["messages"]["maxItems"] == 3
+    for request, field in (("ChatCompletionRequest", "max_tokens"),
+                           ("ChatCompletionRequest", "max_completion_tokens"),
+                           ("CompletionRequest", "max_tokens")):  # fmt: skip
+        assert schemas[request]["properties"][field]["anyOf"][0]["maximum"] == 100
+    # The defaults: OpenAI's 4 stop sequences; no token limit but a C int's.
+    default = openapi()["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert default["stop"]["anyOf"][0]["anyOf"][1]["maxItems"] == 4
+    assert default["max_tokens"]["anyOf"][0]["maximum"] == 2**31 - 1

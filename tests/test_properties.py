@@ -14,8 +14,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llmtrio._openai_errors import OpenAIError
 from llmtrio.ring import Assign, FrameDecoder, ProtocolError, RequestHead, encode
-from llmtrio.worker._openai import ChatCompletionRequest, OpenAIError, parse_chat_request
+from llmtrio.worker._chat_request import ChatCompletionRequest, parse_chat_request
 
 JSON_SCALARS = (
     st.none()

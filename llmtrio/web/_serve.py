@@ -26,10 +26,12 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 from prometheus_client import CollectorRegistry
 
+from .._fields import RequestLimits
 from .._openai_errors import DEFAULT_MAX_BODY_BYTES
 from ..ring import Ring
-from ._app import Gate, create_app
+from ._app import create_app
 from ._auth import ApiKeys
+from ._checks import Gate
 from ._drain import Drain
 from ._guard import OriginPolicy
 from ._metrics import IngressMetrics
@@ -64,7 +66,7 @@ class ServeConfig:
     ``allowed_origins`` are the web origins (besides this server's own and loopback ones)
     whose pages may call the API; ``*`` allows all.
 
-    Guards (see :class:`~llmtrio.web._app.Gate`): ``api_keys`` asked of the API and
+    Guards (see :class:`~llmtrio.web.Gate`): ``api_keys`` asked of the API and
     ``/metrics``; ``rate_limit`` completion requests per key (or client address) per
     minute; ``request_timeout`` seconds per completion request, arrival to last byte;
     ``body_timeout`` seconds for its body to arrive. ``idle_timeout`` is how long a
@@ -140,12 +142,13 @@ async def serve_ingress(
     model_name: str,
     shutdown: trio.Event,
     registry: CollectorRegistry | None = None,
+    limits: RequestLimits | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI API in front of ``ring`` until ``shutdown`` is set;
     ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``).
     ``GET /metrics`` shows ``registry`` (a new one unless given), with the ingress's own
-    metrics added to it.
+    metrics added to it; ``/openapi.json`` states the workers' request ``limits``.
 
     Resource handling: after ``shutdown`` the ingress drains: new ring requests are refused
     with 503 (``shutting_down``, with ``Retry-After``) and ``/health`` answers 503
@@ -166,6 +169,7 @@ async def serve_ingress(
         gate=config.gate(),
         metrics=IngressMetrics(ring, registry),
         drain=drain,
+        limits=limits,
     )
     hypercorn = HypercornConfig()
     hypercorn.bind = [config.bind()]
