@@ -167,23 +167,7 @@ _PROMPT: Schema = {
         {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1},
     ]
 }
-_TOOL_CHOICE: Schema = {
-    "anyOf": [
-        {"enum": ["none", "auto", "required"]},
-        {
-            "type": "object",
-            "required": ["type", "function"],
-            "properties": {
-                "type": {"const": "function"},
-                "function": {
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {"name": {"type": "string"}},
-                },
-            },
-        },
-    ]
-}
+_TOOL_CHOICE: Schema = {"anyOf": [{"enum": ["none", "auto", "required"]}, _ref("NamedToolChoice")]}
 _LOGIT_BIAS: Schema = {
     "type": "object",
     "propertyNames": {"pattern": "^[0-9]+$"},

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
+
+import trio
 
 from llmtrio.engine import Done, Engine, GenerateRequest, Token, TokenLogprob
 
-__all__ = ["NEAR_TIE_NATS", "assert_greedy_agrees", "collect", "collect_logprobs"]
+__all__ = [
+    "NEAR_TIE_NATS",
+    "assert_greedy_agrees",
+    "collect",
+    "collect_logprobs",
+    "run",
+    "run_together",
+]
 
 #: How far apart, in nats, two choices may be for batch shape alone to swap them. llama.cpp's
 #: logits depend on the shape of the batch that computed them (one batch or chunks, a cached
@@ -18,7 +28,7 @@ NEAR_TIE_NATS = 1.0
 
 async def collect(engine: Engine, request: GenerateRequest) -> tuple[str, Done]:
     """Run ``request`` to its end; its text and its ``Done`` (a ``Failed`` fails the test)."""
-    text, _, done = await _run(engine, request)
+    text, done, _ = await run(engine, request)
     return text, done
 
 
@@ -28,12 +38,14 @@ async def collect_logprobs(
     """Run ``request`` (which asks for logprobs) to its end; each token's logprobs and its
     ``Done``."""
     assert request.logprobs, "ask for logprobs (with alternatives) to compare tokens"
-    _, logprobs, done = await _run(engine, request)
+    _, done, logprobs = await run(engine, request)
     assert len(logprobs) == done.completion_tokens
     return logprobs, done
 
 
-async def _run(engine: Engine, request: GenerateRequest) -> tuple[str, list[TokenLogprob], Done]:
+async def run(engine: Engine, request: GenerateRequest) -> tuple[str, Done, list[TokenLogprob]]:
+    """Run ``request`` to its end: its text, its ``Done`` and its tokens' logprobs (a
+    ``Failed`` fails the test)."""
     text: list[str] = []
     logprobs: list[TokenLogprob] = []
     async with engine.submit(request) as generation:
@@ -42,10 +54,35 @@ async def _run(engine: Engine, request: GenerateRequest) -> tuple[str, list[Toke
                 text.append(event.text)
                 logprobs += event.logprobs
             elif isinstance(event, Done):
-                return "".join(text), logprobs, event
+                return "".join(text), event, logprobs
             else:
                 raise AssertionError(f"generation failed: {event}")
     raise AssertionError("no Done event")
+
+
+async def run_together(
+    engine: Engine, requests: list[GenerateRequest]
+) -> list[tuple[list[TokenLogprob], Done]]:
+    """Run ``requests`` at once, all admitted in one step (the decode thread is held at its
+    step boundary while they are submitted): each one's logprobs and ``Done``."""
+    logprobs: list[list[TokenLogprob]] = [[] for _ in requests]
+    async with AsyncExitStack() as stack:
+        with engine._cond:
+            generations = [await stack.enter_async_context(engine.submit(r)) for r in requests]
+
+        async def drain(i: int) -> None:
+            async for event in generations[i]:
+                if isinstance(event, Token):
+                    logprobs[i] += event.logprobs
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(requests)):
+                nursery.start_soon(drain, i)
+    results = []
+    for entries, generation in zip(logprobs, generations, strict=True):
+        assert isinstance(generation.result, Done)
+        results.append((entries, generation.result))
+    return results
 
 
 def assert_greedy_agrees(

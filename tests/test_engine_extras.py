@@ -21,14 +21,13 @@ from llmtrio.engine import (
     GrammarError,
     Sampling,
     StopReason,
-    Token,
     TokenLogprob,
     json_schema_grammar,
 )
 from llmtrio.engine._llama import Batch, LlamaModel
 from llmtrio.engine._sampling import Penalties, logprob_of
 
-from ._helpers import assert_greedy_agrees, collect, collect_logprobs
+from ._helpers import assert_greedy_agrees, collect, collect_logprobs, run
 
 PERSON = {
     "type": "object",
@@ -61,21 +60,6 @@ def config(path: Path, **kwargs: object) -> EngineConfig:
     values: dict[str, object] = {"model": path, "max_inflight": 8, "ctx_size": 384, "threads": 2}
     values.update(kwargs)
     return EngineConfig(**values)  # type: ignore[arg-type]
-
-
-async def run(engine: Engine, request: GenerateRequest) -> tuple[str, Done, list[TokenLogprob]]:
-    text: list[str] = []
-    logprobs: list[TokenLogprob] = []
-    async with engine.submit(request) as generation:
-        async for event in generation:
-            if isinstance(event, Token):
-                text.append(event.text)
-                logprobs += event.logprobs
-            elif isinstance(event, Done):
-                return "".join(text), event, logprobs
-            else:
-                raise AssertionError(f"generation failed: {event}")
-    raise AssertionError("no Done event")
 
 
 async def test_grammars_hold_in_batches_mixed_with_free_requests(gemma_path: Path) -> None:

@@ -7,17 +7,16 @@ uses, and batching must not mix the states of different sequences.
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
 from pathlib import Path
 
 import numpy as np
 import pytest
 import trio
 
-from llmtrio.engine import Engine, EngineConfig, GenerateRequest, StopReason, Token, TokenLogprob
+from llmtrio.engine import Engine, EngineConfig, GenerateRequest, StopReason
 from llmtrio.engine._llama import Batch, LlamaModel
 
-from ._helpers import collect, collect_logprobs
+from ._helpers import collect, collect_logprobs, run_together
 
 PROMPTS = ["hello world", "the cat sat", "a b c d e", "zzz", "one two three four five six"]
 
@@ -41,25 +40,6 @@ def test_the_model_is_hybrid_and_cannot_be_cut_part_way(qwen35_path: Path) -> No
         model.close()
 
 
-async def run_together(engine: Engine, requests: list[GenerateRequest]) -> list[list[TokenLogprob]]:
-    """Run ``requests`` at once, admitted in one step; each one's token logprobs."""
-    logprobs: list[list[TokenLogprob]] = [[] for _ in requests]
-    async with AsyncExitStack() as stack:
-        # Hold the decode thread at its step boundary while all are submitted.
-        with engine._cond:
-            generations = [await stack.enter_async_context(engine.submit(r)) for r in requests]
-
-        async def drain(i: int) -> None:
-            async for event in generations[i]:
-                if isinstance(event, Token):
-                    logprobs[i] += event.logprobs
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(requests)):
-                nursery.start_soon(drain, i)
-    return logprobs
-
-
 async def test_batched_sequences_keep_their_own_state(qwen35_path: Path) -> None:
     """A sequence's output does not depend on what its neighbours in the batch hold: the
     same batch twice, the other three prompts replaced by others of the same lengths (so
@@ -76,8 +56,8 @@ async def test_batched_sequences_keep_their_own_state(qwen35_path: Path) -> None
         prompts = [engine.tokenize(p) for p in PROMPTS[:4]]
         others = [[(t * 7 + 3) % engine.n_vocab for t in p] for p in prompts]
         assert all(a != b for a, b in zip(prompts[1:], others[1:], strict=True))
-        first = await run_together(engine, batch(prompts))
-        second = await run_together(engine, batch([prompts[0], *others[1:]]))
+        first = [lp for lp, _ in await run_together(engine, batch(prompts))]
+        second = [lp for lp, _ in await run_together(engine, batch([prompts[0], *others[1:]]))]
     assert all(len(entries) == 16 for entries in first + second)
     assert second[0] == first[0]
     # The neighbours did change (their logprobs differ), so the first one's were exposed.

@@ -14,7 +14,6 @@ What reuse promises is numerical, and two claims are tested apart:
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,7 @@ from llmtrio.engine import (
 from llmtrio.engine._core import CoreRequest, EngineCore, StepOutput
 from llmtrio.engine._llama import LlamaModel
 
-from ._helpers import assert_greedy_agrees, collect, collect_logprobs
+from ._helpers import assert_greedy_agrees, collect, collect_logprobs, run_together
 
 SYSTEM = " ".join(
     f"Rule {i}: answer in one short sentence, politely, about topic number {i}." for i in range(14)
@@ -66,31 +65,6 @@ def chat(*messages: tuple[str, str]) -> GenerateRequest:
 
 def raw(tokens: list[int], max_tokens: int = 10) -> GenerateRequest:
     return GenerateRequest(tokens=tokens, max_tokens=max_tokens, ignore_eos=True, logprobs=3)
-
-
-async def run_all(
-    engine: Engine, requests: list[GenerateRequest]
-) -> list[tuple[list[TokenLogprob], Done]]:
-    """Run ``requests`` at once, admitted in one step; their logprobs and Done events."""
-    logprobs: list[list[TokenLogprob]] = [[] for _ in requests]
-    async with AsyncExitStack() as stack:
-        # Hold the decode thread at its step boundary while all are submitted.
-        with engine._cond:
-            generations = [await stack.enter_async_context(engine.submit(r)) for r in requests]
-
-        async def drain(i: int) -> None:
-            async for event in generations[i]:
-                if isinstance(event, Token):
-                    logprobs[i] += event.logprobs
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(requests)):
-                nursery.start_soon(drain, i)
-    results = []
-    for entries, generation in zip(logprobs, generations, strict=True):
-        assert isinstance(generation.result, Done)
-        results.append((entries, generation.result))
-    return results
 
 
 def text_of(logprobs: list[TokenLogprob]) -> str:
@@ -126,7 +100,7 @@ async def test_reuse_reuses_only_what_is_shared(model_path: Path) -> None:
         changed[100] = engine.tokenize(" zebra")[0]
         out.append(await collect_logprobs(engine, raw(prompt)))
         out.append(await collect_logprobs(engine, raw(changed)))
-        out += await run_all(engine, shared)
+        out += await run_together(engine, shared)
         return out
 
     async with Engine.open(config(model_path, prompt_cache=False)) as engine:

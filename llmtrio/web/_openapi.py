@@ -204,6 +204,17 @@ _SCHEMAS: dict[str, Any] = {
         ],
         "description": "A text, or text parts (joined by newlines).",
     },
+    "NamedToolChoice": {
+        "description": "The one function the reply must call.",
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {"type": {"const": "function"}, "function": _ref("FunctionName")},
+    },
+    "FunctionName": {
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": {"type": "string"}},
+    },
     "Tool": {
         "type": "object",
         "required": ["type", "function"],
