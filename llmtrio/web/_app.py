@@ -67,6 +67,7 @@ from ._drain import Drain
 from ._guard import OriginPolicy, header_map
 from ._metrics import CONTENT_TYPE, IngressMetrics
 from ._openapi import openapi
+from ._probes import add_probes
 from ._ratelimit import RateLimiter, retry_after
 
 __all__ = ["Gate", "Ingress", "create_app"]
@@ -124,9 +125,9 @@ def create_app(
     metrics: IngressMetrics | None = None,
     drain: Drain | None = None,
 ) -> Ingress:
-    """The ASGI app serving the ring's routes, ``/health``, ``/v1/models``, ``/metrics``,
-    ``/openapi.json`` and ``/``. ``metrics`` (its own registry unless given) counts what it
-    answers.
+    """The ASGI app serving the ring's routes, ``/health``, ``/livez``, ``/readyz``,
+    ``/v1/models``, ``/metrics``, ``/openapi.json`` and ``/``. ``metrics`` (its own registry
+    unless given) counts what it answers.
 
     ``drain`` is the server's shutdown state: once it drains, ring requests are refused with
     503 and ``/health`` answers 503 ``draining``; once it is cut, requests still running end
@@ -186,6 +187,8 @@ def create_app(
         # No worker, no service, or shutting down: a load balancer should send requests
         # elsewhere.
         return _json(body, status=200 if status == "ok" else 503)
+
+    add_probes(app, lambda: "draining" if drain.draining else None)
 
     @app.get("/v1/models")
     async def models() -> Response:
