@@ -27,7 +27,7 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["Host", "Topology", "unavailable"]
+__all__ = ["Host", "Topology", "entered", "unavailable"]
 
 IP = shutil.which("ip")
 NETNS_ETC = Path("/etc/netns")
@@ -57,16 +57,35 @@ def unavailable() -> str | None:
     return None
 
 
-def _enter(namespace: str) -> None:
-    """Move the calling thread (only it) into ``namespace``'s network namespace."""
+def _setns(path: str) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY)
     try:
         if libc.setns(fd, _CLONE_NEWNET) != 0:
             errno = ctypes.get_errno()
-            raise OSError(errno, f"setns into {namespace}: {os.strerror(errno)}")
+            raise OSError(errno, f"setns into {path}: {os.strerror(errno)}")
     finally:
         os.close(fd)
+
+
+def _enter(namespace: str) -> None:
+    """Move the calling thread (only it) into ``namespace``'s network namespace."""
+    _setns(f"/run/netns/{namespace}")
+
+
+@contextmanager
+def entered(namespace: str) -> Iterator[None]:
+    """The calling thread in ``namespace`` for the block, then back where it was: the
+    connections it makes meanwhile start from that host (and stay there)."""
+    back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        _enter(namespace)
+        try:
+            yield
+        finally:
+            _setns(f"/proc/self/fd/{back}")
+    finally:
+        os.close(back)
 
 
 @attrs.define
