@@ -790,6 +790,8 @@ def main() -> int:
         partition_for=args.partition_for,
     )
     tmp = Path(tempfile.mkdtemp(prefix="llmtrio-soak-"))
+    # A SIGTERM (a timeout's) unwinds like Ctrl-C, so that the processes started are stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
     result = trio.run(soak, config, tmp)
     print(result.report())
