@@ -600,7 +600,9 @@ async def _soak(config: SoakConfig, tmp: Path, topology: Any) -> SoakResult:
         started = trio.current_time()
         deadline = started + config.duration
         limits = httpx.Limits(max_connections=config.concurrency * 2)
-        async with httpx.AsyncClient(timeout=120, limits=limits, verify=verify) as client:
+        # No transport timeout shorter than _one's own hang bound (300 s): on a machine loaded
+        # enough for a request to take minutes, a client giving up early is no lost request.
+        async with httpx.AsyncClient(timeout=300, limits=limits, verify=verify) as client:
             send, receive = trio.open_memory_channel[int](0)
             sent_all = trio.Event()
 
