@@ -1,4 +1,4 @@
-"""The ``llmtrio`` command: ``generate``, ``serve`` and ``worker``."""
+"""The ``llmtrio`` command: ``generate``, ``serve``, ``worker`` and ``pull``."""
 
 from __future__ import annotations
 
@@ -321,8 +321,38 @@ def _parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="address for --metrics-port (default %(default)s)",
     )
+    from .ring import DialConfig
+
+    dial = attrs.fields(DialConfig)
+    worker.add_argument(
+        "--resolve-interval",
+        type=float,
+        default=dial.resolve_interval.default,
+        help="seconds between lookups of an --ingress-url name: every address it resolves to "
+        "is an ingress (default %(default)s)",
+    )
+    worker.add_argument(
+        "--ingress-timeout",
+        type=float,
+        default=dial.ingress_timeout.default,
+        help="seconds an ingress may answer no ping before it is given up and redialed "
+        "(default %(default)s)",
+    )
     _limit_flags(worker)
     _engine_flags(worker)
+
+    pull = sub.add_parser(
+        "pull",
+        help="fetch a model into the Hugging Face cache (what llmtrio serve and worker read)",
+    )
+    pull.add_argument(
+        "model",
+        nargs="?",
+        metavar="REPO[:QUANT]",
+        help="a Hugging Face repo of GGUF files (default: the default model's)",
+    )
+    pull.add_argument("--hf-file", help="the GGUF file in the repo (default: chosen by quant)")
+    pull.add_argument("--quant", help="quantization to pick (default: the engine's, Q4_K_M)")
     return parser
 
 
@@ -352,7 +382,7 @@ def _control_config(args: argparse.Namespace) -> ControlConfig | None:
 def _worker(args: argparse.Namespace) -> int:
     from ._ingress import until_signalled
     from ._remote_worker import run_worker
-    from .ring import client_ssl_context
+    from .ring import DialConfig, client_ssl_context
 
     try:
         context = client_ssl_context(args.tls_cert, args.tls_key, args.ca)
@@ -364,6 +394,12 @@ def _worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"llmtrio worker: {exc}") from None
     metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
+    try:
+        dial = DialConfig(
+            resolve_interval=args.resolve_interval, ingress_timeout=args.ingress_timeout
+        )
+    except ValueError as exc:
+        raise SystemExit(f"llmtrio worker: {exc}") from None
 
     async def run(shutdown: trio.Event) -> None:
         await run_worker(
@@ -375,6 +411,7 @@ def _worker(args: argparse.Namespace) -> int:
             graceful_timeout=args.graceful_timeout,
             limits=limits,
             metrics_address=metrics,
+            dial=dial,
         )
 
     trio.run(partial(until_signalled, run, graceful_timeout=args.graceful_timeout))
@@ -491,6 +528,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_generate, args)
         if args.command == "worker":
             return _worker(args)
+        if args.command == "pull":
+            from ._pull import pull
+
+            pull(args.model, hf_file=args.hf_file, quant=args.quant)
+            return 0
         return _serve(args)
     except Exception as exc:
         engine = sys.modules.get("llmtrio.engine")  # loaded only by commands that use it

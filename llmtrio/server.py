@@ -44,7 +44,8 @@ async def serve(
     async with Engine.open(engine_config) as engine:
         ring = Ring(max_streams=config.ring_streams, park_timeout=config.park_timeout)
         registry = CollectorRegistry()
-        metrics = WorkerMetrics(registry, engine, waiting=lambda: ring.stats().parked)
+        # The ingress exports the picker's gauges for the whole ring, this engine included.
+        metrics = WorkerMetrics(registry, engine, picker_gauges=False)
         failure: EngineFailedError | None = None
 
         async def local_worker(*, task_status: trio.TaskStatus[None]) -> None:

@@ -59,7 +59,7 @@ async def open_stack(
     async with Engine.open(engine_config) as engine:
         ring = Ring(max_streams=config.ring_streams)
         registry = CollectorRegistry()
-        metrics = WorkerMetrics(registry, engine, waiting=lambda: ring.stats().parked)
+        metrics = WorkerMetrics(registry, engine, picker_gauges=False)
         async with trio.open_nursery() as nursery:
             stack: Stack | None = None
 

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -468,3 +469,42 @@ def test_hub_settings_follow_the_environment() -> None:
         assert HubSettings.from_environ({"HF_HUB_OFFLINE": value}).offline is offline
     mirror = HubSettings.from_environ({"HF_ENDPOINT": "http://mirror:8080/"})
     assert mirror.endpoint == "http://mirror:8080"
+
+
+# -- llmtrio pull ---------------------------------------------------------------------------
+
+
+def run_pull(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llmtrio", "pull", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_pull_fetches_into_the_cache_and_says_where(
+    hf_cache: Path, hub: FakeHub, qwen_bytes: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.repos[OTHER_REPO] = {"Other-Q4_K_M.gguf": b"big", "Other-Q8_0.gguf": qwen_bytes}
+    pulled = run_pull(f"{OTHER_REPO}:Q8_0")
+    assert pulled.returncode == 0, pulled.stderr
+    path = Path(pulled.stdout.strip())
+    assert path == storage_folder(hf_cache, OTHER_REPO).resolve() / (
+        f"snapshots/{COMMIT}/Other-Q8_0.gguf"
+    )
+    assert path.read_bytes() == qwen_bytes
+    assert f"{OTHER_REPO}:Q8_0: downloaded: {path}" in pulled.stderr
+    # Again: nothing downloaded; and offline, the cache alone answers (what a worker reads).
+    again = run_pull(OTHER_REPO, "--quant", "Q8_0")
+    assert (again.returncode, again.stdout.strip()) == (0, str(path))
+    assert "already in the cache" in again.stderr
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.repos.clear()
+    offline = run_pull(f"{OTHER_REPO}:Q8_0")
+    assert (offline.returncode, offline.stdout.strip()) == (0, str(path))
+
+
+def test_pull_of_a_missing_model_is_a_clear_error(hub: FakeHub) -> None:
+    pulled = run_pull("someone/Missing-GGUF")
+    assert pulled.returncode == 2
+    assert "has no repository someone/Missing-GGUF" in pulled.stderr
+    assert "Traceback" not in pulled.stderr and pulled.stdout == ""

@@ -3,8 +3,9 @@
 The ring knows nothing of llama.cpp, OpenAI or HTTP servers. ``Ring`` is the in-process
 ring; ``RingCore`` (the state machine), the messages, and ``encode``/``FrameDecoder`` (the
 framing) are its sans-IO core and wire protocol. ``serve_control`` is the ingress's mutual-TLS
-listener for remote workers, ``connect_ring`` the worker's end of it; ``RingLink`` is what a
-worker needs from either kind of attachment.
+listener for remote workers, ``connect_ring`` the worker's end of it (``DialConfig``: how it
+finds its ingresses and judges them); ``RingLink`` is what a worker needs from either kind of
+attachment.
 """
 
 from ._control import ControlConfig as ControlConfig
@@ -17,6 +18,7 @@ from ._core import StreamState as StreamState
 from ._core import ToClient as ToClient
 from ._core import ToWorker as ToWorker
 from ._core import WorkerStats as WorkerStats
+from ._dial import DialConfig as DialConfig
 from ._errors import ControlRefusedError as ControlRefusedError
 from ._errors import ParkTimeoutError as ParkTimeoutError
 from ._errors import ProtocolError as ProtocolError
@@ -73,6 +75,7 @@ __all__ = [
     "ControlRefusedError",
     "Credit",
     "Detach",
+    "DialConfig",
     "Effect",
     "FrameDecoder",
     "Headers",

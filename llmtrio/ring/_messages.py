@@ -143,6 +143,11 @@ class Heartbeat:
     snapshots hold now."""
     cached_tokens: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
     cache_bytes: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    kv_used: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    """KV-cache cells (tokens) the running sequences hold, and the engine's cells in all
+    (slots times context), for the ingress's ``vllm:kv_cache_usage_perc`` (optional on the
+    wire: a ``kv_total`` of 0 means not reported, as from a worker older than these fields)."""
+    kv_total: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
 
 
 @attrs.frozen

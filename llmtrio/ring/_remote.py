@@ -9,25 +9,29 @@ given back with ``Release`` (parked again at the front there). So the worker nev
 than ``max_inflight`` streams over all its ingresses together, every ingress sees its free
 slots, and the oldest waiting request anywhere wins (a busy ingress does not starve a quiet
 one). An ingress going away cancels only the streams it sent.
+
+An ingress URL may name many ingresses (a DNS name with one address per replica): every
+address is dialed and the name is resolved again every ``DialConfig.resolve_interval``
+(``_dial`` holds the rules). A worker gives up an ingress that answers no ping for
+``DialConfig.ingress_timeout`` seconds, as an ingress declares a silent worker dead.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import random
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Self
-from urllib.parse import urlsplit
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
+from trio_websocket import ConnectionClosed, WebSocketConnection
 
+from ._dial import DialConfig, Dialer, IngressURL, follow
 from ._errors import ControlRefusedError, ProtocolError, StreamCancelledError
 from ._framing import FrameDecoder, encode_available
 from ._link import unfinished_reason
@@ -55,18 +59,7 @@ __all__ = ["RemoteClaimed", "RemoteLink", "connect_ring"]
 
 logger = logging.getLogger("llmtrio.ring.remote")
 
-BACKOFF_FIRST_S = 0.2
-BACKOFF_MAX_S = 10.0
 KEEPALIVE_S = 1.0
-INGRESS_TIMEOUT_S = 10.0  # an ingress that answers no ping for this long is given up
-STABLE_S = 5.0  # a connection that lasted this long resets the backoff
-
-
-def _address(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    if parts.scheme != "wss" or not parts.hostname:
-        raise ValueError(f"an ingress URL looks like wss://HOST:PORT, not {url!r}")
-    return parts.hostname, parts.port or 443
 
 
 @asynccontextmanager
@@ -77,9 +70,11 @@ async def connect_ring(
     worker_id: str,
     max_inflight: int,
     models: Iterable[str] = (),
-    handshake_timeout: float = 5.0,
+    config: DialConfig | None = None,
 ) -> AsyncIterator[RemoteLink]:
-    """Attach to every ingress in ``urls`` (``wss://HOST:PORT``) and yield the link.
+    """Attach to every ingress in ``urls`` (``wss://HOST:PORT``) and yield the link. A HOST
+    that is a name is resolved, and every address it stands for is an ingress (see
+    ``DialConfig``).
 
     Connections are made and remade in the background: the link is usable at once, and
     streams come from whichever ingresses are attached. Refusals (TLS, protocol version)
@@ -91,28 +86,18 @@ async def connect_ring(
 
     Error handling: ``ValueError`` for a malformed URL.
     """
-    addresses = [_address(url) for url in urls]
-    if not addresses:
+    targets = list(dict.fromkeys(IngressURL.parse(url) for url in urls))
+    if not targets:
         raise ValueError("give at least one ingress URL")
-    link = RemoteLink(worker_id, max_inflight, tuple(models), ssl_context, handshake_timeout)
+    link = RemoteLink(worker_id, max_inflight, tuple(models), ssl_context, config or DialConfig())
     async with trio.open_nursery() as nursery:
-        for host, port in addresses:
-            nursery.start_soon(link._keep_connected, host, port)
+        for target in targets:
+            nursery.start_soon(follow, target, link._config, link._session, link._is_closing)
         try:
             yield link
         finally:
             link._close("the worker is shutting down")
             nursery.cancel_scope.deadline = trio.current_time() + 2
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    """The exceptions in ``group`` and in the groups nested in it (a session's nurseries
-    nest), so that a log names each one rather than "Exceptions from Trio nursery"."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
 
 
 @attrs.define(eq=False)
@@ -147,7 +132,7 @@ class RemoteLink:
     max_inflight: int
     models: tuple[str, ...]
     _ssl_context: ssl.SSLContext
-    _handshake_timeout: float
+    _config: DialConfig = attrs.field(factory=DialConfig)
     _connections: list[_Connection] = attrs.field(init=False, factory=list)
     _wanted: int = attrs.field(init=False, default=0)  # claim() calls waiting
     _ready: deque[RemoteClaimed] = attrs.field(init=False, factory=deque)
@@ -256,34 +241,18 @@ class RemoteLink:
 
     # -- connections -----------------------------------------------------------------------------
 
-    async def _keep_connected(self, host: str, port: int) -> None:
-        name = f"{host}:{port}"
-        failures = 0
-        while not self._closing:
-            started = trio.current_time()
-            try:
-                await self._session(host, port, name)
-            except* (
-                OSError,
-                ControlRefusedError,
-                HandshakeError,
-                ConnectionClosed,
-                ProtocolError,
-            ) as group:
-                logger.warning("ingress %s: %s", name, "; ".join(map(str, _leaves(group))))
-            if self._closing:
-                return
-            failures = 0 if trio.current_time() - started > STABLE_S else failures + 1
-            delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, failures - 1))
-            await trio.sleep(delay * random.uniform(0.5, 1.0))
-
-    async def _session(self, host: str, port: int, name: str) -> None:
+    async def _session(self, dialer: Dialer) -> None:
         async with trio.open_nursery() as nursery:
             ws = await open_control_websocket(
-                nursery, host, port, self._ssl_context, limit_s=self._handshake_timeout
+                nursery,
+                dialer.address,
+                dialer.url.port,
+                self._ssl_context,
+                limit_s=self._config.handshake_timeout,
+                server_hostname=dialer.server_hostname,
             )
             try:
-                await self._serve(ws, name)
+                await self._serve(ws, dialer.name)
             finally:
                 nursery.cancel_scope.cancel()
 
@@ -310,17 +279,18 @@ class RemoteLink:
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
 
-    @staticmethod
-    async def _watch_ingress(ws: WebSocketConnection, connection: _Connection) -> None:
+    async def _watch_ingress(self, ws: WebSocketConnection, connection: _Connection) -> None:
         """Ping the ingress every ``KEEPALIVE_S``; one that answers nothing for
-        ``INGRESS_TIMEOUT_S`` is given up (a silent partition breaks no TCP connection)."""
+        ``ingress_timeout`` seconds is given up (a silent partition breaks no TCP connection):
+        the session ends, which cancels the streams that ingress sent."""
+        timeout = self._config.ingress_timeout
         while True:
             await trio.sleep(KEEPALIVE_S)
-            with trio.move_on_after(INGRESS_TIMEOUT_S) as scope:
+            with trio.move_on_after(timeout) as scope:
                 await ws.ping()
             if scope.cancelled_caught:
                 raise ControlRefusedError(
-                    f"ingress {connection.name} answered no ping for {INGRESS_TIMEOUT_S:g}s"
+                    f"ingress {connection.name} answered no ping for {timeout:g}s"
                 )
 
     async def _keepalive(self, connection: _Connection) -> None:
@@ -392,6 +362,9 @@ class RemoteLink:
         connection.held.clear()
         self._rebalance()
         self._changed.unpark_all()
+
+    def _is_closing(self) -> bool:
+        return self._closing
 
     def _close(self, reason: str) -> None:
         self._closing = True

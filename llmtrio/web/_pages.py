@@ -27,6 +27,7 @@ from ..ring import Ring, WorkerStats
 from ._drain import Drain
 from ._metrics import CONTENT_TYPE, IngressMetrics
 from ._openapi import openapi
+from ._probes import add_probes
 
 __all__ = ["pages_app"]
 
@@ -55,7 +56,8 @@ def pages_app(
     drain: Drain,
     limits: RequestLimits,
 ) -> QuartTrio:
-    """The app serving ``/``, ``/health``, ``/v1/models``, ``/metrics`` (``metrics``) and
+    """The app serving ``/``, ``/health``, ``/livez``, ``/readyz``, ``/v1/models``,
+    ``/metrics`` (``metrics``) and
     ``/openapi.json`` (with the workers' request ``limits``); ``/health`` answers 503
     ``draining`` once ``drain`` drains."""
     app = QuartTrio(__name__)
@@ -111,6 +113,8 @@ def pages_app(
         # No worker, no service, or shutting down: a load balancer should send requests
         # elsewhere.
         return _json(body, status=200 if status == "ok" else 503)
+
+    add_probes(app, lambda: "draining" if drain.draining else None)
 
     @app.get("/v1/models")
     async def models() -> Response:
