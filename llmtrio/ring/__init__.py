@@ -28,7 +28,9 @@ from ._framing import MAX_FRAME_SIZE as MAX_FRAME_SIZE
 from ._framing import FrameDecoder as FrameDecoder
 from ._framing import encode as encode
 from ._framing import encode_available as encode_available
+from ._link import Claimed as Claimed
 from ._link import ClaimedStream as ClaimedStream
+from ._link import Lane as Lane
 from ._link import RingLink as RingLink
 from ._messages import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._messages import Assign as Assign
@@ -40,6 +42,7 @@ from ._messages import Detach as Detach
 from ._messages import Headers as Headers
 from ._messages import Heartbeat as Heartbeat
 from ._messages import Message as Message
+from ._messages import Outcome as Outcome
 from ._messages import Release as Release
 from ._messages import RequestHead as RequestHead
 from ._messages import ResponseData as ResponseData
@@ -49,26 +52,37 @@ from ._messages import ResponseHead as ResponseHead
 from ._messages import ResponseMessage as ResponseMessage
 from ._messages import Withdraw as Withdraw
 from ._messages import Withdrawn as Withdrawn
-from ._remote import RemoteClaimed as RemoteClaimed
 from ._remote import RemoteLink as RemoteLink
 from ._remote import connect_ring as connect_ring
-from ._ring import Claimed as Claimed
+from ._ring import Relay as Relay
 from ._ring import Ring as Ring
 from ._ring import RingStream as RingStream
 from ._ring import WorkerLink as WorkerLink
+from ._session import SESSION_TRANSITIONS as SESSION_TRANSITIONS
+from ._session import WORKER_HEADER as WORKER_HEADER
+from ._session import Closed as Closed
+from ._session import Lost as Lost
+from ._session import SessionCore as SessionCore
+from ._session import SessionEffect as SessionEffect
+from ._session import SessionState as SessionState
+from ._session import ToRing as ToRing
+from ._session import ToWire as ToWire
 from ._tls import client_ssl_context as client_ssl_context
 from ._tls import server_ssl_context as server_ssl_context
 
 __all__ = [
     "MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
+    "SESSION_TRANSITIONS",
     "TRANSITIONS",
+    "WORKER_HEADER",
     "Assign",
     "Attach",
     "Cancel",
     "Claim",
     "Claimed",
     "ClaimedStream",
+    "Closed",
     "ControlConfig",
     "ControlRefusedError",
     "Credit",
@@ -77,11 +91,14 @@ __all__ = [
     "FrameDecoder",
     "Headers",
     "Heartbeat",
+    "Lane",
+    "Lost",
     "Message",
+    "Outcome",
     "ParkTimeoutError",
     "ProtocolError",
+    "Relay",
     "Release",
-    "RemoteClaimed",
     "RemoteLink",
     "RequestHead",
     "ResponseData",
@@ -96,9 +113,14 @@ __all__ = [
     "RingLink",
     "RingStats",
     "RingStream",
+    "SessionCore",
+    "SessionEffect",
+    "SessionState",
     "StreamCancelledError",
     "StreamState",
     "ToClient",
+    "ToRing",
+    "ToWire",
     "ToWorker",
     "Withdraw",
     "Withdrawn",
