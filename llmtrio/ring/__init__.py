@@ -2,9 +2,10 @@
 
 The ring knows nothing of llama.cpp, OpenAI or HTTP servers. ``Ring`` is the in-process
 ring; ``RingCore`` (the state machine), the messages, and ``encode``/``FrameDecoder`` (the
-framing) are its sans-IO core and wire protocol. ``serve_control`` is the ingress's mutual-TLS
-listener for remote workers, ``connect_ring`` the worker's end of it; ``RingLink`` is what a
-worker needs from either kind of attachment.
+framing) are its sans-IO core and wire protocol, and ``SessionCore`` the sans-IO core of one
+worker connection at an ingress. ``serve_control`` is the ingress's mutual-TLS listener for
+remote workers, ``connect_ring`` the worker's end of it; ``RingLink`` is what a worker needs
+from either kind of attachment, and ``Claimed`` the stream it claims from either.
 """
 
 from ._control import ControlConfig as ControlConfig
@@ -56,7 +57,6 @@ from ._remote import RemoteLink as RemoteLink
 from ._remote import connect_ring as connect_ring
 from ._ring import Relay as Relay
 from ._ring import Ring as Ring
-from ._ring import RingStream as RingStream
 from ._ring import WorkerLink as WorkerLink
 from ._session import SESSION_TRANSITIONS as SESSION_TRANSITIONS
 from ._session import WORKER_HEADER as WORKER_HEADER
@@ -67,6 +67,7 @@ from ._session import SessionEffect as SessionEffect
 from ._session import SessionState as SessionState
 from ._session import ToRing as ToRing
 from ._session import ToWire as ToWire
+from ._stream import RingStream as RingStream
 from ._tls import client_ssl_context as client_ssl_context
 from ._tls import server_ssl_context as server_ssl_context
 
