@@ -34,6 +34,8 @@ from llmtrio.ring import (
     encode,
 )
 
+from .test_ring_protocol import decode_all
+
 ROOT = Path(__file__).resolve().parent.parent
 PREVIOUS = "4b3693f8ea2b8bd7f72c5e01b834dbdd982dc023"
 """The commit issue 16 started from: ends without outcomes, protocol version 1."""
@@ -47,15 +49,6 @@ def frame(code: int, header: object) -> bytes:
     """A frame as any version writes it: compact JSON, no payload."""
     body = json.dumps(header, separators=(",", ":")).encode()
     return struct.pack(">IBI", 5 + len(body), code, len(body)) + body
-
-
-def decode_all(data: bytes) -> list[Message]:
-    decoder = FrameDecoder()
-    decoder.receive_data(data)
-    messages = []
-    while (message := decoder.next_message()) is not None:
-        messages.append(message)
-    return messages
 
 
 # -- on the wire ----------------------------------------------------------------------------------

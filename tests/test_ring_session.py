@@ -35,6 +35,7 @@ from llmtrio.ring import (
     ResponseEnd,
     ResponseError,
     ResponseHead,
+    Ring,
     RingCore,
     SessionCore,
     SessionEffect,
@@ -310,6 +311,39 @@ def test_a_session_and_a_ring_core_serve_a_stream_together() -> None:
     assert bridge.wire[-1] == Withdrawn(1)
     assert ring.stats().tracked == 0
     assert (ring.stats().workers[0].waiting_claims, bridge.session.claims) == (0, 0)
+
+
+async def test_a_relayed_link_takes_messages_as_they_are_and_relays_the_rings() -> None:
+    """How the control listener attaches a remote worker: its messages go in through
+    ``post`` as they are (a chunk never waits: credits bound it), the ring's come out through
+    the relay, and each chunk that enters the client's buffer is a credit."""
+    ring = Ring(max_streams=4, response_buffer=2)
+    relayed: list[object] = []
+    async with ring.attach("remote", 2, relay=relayed.append) as link:
+        with pytest.raises(ProtocolError, match="relay"):
+            await link.claim()
+        link.post(Claim(2))
+        stream = ring.park(HEAD, b"q")
+        assert relayed == [Assign(stream.stream_id, HEAD, b"q")]
+        link.post(Withdraw(2))
+        assert relayed[-1] == Withdrawn(1)
+        link.post(ResponseHead(stream.stream_id, 200))
+        for chunk in (b"a", b"b", b"c", b"d"):  # past the buffer's 2, at once
+            link.post(ResponseData(stream.stream_id, chunk))
+        assert relayed[1:].count(Credit(stream.stream_id)) == 2  # the two in the buffer
+        body = stream.body()
+        assert await body.__anext__() == b"a"
+        assert relayed.count(Credit(stream.stream_id)) == 3  # "c" entered the buffer
+        link.post(ResponseEnd(stream.stream_id, outcome=Outcome(completion_tokens=4)))
+        assert [chunk async for chunk in body] == [b"b", b"c", b"d"]
+        assert relayed.count(Credit(stream.stream_id)) == 3  # none once the stream is over
+        assert stream.outcome == Outcome(completion_tokens=4)
+        gone = ring.park(HEAD)
+        link.post(Claim(1))
+        gone.cancel()
+        assert relayed[-2:] == [Assign(gone.stream_id, HEAD), Cancel(gone.stream_id)]
+        link.post(ResponseEnd(gone.stream_id))  # the acknowledgement
+    assert ring.stats().tracked == 0
 
 
 # -- a property over random sequences -----------------------------------------------------------
