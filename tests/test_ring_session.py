@@ -22,11 +22,9 @@ from llmtrio.ring import (
     Attach,
     Cancel,
     Claim,
-    Closed,
     Credit,
     Detach,
     Heartbeat,
-    Lost,
     Outcome,
     ProtocolError,
     Release,
@@ -37,9 +35,11 @@ from llmtrio.ring import (
     ResponseHead,
     Ring,
     RingCore,
+    SessionClosed,
     SessionCore,
     SessionEffect,
     SessionState,
+    StreamLost,
     ToClient,
     ToRing,
     ToWire,
@@ -53,7 +53,7 @@ NAME = "worker-1#7"
 
 
 def attached(max_inflight: int = 2, *, credits: int = 2, now: float = 0.0) -> SessionCore:
-    core = SessionCore(NAME, now=now, credits=credits, worker_timeout=10, cancel_ack_timeout=5)
+    core = SessionCore(NAME, opened=now, credits=credits, worker_timeout=10, cancel_ack_timeout=5)
     effects = core.receive(Attach("it calls itself this", max_inflight, models=["m"]), now)
     assert effects == [ToRing(Attach(NAME, max_inflight, models=["m"]))]
     return core
@@ -84,29 +84,29 @@ def test_an_attach_names_the_worker_as_the_ingress_does() -> None:
 
 
 def test_another_protocol_version_is_refused_with_a_reason() -> None:
-    core = SessionCore(NAME, now=0)
+    core = SessionCore(NAME, opened=0)
     effects = core.receive(Attach("old", 1, version=PROTOCOL_VERSION + 1), 0.5)
     reason = f"incompatible protocol version {PROTOCOL_VERSION + 1}: this ingress speaks"
-    assert [type(e) for e in effects] == [ToWire, Closed]
+    assert [type(e) for e in effects] == [ToWire, SessionClosed]
     assert isinstance(effects[0], ToWire) and isinstance(effects[0].message, Detach)
     assert effects[0].message.reason.startswith(reason)
-    assert effects[1] == Closed(effects[0].message.reason, fault=True)
+    assert effects[1] == SessionClosed(effects[0].message.reason, fault=True)
     assert core.state is SessionState.CLOSED
     assert core.receive(Heartbeat(0, 1, 1), 1) == [] and core.expire(100) == []
     assert core.deadline == math.inf
 
 
 def test_the_first_message_must_be_an_attach() -> None:
-    core = SessionCore(NAME, now=0)
+    core = SessionCore(NAME, opened=0)
     *_, closed = core.receive(Claim(1), 0)
-    assert isinstance(closed, Closed) and "the first message must be Attach" in closed.reason
+    assert isinstance(closed, SessionClosed) and "the first message must be Attach" in closed.reason
 
 
 def test_no_attach_within_the_worker_timeout_closes_the_connection() -> None:
-    core = SessionCore(NAME, now=100, worker_timeout=7)
+    core = SessionCore(NAME, opened=100, worker_timeout=7)
     assert core.deadline == 107
     assert core.expire(106.9) == []
-    assert core.expire(107) == [Closed("sent no Attach within 7s", fault=True)]
+    assert core.expire(107) == [SessionClosed("sent no Attach within 7s", fault=True)]
 
 
 def test_the_transition_table_is_what_the_core_enforces() -> None:
@@ -210,7 +210,7 @@ def test_a_cancel_not_acknowledged_in_time_loses_the_stream_only() -> None:
     assert core.expire(7.9) == []
     assert core.expire(8) == [
         ToRing(ResponseError(1, "the worker did not acknowledge the cancel")),
-        Lost(1),
+        StreamLost(1),
     ]
     assert core.held == (2,)
     # Its late messages are dropped, once; the other stream goes on.
@@ -237,20 +237,20 @@ def test_a_silent_worker_is_declared_dead_and_its_claims_withdrawn() -> None:
     assert core.expire(12.9) == []
     assert core.expire(13) == [
         ToRing(Withdraw(2)),
-        Closed("silent for 10s: declared dead", fault=True),
+        SessionClosed("silent for 10s: declared dead", fault=True),
     ]
     assert core.from_ring(Assign(2, HEAD), 14) == []
 
 
 def test_a_worker_leaving_and_the_ingress_closing() -> None:
     core = attached()
-    assert core.receive(Detach("draining"), 1) == [Closed("the worker left: draining")]
+    assert core.receive(Detach("draining"), 1) == [SessionClosed("the worker left: draining")]
     core = attached(3)
     core.receive(Claim(1), 0)
     assert core.close("the ingress is shutting down") == [
         ToRing(Withdraw(1)),
         ToWire(Detach("the ingress is shutting down")),
-        Closed("the ingress is shutting down"),
+        SessionClosed("the ingress is shutting down"),
     ]
     assert core.close("again") == []
 
@@ -290,7 +290,7 @@ class Bridge:
 
 def test_a_session_and_a_ring_core_serve_a_stream_together() -> None:
     ring = RingCore(max_streams=4)
-    bridge = Bridge(ring, SessionCore(NAME, now=0, credits=4))
+    bridge = Bridge(ring, SessionCore(NAME, opened=0, credits=4))
     bridge.run(bridge.session.receive(Attach("w", 2), 0))
     bridge.run(bridge.session.receive(Claim(2), 0))
     stream_id, effects = ring.park(HEAD, b"hi", key="gemma")
@@ -360,7 +360,7 @@ class SessionMachine(RuleBasedStateMachine):
         self.max_inflight = 3
         self.credits = 2
         self.core = SessionCore(
-            NAME, now=0, credits=self.credits, worker_timeout=10, cancel_ack_timeout=5
+            NAME, opened=0, credits=self.credits, worker_timeout=10, cancel_ack_timeout=5
         )
         self.core.receive(Attach("w", self.max_inflight), 0)
         self.next_id = 1
@@ -372,7 +372,7 @@ class SessionMachine(RuleBasedStateMachine):
         if self.closed:
             assert effects == []
         for effect in effects:
-            assert not self.closed, "nothing follows Closed"
+            assert not self.closed, "nothing follows SessionClosed"
             match effect:
                 case ToRing(message=ResponseHead() | ResponseData() | Release() as message):
                     assert message.stream_id in held_before
@@ -385,7 +385,7 @@ class SessionMachine(RuleBasedStateMachine):
                 case ToWire(message=Credit() as credit):
                     assert credit.stream_id in self.core.held
                     self.credited[credit.stream_id] = self.credited.get(credit.stream_id, 0) + 1
-                case Closed():
+                case SessionClosed():
                     self.closed = True
 
     def worker(self, message: object) -> None:

@@ -60,11 +60,11 @@ from ._ring import Ring as Ring
 from ._ring import WorkerLink as WorkerLink
 from ._session import SESSION_TRANSITIONS as SESSION_TRANSITIONS
 from ._session import WORKER_HEADER as WORKER_HEADER
-from ._session import Closed as Closed
-from ._session import Lost as Lost
+from ._session import SessionClosed as SessionClosed
 from ._session import SessionCore as SessionCore
 from ._session import SessionEffect as SessionEffect
 from ._session import SessionState as SessionState
+from ._session import StreamLost as StreamLost
 from ._session import ToRing as ToRing
 from ._session import ToWire as ToWire
 from ._stream import RingStream as RingStream
@@ -83,7 +83,6 @@ __all__ = [
     "Claim",
     "Claimed",
     "ClaimedStream",
-    "Closed",
     "ControlConfig",
     "ControlRefusedError",
     "Credit",
@@ -93,7 +92,6 @@ __all__ = [
     "Headers",
     "Heartbeat",
     "Lane",
-    "Lost",
     "Message",
     "Outcome",
     "ParkTimeoutError",
@@ -114,10 +112,12 @@ __all__ = [
     "RingLink",
     "RingStats",
     "RingStream",
+    "SessionClosed",
     "SessionCore",
     "SessionEffect",
     "SessionState",
     "StreamCancelledError",
+    "StreamLost",
     "StreamState",
     "ToClient",
     "ToRing",

@@ -35,7 +35,7 @@ from ._errors import ProtocolError
 from ._framing import FrameDecoder, encode, encode_available
 from ._messages import Assign, Attach, Cancel, Credit, Message, Withdrawn
 from ._ring import Ring, WorkerLink
-from ._session import Closed, Lost, SessionCore, SessionEffect, ToRing, ToWire
+from ._session import SessionClosed, SessionCore, SessionEffect, StreamLost, ToRing, ToWire
 from ._tls import accept_control_websocket, describe_tls_error, peer_identity
 
 __all__ = ["ControlConfig", "serve_control"]
@@ -138,7 +138,7 @@ async def _serve_worker(
 ) -> None:
     core = SessionCore(
         f"{identity}#{next(_serial)}",
-        now=trio.current_time(),
+        opened=trio.current_time(),
         credits=config.credits,
         worker_timeout=config.worker_timeout,
         cancel_ack_timeout=config.cancel_ack_timeout,
@@ -160,7 +160,7 @@ async def _serve_worker(
     match effects:
         case [ToRing(message=Attach() as attach)]:
             pass
-        case [*_, Closed(reason=reason)]:
+        case [*_, SessionClosed(reason=reason)]:
             logger.warning("refused worker %s from %s: %s", identity, where, reason)
             with trio.move_on_after(1):
                 for effect in effects:
@@ -240,7 +240,7 @@ class _Session:
                 case ToRing(message=message):
                     assert self._link is not None, "attached before anything goes to the ring"
                     self._link.post(message)
-                case Lost(stream_id=stream_id):
+                case StreamLost(stream_id=stream_id):
                     logger.warning(
                         "worker %s did not acknowledge the cancel of stream %d within %gs; "
                         "dropping it",
@@ -248,7 +248,7 @@ class _Session:
                         stream_id,
                         self._core.cancel_ack_timeout,
                     )
-                case Closed(reason=reason, fault=fault):
+                case SessionClosed(reason=reason, fault=fault):
                     if fault:
                         logger.warning("worker %s: %s", self._core.worker_id, reason)
                     return reason

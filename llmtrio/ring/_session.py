@@ -4,8 +4,8 @@
 bytes and an HTTP application: the control listener feeds it what the worker sent
 (``receive``), what the ring has for the worker (``from_ring``) and the time (``expire``),
 and carries out the effects it returns: ``ToWire`` (a message for the worker), ``ToRing`` (a
-message for the ring, as it is: ``WorkerLink.post``), ``Lost`` (a stream given up, for the
-log) and ``Closed`` (the session is over). What the ring decides (which stream goes where,
+message for the ring, as it is: ``WorkerLink.post``), ``StreamLost`` (a stream given up, for the
+log) and ``SessionClosed`` (the session is over). What the ring decides (which stream goes where,
 what a stream's state allows) stays in ``RingCore``; what belongs to one connection is here:
 
 - the handshake: the first message must be an ``Attach`` of this ingress's protocol version,
@@ -16,7 +16,7 @@ what a stream's state allows) stays in ``RingCore``; what belongs to one connect
   buffer comes back from the ring as a ``Credit`` and goes on to the worker; a chunk beyond
   the credits is a ``ProtocolError``, except one last chunk, after which only the end may come;
 - cancels: the client going away sends ``Cancel``; a worker that does not acknowledge it within
-  ``cancel_ack_timeout`` loses the stream (``Lost``: it is acknowledged to the ring here, and
+  ``cancel_ack_timeout`` loses the stream (``StreamLost``: it is acknowledged to the ring here, and
   what the worker sends about it later is dropped);
 - liveness: a worker silent for ``worker_timeout`` seconds is declared dead.
 
@@ -63,11 +63,11 @@ from ._messages import (
 __all__ = [
     "SESSION_TRANSITIONS",
     "WORKER_HEADER",
-    "Closed",
-    "Lost",
+    "SessionClosed",
     "SessionCore",
     "SessionEffect",
     "SessionState",
+    "StreamLost",
     "ToRing",
     "ToWire",
 ]
@@ -123,7 +123,7 @@ class ToRing:
 
 
 @attrs.frozen
-class Lost:
+class StreamLost:
     """Effect: the worker did not acknowledge the ``Cancel`` of ``stream_id`` in time; the
     stream was acknowledged to the ring here (for the log)."""
 
@@ -131,7 +131,7 @@ class Lost:
 
 
 @attrs.frozen
-class Closed:
+class SessionClosed:
     """Effect, always the last: the session is over; close the connection (leaving the ring's
     ``attach`` block then detaches the worker). ``fault``: the worker misbehaved or fell
     silent (worth a warning), rather than leaving or being let go."""
@@ -140,7 +140,7 @@ class Closed:
     fault: bool = False
 
 
-SessionEffect: TypeAlias = ToWire | ToRing | Lost | Closed
+SessionEffect: TypeAlias = ToWire | ToRing | StreamLost | SessionClosed
 
 
 @attrs.define
@@ -163,12 +163,12 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -
 @attrs.define
 class SessionCore:
     """One worker connection at the ingress: its handshake, claims, credits, cancels and
-    liveness. ``worker_id`` is the name the ingress gives the worker; ``now`` is when the
+    liveness. ``worker_id`` is the name the ingress gives the worker; ``opened`` is when the
     connection opened (the ``Attach`` is due ``worker_timeout`` seconds later), on the
     clock the caller passes to every method."""
 
     worker_id: str
-    now: float = attrs.field(kw_only=True)
+    opened: float = attrs.field(kw_only=True)
     credits: int = attrs.field(default=16, kw_only=True, validator=_positive)
     worker_timeout: float = attrs.field(default=10.0, kw_only=True, validator=_positive)
     cancel_ack_timeout: float = attrs.field(default=5.0, kw_only=True, validator=_positive)
@@ -180,7 +180,7 @@ class SessionCore:
     _heard: float = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._heard = self.now
+        self._heard = self.opened
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -220,7 +220,7 @@ class SessionCore:
         Error handling: ``ProtocolError`` (nothing changed) for a message the worker may not
         send now: a second ``Attach``, a ring's message, a ``Claim`` beyond its
         ``max_inflight``, a message on a stream it does not hold, a chunk beyond its credits.
-        Awaiting the ``Attach``, anything else refuses the worker instead (``Closed``).
+        Awaiting the ``Attach``, anything else refuses the worker instead (``SessionClosed``).
         """
         if self._state is SessionState.CLOSED:
             return []
@@ -275,7 +275,7 @@ class SessionCore:
             if held.cancel_by is not None and held.cancel_by <= now:
                 del self._held[stream_id]
                 self._lost.add(stream_id)
-                effects += [ToRing(ResponseError(stream_id, UNACKNOWLEDGED)), Lost(stream_id)]
+                effects += [ToRing(ResponseError(stream_id, UNACKNOWLEDGED)), StreamLost(stream_id)]
         if now >= self._heard + self.worker_timeout:
             reason = f"silent for {self.worker_timeout:g}s: declared dead"
             effects += self._close(reason, fault=True)
@@ -369,5 +369,5 @@ class SessionCore:
         self._state = SessionState.CLOSED
         if tell:
             effects.append(ToWire(Detach(reason)))
-        effects.append(Closed(reason, fault))
+        effects.append(SessionClosed(reason, fault))
         return effects
