@@ -186,28 +186,32 @@ class Router:
 
     def credit(self, stream_id: int) -> None:
         """A chunk entered the client's buffer: the worker, if relayed, may send one more."""
+        if not self.relays:
+            return
         holder = self.core.holder(stream_id)
         relay = None if holder is None else self.relays.get(holder)
         if relay is not None:
             relay(Credit(stream_id, 1))
 
-    def apply(self, effects: Iterable[Effect]) -> None:
+    def apply(self, effects: Iterable[Effect], *, moved: bool = True) -> None:
         """Deliver the core's effects; none waits. A chunk past the client's buffer bound
         waits beyond it (a worker in this process waited for room before the core saw it,
         unless it is its last; a relayed worker's credits bound it): it is credited when it
-        enters the buffer."""
-        self.moved.unpark_all()
+        enters the buffer. ``moved=False``: no stream changed its state (a body chunk), so
+        the streams watching their park time need not look."""
+        if moved:
+            self.moved.unpark_all()
         for effect in effects:
             match effect:
-                case ToWorker(worker_id=worker_id, message=message):
-                    self.workers[worker_id](message)
-                case ToClient(stream_id=stream_id, message=ResponseEnd() | ResponseError() as end):
-                    self.responses.pop(stream_id).deliver(end, None)
                 case ToClient(stream_id=stream_id, message=ResponseData() as data):
                     response = self.responses[stream_id]
                     response.deliver(data, None)
                     if len(response.chunks) <= response.bound:
                         self.credit(stream_id)
+                case ToWorker(worker_id=worker_id, message=message):
+                    self.workers[worker_id](message)
+                case ToClient(stream_id=stream_id, message=ResponseEnd() | ResponseError() as end):
+                    self.responses.pop(stream_id).deliver(end, None)
                 case ToClient(stream_id=stream_id, message=message):
                     self.responses[stream_id].deliver(message, self.core.holder(stream_id))
 
@@ -273,12 +277,16 @@ class WorkerLink:
 
         ``Heartbeat``, ``Claim``, ``Withdraw`` (answered by a ``Withdrawn`` to the relay),
         ``Release`` and the response messages: a ``ResponseData`` posted here goes past the
-        client's buffer bound (``send_data`` waits for room first). An ``Attach``, a ``Detach`` or a
-        ring's message is refused: the worker leaves by leaving ``Ring.attach``'s block.
+        client's buffer bound (``send_data`` waits for room first). An ``Attach``, a
+        ``Detach`` or a ring's message is refused: the worker leaves by leaving
+        ``Ring.attach``'s block.
 
         Error handling: ``ProtocolError`` (nothing changed) for a message illegal now.
         """
         core, worker_id = self._router.core, self.worker_id
+        if isinstance(message, ResponseData):  # the most frequent, and it moves no stream
+            self._router.apply(core.respond(worker_id, message), moved=False)
+            return
         match message:
             case Heartbeat():
                 core.heartbeat(worker_id, message, at=trio.current_time())
@@ -304,7 +312,8 @@ class WorkerLink:
         response = self._router.responses.get(message.stream_id)
         waited = False
         if response is not None:
-            waited = await response.room()
+            if len(response.chunks) >= response.bound:
+                waited = await response.room()
             if response.closed:
                 raise StreamCancelledError(f"the client of stream {message.stream_id} went away")
         self.post(message)
