@@ -11,15 +11,18 @@ import struct
 import subprocess
 import sys
 import tarfile
+from functools import partial
 from io import BytesIO
 from pathlib import Path
 
 import pytest
+import trio
 
 from llmtrio.ring import (
     Assign,
     Attach,
     Claim,
+    ClaimedStream,
     FrameDecoder,
     Message,
     Outcome,
@@ -35,6 +38,9 @@ from llmtrio.ring import (
 )
 
 from .test_ring_protocol import decode_all
+from .test_ring_remote import Pki, pki, start_ingress, worker
+
+__all__ = ["pki"]  # the fixture, used here as in test_ring_remote
 
 ROOT = Path(__file__).resolve().parent.parent
 PREVIOUS = "4b3693f8ea2b8bd7f72c5e01b834dbdd982dc023"
@@ -246,3 +252,128 @@ def test_the_routing_key_stays_at_the_ingress() -> None:
     stream_id, (effect,) = core.park(HEAD, b"{}", key="gemma")
     assert effect.message == Assign(stream_id, HEAD, b"{}")
     assert b"gemma" not in encode(effect.message)
+
+
+# -- across versions, over the real control channel ---------------------------------------------
+
+PREVIOUS_WORKER = """
+import os, sys, trio
+import llmtrio
+from llmtrio.ring import client_ssl_context, connect_ring
+assert llmtrio.__file__.startswith(os.getcwd()), llmtrio.__file__  # the previous version
+
+async def main(url, cert, ca):
+    context = client_ssl_context(cert, None, ca)
+    async with connect_ring([url], context, worker_id="old", max_inflight=2) as link:
+        async def slot():
+            while True:
+                claimed = await link.claim()
+                with claimed:
+                    await claimed.send_head(200, [("x-worker", "old")])
+                    for i in range(12):
+                        await claimed.send(b"%d;" % i)
+                    await claimed.end(claimed.body)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slot)
+            nursery.start_soon(slot)
+
+trio.run(main, *sys.argv[1:])
+"""
+
+PREVIOUS_INGRESS = """
+import json, os, sys, trio
+import llmtrio
+from llmtrio.ring import ControlConfig, RequestHead, Ring, serve_control, server_ssl_context
+assert llmtrio.__file__.startswith(os.getcwd()), llmtrio.__file__  # the previous version
+
+async def main(cert, ca):
+    ring = Ring(max_streams=16, response_buffer=2)
+    context = server_ssl_context(cert, cert, ca)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_control, ring, ControlConfig(context, port=0, credits=3))
+        print(url, flush=True)
+        with trio.fail_after(30):
+            while not ring.stats().workers:
+                await trio.sleep(0.01)
+            bodies = []
+            for i in range(5):
+                with ring.park(RequestHead("POST", "/x"), b"r%d" % i) as stream:
+                    await stream.response_head()
+                    bodies.append(b"".join([chunk async for chunk in stream.body()]).decode())
+        print(json.dumps(bodies), flush=True)
+        nursery.cancel_scope.cancel()
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+async def next_line(stream: trio.abc.ReceiveStream, pending: bytearray) -> str:
+    """The next line ``stream`` writes; what is read past it stays in ``pending``."""
+    while b"\n" not in pending:
+        data = await stream.receive_some()
+        if not data:
+            raise EOFError(f"the stream ended after {bytes(pending)!r}")
+        pending += data
+    line, _, rest = bytes(pending).partition(b"\n")
+    pending[:] = rest
+    return line.decode()
+
+
+async def start_previous(
+    nursery: trio.Nursery, previous: Path, script: str, *args: object
+) -> trio.Process:
+    """Run ``script`` on the previous version, its output piped; killed with ``nursery``."""
+    command = [sys.executable, "-c", script, *map(str, args)]
+    env = {**os.environ, "PYTHONPATH": str(previous)}
+    start = partial(
+        trio.run_process, command, check=False, cwd=previous, env=env, stdout=subprocess.PIPE
+    )
+    process: trio.Process = await nursery.start(start)
+    return process
+
+
+async def test_a_worker_of_the_previous_version_serves_this_ingress(
+    previous: Path, pki: Pki
+) -> None:
+    ring = Ring(max_streams=16, response_buffer=2)
+    async with trio.open_nursery() as nursery:
+        url = await start_ingress(nursery, pki, ring, credits=3)
+        await start_previous(
+            nursery, previous, PREVIOUS_WORKER, url, pki.worker("old"), pki.ingress_ca
+        )
+        with trio.fail_after(30):
+            while not ring.stats().workers:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            streams = [ring.park(HEAD, b"r%d" % i) for i in range(5)]
+            for i, stream in enumerate(streams):
+                head = await stream.response_head()
+                assert dict(head.headers)["x-worker"] == "old"
+                body = b"".join([chunk async for chunk in stream.body()])
+                assert body == b"".join(b"%d;" % n for n in range(12)) + b"r%d" % i
+                assert stream.outcome is None  # it states none
+        nursery.cancel_scope.cancel()
+
+
+async def test_this_worker_serves_an_ingress_of_the_previous_version(
+    previous: Path, pki: Pki
+) -> None:
+    async def answer(claimed: ClaimedStream) -> None:
+        await claimed.send_head(200, [("x-worker", "new")])
+        for n in range(12):
+            await claimed.send(b"%d;" % n)
+        await claimed.end(claimed.body, outcome=STOP)
+
+    async with trio.open_nursery() as nursery:
+        ingress = await start_previous(
+            nursery, previous, PREVIOUS_INGRESS, pki.ingress, pki.worker_ca
+        )
+        assert ingress.stdout is not None
+        pending = bytearray()
+        with trio.fail_after(60):
+            url = await next_line(ingress.stdout, pending)
+            async with worker(pki, [url], "new", answer):
+                output = await next_line(ingress.stdout, pending)
+        assert json.loads(output) == [
+            "".join(f"{n};" for n in range(12)) + f"r{i}" for i in range(5)
+        ]
+        nursery.cancel_scope.cancel()
