@@ -32,6 +32,8 @@ from llmtrio.ring import (
     _messages,
     _remote,
     _ring,
+    _session,
+    _stream,
     _tls,
 )
 
@@ -82,7 +84,19 @@ async def serve(
 
 def test_every_public_name_is_exported_once() -> None:
     exported = {name for name in vars(llmtrio.ring) if not name.startswith("_")}
-    modules = (_control, _core, _errors, _framing, _link, _messages, _remote, _ring, _tls)
+    modules = (
+        _control,
+        _core,
+        _errors,
+        _framing,
+        _link,
+        _messages,
+        _remote,
+        _ring,
+        _session,
+        _stream,
+        _tls,
+    )
     defined = [name for module in modules for name in module.__all__]
     assert len(defined) == len(set(defined))
     assert exported == set(defined)

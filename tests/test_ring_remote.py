@@ -29,6 +29,7 @@ from llmtrio.ring import (
     ControlRefusedError,
     Detach,
     FrameDecoder,
+    Outcome,
     RemoteLink,
     RequestHead,
     Ring,
@@ -168,6 +169,32 @@ async def test_requests_to_two_ingresses_are_served_by_two_workers(pki: Pki) -> 
             assert all(w.models == ("fake",) for w in rings[0].stats().workers)
         for ring in rings:
             assert ring.stats().tracked == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_outcome_a_remote_worker_states_reaches_the_ingress(pki: Pki) -> None:
+    ring = Ring(max_streams=8)
+    stated = Outcome(finish_reason="length", prompt_tokens=7, cached_tokens=0, completion_tokens=3)
+    refused = Outcome(error_code="invalid_value")
+
+    async def state_it(claimed: ClaimedStream) -> None:
+        if claimed.body == b"fail":
+            claimed.fail("bad request", outcome=refused)
+            return
+        await claimed.send_head(200, [("x-worker", "a")])
+        await claimed.send(b"x")
+        await claimed.end(b"y", outcome=stated)
+
+    async with trio.open_nursery() as nursery:
+        url = await start_ingress(nursery, pki, ring)
+        async with worker(pki, [url], "a", state_it, max_inflight=1):
+            ended = ring.park(HEAD, b"ok")
+            assert await read_all(ended) == ("a", b"xy")
+            assert ended.outcome == stated
+            failed = ring.park(HEAD, b"fail")
+            with pytest.raises(WorkerFailedError, match="bad request"):
+                await failed.response_head()
+            assert failed.outcome == refused
         nursery.cancel_scope.cancel()
 
 

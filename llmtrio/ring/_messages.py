@@ -25,6 +25,7 @@ __all__ = [
     "Headers",
     "Heartbeat",
     "Message",
+    "Outcome",
     "Release",
     "RequestHead",
     "ResponseData",
@@ -89,6 +90,14 @@ def _nonempty_str(instance: object, attribute: attrs.Attribute[str], value: str)
     _str(instance, attribute, value)
     if not value:
         raise ValueError(f"{attribute.name} must not be empty")
+
+
+def _optional(check: Any) -> Any:
+    def optional(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None:
+            check(instance, attribute, value)
+
+    return optional
 
 
 def _status(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -218,18 +227,41 @@ class ResponseData:
 
 
 @attrs.frozen
+class Outcome:
+    """What a response ended with, as its worker states it, for the ingress's access log
+    and metrics. The ring carries it and never reads it."""
+
+    finish_reason: str | None = attrs.field(default=None, validator=_optional(_str))
+    prompt_tokens: int | None = attrs.field(default=None, validator=_optional(_int_at_least(0)))
+    cached_tokens: int | None = attrs.field(default=None, validator=_optional(_int_at_least(0)))
+    completion_tokens: int | None = attrs.field(default=None, validator=_optional(_int_at_least(0)))
+    error_code: str | None = attrs.field(default=None, validator=_optional(_str))
+
+
+def _outcome(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, Outcome):
+        raise TypeError(f"outcome must be an Outcome or None, not {value!r}")
+
+
+@attrs.frozen
 class ResponseEnd:
-    """Worker → ring → client: the response is complete. Also acknowledges a ``Cancel``."""
+    """Worker → ring → client: the response is complete. Also acknowledges a ``Cancel``.
+
+    ``outcome`` is what the worker states the response ended with (optional on the wire)."""
 
     stream_id: int = attrs.field(validator=_stream_id)
+    outcome: Outcome | None = attrs.field(default=None, kw_only=True, validator=_outcome)
 
 
 @attrs.frozen
 class ResponseError:
-    """Worker → ring → client: the worker could not finish; also acknowledges a ``Cancel``."""
+    """Worker → ring → client: the worker could not finish; also acknowledges a ``Cancel``.
+
+    ``outcome`` is what the worker states the response ended with (optional on the wire)."""
 
     stream_id: int = attrs.field(validator=_stream_id)
     message: str = attrs.field(validator=_str)
+    outcome: Outcome | None = attrs.field(default=None, kw_only=True, validator=_outcome)
 
 
 @attrs.frozen

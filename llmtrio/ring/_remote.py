@@ -22,10 +22,8 @@ import logging
 import math
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from types import TracebackType
-from typing import Self
 
 import attrs
 import trio
@@ -34,7 +32,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 from ._dial import DialConfig, Dialer, IngressURL, follow
 from ._errors import ControlRefusedError, ProtocolError, StreamCancelledError
 from ._framing import FrameDecoder, encode_available
-from ._link import unfinished_reason
+from ._link import Claimed
 from ._messages import (
     Assign,
     Attach,
@@ -45,7 +43,6 @@ from ._messages import (
     Heartbeat,
     Message,
     Release,
-    RequestHead,
     ResponseData,
     ResponseEnd,
     ResponseError,
@@ -55,7 +52,7 @@ from ._messages import (
 )
 from ._tls import open_control_websocket
 
-__all__ = ["RemoteClaimed", "RemoteLink", "connect_ring"]
+__all__ = ["RemoteLink", "connect_ring"]
 
 logger = logging.getLogger("llmtrio.ring.remote")
 
@@ -102,14 +99,19 @@ async def connect_ring(
 
 @attrs.define(eq=False)
 class _Connection:
-    """One attached ingress, as the worker sees it."""
+    """One attached ingress, as the worker sees it: its claims, the streams it assigned and
+    their credits. The ``Lane`` of the ``Claimed`` streams it assigned: their messages go on
+    the wire as they are; a body chunk waits for a credit of its own stream."""
 
     name: str
     _outbox: trio.MemorySendChannel[Message]
+    _finished: Callable[[], None]  # a held stream was finished (its slot is free)
     outstanding: int = 0  # claims sent and not yet answered by an Assign or a Withdrawn
     withdrawing: int = 0  # claims asked back, not yet answered
     withdraws: deque[int] = attrs.field(factory=deque)
-    held: dict[int, RemoteClaimed] = attrs.field(factory=dict)
+    held: dict[int, Claimed] = attrs.field(factory=dict)
+    credits: dict[int, int] = attrs.field(factory=dict)  # per held stream
+    _credited: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     alive: bool = True
 
     def send(self, message: Message) -> None:
@@ -123,6 +125,65 @@ class _Connection:
         self.alive = False
         self._outbox.close()
 
+    def assigned(self, message: Assign) -> Claimed:
+        """A stream this ingress assigned, to serve with its credits."""
+        claimed = Claimed(self, message.stream_id, message.head, message.body)
+        self.held[message.stream_id] = claimed
+        self.credits[message.stream_id] = message.credits
+        return claimed
+
+    def credit(self, message: Credit) -> None:
+        if message.stream_id in self.credits:
+            self.credits[message.stream_id] += message.count
+            self._credited.unpark_all()
+
+    def cancel(self, stream_id: int) -> None:
+        """The ingress cancelled the stream (its client went away)."""
+        claimed = self.held.get(stream_id)
+        if claimed is not None:
+            claimed.cancelled.set()
+            self._credited.unpark_all()
+
+    def lose(self) -> None:
+        """The connection ended: its streams are cancelled here (the ingress requeues or fails
+        them) and can no longer be answered."""
+        self.close()
+        for claimed in self.held.values():
+            claimed.cancelled.set()
+        self.held.clear()
+        self.credits.clear()
+        self._credited.unpark_all()
+
+    # -- the Lane of its streams ---------------------------------------------------------------
+
+    def post(
+        self, message: ResponseHead | ResponseData | ResponseEnd | ResponseError | Release
+    ) -> None:
+        self.send(message)
+        if isinstance(message, ResponseEnd | ResponseError | Release):
+            self.held.pop(message.stream_id, None)
+            self.credits.pop(message.stream_id, None)
+            self._finished()
+
+    async def send_data(self, message: ResponseData) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        stream_id = message.stream_id
+        claimed = self.held.get(stream_id)
+        while True:
+            if claimed is not None and claimed.cancelled.is_set():
+                raise StreamCancelledError(f"the client of stream {stream_id} went away")
+            if stream_id not in self.held:
+                raise ProtocolError(f"stream {stream_id} is already finished")
+            if self.credits[stream_id] > 0:
+                break
+            await self._credited.park()
+        self.credits[stream_id] -= 1
+        self.send(message)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def holds(self, stream_id: int) -> bool:
+        return stream_id in self.held
+
 
 @attrs.define(eq=False)
 class RemoteLink:
@@ -135,7 +196,7 @@ class RemoteLink:
     _config: DialConfig = attrs.field(factory=DialConfig)
     _connections: list[_Connection] = attrs.field(init=False, factory=list)
     _wanted: int = attrs.field(init=False, default=0)  # claim() calls waiting
-    _ready: deque[RemoteClaimed] = attrs.field(init=False, factory=deque)
+    _ready: deque[tuple[_Connection, Claimed]] = attrs.field(init=False, factory=deque)
     _changed: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
     _capacity: Heartbeat | None = attrs.field(init=False, default=None)
     _draining: bool = attrs.field(init=False, default=False)
@@ -157,7 +218,7 @@ class RemoteLink:
         for connection in self._connections:
             connection.send(self._capacity)
 
-    async def claim(self) -> RemoteClaimed:
+    async def claim(self) -> Claimed:
         """Wait for a stream from any ingress; call it only when a slot is free.
 
         Resource handling: cancelling the wait takes the claims back (``Withdraw``); a
@@ -171,10 +232,10 @@ class RemoteLink:
             while True:
                 while not self._ready or self._draining:
                     await self._changed.park()
-                claimed = self._ready.popleft()
+                _, claimed = self._ready.popleft()
                 if not claimed.cancelled.is_set():
                     return claimed
-                claimed._finish(Release(claimed.stream_id))  # acknowledges the cancel
+                claimed.release()  # acknowledges the cancel
         finally:
             self._wanted -= 1
             self._rebalance()
@@ -195,8 +256,8 @@ class RemoteLink:
     def _rebalance(self) -> None:
         """Offer each free slot to every ingress; take back what is no longer wanted."""
         while len(self._ready) > self._wanted:
-            surplus = self._ready.pop()
-            surplus._finish(Release(surplus.stream_id))
+            _, surplus = self._ready.pop()
+            surplus.release()
         target = 0 if self._draining or self._closing else self._wanted - len(self._ready)
         for connection in self._connections:
             effective = max(0, connection.outstanding - connection.withdrawing)
@@ -216,15 +277,12 @@ class RemoteLink:
 
     def _assigned(self, connection: _Connection, message: Assign) -> None:
         connection.outstanding -= 1
-        claimed = RemoteClaimed(
-            self, connection, message.stream_id, message.head, message.body, message.credits
-        )
-        connection.held[message.stream_id] = claimed
+        claimed = connection.assigned(message)
         if len(self._ready) < self._wanted and not self._draining:
-            self._ready.append(claimed)
+            self._ready.append((connection, claimed))
             self._changed.unpark_all()
         else:
-            claimed._finish(Release(message.stream_id))
+            claimed.release()
         self._rebalance()
 
     def _withdrawn(self, connection: _Connection, message: Withdrawn) -> None:
@@ -234,8 +292,7 @@ class RemoteLink:
         connection.outstanding -= message.count
         self._rebalance()
 
-    def _finished(self, connection: _Connection, stream_id: int) -> None:
-        connection.held.pop(stream_id, None)
+    def _stream_finished(self) -> None:
         self._rebalance()
         self._changed.unpark_all()
 
@@ -261,7 +318,7 @@ class RemoteLink:
         tests drive over memory streams)."""
         async with trio.open_nursery() as nursery:
             send, sending = trio.open_memory_channel[Message](math.inf)
-            connection = _Connection(name, send)
+            connection = _Connection(name, send, self._stream_finished)
             connection.send(Attach(self.worker_id, self.max_inflight, models=self.models))
             if self._capacity is not None:
                 connection.send(self._capacity)
@@ -336,14 +393,10 @@ class RemoteLink:
                 self._assigned(connection, message)
             case Withdrawn():
                 self._withdrawn(connection, message)
-            case Credit(stream_id=stream_id, count=count):
-                claimed = connection.held.get(stream_id)
-                if claimed is not None:
-                    claimed._credit(count)
+            case Credit():
+                connection.credit(message)
             case Cancel(stream_id=stream_id):
-                claimed = connection.held.get(stream_id)
-                if claimed is not None:
-                    claimed._cancel()
+                connection.cancel(stream_id)
             case Detach(reason=reason):
                 raise ControlRefusedError(f"the ingress sent us away: {reason}")
             case _:
@@ -354,12 +407,8 @@ class RemoteLink:
         them), its claims are gone."""
         if connection in self._connections:
             self._connections.remove(connection)
-        connection.close()
-        self._ready = deque(c for c in self._ready if c._connection is not connection)
-        for claimed in list(connection.held.values()):
-            claimed._cancel()
-            claimed._finished = True
-        connection.held.clear()
+        self._ready = deque(entry for entry in self._ready if entry[0] is not connection)
+        connection.lose()
         self._rebalance()
         self._changed.unpark_all()
 
@@ -371,96 +420,3 @@ class RemoteLink:
         for connection in self._connections:
             connection.send(Detach(reason))
             connection.close()
-
-
-@attrs.define(eq=False)
-class RemoteClaimed:
-    """A stream assigned by a remote ingress (a ``ClaimedStream``).
-
-    ``send`` spends one of the stream's credits and waits, this stream only, while it has
-    none. The ingress going away sets ``cancelled``.
-    """
-
-    _link: RemoteLink
-    _connection: _Connection
-    stream_id: int
-    head: RequestHead
-    body: bytes = attrs.field(repr=lambda body: f"<{len(body)} bytes>")
-    _credits: int = 0
-    cancelled: trio.Event = attrs.field(init=False, factory=trio.Event)
-    _finished: bool = attrs.field(init=False, default=False)
-    _wake: trio.Event = attrs.field(init=False, factory=trio.Event)
-
-    async def send_head(
-        self, status: int, headers: Iterable[tuple[str, str]] | Mapping[str, str] = ()
-    ) -> None:
-        """Send the status and headers. ``StreamCancelledError`` once the client is gone."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self._check_open()
-        self._connection.send(ResponseHead(self.stream_id, status, headers))
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def send(self, data: bytes) -> None:
-        """Send a body chunk, waiting for a credit. ``StreamCancelledError`` once the client
-        is gone, also while waiting."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            self._check_open()
-            if self._credits > 0:
-                break
-            self._wake = trio.Event()
-            await self._wake.wait()
-        self._credits -= 1
-        self._connection.send(ResponseData(self.stream_id, data))
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def end(self, last: bytes = b"") -> None:
-        """The response is complete; on a cancelled stream, acknowledges the cancel.
-
-        ``last`` is a final body chunk, sent without waiting for a credit (the one chunk a
-        worker may send past its credits, right before its end): a worker whose work is done
-        frees its slot at once, however slowly its client reads; see docs/ring-protocol.md.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if last and not self.cancelled.is_set():
-            self._check_open()
-            self._connection.send(ResponseData(self.stream_id, last))
-        if self._finished:
-            raise ProtocolError(f"stream {self.stream_id} is already finished")
-        self._finish(ResponseEnd(self.stream_id))
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    def fail(self, message: str) -> None:
-        """The worker cannot finish: the client gets an error. Never blocks."""
-        if not self._finished:
-            self._finish(ResponseError(self.stream_id, message))
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.fail(unfinished_reason(exc_value))
-
-    def _check_open(self) -> None:
-        if self.cancelled.is_set():
-            raise StreamCancelledError(f"the client of stream {self.stream_id} went away")
-        if self._finished:
-            raise ProtocolError(f"stream {self.stream_id} is already finished")
-
-    def _finish(self, message: ResponseEnd | ResponseError | Release) -> None:
-        self._finished = True
-        self._connection.send(message)
-        self._link._finished(self._connection, self.stream_id)
-
-    def _credit(self, count: int) -> None:
-        self._credits += count
-        self._wake.set()
-
-    def _cancel(self) -> None:
-        self.cancelled.set()
-        self._wake.set()
