@@ -30,7 +30,7 @@ import trio
 from .._fields import RequestLimits
 from .._openai_errors import DEFAULT_MAX_BODY_BYTES
 from ..ring import Ring
-from ._access import Exchange, request_id
+from ._access import CLIENT_CLOSED, Exchange, request_id, with_exchange
 from ._checks import Admitted, Checks, Gate
 from ._drain import Drain
 from ._guard import OriginPolicy, header_map
@@ -126,17 +126,7 @@ class Ingress:
             accounted = True
             ended = trio.current_time()
             exchange.log(ended)
-            seen = exchange.observer
-            self.metrics.request_ended(
-                exchange.path,
-                seen.status,
-                error_code=seen.error_code,
-                finish_reason=seen.finish_reason,
-                ttfb=exchange.ttfb(),
-                total=ended - exchange.started,
-            )
-            if seen.status is not None and not seen.complete:
-                self.metrics.client_left()
+            self.metrics.request_ended(exchange, ended)
 
         try:
             watched = exchange.watch(send, trio.current_time, on_last=account)
@@ -156,7 +146,7 @@ class Ingress:
         checks = self._checks
         refusal = checks.origin(method, scope.get("scheme", "http"), headers)
         if refusal is not None:
-            await send_error(send, refusal, [("x-request-id", exchange.request_id)])
+            await send_error(send, exchange, refusal, [("x-request-id", exchange.request_id)])
             return
         preflight = checks.preflight(method, headers)
         if preflight is not None:
@@ -182,12 +172,13 @@ class Ingress:
                 try:
                     await read_body(receive, self._max_body_bytes)
                 except ClientGone:
+                    exchange.ended_with(CLIENT_CLOSED)
                     return
             close = [("connection", "close")] if verdict.close else []
-            await send_error(send, verdict.error, [*extra, *close])
+            await send_error(send, exchange, verdict.error, [*extra, *close])
             return
         if not verdict.ring:
-            await self.app(scope, receive, _adding_headers(send, extra))
+            await self.app(with_exchange(scope, exchange), receive, _adding_headers(send, extra))
             return
         drain = checks.drain
         with drain.track():

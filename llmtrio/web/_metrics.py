@@ -27,7 +27,8 @@ from prometheus_client.registry import Collector
 
 from .._probes import PROBE_PATHS
 from .._routes import RING_PATHS
-from ..ring import Ring, RingStats
+from ..ring import Outcome, Ring, RingStats
+from ._access import CLIENT_CLOSED, Exchange
 
 __all__ = ["CONTENT_TYPE", "KV_BLOCK_TOKENS", "IngressMetrics", "RingCollector"]
 
@@ -179,36 +180,29 @@ class IngressMetrics:
         if path in RING_PATHS:
             self._in_progress.inc()
 
-    def request_ended(
-        self,
-        path: str,
-        status: int | None,
-        *,
-        error_code: str | None,
-        finish_reason: str | None,
-        ttfb: float | None,
-        total: float,
-    ) -> None:
-        """Count one request; ``status`` ``None`` when the client left before any answer."""
+    def request_ended(self, exchange: Exchange, ended: float) -> None:
+        """Count one request as it ended: its status (none when the client left before any
+        answer), and from its outcome its error code and finish reason; a client that left
+        (``client_closed``) is counted as a disconnect, not as an error response."""
+        path, status = exchange.path, exchange.observer.status
+        outcome = exchange.outcome or Outcome()
         if path in RING_PATHS:
             self._in_progress.dec()
-        if status is None:
+        if outcome.error_code == CLIENT_CLOSED:
             self._gone.inc()
+        if status is None:
             return
         label = path if path in _KNOWN_PATHS else "other"
         self._requests.labels(label, str(status), f"{status // 100}xx").inc()
-        if error_code is not None:
-            self._errors.labels(error_code).inc()
-        if finish_reason is not None:
-            self._finished.labels(finish_reason).inc()
+        if outcome.error_code is not None and outcome.error_code != CLIENT_CLOSED:
+            self._errors.labels(outcome.error_code).inc()
+        if outcome.finish_reason is not None:
+            self._finished.labels(outcome.finish_reason).inc()
         if path in RING_PATHS:
+            ttfb = exchange.ttfb()
             if ttfb is not None:
                 self._ttfb.observe(ttfb)
-            self._duration.observe(total)
-
-    def client_left(self) -> None:
-        """A client left mid-response (counted besides its status)."""
-        self._gone.inc()
+            self._duration.observe(ended - exchange.started)
 
     def render(self) -> bytes:
         """The registry in Prometheus's text format (:data:`CONTENT_TYPE`)."""

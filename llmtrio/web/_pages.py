@@ -24,6 +24,7 @@ from .._openai_errors import (
 )
 from .._routes import RING_PATHS
 from ..ring import Ring, WorkerStats
+from ._access import exchange_of
 from ._drain import Drain
 from ._metrics import CONTENT_TYPE, IngressMetrics
 from ._openapi import openapi
@@ -39,6 +40,10 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 def _error(error: OpenAIError) -> Response:
+    """``error`` as the response, its code recorded for the access log and metrics."""
+    exchange = exchange_of(request.scope)
+    if exchange is not None:
+        exchange.ended_with(error.error_code)
     return Response(
         error.body(),
         status=error.status,

@@ -4,6 +4,11 @@ The body is read (within the body timeout, up to the size limit), parked on the 
 the request's routing key, and the response lane is relayed to the client: a JSON body whole
 (so a failure is still an error status), an event stream chunk by chunk. The ring stream is
 cancelled however the request ends, unless its response ended.
+
+What the request ended with is recorded on its :class:`Exchange` for the access log and
+metrics, never read from the bytes: the outcome its worker stated once the stream ended, or
+the error this ingress answered or ended it with (:func:`send_error`, an error event), or
+``client_closed`` when the client left first.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from ..ring import (
     RingStream,
     WorkerFailedError,
 )
-from ._access import Exchange
+from ._access import CLIENT_CLOSED, Exchange
 from ._checks import Gate
 from ._drain import Drain
 
@@ -55,8 +60,10 @@ def encode_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
 
 
 async def send_error(
-    send: Send, error: OpenAIError, extra: list[tuple[str, str]] | None = None
+    send: Send, exchange: Exchange, error: OpenAIError, extra: list[tuple[str, str]] | None = None
 ) -> None:
+    """Answer with ``error`` (its status, its JSON body), recording its code on ``exchange``."""
+    exchange.ended_with(error.error_code)
     body = error.body()
     headers = [
         ("content-type", "application/json"),
@@ -122,10 +129,13 @@ class RingRequest:
                 await self._end_early(send, shutting_down(cut=True))
         except ClientGone:
             logger.debug("request %s: the client left before its body was read", self.request_id)
+            self._exchange.ended_with(CLIENT_CLOSED)
         except Exception:
             logger.exception("request %s failed at the ingress", self.request_id)
             if not self._started:
-                await send_error(send, server_error(), self._extra)
+                await self._send_error(send, server_error())
+            else:
+                self._exchange.ended_with(server_error().error_code)
 
     async def _serve(self, receive: Receive, send: Send, max_body_bytes: int) -> None:
         declared = self._headers.get("content-length", "")
@@ -155,6 +165,7 @@ class RingRequest:
             await self._send_error(send, ring_full(max(1, round(exc.retry_after))))
             return
         deadline = self._gate.request_timeout
+        left = False
         with stream:  # cancels the stream on any way out that did not end it
             with trio.move_on_at(
                 self._exchange.started + deadline if deadline is not None else float("inf")
@@ -162,14 +173,18 @@ class RingRequest:
                 async with trio.open_nursery() as nursery:
 
                     async def cancel_on_disconnect() -> None:
+                        nonlocal left
                         while (await receive())["type"] != "http.disconnect":
                             pass
                         logger.debug("request %s: the client disconnected", self.request_id)
+                        left = True
                         nursery.cancel_scope.cancel()
 
                     nursery.start_soon(cancel_on_disconnect)
                     await self._relay(stream, send)
                     nursery.cancel_scope.cancel()
+            if left and not self._exchange.observer.complete:
+                self._exchange.ended_with(CLIENT_CLOSED)
             if timer.cancelled_caught and deadline is not None:
                 logger.info("request %s: past its %gs deadline", self.request_id, deadline)
                 stream.cancel()  # the generation ends at its next token
@@ -184,9 +199,10 @@ class RingRequest:
         if not self._started:
             await self._send_error(send, error)
         elif self._streaming:
-            await send({"type": "http.response.body", "body": error.sse(), "more_body": True})
+            await self._send_event(send, error)
             await send({"type": "http.response.body", "body": b""})
         else:  # a JSON body's head went out: it can only be cut
+            self._exchange.ended_with(error.error_code)
             await send({"type": "http.response.body", "body": b""})
 
     async def _relay(self, stream: RingStream, send: Send) -> None:
@@ -197,6 +213,7 @@ class RingRequest:
             if not dict(head.headers).get("content-type", "").startswith("text/event-stream"):
                 # One JSON body: whole before the head goes out, so a failure is still a 500.
                 body = b"".join([chunk async for chunk in stream.body()])
+                self._exchange.outcome = stream.outcome
                 with trio.CancelScope(shield=True):  # whole or not at all; bounded by send_timeout
                     await self._start(
                         send, head.status, [*headers, ("content-length", str(len(body)))]
@@ -210,6 +227,7 @@ class RingRequest:
             return
         except WorkerFailedError as exc:
             logger.warning("request %s: the worker failed: %s", self.request_id, exc)
+            self._exchange.outcome = stream.outcome
             await self._send_error(send, worker_failed())
             return
         self._streaming = True
@@ -217,11 +235,11 @@ class RingRequest:
         try:
             async for chunk in stream.body():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._exchange.outcome = stream.outcome
         except WorkerFailedError as exc:
             logger.warning("request %s: the worker failed mid-stream: %s", self.request_id, exc)
-            await send(
-                {"type": "http.response.body", "body": worker_failed().sse(), "more_body": True}
-            )
+            self._exchange.outcome = stream.outcome
+            await self._send_event(send, worker_failed())
         # The last send is shielded where every response's is (``Exchange.watch``).
         await send({"type": "http.response.body", "body": b""})
 
@@ -233,7 +251,12 @@ class RingRequest:
 
     async def _send_error(self, send: Send, error: OpenAIError) -> None:
         self._started = True
-        await send_error(send, error, self._extra)
+        await send_error(send, self._exchange, error, self._extra)
+
+    async def _send_event(self, send: Send, error: OpenAIError) -> None:
+        """``error`` as an event on the started event stream, recording its code."""
+        self._exchange.ended_with(error.error_code)
+        await send({"type": "http.response.body", "body": error.sse(), "more_body": True})
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:

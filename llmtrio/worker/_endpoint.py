@@ -17,6 +17,9 @@ text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a 
   last chunk once it has finished, so the slot is free however slowly the client reads;
 - a failure after the head is an error event on an event stream (a JSON body cut after its
   head can only be failed);
+- every end states the response's :class:`~llmtrio.ring.Outcome` (its finish reason and
+  token counts, or its error code) on the ring, for the ingress's access log and metrics,
+  which never read the response's bytes;
 - anything unexpected is the caller's to turn into a 500 (``_worker``): this request only.
 """
 
@@ -28,12 +31,13 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
+import attrs
 import trio
 
 from .._fields import RequestLimits
 from .._openai_errors import OpenAIError, server_error
-from ..engine import Done, Engine, EngineError, Event, Failed, Token
-from ..ring import ClaimedStream, StreamCancelledError
+from ..engine import Done, Engine, EngineError, Event, Failed, PromptTooLongError, Token
+from ..ring import ClaimedStream, Outcome, StreamCancelledError
 from ._metrics import WorkerMetrics
 from ._responses import ResponseMeta, from_engine_error, new_id
 
@@ -112,13 +116,15 @@ class Endpoint(Protocol[Request]):
 
 class _Response:
     """One stream's response as the worker writes it: remembers whether the head went out,
-    so a failure can still be told in the right form."""
+    so a failure can still be told in the right form, and what the response ended with
+    (``outcome``), which every end states."""
 
     def __init__(self, claimed: ClaimedStream, metrics: WorkerMetrics | None) -> None:
         self.claimed = claimed
         self.metrics = metrics
         self.streaming = False  # the head of an event stream was sent
         self.sent_head = False
+        self.outcome: Outcome | None = None
 
     async def head(
         self, status: int, headers: tuple[tuple[str, str], ...], *, streaming: bool = False
@@ -127,24 +133,43 @@ class _Response:
         self.streaming = streaming
         await self.claimed.send_head(status, headers)
 
-    def finished(self, done: Done) -> None:
+    def finished(self, done: Done, encoder: Encoder) -> None:
+        """The work is done: its finish reason as the response gives it, and its counts."""
         if self.metrics is not None:
             self.metrics.finished(done)
+        self.outcome = Outcome(
+            finish_reason=encoder.finish_reason(done),
+            prompt_tokens=done.prompt_tokens,
+            cached_tokens=done.cached_tokens,
+            completion_tokens=done.completion_tokens,
+        )
 
-    async def error(self, error: OpenAIError) -> None:
+    def failed(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> OpenAIError:
+        """The response tells ``error``: its code, besides the counts known so far."""
+        known = self.outcome or Outcome(prompt_tokens=prompt_tokens)
+        self.outcome = attrs.evolve(known, error_code=error.error_code)
+        return error
+
+    async def end(self, last: bytes) -> None:
+        await self.claimed.end(last, outcome=self.outcome)
+
+    async def error(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> None:
         """A whole error response: status, JSON body, end."""
+        self.failed(error, prompt_tokens=prompt_tokens)
         await self.head(error.status, (*JSON_HEADERS, *error.headers))
-        await self.claimed.end(error.body())
+        await self.end(error.body())
 
     async def fail(self, error: OpenAIError) -> None:
         """End with ``error``: an error response before the head, an error event on an event
         stream; a JSON body cut after its head can only be failed."""
         if not self.sent_head:
             await self.error(error)
-        elif self.streaming:
-            await self.claimed.end(error.sse())
+            return
+        self.failed(error)
+        if self.streaming:
+            await self.end(error.sse())
         else:
-            self.claimed.fail(error.message)
+            self.claimed.fail(error.message, outcome=self.outcome)
 
 
 async def serve_request(
@@ -197,7 +222,7 @@ async def _respond(
     except OpenAIError as error:
         await response.error(error)
     except EngineError as exc:
-        await response.error(from_engine_error(exc))
+        await response.error(from_engine_error(exc), prompt_tokens=_prompt_tokens(exc))
 
 
 async def _stream(response: _Response, encoder: Encoder, events: Events) -> None:
@@ -208,22 +233,23 @@ async def _stream(response: _Response, encoder: Encoder, events: Events) -> None
         if isinstance(event, Token):
             return encoder.event(event)
         if isinstance(event, Done):
-            response.finished(event)
-            return encoder.finish(event)
+            last = encoder.finish(event)
+            response.finished(event, encoder)
+            return last
         assert isinstance(event, Failed)
-        return _failure(event).sse()
+        return response.failed(_failure(event), prompt_tokens=_prompt_tokens(event.error)).sse()
 
     iterator = aiter(events)
     first = await anext(iterator)
     if isinstance(first, Failed):
-        await response.error(_failure(first))
+        await response.error(_failure(first), prompt_tokens=_prompt_tokens(first.error))
         return
     await response.head(200, SSE_HEADERS, streaming=True)
-    await _relay(response.claimed, events, iterator, encode, encoder.start() + encode(first))
+    await _relay(response, events, iterator, encode, encoder.start() + encode(first))
 
 
 async def _relay(
-    claimed: ClaimedStream,
+    response: _Response,
     events: Events,
     iterator: AsyncIterator[Event],
     encode: Callable[[Event], bytes],
@@ -232,6 +258,7 @@ async def _relay(
     """Send each event's bytes as the work produces them, waiting on the client's buffer
     (back-pressure) only while the work runs; once it has ended, everything left goes out in
     one last chunk and the response ends, so the slot is free at once."""
+    claimed = response.claimed
     unsent = [first]
     async with trio.open_nursery() as nursery:
 
@@ -251,7 +278,7 @@ async def _relay(
                 break
             unsent.append(encode(event))
     unsent += [encode(event) for event in events.drain()]
-    await claimed.end(b"".join(unsent))
+    await response.end(b"".join(unsent))
 
 
 async def _whole(response: _Response, encoder: Encoder, events: Events) -> None:
@@ -261,15 +288,23 @@ async def _whole(response: _Response, encoder: Encoder, events: Events) -> None:
         if isinstance(event, Token):
             encoder.event(event)
         elif isinstance(event, Done):
-            response.finished(event)
             body = encoder.finish(event)
+            response.finished(event, encoder)
             await response.head(200, JSON_HEADERS)
-            await response.claimed.end(body)
+            await response.end(body)
             return
         else:
             assert isinstance(event, Failed)
-            await response.error(_failure(event))
+            await response.error(_failure(event), prompt_tokens=_prompt_tokens(event.error))
             return
+
+
+def _prompt_tokens(error: Exception) -> int | None:
+    """The prompt's length, when an error knows it exactly (a prompt too long for the
+    context, measured whole)."""
+    if isinstance(error, PromptTooLongError) and not error.at_least:
+        return error.prompt_tokens
+    return None
 
 
 def _failure(event: Failed) -> OpenAIError:
