@@ -9,6 +9,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -33,11 +34,12 @@ class Server:
 
 @asynccontextmanager
 async def ingress(
-    ring: Ring, graceful_timeout: float, tls: Path | None = None
+    ring: Ring, graceful_timeout: float, tls: Path | None = None, **more: Any
 ) -> AsyncIterator[Server]:
     """The HTTP ingress in front of ``ring`` on a free loopback port (HTTPS with HTTP/2 when
-    ``tls`` is a directory with ``cert.pem``, ``key.pem`` and ``ca.pem``); leaving the block
-    waits (10 s at most) for the server to stop, which the test triggers with ``shutdown``."""
+    ``tls`` is a directory with ``cert.pem``, ``key.pem`` and ``ca.pem``; ``more``, more of
+    its ``ServeConfig``); leaving the block waits (10 s at most) for the server to stop,
+    which the test triggers with ``shutdown``."""
     shutdown, stopped = trio.Event(), trio.Event()
     async with trio.open_nursery() as nursery:
 
@@ -47,6 +49,7 @@ async def ingress(
                 graceful_timeout=graceful_timeout,
                 tls_cert=None if tls is None else tls / "cert.pem",
                 tls_key=None if tls is None else tls / "key.pem",
+                **more,
             )
             await serve_ingress(
                 ring, config, model_name="m", shutdown=shutdown, task_status=task_status
