@@ -89,7 +89,8 @@ async def test_one_access_line_per_request_with_what_it_was_answered(
     assert 0 <= first["ttfb_s"] <= first["total_s"]
     assert second["request_id"] == made
     assert second["finish_reason"] == "length"
-    assert second["completion_tokens"] is None  # streamed without include_usage: not told
+    # Streamed without include_usage: the body tells no usage, the worker's outcome does.
+    assert second["completion_tokens"] == 3
     assert third["error"] == "invalid_type" and third["finish_reason"] is None
     assert fourth["worker"] is None and fourth["request_id"] == health.headers["x-request-id"]
     # The line itself, for a log reader: key=value pairs.
