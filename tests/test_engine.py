@@ -321,7 +321,7 @@ async def test_a_decode_error_fails_only_its_request(gemma_path: Path) -> None:
             raw(p, engine, max_tokens=10, ignore_eos=True, cache_prompt=False) for p in PROMPTS[:3]
         ]
         alone = [(await collect(engine, r))[0] for r in good]
-        engine._check_token_ids = False  # let llama.cpp itself reject a bad token id
+        engine._inputs.check_token_ids = False  # let llama.cpp itself reject a bad token id
         bad = GenerateRequest(tokens=[2, engine.n_vocab + 10], max_tokens=4)
         results: dict[str, object] = {}
 

@@ -99,7 +99,7 @@ RAISING_TEMPLATE = (
 async def test_a_chat_template_that_raises_fails_that_request_only(gemma_path: Path) -> None:
     async with open_stack(engine_config(gemma_path), serve_config()) as stack:
         engine = stack.engine
-        engine._template = ChatTemplate(
+        engine._inputs.template = ChatTemplate(
             RAISING_TEMPLATE,
             architecture="gemma3",
             bos_token="<bos>",

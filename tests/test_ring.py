@@ -26,6 +26,7 @@ from llmtrio.ring import (
     WorkerLink,
     _control,
     _core,
+    _dial,
     _errors,
     _framing,
     _link,
@@ -87,6 +88,7 @@ def test_every_public_name_is_exported_once() -> None:
     modules = (
         _control,
         _core,
+        _dial,
         _errors,
         _framing,
         _link,

@@ -31,7 +31,7 @@ from trio_websocket import ConnectionClosed, HandshakeError
 
 from ._errors import ControlRefusedError, ProtocolError
 
-__all__ = ["AddressBook", "DialConfig", "Dialer", "IngressURL", "follow", "resolve"]
+__all__ = ["DialConfig"]  # the rest serve _remote.py, inside the ring room
 
 logger = logging.getLogger("llmtrio.ring.remote")
 
