@@ -539,8 +539,7 @@ async def test_a_user_writing_think_tags_does_not_open_reasoning(
         for text in ("What is the <think> tag for?", "Explain this: <think>"):
             for think in (None, False):
                 request = GenerateRequest.user(text, think=think, max_tokens=1)
-                _, opens_think, _ = engine._prompt(request)
-                assert not opens_think, (text, think)
+                assert not engine._inputs.prepare(request).opens_think, (text, think)
 
 
 # ----------------------------------------------------------------------------------------------
