@@ -16,6 +16,7 @@ import attrs
 import pytest
 
 from llmtrio import _cli as cli
+from llmtrio import _settings as settings
 from llmtrio._fields import RequestLimits
 from llmtrio._remote_worker import run_worker
 from llmtrio.engine import EngineConfig, InvalidRequestError, Sampling
@@ -62,14 +63,14 @@ def test_every_flag_of_a_config_field_has_the_classes_default(command: str) -> N
         for owner in BUILDS[command]:
             if action.dest not in fields(owner) or (owner, action.dest) in OTHER_FLAG:
                 continue
-            expected = cli.default_of(owner, action.dest)
+            expected = settings.default_of(owner, action.dest)
             default = action.default
             if isinstance(default, list):  # append: none given, the class gets what is given
                 assert default == [] and expected == (), action.dest
             elif default is None:  # an option with no default: the class's is None too
                 assert expected is None, action.dest
             else:
-                assert isinstance(default, cli.Default), (action.dest, default)
+                assert isinstance(default, settings.Default), (action.dest, default)
                 assert default.value() == expected, action.dest
             checked += 1
     assert checked >= {"generate": 18, "serve": 33, "worker": 21}[command]
@@ -78,16 +79,16 @@ def test_every_flag_of_a_config_field_has_the_classes_default(command: str) -> N
 @pytest.mark.parametrize("command", sorted(NEEDED))
 def test_a_command_given_no_settings_builds_the_classes_defaults(command: str) -> None:
     args = parse(command)
-    assert cli.engine_config(args) == EngineConfig()
+    assert settings.engine_config(args) == EngineConfig()
     if command == "generate":
-        assert cli.sampling(args) == Sampling()
+        assert settings.sampling(args) == Sampling()
     else:
-        assert cli.request_limits(args) == RequestLimits()
+        assert settings.request_limits(args) == RequestLimits()
     if command == "serve":
-        assert cli.serve_config(args) == ServeConfig()
-        assert cli.control_config(args, "h") is None
+        assert settings.serve_config(args) == ServeConfig()
+        assert settings.control_config(args, "h") is None
     if command == "worker":
-        assert cli.dial_config(args) == DialConfig()
+        assert settings.dial_config(args) == DialConfig()
 
 
 def test_help_shows_the_classes_defaults() -> None:
@@ -106,14 +107,14 @@ def test_given_flags_reach_the_configs() -> None:
         "--no-prompt-cache", "--no-fallback", "--cache-ram=0", "--max-tokens-limit=9",
         "--allowed-origins=https://a.example,https://b.example", "--threads=3",
     )  # fmt: skip
-    serve = cli.serve_config(args)
+    serve = settings.serve_config(args)
     assert serve.ring == RingConfig(max_streams=3, park_timeout=2.5)
     assert serve.request_timeout is None
     assert serve.allowed_origins == ("https://a.example", "https://b.example")
-    engine = cli.engine_config(args)
+    engine = settings.engine_config(args)
     assert (engine.prompt_cache, engine.allow_fallback, engine.cache_ram_mib) == (False, False, 0)
     assert engine.threads == 3
-    assert cli.request_limits(args).max_tokens == 9
+    assert settings.request_limits(args).max_tokens == 9
 
 
 REFUSALS: list[tuple[Callable[[], object], str, list[str], str]] = [
@@ -189,15 +190,15 @@ REFUSALS: list[tuple[Callable[[], object], str, list[str], str]] = [
 
 def build_all(args: argparse.Namespace) -> None:
     """Every config the command builds, as it builds them."""
-    cli.engine_config(args)
+    settings.engine_config(args)
     if args.command == "generate":
-        cli.sampling(args)
+        settings.sampling(args)
         return
-    cli.request_limits(args)
+    settings.request_limits(args)
     if args.command == "serve":
-        cli.serve_config(args)
+        settings.serve_config(args)
     else:
-        cli.dial_config(args)
+        settings.dial_config(args)
 
 
 @pytest.mark.parametrize(("refuse", "field_message", "argv", "flag_message"), REFUSALS)
@@ -226,6 +227,6 @@ def test_the_command_prints_the_flag_and_exits_without_a_traceback() -> None:
 def test_a_message_names_a_flag_only_for_a_whole_field_name() -> None:
     flags = {"max_tokens": "--max-tokens-limit", "max_stop": "--max-stop"}
     message = "max_tokens must be at least 1; max_tokens_x and max_stop_chars stay"
-    assert cli.flag_message(message, ["max_tokens", "max_stop", "other"], flags) == (
+    assert settings.flag_message(message, ["max_tokens", "max_stop", "other"], flags) == (
         "--max-tokens-limit must be at least 1; max_tokens_x and max_stop_chars stay"
     )

@@ -14,8 +14,9 @@ import httpx
 import pytest
 import trio
 
-from llmtrio._cli import _parser, request_limits, serve_config
+from llmtrio._cli import _parser
 from llmtrio._openai_errors import OpenAIError
+from llmtrio._settings import request_limits, serve_config
 from llmtrio.engine import EngineConfig
 from llmtrio.ring import Ring
 from llmtrio.web import RateLimiter, ServeConfig, serve_ingress

@@ -61,9 +61,9 @@ def test_an_ingress_without_a_local_worker_loads_no_llama_cpp() -> None:
     and builds its configs (their defaults read from their classes); none of it loads
     llama.cpp (or the engine or the worker)."""
     code = (
-        "import sys, llmtrio._cli as cli, llmtrio._ingress; "
+        "import sys, llmtrio._cli as cli, llmtrio._settings as s, llmtrio._ingress; "
         "args = cli._parser().parse_args(['serve', '--no-local-worker']); "
-        "cli.serve_config(args), cli.request_limits(args), cli.control_config(args, 'h'); "
+        "s.serve_config(args), s.request_limits(args), s.control_config(args, 'h'); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp' "
         "or m.startswith(('llmtrio.engine', 'llmtrio.worker'))))"
     )
