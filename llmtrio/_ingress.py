@@ -44,7 +44,7 @@ async def serve_ring_ingress(
     then the control listener closes (which detaches every remote worker) and the local
     workers are cancelled.
     """
-    ring = ring or Ring(max_streams=config.ring_streams, park_timeout=config.park_timeout)
+    ring = ring or Ring.from_config(config.ring)
     async with trio.open_nursery() as nursery:
         if workers is not None:
             await workers(ring, nursery)

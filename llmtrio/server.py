@@ -42,7 +42,7 @@ async def serve(
     as on ``shutdown``, then this raises.
     """
     async with Engine.open(engine_config) as engine:
-        ring = Ring(max_streams=config.ring_streams, park_timeout=config.park_timeout)
+        ring = Ring.from_config(config.ring)
         registry = CollectorRegistry()
         # The ingress exports the picker's gauges for the whole ring, this engine included.
         metrics = WorkerMetrics(registry, engine, picker_gauges=False)

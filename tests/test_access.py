@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from llmtrio.engine import EngineConfig
-from llmtrio.ring import Claimed, Outcome, Ring, WorkerLink
+from llmtrio.ring import Claimed, Outcome, Ring, RingConfig, WorkerLink
 from llmtrio.web import ServeConfig
 from llmtrio.web._access import request_id
 
@@ -46,7 +46,7 @@ async def test_one_access_line_per_request_with_what_it_was_answered(
 ) -> None:
     caplog.set_level(logging.INFO, logger="llmtrio.access")
     engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
-    config = ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1)
+    config = ServeConfig(port=0, ring=RingConfig(max_streams=8), graceful_timeout=1)
     async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
         plain = await http.post(
             stack.url + CHAT,

@@ -14,8 +14,9 @@ import httpx
 import pytest
 import trio
 
-from llmtrio._cli import _parser, request_limits
+from llmtrio._cli import _parser
 from llmtrio._openai_errors import OpenAIError
+from llmtrio._settings import request_limits, serve_config
 from llmtrio.engine import EngineConfig
 from llmtrio.ring import Ring
 from llmtrio.web import RateLimiter, ServeConfig, serve_ingress
@@ -54,7 +55,7 @@ def test_the_limiter_forgets_full_buckets_first_and_stays_bounded() -> None:
     assert limiter.take("b", 3.0) is not None  # b was kept, still spent
     assert limiter.take("e", 200.0) is None  # by now all are full again: all forgotten
     assert list(limiter._buckets) == ["e"]
-    with pytest.raises(ValueError, match="rate-limit"):
+    with pytest.raises(ValueError, match="per_minute must be at least 1"):
         RateLimiter(per_minute=0)
 
 
@@ -115,15 +116,20 @@ def test_limits_have_safe_defaults_and_flags() -> None:
     )
     assert request_limits(args) == RequestLimits(10, 100, 2, 50)
     assert (args.metrics_port, args.metrics_host) == (9100, "127.0.0.1")
-    serve = _parser().parse_args(["serve"])
+    serve = serve_config(_parser().parse_args(["serve"]))
     assert (serve.request_timeout, serve.body_timeout, serve.idle_timeout) == (600, 60, 5)
-    assert serve.rate_limit is None and request_limits(serve) == RequestLimits()
+    assert serve.rate_limit is None and request_limits(_parser().parse_args(["serve"])) == (
+        RequestLimits()
+    )
+    assert (
+        serve_config(_parser().parse_args(["serve", "--request-timeout=0"])).request_timeout is None
+    )
     with pytest.raises(ValueError, match="max_messages"):
         RequestLimits(max_messages=0)
-    with pytest.raises(ValueError, match="rate-limit"):
+    with pytest.raises(ValueError, match="rate_limit must be at least 1"):
         ServeConfig(rate_limit=0)
-    with pytest.raises(ValueError, match="request-timeout"):
-        ServeConfig(request_timeout=0)
+    with pytest.raises(ValueError, match="request_timeout must be more than 0"):
+        ServeConfig(request_timeout=-1)
 
 
 async def test_limits_reach_the_worker_on_the_real_stack(gemma_path: Path) -> None:

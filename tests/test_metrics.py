@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmtrio._metrics_server import serve_metrics
 from llmtrio._remote_worker import run_worker
 from llmtrio.engine import EngineConfig
-from llmtrio.ring import Heartbeat, RequestHead, Ring, client_ssl_context
+from llmtrio.ring import Heartbeat, RequestHead, Ring, RingConfig, client_ssl_context
 from llmtrio.web import IngressMetrics, ServeConfig, serve_ingress
 
 from ._stack import open_stack
@@ -70,7 +70,7 @@ def sse_events(data: bytes) -> list[Any]:
 
 async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
     engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
-    config = ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1)
+    config = ServeConfig(port=0, ring=RingConfig(max_streams=8), graceful_timeout=1)
     async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
         metrics = stack.url + "/metrics"
         before = await scrape(http, metrics)
@@ -163,7 +163,7 @@ async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
 
 async def test_gauges_show_a_running_request_and_a_client_leaving(gemma_path: Path) -> None:
     engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
-    config = ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1)
+    config = ServeConfig(port=0, ring=RingConfig(max_streams=8), graceful_timeout=1)
     async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
         before = await scrape(http, stack.url + "/metrics")
         body = {"messages": HI, "max_tokens": 400, "ignore_eos": True, "stream": True}

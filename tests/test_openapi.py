@@ -29,6 +29,7 @@ from schemathesis.specs.openapi.checks import (
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
 from llmtrio.engine import EngineConfig
+from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.web._openapi import openapi
 
@@ -77,7 +78,7 @@ def _refs(value: object) -> Iterator[str]:
 def server(gemma_path: Path) -> Iterator[LiveServer]:
     server = start_server(
         EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2),
-        ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1),
+        ServeConfig(host="127.0.0.1", port=0, ring=RingConfig(max_streams=8), graceful_timeout=1),
     )
     yield server
     server.stop()

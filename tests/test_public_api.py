@@ -57,11 +57,13 @@ def test_the_web_room_is_a_pure_ingress() -> None:
 
 
 def test_an_ingress_without_a_local_worker_loads_no_llama_cpp() -> None:
-    """``llmtrio serve --no-local-worker`` imports the CLI and the ingress's composition root;
-    neither loads llama.cpp (or the engine or the worker)."""
+    """``llmtrio serve --no-local-worker`` imports the CLI and the ingress's composition root
+    and builds its configs (their defaults read from their classes); none of it loads
+    llama.cpp (or the engine or the worker)."""
     code = (
-        "import sys, llmtrio._cli, llmtrio._ingress; "
-        "llmtrio._cli._parser().parse_args(['serve', '--no-local-worker']); "
+        "import sys, llmtrio._cli as cli, llmtrio._settings as s, llmtrio._ingress; "
+        "args = cli._parser().parse_args(['serve', '--no-local-worker']); "
+        "s.serve_config(args), s.request_limits(args), s.control_config(args, 'h'); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp' "
         "or m.startswith(('llmtrio.engine', 'llmtrio.worker'))))"
     )

@@ -47,7 +47,6 @@ def engine_config(path: Path, *, slots: int = 4, ctx: int = 512) -> EngineConfig
 
 
 def serve_config(**kwargs: Any) -> ServeConfig:
-    kwargs.setdefault("ring_streams", 64)
     return ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, **kwargs)
 
 

@@ -24,6 +24,7 @@ from llmtrio.ring import (
     StreamState,
     WorkerFailedError,
     WorkerLink,
+    _config,
     _control,
     _core,
     _dial,
@@ -86,6 +87,7 @@ async def serve(
 def test_every_public_name_is_exported_once() -> None:
     exported = {name for name in vars(llmtrio.ring) if not name.startswith("_")}
     modules = (
+        _config,
         _control,
         _core,
         _dial,

@@ -16,6 +16,7 @@ import trio
 import trustme
 
 from llmtrio.engine import EngineConfig
+from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 
 from ._server import LiveServer, start_server
@@ -325,7 +326,7 @@ def test_aborted_streams_free_their_slots(live_server: LiveServer) -> None:
 def test_ring_full_answers_503_with_retry_after(gemma_path: Path) -> None:
     server = start_server(
         EngineConfig(model=gemma_path, max_inflight=1, ctx_size=256, threads=2),
-        ServeConfig(port=0, ring_streams=1, graceful_timeout=1),
+        ServeConfig(port=0, ring=RingConfig(max_streams=1), graceful_timeout=1),
     )
     try:
         body = {"messages": MESSAGES, "max_tokens": 200, "ignore_eos": True, "stream": True}

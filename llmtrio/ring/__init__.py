@@ -1,14 +1,16 @@
 """The upload-response ring: requests park as streams, workers claim them and respond.
 
 The ring knows nothing of llama.cpp, OpenAI or HTTP servers. ``Ring`` is the in-process
-ring; ``RingCore`` (the state machine), the messages, and ``encode``/``FrameDecoder`` (the
-framing) are its sans-IO core and wire protocol, and ``SessionCore`` the sans-IO core of one
-worker connection at an ingress. ``serve_control`` is the ingress's mutual-TLS listener for
-remote workers, ``connect_ring`` the worker's end of it (``DialConfig``: how it finds its
-ingresses and judges them); ``RingLink`` is what a worker needs from either kind of
-attachment, and ``Claimed`` the stream it claims from either.
+ring (``RingConfig``: the settings an ingress gives it); ``RingCore`` (the state machine),
+the messages, and ``encode``/``FrameDecoder`` (the framing) are its sans-IO core and wire
+protocol, and ``SessionCore`` the sans-IO core of one worker connection at an ingress.
+``serve_control`` is the ingress's mutual-TLS listener for remote workers, ``connect_ring``
+the worker's end of it (``DialConfig``: how it finds its ingresses and judges them);
+``RingLink`` is what a worker needs from either kind of attachment, and ``Claimed`` the
+stream it claims from either.
 """
 
+from ._config import RingConfig as RingConfig
 from ._control import ControlConfig as ControlConfig
 from ._control import serve_control as serve_control
 from ._core import TRANSITIONS as TRANSITIONS
@@ -109,6 +111,7 @@ __all__ = [
     "ResponseHead",
     "ResponseMessage",
     "Ring",
+    "RingConfig",
     "RingCore",
     "RingError",
     "RingFullError",

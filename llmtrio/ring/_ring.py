@@ -26,6 +26,7 @@ from typing import TypeAlias
 import attrs
 import trio
 
+from ._config import RingConfig
 from ._core import Effect, RingCore, RingStats, ToClient, ToWorker
 from ._errors import ProtocolError, StreamCancelledError
 from ._link import Claimed
@@ -88,6 +89,11 @@ class Ring:
             raise ValueError(f"response_buffer must be at least 1, not {self.response_buffer}")
         core = RingCore(self.max_streams, self.retry_after, max_assignments=self.max_assignments)
         self._router = Router(core, self.response_buffer, self.park_timeout)
+
+    @classmethod
+    def from_config(cls, config: RingConfig) -> Ring:
+        """A ring with ``config``'s settings (the others at their defaults)."""
+        return cls(max_streams=config.max_streams, park_timeout=config.park_timeout)
 
     def park(self, head: RequestHead, body: bytes = b"", *, key: str = "") -> RingStream:
         """Park a request; a worker with a free slot will claim it. ``key`` is the request's
