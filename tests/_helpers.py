@@ -14,12 +14,15 @@ import httpx
 import trio
 from prometheus_client import CollectorRegistry
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.engine import Done, Engine, EngineConfig, GenerateRequest, Token, TokenLogprob
-from llmtrio.ring import ResponseHead, Ring, RingStream
+from llmtrio.ring import RequestHead, ResponseHead, Ring, RingStream
 from llmtrio.web import ServeConfig, serve_ingress
 
 __all__ = [
+    "HEAD",
     "NEAR_TIE_NATS",
+    "SSE",
     "Ingress",
     "assert_greedy_agrees",
     "collect",
@@ -31,6 +34,12 @@ __all__ = [
     "run",
     "run_together",
 ]
+
+
+#: A chat completion request's head, as the ingress parks it on the ring.
+HEAD = RequestHead("POST", CHAT_PATH, [("content-type", "application/json")])
+#: A streamed response's headers.
+SSE = [("content-type", "text/event-stream")]
 
 
 def engine_config(model: Path, **changes: Any) -> EngineConfig:
