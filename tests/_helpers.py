@@ -1,22 +1,120 @@
-"""Helpers shared by the engine tests."""
+"""Helpers shared by the tests: engine configurations and runs, waiting on state, reading
+ring streams, an ingress on a free port."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+import ssl
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
 
+import attrs
+import httpx
 import trio
+from prometheus_client import CollectorRegistry
 
-from llmtrio.engine import Done, Engine, GenerateRequest, Token, TokenLogprob
+from llmtrio._routes import CHAT_PATH
+from llmtrio.engine import Done, Engine, EngineConfig, GenerateRequest, Token, TokenLogprob
+from llmtrio.ring import RequestHead, ResponseHead, Ring, RingStream
+from llmtrio.web import ServeConfig, serve_ingress
 
 __all__ = [
+    "HEAD",
     "NEAR_TIE_NATS",
+    "SSE",
+    "Ingress",
     "assert_greedy_agrees",
     "collect",
     "collect_logprobs",
+    "engine_config",
+    "eventually",
+    "open_ingress",
+    "read_all",
     "run",
     "run_together",
 ]
+
+
+#: A chat completion request's head, as the ingress parks it on the ring.
+HEAD = RequestHead("POST", CHAT_PATH, [("content-type", "application/json")])
+#: A streamed response's headers.
+SSE = [("content-type", "text/event-stream")]
+
+
+def engine_config(model: Path, **changes: Any) -> EngineConfig:
+    """An engine on a test model: 4 slots of 512 tokens on 2 threads (this machine's share),
+    unless ``changes`` (any of :class:`EngineConfig`'s fields) say otherwise."""
+    base = EngineConfig(model=model, max_inflight=4, ctx_size=512, threads=2)
+    return attrs.evolve(base, **changes)
+
+
+async def eventually(predicate: Callable[[], bool], *, within: float = 10) -> None:
+    """Wait until ``predicate()`` holds: state that another task, thread or process changes
+    without an event to wait on. Fails after ``within`` seconds (a bound on a hang, not a
+    measure of speed)."""
+    with trio.fail_after(within):
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+async def read_all(stream: RingStream) -> tuple[ResponseHead, bytes]:
+    """A ring stream's response: its head and its whole body."""
+    head = await stream.response_head()
+    return head, b"".join([chunk async for chunk in stream.body()])
+
+
+@attrs.frozen
+class Ingress:
+    """An ingress on a free loopback port, from :func:`open_ingress`."""
+
+    url: str
+    #: A client with ``url`` as its base.
+    client: httpx.AsyncClient
+    #: Set it to begin the ingress's graceful drain.
+    shutdown: trio.Event
+    #: Set once ``serve_ingress`` returned.
+    stopped: trio.Event
+
+
+@asynccontextmanager
+async def open_ingress(
+    ring: Ring,
+    config: ServeConfig | None = None,
+    *,
+    model_name: str = "m",
+    registry: CollectorRegistry | None = None,
+    verify: ssl.SSLContext | bool = True,
+    http2: bool = False,
+) -> AsyncIterator[Ingress]:
+    """``serve_ingress`` in front of ``ring`` (``config``: a free loopback port, a 1 s graceful
+    timeout) with a client on it. Leaving the block begins the drain and waits (10 s at most)
+    for the server to stop; a test may set ``shutdown`` itself before."""
+    if config is None:
+        config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1)
+    shutdown, stopped = trio.Event(), trio.Event()
+    async with trio.open_nursery() as nursery:
+
+        async def serve(*, task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve_ingress(
+                ring,
+                config,
+                model_name=model_name,
+                shutdown=shutdown,
+                registry=registry,
+                task_status=task_status,
+            )
+            stopped.set()
+
+        binds = await nursery.start(serve)
+        async with httpx.AsyncClient(
+            base_url=binds[0], timeout=30, verify=verify, http2=http2
+        ) as client:
+            yield Ingress(binds[0], client, shutdown, stopped)
+        shutdown.set()
+        with trio.fail_after(10):
+            await stopped.wait()
+
 
 #: How far apart, in nats, two choices may be for batch shape alone to swap them. llama.cpp's
 #: logits depend on the shape of the batch that computed them (one batch or chunks, a cached

@@ -14,16 +14,16 @@ import httpx
 import pytest
 import trio
 
-from llmtrio.engine import EngineConfig
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import Claimed, Outcome, Ring, RingConfig, WorkerLink
 from llmtrio.web import ServeConfig
 from llmtrio.web._access import request_id
 
+from ._helpers import engine_config, eventually
 from ._stack import open_stack
-from .test_drain import eventually, ingress
+from .test_drain import ingress
 from .test_metrics import moved, scrape
 
-CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "Count from one to ten."}]
 
 
@@ -45,34 +45,34 @@ async def test_one_access_line_per_request_with_what_it_was_answered(
     gemma_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="llmtrio.access")
-    engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
+    engine = engine_config(gemma_path, max_inflight=2, ctx_size=512)
     config = ServeConfig(port=0, ring=RingConfig(max_streams=8), graceful_timeout=1)
     async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
         plain = await http.post(
-            stack.url + CHAT,
+            stack.url + CHAT_PATH,
             json={"messages": HI, "max_tokens": 4, "ignore_eos": True},
             headers={"X-Request-Id": "client-id-1"},
         )
         assert plain.status_code == 200
         assert plain.headers["x-request-id"] == "client-id-1"
         streamed = await http.post(
-            stack.url + CHAT,
+            stack.url + CHAT_PATH,
             json={"messages": HI, "max_tokens": 3, "ignore_eos": True, "stream": True},
             headers={"X-Request-Id": "not a sane id"},
         )
         assert streamed.status_code == 200
         made = streamed.headers["x-request-id"]
         assert made.startswith("req-")
-        refused = await http.post(stack.url + CHAT, json={"messages": "hi"})
+        refused = await http.post(stack.url + CHAT_PATH, json={"messages": "hi"})
         assert refused.status_code == 400
         health = await http.get(stack.url + "/health")
         assert health.headers["x-request-id"].startswith("req-")
         await stack.wait_idle()
     lines = access_lines(caplog)
     assert [(line["method"], line["path"], line["status"]) for line in lines] == [
-        ("POST", CHAT, 200),
-        ("POST", CHAT, 200),
-        ("POST", CHAT, 400),
+        ("POST", CHAT_PATH, 200),
+        ("POST", CHAT_PATH, 200),
+        ("POST", CHAT_PATH, 400),
         ("GET", "/health", 200),
     ]
     first, second, third, fourth = lines
@@ -143,11 +143,11 @@ async def test_the_log_and_metrics_follow_the_stated_outcome_not_the_body(
             await claimed.end(last, outcome=outcome)
 
         nursery.start_soon(answer, MISLEADING, STOP, JSON_HEAD)
-        plain = await server.client.post(CHAT, json={"messages": HI})
+        plain = await server.client.post(CHAT_PATH, json={"messages": HI})
         assert plain.content == MISLEADING
         first = await line_of(caplog, 2)  # the scrape, then this
         nursery.start_soon(answer, b"data: " + MISLEADING + b"\n\n", None, SSE_HEAD)
-        streamed = await server.client.post(CHAT, json=STREAM)
+        streamed = await server.client.post(CHAT_PATH, json=STREAM)
         assert streamed.status_code == 200
         second = await line_of(caplog, 3)
         after = await scrape(server.client, str(server.client.base_url) + "/metrics")
@@ -184,7 +184,7 @@ async def test_a_worker_error_is_logged_with_its_stated_code_and_counts(
             await claimed.end(b"{}", outcome=stated)
 
         nursery.start_soon(refuse)
-        assert (await server.client.post(CHAT, json={"messages": HI})).status_code == 400
+        assert (await server.client.post(CHAT_PATH, json={"messages": HI})).status_code == 400
         line = await line_of(caplog)
         server.shutdown.set()
     assert (line["status"], line["error"], line["prompt_tokens"]) == (
@@ -202,14 +202,14 @@ async def test_a_client_that_leaves_before_the_answer_is_a_499_client_closed(
     ring = Ring(max_streams=8)
     async with ring.attach("w#1", 2, models=["m"]) as link, ingress(ring, 1) as server:
         async with trio.open_nursery() as client:
-            client.start_soon(partial(server.client.post, CHAT, json={"messages": HI}))
+            client.start_soon(partial(server.client.post, CHAT_PATH, json={"messages": HI}))
             claimed = await claim(link)
             client.cancel_scope.cancel()  # the client hangs up, no answer yet
         with trio.fail_after(10):
             await claimed.cancelled.wait()
         line = await line_of(caplog)
         server.shutdown.set()
-    assert line["path"] == CHAT
+    assert line["path"] == CHAT_PATH
     assert (line["status"], line["complete"], line["error"]) == (499, False, "client_closed")
     assert line["prompt_tokens"] is None and line["ttfb_s"] is None
 
@@ -228,7 +228,7 @@ async def test_a_client_that_leaves_mid_stream_keeps_its_status_and_is_client_cl
         before = await scrape(server.client, metrics)
         claimed: list[Claimed] = []
         nursery.start_soon(lambda: start_one(link, claimed))
-        async with server.client.stream("POST", CHAT, json=STREAM) as response:
+        async with server.client.stream("POST", CHAT_PATH, json=STREAM) as response:
             chunks = response.aiter_raw()
             assert await anext(chunks) == b"data: one\n\n"
             await chunks.aclose()
@@ -263,10 +263,10 @@ async def test_past_the_deadline_is_timeout_before_and_after_the_head(
     ):
         claimed: list[Claimed] = []
         nursery.start_soon(lambda: start_one(link, claimed))
-        streamed = await server.client.post(CHAT, json=STREAM)  # ended by the deadline
+        streamed = await server.client.post(CHAT_PATH, json=STREAM)  # ended by the deadline
         cut = await line_of(caplog)
         nursery.start_soon(claim, link)  # claimed, never answered
-        plain = await server.client.post(CHAT, json={"messages": HI})
+        plain = await server.client.post(CHAT_PATH, json={"messages": HI})
         refused = await line_of(caplog, 2)
         server.shutdown.set()
     assert streamed.status_code == 200 and b'"code":"timeout"' in streamed.content
@@ -295,7 +295,7 @@ async def test_a_failed_worker_is_worker_failed_with_the_counts_it_stated(
             (await claim(link)).fail("boom")
 
         nursery.start_soon(fail_before_the_head)
-        before = await server.client.post(CHAT, json={"messages": HI})
+        before = await server.client.post(CHAT_PATH, json={"messages": HI})
         first = await line_of(caplog)
 
         async def fail_mid_stream() -> None:
@@ -304,7 +304,7 @@ async def test_a_failed_worker_is_worker_failed_with_the_counts_it_stated(
             claimed[0].fail("boom", outcome=Outcome(prompt_tokens=7))
 
         nursery.start_soon(fail_mid_stream)
-        streamed = await server.client.post(CHAT, json=STREAM)
+        streamed = await server.client.post(CHAT_PATH, json=STREAM)
         second = await line_of(caplog, 2)
         server.shutdown.set()
     assert before.status_code == 502
@@ -320,7 +320,7 @@ async def test_the_ingress_and_the_pages_app_record_their_own_error_codes(
     caplog.set_level(logging.INFO, logger="llmtrio.access")
     ring = Ring(max_streams=8, park_timeout=0.05)
     async with ingress(ring, 1) as server:
-        assert (await server.client.post(CHAT, json={"messages": HI})).status_code == 503
+        assert (await server.client.post(CHAT_PATH, json={"messages": HI})).status_code == 503
         assert (await server.client.get("/nowhere")).status_code == 404
         lines = [await line_of(caplog, 2)]
         server.shutdown.set()

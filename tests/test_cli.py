@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmtrio._routes import CHAT_PATH
+
 LLMTRIO = [sys.executable, "-m", "llmtrio._cli"]
 
 
@@ -68,7 +70,7 @@ def test_sigterm_lets_the_running_stream_finish_then_exits(
     process, url = serve_process
     body = {"messages": [{"role": "user", "content": "Count."}], "max_tokens": 20,
             "ignore_eos": True, "stream": True}  # fmt: skip
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream("POST", url + CHAT_PATH, json=body, timeout=60) as response:
         chunks = response.iter_raw()
         received = next(chunks)
         process.send_signal(signal.SIGTERM)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from llmtrio.engine import (
 )
 from llmtrio.engine._llama import Batch, LlamaModel
 
-from ._helpers import NEAR_TIE_NATS, collect
+from ._helpers import NEAR_TIE_NATS, collect, engine_config, eventually
 
 PROMPTS = [
     "The capital of France is",
@@ -39,10 +40,8 @@ PROMPTS = [
 ]
 
 
-def config(path: Path, **kwargs: object) -> EngineConfig:
-    values: dict[str, object] = {"model": path, "max_inflight": 8, "ctx_size": 256, "threads": 2}
-    values.update(kwargs)
-    return EngineConfig(**values)  # type: ignore[arg-type]
+#: This file's engines: 8 slots of 256 tokens unless a test says otherwise.
+config = partial(engine_config, max_inflight=8, ctx_size=256)
 
 
 async def wait_idle(engine: Engine, seconds: float = 10.0) -> None:
@@ -244,7 +243,8 @@ async def test_leaving_the_block_or_cancelling_the_task_cancels(gemma_path: Path
         async with trio.open_nursery() as nursery:
             for _ in range(4):
                 nursery.start_soon(collect, engine, request)
-            await trio.sleep(0.5)
+            # Two decode and two wait for a slot (they are in flight from their submit on).
+            await eventually(lambda: engine.capacity().decoding == 2)
             assert engine.capacity().inflight == 4
             nursery.cancel_scope.cancel()
         await wait_idle(engine, seconds=5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from llmtrio.engine import (
 from llmtrio.engine._llama import Batch, LlamaModel
 from llmtrio.engine._sampling import Penalties, logprob_of
 
-from ._helpers import assert_greedy_agrees, collect, collect_logprobs, run
+from ._helpers import assert_greedy_agrees, collect, collect_logprobs, engine_config, run
 
 PERSON = {
     "type": "object",
@@ -56,10 +57,8 @@ PROMPTS = [
 ]
 
 
-def config(path: Path, **kwargs: object) -> EngineConfig:
-    values: dict[str, object] = {"model": path, "max_inflight": 8, "ctx_size": 384, "threads": 2}
-    values.update(kwargs)
-    return EngineConfig(**values)  # type: ignore[arg-type]
+#: This file's engines: 8 slots of 384 tokens unless a test says otherwise.
+config = partial(engine_config, max_inflight=8, ctx_size=384)
 
 
 async def test_grammars_hold_in_batches_mixed_with_free_requests(gemma_path: Path) -> None:

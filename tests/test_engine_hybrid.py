@@ -7,24 +7,23 @@ uses, and batching must not mix the states of different sequences.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import trio
 
-from llmtrio.engine import Engine, EngineConfig, GenerateRequest, StopReason
+from llmtrio.engine import Engine, GenerateRequest, StopReason
 from llmtrio.engine._llama import Batch, LlamaModel
 
-from ._helpers import collect, collect_logprobs, run_together
+from ._helpers import collect, collect_logprobs, engine_config, run_together
 
 PROMPTS = ["hello world", "the cat sat", "a b c d e", "zzz", "one two three four five six"]
 
 
-def config(path: Path, **kwargs: object) -> EngineConfig:
-    values: dict[str, object] = {"model": path, "max_inflight": 4, "ctx_size": 128, "threads": 2}
-    values.update(kwargs)
-    return EngineConfig(**values)  # type: ignore[arg-type]
+#: This file's engines: 4 slots of 128 tokens unless a test says otherwise.
+config = partial(engine_config, max_inflight=4, ctx_size=128)
 
 
 def request(engine: Engine, prompt: str, **kwargs: object) -> GenerateRequest:

@@ -20,12 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmtrio._routes import CHAT_PATH
+
 from ._procs import ROOT, Ingress, Ring
 
 pytestmark = pytest.mark.slow
 
 PREVIOUS = "4b3693f8ea2b8bd7f72c5e01b834dbdd982dc023"
-CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture
@@ -55,10 +56,10 @@ def serves(ingress: Ingress) -> str:
     """A streamed and a JSON chat through ``ingress``, both whole; the worker that served."""
     body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6}
     with httpx.Client(timeout=120) as client:
-        plain = client.post(ingress.url + CHAT, json=body)
+        plain = client.post(ingress.url + CHAT_PATH, json=body)
         assert plain.status_code == 200, plain.text
         assert plain.json()["usage"]["completion_tokens"] >= 1
-        streamed = client.post(ingress.url + CHAT, json={**body, "stream": True})
+        streamed = client.post(ingress.url + CHAT_PATH, json={**body, "stream": True})
         assert streamed.status_code == 200, streamed.text
         assert streamed.text.rstrip().endswith("data: [DONE]") and '"error"' not in streamed.text
     return str(plain.headers["x-llmtrio-worker"]).split("#")[0]

@@ -32,6 +32,8 @@ import attrs
 import httpx
 import pytest
 
+from llmtrio._routes import CHAT_PATH
+
 from ._netns import Host, Topology, unavailable
 from ._procs import Proc, Ring
 
@@ -41,7 +43,6 @@ pytestmark = [
     pytest.mark.skipif(_WHY is not None, reason=f"no test hosts: {_WHY}"),
 ]
 
-CHAT = "/v1/chat/completions"
 NAME = "ingress.lt19"
 PUBLIC, CONTROL, METRICS = 8443, 9443, 9090
 TIMEOUT_S = 3  # --worker-timeout at the ingresses, --ingress-timeout at the workers
@@ -182,7 +183,7 @@ def chat(
     }
     with (
         httpx.Client(verify=net.tls, timeout=120) as client,
-        client.stream("POST", url + CHAT, json=body) as response,
+        client.stream("POST", url + CHAT_PATH, json=body) as response,
     ):
         worker = response.headers.get("x-llmtrio-worker", "").split("#")[0]
         if not stream or response.status_code != 200:

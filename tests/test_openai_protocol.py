@@ -11,6 +11,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from llmtrio._routes import CHAT_PATH
+
 try:  # the HTTP client the openai package is built on: httpx2 from openai 3, httpx before
     import httpx2 as httpx
 except ImportError:  # pragma: no cover
@@ -505,7 +507,7 @@ def test_error_body_and_sse_shapes() -> None:
         (request_too_large(1024), 413, "invalid_request_error", "request_too_large", ()),
         (not_found("GET", "/v1/nope"), 404, "invalid_request_error", "unknown_url", ()),
         (
-            method_not_allowed("GET", "/v1/chat/completions"),
+            method_not_allowed("GET", CHAT_PATH),
             405,
             "invalid_request_error",
             "method_not_allowed",
@@ -531,7 +533,7 @@ def test_error_helpers(
 
 def test_not_found_and_method_messages_name_the_request() -> None:
     assert not_found("GET", "/v1/nope").message == "Invalid URL (GET /v1/nope)"
-    error = method_not_allowed("PUT", "/v1/chat/completions", ("GET", "POST"))
+    error = method_not_allowed("PUT", CHAT_PATH, ("GET", "POST"))
     assert "PUT /v1/chat/completions" in error.message
     assert error.headers == (("Allow", "GET, POST"),)
 

@@ -28,19 +28,20 @@ from schemathesis.specs.openapi.checks import (
 )
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
-from llmtrio.engine import EngineConfig
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.web._openapi import openapi
 
+from ._helpers import engine_config
 from ._procs import Ring
 from ._server import LiveServer, start_server
 
 MAX_TOKENS = 8
 SCHEMA = schemathesis.openapi.from_dict(openapi())
 OPERATIONS = [
-    ("POST", "/v1/chat/completions", 30),
-    ("POST", "/v1/completions", 30),
+    ("POST", CHAT_PATH, 30),
+    ("POST", COMPLETIONS_PATH, 30),
     ("GET", "/v1/models", 5),
     ("GET", "/health", 5),
     ("GET", "/openapi.json", 2),
@@ -77,7 +78,7 @@ def _refs(value: object) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def server(gemma_path: Path) -> Iterator[LiveServer]:
     server = start_server(
-        EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2),
+        engine_config(gemma_path, max_inflight=2, ctx_size=512),
         ServeConfig(host="127.0.0.1", port=0, ring=RingConfig(max_streams=8), graceful_timeout=1),
     )
     yield server

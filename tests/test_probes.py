@@ -14,7 +14,7 @@ import trio
 
 from llmtrio._probes import answer_probe
 from llmtrio._remote_worker import run_worker
-from llmtrio.engine import EngineConfig
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import (
     ControlConfig,
     DialConfig,
@@ -26,11 +26,10 @@ from llmtrio.ring import (
 )
 from llmtrio.web import ServeConfig, serve_ingress
 
+from ._helpers import engine_config
 from .test_ring_remote import Pki, pki, wait_attached
 
 __all__ = ["pki"]  # the fixture, used by name
-
-CHAT = "/v1/chat/completions"
 
 
 def test_the_answers() -> None:
@@ -56,11 +55,11 @@ async def test_an_ingress_is_ready_while_it_listens_and_not_once_it_drains() -> 
             assert (live.status_code, live.text) == (200, "ok\n")
             assert (ready.status_code, ready.text) == (200, "ok\n")
             assert ready.headers["content-type"].startswith("text/plain")
-            assert (await http.get("/v1/chat/completions")).status_code == 401
+            assert (await http.get(CHAT_PATH)).status_code == 401
             # A request parked (the drain waits for it), then a shutdown: draining, not
             # ready, still alive.
             key = {"Authorization": "Bearer secret"}
-            nursery.start_soon(partial(http.post, CHAT, json={"messages": []}, headers=key))
+            nursery.start_soon(partial(http.post, CHAT_PATH, json={"messages": []}, headers=key))
             with trio.fail_after(10):
                 while not ring.stats().parked:  # noqa: ASYNC110
                     await trio.sleep(0.01)
@@ -83,7 +82,7 @@ def free_port() -> int:
 async def test_a_worker_is_ready_once_loaded_and_attached_until_it_drains(
     gemma_path: Path, pki: Pki
 ) -> None:
-    engine = EngineConfig(model=gemma_path, max_inflight=1, ctx_size=512, threads=2)
+    engine = engine_config(gemma_path, max_inflight=1, ctx_size=512)
     ring = Ring(max_streams=4, park_timeout=60)
     control_port, metrics_port = free_port(), free_port()
     url = f"wss://127.0.0.1:{control_port}"
@@ -133,7 +132,7 @@ async def test_a_worker_is_ready_once_loaded_and_attached_until_it_drains(
         await probe_until("ok")
         # Draining: a stream still held keeps the worker up, and not ready.
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400}
-        head = RequestHead("POST", CHAT, [("content-type", "application/json")])
+        head = RequestHead("POST", CHAT_PATH, [("content-type", "application/json")])
         stream = ring.park(head, json.dumps({**body, "ignore_eos": True, "stream": True}).encode())
         await stream.response_head()
         shutdown.set()

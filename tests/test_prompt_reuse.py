@@ -14,6 +14,7 @@ What reuse promises is numerical, and two claims are tested apart:
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,6 @@ from llmtrio.engine import (
     ChatMessage,
     Done,
     Engine,
-    EngineConfig,
     EngineStats,
     GenerateRequest,
     StopReason,
@@ -34,7 +34,7 @@ from llmtrio.engine import (
 from llmtrio.engine._core import CoreRequest, EngineCore, StepOutput
 from llmtrio.engine._llama import LlamaModel
 
-from ._helpers import assert_greedy_agrees, collect, collect_logprobs, run_together
+from ._helpers import assert_greedy_agrees, collect, collect_logprobs, engine_config, run_together
 
 SYSTEM = " ".join(
     f"Rule {i}: answer in one short sentence, politely, about topic number {i}." for i in range(14)
@@ -48,10 +48,8 @@ def model_path(request: pytest.FixtureRequest) -> Path:
     return path
 
 
-def config(path: Path, **kwargs: object) -> EngineConfig:
-    values: dict[str, object] = {"model": path, "max_inflight": 4, "ctx_size": 2048, "threads": 2}
-    values.update(kwargs)
-    return EngineConfig(**values)  # type: ignore[arg-type]
+#: This file's engines: 4 slots of 2048 tokens unless a test says otherwise.
+config = partial(engine_config, max_inflight=4, ctx_size=2048)
 
 
 def chat(*messages: tuple[str, str]) -> GenerateRequest:
@@ -227,7 +225,7 @@ def test_reuse_is_bit_exact_where_the_batches_match(model_path: Path) -> None:
     last decode step did, so its first token and logprobs are A's last, bit for bit.
     """
     m = 4
-    config = EngineConfig(model=model_path, max_inflight=1, ctx_size=1024, threads=2)
+    config = engine_config(model_path, max_inflight=1, ctx_size=1024)
     n_batch = max(config.prefill_chunk + config.max_inflight, 64)
     model = LlamaModel(model_path, slots=1, ctx_size=1024, threads=2, n_batch=n_batch)
     try:

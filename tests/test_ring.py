@@ -15,8 +15,6 @@ from llmtrio.ring import (
     Heartbeat,
     ParkTimeoutError,
     ProtocolError,
-    RequestHead,
-    ResponseHead,
     Ring,
     RingFullError,
     RingStream,
@@ -39,13 +37,7 @@ from llmtrio.ring import (
     _tls,
 )
 
-HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
-SSE = [("content-type", "text/event-stream")]
-
-
-async def read_all(stream: RingStream) -> tuple[ResponseHead, bytes]:
-    head = await stream.response_head()
-    return head, b"".join([chunk async for chunk in stream.body()])
+from ._helpers import HEAD, SSE, read_all
 
 
 def assert_idle(ring: Ring) -> None:

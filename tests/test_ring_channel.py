@@ -13,6 +13,7 @@ import trio
 import trio.testing
 from trio_websocket import WebSocketConnection, wrap_client_stream, wrap_server_stream
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import (
     Attach,
     Claim,
@@ -31,7 +32,7 @@ from llmtrio.ring import (
 from llmtrio.ring._control import _serve_worker
 from llmtrio.ring._remote import RemoteLink as _RemoteLink
 
-HEAD = RequestHead("POST", "/v1/chat/completions", [])
+HEAD = RequestHead("POST", CHAT_PATH, [])
 CONTEXT = ssl.create_default_context()
 
 

@@ -24,7 +24,6 @@ from llmtrio.ring import (
     ControlConfig,
     DialConfig,
     RemoteLink,
-    RequestHead,
     Ring,
     client_ssl_context,
     connect_ring,
@@ -33,10 +32,10 @@ from llmtrio.ring import (
 )
 from llmtrio.ring._dial import AddressBook, IngressURL, resolve
 
-from .test_ring_remote import echo_as, eventually, read_all, serve_slots
+from ._helpers import HEAD, eventually, read_all
+from .test_ring_remote import echo_as, serve_slots
 
 NAME = "ingress.test"
-HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
 FAST = DialConfig(resolve_interval=0.05, handshake_timeout=5)
 
 Answer = list[str] | socket.gaierror

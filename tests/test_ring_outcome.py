@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import (
     Assign,
     Attach,
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PREVIOUS = "4b3693f8ea2b8bd7f72c5e01b834dbdd982dc023"
 """The commit issue 16 started from: ends without outcomes, protocol version 1."""
 
-HEAD = RequestHead("POST", "/v1/chat/completions", [])
+HEAD = RequestHead("POST", CHAT_PATH, [])
 STOP = Outcome(finish_reason="stop", prompt_tokens=12, cached_tokens=8, completion_tokens=5)
 FAILED = Outcome(error_code="context_length_exceeded", prompt_tokens=9000)
 

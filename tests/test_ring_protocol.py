@@ -42,7 +42,7 @@ from llmtrio.ring import (
     encode_available,
 )
 
-HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
+from ._helpers import HEAD
 
 EVERY_MESSAGE: list[Message] = [
     Attach("worker-1", 8),

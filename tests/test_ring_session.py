@@ -14,6 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import (
     PROTOCOL_VERSION,
     SESSION_TRANSITIONS,
@@ -48,7 +49,7 @@ from llmtrio.ring import (
     Withdrawn,
 )
 
-HEAD = RequestHead("POST", "/v1/chat/completions", [])
+HEAD = RequestHead("POST", CHAT_PATH, [])
 NAME = "worker-1#7"
 
 

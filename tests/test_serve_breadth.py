@@ -12,6 +12,8 @@ import openai
 import pydantic
 import pytest
 
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+
 from ._server import LiveServer
 from .test_serve import client, sse_events
 
@@ -248,13 +250,13 @@ def test_completions_streamed(live_server: LiveServer) -> None:
 @pytest.mark.parametrize(
     ("path", "fields", "param", "words"),
     [
-        ("/v1/chat/completions", {"audio": {"voice": "alloy"}}, "audio", "audio output"),
-        ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities", "modalities"),
-        ("/v1/chat/completions", {"prediction": {"type": "content"}}, "prediction", "predicted"),
-        ("/v1/chat/completions", {"web_search_options": {}}, "web_search_options", "web search"),
-        ("/v1/chat/completions", {"n": 2}, "n", "n must be 1"),
+        (CHAT_PATH, {"audio": {"voice": "alloy"}}, "audio", "audio output"),
+        (CHAT_PATH, {"modalities": ["text", "audio"]}, "modalities", "modalities"),
+        (CHAT_PATH, {"prediction": {"type": "content"}}, "prediction", "predicted"),
+        (CHAT_PATH, {"web_search_options": {}}, "web_search_options", "web search"),
+        (CHAT_PATH, {"n": 2}, "n", "n must be 1"),
         (
-            "/v1/chat/completions",
+            CHAT_PATH,
             {
                 "response_format": {
                     "type": "json_schema",
@@ -267,21 +269,21 @@ def test_completions_streamed(live_server: LiveServer) -> None:
             "response_format.json_schema",
             "'minimum' is not supported",
         ),
-        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs", "'logprobs' must be"),
-        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
-        ("/v1/chat/completions", {"presence_penalty": 2.5}, "presence_penalty", "-2 to 2"),
-        ("/v1/completions", {"echo": True}, "echo", "echoing"),
-        ("/v1/completions", {"suffix": "end"}, "suffix", "suffix"),
-        ("/v1/completions", {"best_of": 3}, "best_of", "best_of must be 1"),
-        ("/v1/completions", {"n": 2}, "n", "n must be 1"),
-        ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "one prompt per request"),
+        (CHAT_PATH, {"top_logprobs": 2}, "top_logprobs", "'logprobs' must be"),
+        (CHAT_PATH, {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0 to 20"),
+        (CHAT_PATH, {"presence_penalty": 2.5}, "presence_penalty", "-2 to 2"),
+        (COMPLETIONS_PATH, {"echo": True}, "echo", "echoing"),
+        (COMPLETIONS_PATH, {"suffix": "end"}, "suffix", "suffix"),
+        (COMPLETIONS_PATH, {"best_of": 3}, "best_of", "best_of must be 1"),
+        (COMPLETIONS_PATH, {"n": 2}, "n", "n must be 1"),
+        (COMPLETIONS_PATH, {"prompt": ["a", "b"]}, "prompt", "one prompt per request"),
     ],
 )
 def test_unimplemented_fields_are_400_naming_them(
     live_server: LiveServer, path: str, fields: dict[str, Any], param: str, words: str
 ) -> None:
     body: dict[str, Any] = {"model": "any", "max_tokens": 2}
-    if path == "/v1/completions":
+    if path == COMPLETIONS_PATH:
         body["prompt"] = "Hello"
     else:
         body["messages"] = [{"role": "user", "content": "Hi"}]
@@ -295,7 +297,7 @@ def test_unimplemented_fields_are_400_naming_them(
 
 def test_completions_raw_sse(live_server: LiveServer) -> None:
     response = httpx.post(
-        live_server.url + "/v1/completions",
+        live_server.url + COMPLETIONS_PATH,
         json={"prompt": "Hi", "max_tokens": 3, "stream": True, "temperature": 0},
         timeout=30,
     )
