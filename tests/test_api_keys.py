@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmtrio._cli import _api_keys, _parser
+from llmtrio._cli import _parser
 from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio._settings import _api_keys
 from llmtrio.ring import Ring
 from llmtrio.web import ApiKeys, ServeConfig, read_key_file
 
