@@ -640,8 +640,10 @@ async def _soak(config: SoakConfig, tmp: Path, topology: Any) -> SoakResult:
                         name = f"w{turn % 2}"
                         turn += 1
                         topology.cut(name)
-                        await trio.sleep(config.partition_for)
-                        topology.heal(name)
+                        try:
+                            await trio.sleep(config.partition_for)
+                        finally:  # the run's end never leaves a host cut off
+                            topology.heal(name)
                         healed = trio.current_time()
                         with trio.move_on_after(120):
                             for ingress in cluster.ingresses:

@@ -253,7 +253,7 @@ def test_a_worker_host_partitioned_mid_stream_then_healed(net: Net) -> None:
     assert failed.worker == "w0" and failed.error_code == "worker_failed", failed.events[-3:]
     served = unstarted.result(timeout=120)
     assert served.status == 200 and served.worker == "w1", served
-    i0.proc.wait_for(r"worker w0#\d+ silent for 3s: declared dead")
+    i0.proc.wait_for(r"worker w0#\d+: silent for 3s: declared dead")
     # The worker gives up the ingress it cannot hear, and cancels what it generated for it.
     w0.wait_for(rf"ingress {re.escape(i0.host.address)}:{CONTROL}: .*answered no ping for 3s")
     assert failed.ended_at - cut_at < 30  # the worker timeout, not TCP's (many minutes)
@@ -285,7 +285,7 @@ def test_a_worker_host_that_vanishes_is_declared_dead_within_the_worker_timeout(
     failed = doomed.result(timeout=120)
     assert failed.error_code == "worker_failed", failed.events[-3:]
     assert failed.ended_at - cut_at < 30  # TIMEOUT_S after its last heartbeat; TCP: minutes
-    i0.proc.wait_for(r"worker w0#\d+ silent for 3s: declared dead")
+    i0.proc.wait_for(r"worker w0#\d+: silent for 3s: declared dead")
     assert net.workers(i0) == {}
 
 

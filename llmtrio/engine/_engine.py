@@ -218,6 +218,8 @@ class Engine:
             cache_hits=self.stats.prompt_cache_hits,
             cached_tokens=self.stats.prompt_cache_reused_tokens,
             cache_bytes=self.stats.prompt_cache_bytes,
+            kv_used=self.stats.kv_tokens,
+            kv_total=self.config.max_inflight * self.config.ctx_size,
         )
 
     async def wait_idle(self) -> None:

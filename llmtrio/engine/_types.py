@@ -365,3 +365,6 @@ class Capacity:
     cache_hits: int = 0
     cached_tokens: int = 0
     cache_bytes: int = 0
+    #: Context cells the running sequences hold, and all the slots' cells.
+    kv_used: int = 0
+    kv_total: int = 0

@@ -68,8 +68,8 @@ async def serve_link(
                 cache_hits=capacity.cache_hits,
                 cached_tokens=capacity.cached_tokens,
                 cache_bytes=capacity.cache_bytes,
-                kv_used=engine.stats.kv_tokens,
-                kv_total=engine.config.max_inflight * engine.config.ctx_size,
+                kv_used=capacity.kv_used,
+                kv_total=capacity.kv_total,
             )
         )
 
