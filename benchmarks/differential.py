@@ -499,8 +499,10 @@ def run_server(python: str, cases: list[Case], model: Path, log: Path) -> list[d
     argv = [python, "-m", "llmtrio", "serve", "--model", str(model), "--port", str(port),
             "--max-inflight", "2", "--ctx-size", "512", "--threads", "2",
             "--no-prompt-cache", "--request-timeout", "0"]  # fmt: skip
+    # Run from the log's folder: ``python -m`` puts the working directory first on sys.path,
+    # so run from a source tree it would import that tree's llmtrio, not ``python``'s install.
     with log.open("wb") as out:
-        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent)
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(timeout=600) as client:
