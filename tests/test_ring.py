@@ -596,3 +596,34 @@ async def test_the_park_timeout_counts_only_while_parked(autojump_clock: trio.ab
             await stream.response_head()
         assert trio.current_time() - start == pytest.approx(25.0)
     assert_idle(ring)
+
+
+def test_the_rings_defaults_live_in_ring_config_alone() -> None:
+    """``Ring`` and ``RingCore`` take their defaults from ``RingConfig`` (not copies), and
+    ``Ring.from_config`` carries every setting."""
+    from llmtrio.ring import RingConfig, RingCore
+
+    defaults = RingConfig()
+    ring = Ring()
+    for name in ("max_streams", "retry_after", "response_buffer", "max_assignments"):
+        assert getattr(ring, name) == getattr(defaults, name), name
+    core = RingCore(max_streams=1)
+    assert (core.retry_after, core.max_assignments) == (
+        defaults.retry_after,
+        defaults.max_assignments,
+    )
+    assert ring.park_timeout is None  # a ring built directly waits as long as its client
+    config = RingConfig(
+        max_streams=5, park_timeout=2.5, retry_after=4.0, response_buffer=3, max_assignments=1
+    )
+    built = Ring.from_config(config)
+    assert (
+        built.max_streams,
+        built.park_timeout,
+        built.retry_after,
+        built.response_buffer,
+        built.max_assignments,
+    ) == (5, 2.5, 4.0, 3, 1)
+    for field, bad in (("response_buffer", 0), ("max_assignments", 0), ("retry_after", -1.0)):
+        with pytest.raises(ValueError, match=f"^{field} must be"):
+            RingConfig(**{field: bad})

@@ -40,6 +40,7 @@ from typing import Any, Final, TypeAlias
 
 import attrs
 
+from ._config import default
 from ._errors import ProtocolError, RingFullError
 from ._messages import (
     Assign,
@@ -221,8 +222,10 @@ class RingCore:
     """
 
     max_streams: int = attrs.field(validator=_positive)
-    retry_after: float = attrs.field(default=1.0, validator=_non_negative)
-    max_assignments: int = attrs.field(default=3, kw_only=True, validator=_positive)
+    retry_after: float = attrs.field(default=default("retry_after"), validator=_non_negative)
+    max_assignments: int = attrs.field(
+        default=default("max_assignments"), kw_only=True, validator=_positive
+    )
     _streams: dict[int, _Stream] = attrs.field(init=False, factory=dict)
     _counts: Counter[StreamState] = attrs.field(init=False, factory=Counter)
     _fresh: dict[int, None] = attrs.field(init=False, factory=dict)  # parked, in arrival order

@@ -26,7 +26,7 @@ from typing import TypeAlias
 import attrs
 import trio
 
-from ._config import RingConfig
+from ._config import RingConfig, default
 from ._core import Effect, RingCore, RingStats, ToClient, ToWorker
 from ._errors import ProtocolError, StreamCancelledError
 from ._link import Claimed
@@ -72,10 +72,16 @@ class Ring:
     gets ``WorkerFailedError``. ``max_assignments=1`` fails such streams at once.
     """
 
-    max_streams: int = attrs.field(default=64, on_setattr=attrs.setters.frozen)
-    retry_after: float = attrs.field(default=1.0, on_setattr=attrs.setters.frozen)
-    response_buffer: int = attrs.field(default=16, kw_only=True, on_setattr=attrs.setters.frozen)
-    max_assignments: int = attrs.field(default=3, kw_only=True, on_setattr=attrs.setters.frozen)
+    max_streams: int = attrs.field(default=default("max_streams"), on_setattr=attrs.setters.frozen)
+    retry_after: float = attrs.field(
+        default=default("retry_after"), on_setattr=attrs.setters.frozen
+    )
+    response_buffer: int = attrs.field(
+        default=default("response_buffer"), kw_only=True, on_setattr=attrs.setters.frozen
+    )
+    max_assignments: int = attrs.field(
+        default=default("max_assignments"), kw_only=True, on_setattr=attrs.setters.frozen
+    )
     park_timeout: float | None = attrs.field(
         default=None, kw_only=True, on_setattr=attrs.setters.frozen
     )
@@ -92,8 +98,14 @@ class Ring:
 
     @classmethod
     def from_config(cls, config: RingConfig) -> Ring:
-        """A ring with ``config``'s settings (the others at their defaults)."""
-        return cls(max_streams=config.max_streams, park_timeout=config.park_timeout)
+        """A ring with ``config``'s settings."""
+        return cls(
+            max_streams=config.max_streams,
+            retry_after=config.retry_after,
+            response_buffer=config.response_buffer,
+            max_assignments=config.max_assignments,
+            park_timeout=config.park_timeout,
+        )
 
     def park(self, head: RequestHead, body: bytes = b"", *, key: str = "") -> RingStream:
         """Park a request; a worker with a free slot will claim it. ``key`` is the request's
