@@ -6,6 +6,8 @@ the deadline, the worker failing), never read from the response's bytes."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -114,6 +116,22 @@ MISLEADING = (
 )
 
 
+@asynccontextmanager
+async def one_worker(
+    caplog: pytest.LogCaptureFixture, **more: Any
+) -> AsyncIterator[tuple[WorkerLink, Any, trio.Nursery]]:
+    """An ingress (access lines captured) on a ring with one worker, ``w#1``, attached in
+    this process, and a nursery for the worker's side that closes before the ingress."""
+    caplog.set_level(logging.INFO, logger="llmtrio.access")
+    ring = Ring(max_streams=8)
+    async with (
+        ring.attach("w#1", 2, models=["m"]) as link,
+        ingress(ring, 1, **more) as server,
+        trio.open_nursery() as nursery,
+    ):
+        yield link, server, nursery
+
+
 async def claim(link: WorkerLink) -> Claimed:
     with trio.fail_after(10):
         return await link.claim()
@@ -128,13 +146,7 @@ async def line_of(caplog: pytest.LogCaptureFixture, count: int = 1) -> dict[str,
 async def test_the_log_and_metrics_follow_the_stated_outcome_not_the_body(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="llmtrio.access")
-    ring = Ring(max_streams=8)
-    async with (
-        ring.attach("w#1", 2, models=["m"]) as link,
-        ingress(ring, 1) as server,
-        trio.open_nursery() as nursery,
-    ):
+    async with one_worker(caplog) as (link, server, nursery):
         before = await scrape(server.client, str(server.client.base_url) + "/metrics")
 
         async def answer(last: bytes, outcome: Outcome | None, head: Any) -> None:
@@ -169,14 +181,8 @@ async def test_the_log_and_metrics_follow_the_stated_outcome_not_the_body(
 async def test_a_worker_error_is_logged_with_its_stated_code_and_counts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="llmtrio.access")
-    ring = Ring(max_streams=8)
     stated = Outcome(error_code="context_length_exceeded", prompt_tokens=9000)
-    async with (
-        ring.attach("w#1", 2, models=["m"]) as link,
-        ingress(ring, 1) as server,
-        trio.open_nursery() as nursery,
-    ):
+    async with one_worker(caplog) as (link, server, nursery):
 
         async def refuse() -> None:
             claimed = await claim(link)
@@ -217,13 +223,7 @@ async def test_a_client_that_leaves_before_the_answer_is_a_499_client_closed(
 async def test_a_client_that_leaves_mid_stream_keeps_its_status_and_is_client_closed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="llmtrio.access")
-    ring = Ring(max_streams=8)
-    async with (
-        ring.attach("w#1", 2, models=["m"]) as link,
-        ingress(ring, 1) as server,
-        trio.open_nursery() as nursery,
-    ):
+    async with one_worker(caplog) as (link, server, nursery):
         metrics = str(server.client.base_url) + "/metrics"
         before = await scrape(server.client, metrics)
         claimed: list[Claimed] = []
@@ -254,13 +254,7 @@ async def start_one(link: WorkerLink, claimed: list[Claimed]) -> None:
 async def test_past_the_deadline_is_timeout_before_and_after_the_head(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="llmtrio.access")
-    ring = Ring(max_streams=8)
-    async with (
-        ring.attach("w#1", 2, models=["m"]) as link,
-        ingress(ring, 1, request_timeout=0.5) as server,
-        trio.open_nursery() as nursery,
-    ):
+    async with one_worker(caplog, request_timeout=0.5) as (link, server, nursery):
         claimed: list[Claimed] = []
         nursery.start_soon(lambda: start_one(link, claimed))
         streamed = await server.client.post(CHAT_PATH, json=STREAM)  # ended by the deadline
@@ -283,13 +277,7 @@ async def test_past_the_deadline_is_timeout_before_and_after_the_head(
 async def test_a_failed_worker_is_worker_failed_with_the_counts_it_stated(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="llmtrio.access")
-    ring = Ring(max_streams=8)
-    async with (
-        ring.attach("w#1", 2, models=["m"]) as link,
-        ingress(ring, 1) as server,
-        trio.open_nursery() as nursery,
-    ):
+    async with one_worker(caplog) as (link, server, nursery):
 
         async def fail_before_the_head() -> None:
             (await claim(link)).fail("boom")
