@@ -259,7 +259,9 @@ class EngineCore:
         """Carry out the prompt cache's decision for a sequence admitted now."""
         job = self._jobs[key]
         model, cache = self._model, self._cache
-        plan = cache.assign(job.prompt, hints=job.request.hints)
+        plan = cache.assign(
+            job.prompt, hints=job.request.hints, reuse=job.request.request.cache_prompt
+        )
         seq = job.seq = plan.seq
         keep = plan.keep
         if plan.save is not None:

@@ -240,6 +240,11 @@ class GenerateRequest:
     follows its tool's parameter schema (a lazy grammar); ``"required"`` makes the reply a
     call (of ``tool_name`` when given), by a grammar from the first token; ``"none"``
     constrains nothing. ``parallel_tool_calls``: a call may be followed by more.
+
+    ``cache_prompt=False`` reuses no memory of earlier requests: the whole prompt is ingested
+    (llama.cpp server's ``cache_prompt``). Reuse computes the prompt's last logits from other
+    batches than a whole ingestion does, and llama.cpp's logits depend on batch shapes in
+    their last bits, so only requests ingested alike are bit-for-bit reproducible.
     """
 
     messages: tuple[ChatMessage, ...] | None = attrs.field(
@@ -259,6 +264,7 @@ class GenerateRequest:
     tool_choice: str = "auto"
     tool_name: str | None = None
     parallel_tool_calls: bool = True
+    cache_prompt: bool = True
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.tokens is None):
@@ -389,3 +395,6 @@ class Capacity:
     cache_hits: int = 0
     cached_tokens: int = 0
     cache_bytes: int = 0
+    #: Context cells the running sequences hold, and all the slots' cells.
+    kv_used: int = 0
+    kv_total: int = 0
