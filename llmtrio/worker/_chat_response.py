@@ -5,9 +5,11 @@ One encoder per form, both on the response pieces of ``_responses``:
 - :class:`ChatStream`, the server-sent events: the role chunk first, a ``content`` (or
   ``reasoning_content``) delta per piece, then the finish chunk, the usage chunk when asked
   for, and ``[DONE]``. A plain request's delta is pre-encoded bytes around one string escape;
-  with tools, content that may be the start of a ``<tool_call>`` is held back and a call goes
-  out as one delta (id, name and all its arguments) once its closing tag arrives; with
-  logprobs, a content delta carries the log-probabilities of the tokens it completes.
+  with tools, content that may be the start of a ``<tool_call>`` is held back and a call
+  streams as OpenAI's API streams it: a first delta with its ``index``, ``id``, ``type`` and
+  ``name`` (and ``arguments: ""``) once the name is read, then a delta per piece of its
+  ``arguments`` as they are generated (:class:`ToolCallStream`); with logprobs, a content
+  delta carries the log-probabilities of the tokens it completes.
 - :class:`ChatBody`, the one ``chat.completion`` body of a request that did not stream, its
   tool calls parsed out of the whole text.
 """
@@ -18,7 +20,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._openai_errors import dumps
-from ..engine import Done, Token, TokenLogprob, ToolCall, ToolCallParser
+from ..engine import (
+    Done,
+    Token,
+    TokenLogprob,
+    ToolCall,
+    ToolCallArguments,
+    ToolCallEvent,
+    ToolCallParser,
+    ToolCallStart,
+    ToolCallStream,
+)
 from ._chat_request import ChatCompletionRequest
 from ._responses import (
     DONE,
@@ -74,7 +86,8 @@ class ChatStream:
         self._envelope = Envelope(meta, "chat.completion.chunk", request.include_usage)
         self._content = self._envelope.prefix(b'{"index":0,"delta":{"content":')
         self._reasoning = self._envelope.prefix(b'{"index":0,"delta":{"reasoning_content":')
-        self._parser = ToolCallParser(request.tools.tools) if request.tools.parses else None
+        self._parser = ToolCallStream(request.tools.tools) if request.tools.parses else None
+        #: Calls sent (their first delta out); with ``parallel_tool_calls`` off, one at most.
         self._calls = 0
         self._pending: list[TokenLogprob] = []
 
@@ -93,7 +106,7 @@ class ChatStream:
     def finish(self, done: Done) -> bytes:
         """What is held back, the finish chunk (with llama.cpp's ``timings``), the usage chunk
         when the client asked for it, and ``[DONE]``."""
-        out = b"" if self._parser is None else self._items(self._parser.flush())
+        out = b"" if self._parser is None else self._items(self._parser.finish())
         if self._pending:
             out += self._delta({}, chat_logprobs_json(self._pending))
             self._pending = []
@@ -123,17 +136,33 @@ class ChatStream:
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}
         return self._envelope.chunk(dumps(choice))
 
-    def _items(self, items: list[str | ToolCall]) -> bytes:
+    def _items(self, events: list[ToolCallEvent]) -> bytes:
         out = b""
-        for item in items:
-            if isinstance(item, str):
-                if self._calls and not item.strip():
+        for event in events:
+            if isinstance(event, str):
+                if self._calls and not event.strip():
                     continue  # the newlines between and after calls
-                out += self._text(item)
-            elif self._request.tools.parallel or not self._calls:
-                out += self._delta({"tool_calls": [tool_call_json(item, self._calls)]})
-                self._calls += 1
+                out += self._text(event)
+            elif isinstance(event, ToolCallStart):
+                if self._request.tools.parallel or not self._calls:
+                    out += self._call_delta(
+                        {
+                            "index": event.index,
+                            "id": event.id,
+                            "type": "function",
+                            "function": {"name": event.name, "arguments": ""},
+                        }
+                    )
+                    self._calls += 1
+            elif isinstance(event, ToolCallArguments) and event.index < self._calls:
+                out += self._call_delta(
+                    {"index": event.index, "function": {"arguments": event.text}}
+                )
+            # A ToolCallEnd sends nothing: the finish chunk says ``tool_calls``.
         return out
+
+    def _call_delta(self, call: dict[str, Any]) -> bytes:
+        return self._delta({"tool_calls": [call]})
 
 
 class ChatBody:
