@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +39,7 @@ JSON_CALL = (
 TIME_CALL = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
 
 
-def encode(text: str, cuts: list[int], **fields: Any) -> tuple[list[Any], bytes]:
+def encode(text: str, cuts: list[int], done: Done = DONE, **fields: Any) -> tuple[list[Any], bytes]:
     """The chunks a stream sends for ``text`` generated in pieces of the ``cuts`` sizes, and
     the body the same request gets without streaming."""
     fields.setdefault("tools", TOOLS_JSON)
@@ -51,10 +52,10 @@ def encode(text: str, cuts: list[int], **fields: Any) -> tuple[list[Any], bytes]
         out += stream.event(Token(text[at : at + step]))
         whole.event(Token(text[at : at + step]))
         at, i = at + step, i + 1
-    out += stream.finish(DONE)
+    out += stream.finish(done)
     chunks = events_json(out)
     assert chunks[-1] == "[DONE]"
-    return chunks[:-1], whole.finish(DONE)
+    return chunks[:-1], whole.finish(done)
 
 
 def tool_deltas(chunks: list[Any]) -> list[dict[str, Any]]:
@@ -157,10 +158,12 @@ def test_arguments_go_out_before_the_call_closes(text: str, until: str) -> None:
     assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "New'
 
 
-def test_a_call_cut_short_by_max_tokens_keeps_its_prefix() -> None:
+def test_a_call_cut_short_by_max_tokens_keeps_its_prefix_and_says_length() -> None:
     cut = XML_CALL[: XML_CALL.index("York") + 2]
-    chunks, whole = encode(cut, [4])
+    chunks, whole = encode(cut, [4], done=attrs.evolve(DONE, stop=StopReason.MAX_TOKENS))
     arguments = "".join(d["function"]["arguments"] for d in tool_deltas(chunks))
     assert arguments == '{"city": "New Yo'
-    message = json.loads(whole)["choices"][0]["message"]
-    assert message["tool_calls"][0]["function"]["arguments"] == arguments
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    choice = json.loads(whole)["choices"][0]
+    assert choice["message"]["tool_calls"][0]["function"]["arguments"] == arguments
+    assert choice["finish_reason"] == "length"

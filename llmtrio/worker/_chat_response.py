@@ -60,6 +60,13 @@ def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return out
 
 
+def finish_reason(done: Done, calls: int) -> str:
+    """``tool_calls`` for a reply with calls, unless it ran out of tokens (then ``length``,
+    as OpenAI's: the last call's arguments are cut short)."""
+    reason = done.stop.finish_reason
+    return "tool_calls" if calls and reason != "length" else reason
+
+
 def split_tool_calls(request: ChatCompletionRequest, text: str) -> tuple[str, list[ToolCall]]:
     """The content and the tool calls of a whole reply (no calls when the request offers no
     tools or ``tool_choice`` is ``none``; one call only when ``parallel_tool_calls`` is off)."""
@@ -121,7 +128,7 @@ class ChatStream:
         return out + DONE
 
     def finish_reason(self, done: Done) -> str:
-        return "tool_calls" if self._calls else done.stop.finish_reason
+        return finish_reason(done, self._calls)
 
     def _text(self, text: str, *, reasoning: bool = False) -> bytes:
         if self._pending:
@@ -199,7 +206,7 @@ class ChatBody:
         )
 
     def finish_reason(self, done: Done) -> str:
-        return "tool_calls" if self._calls else done.stop.finish_reason
+        return finish_reason(done, len(self._calls))
 
 
 def completion_body(
@@ -216,7 +223,8 @@ def completion_body(
     ``message.reasoning_content`` is present only when ``reasoning`` is not empty; the
     non-standard ``timings`` follows llama.cpp's server. With ``tool_calls`` the message
     carries them (``content`` is then ``null`` when empty) and ``finish_reason`` is
-    ``tool_calls``; ``logprobs`` (when asked for) go in OpenAI's ``{"content": [...]}``.
+    ``tool_calls`` (``length`` when the tokens ran out); ``logprobs`` (when asked for) go
+    in OpenAI's ``{"content": [...]}``.
     """
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning:
@@ -235,7 +243,7 @@ def completion_body(
                     "index": 0,
                     "message": message,
                     "logprobs": None if logprobs is None else chat_logprobs_json(logprobs),
-                    "finish_reason": "tool_calls" if tool_calls else done.stop.finish_reason,
+                    "finish_reason": finish_reason(done, len(tool_calls)),
                 }
             ],
             "usage": usage_json(done),
