@@ -9,10 +9,11 @@ the GBNF (``llama_sampler_init_grammar``; then a copy of the parsed grammar, wha
 further request with the schema costs). llama-cpp-python's converter
 is timed on the same schema less the keywords it cannot enforce, for reference.
 
-Tool calls: a forced call of a tool with a long string argument, greedy, on the engine; the
-reply's tokens are read by ``ToolCallStream`` as they come: the time from submit to the call's
-start (id and name), to its first argument byte, and to its end, in the Hermes JSON form (the
-model's built-in template) and Qwen's XML form (a template that writes calls so).
+Tool calls: a forced call of a tool with a long string argument, greedy, streamed by
+``llmtrio serve`` (in this process, on a loopback port) to an HTTP client reading the
+server-sent events: the time from sending the request to the call's first delta (id and
+name), to its first argument piece, and to its last (the whole call), in the Hermes JSON form
+(the model's built-in template) and Qwen's XML form (a template that writes calls so).
 """
 
 from __future__ import annotations
@@ -24,20 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import llama_cpp
 import trio
 from llama_cpp import llama_grammar
 
 from llmtrio.engine import (
-    Engine,
     EngineConfig,
-    GenerateRequest,
-    Token,
     Tool,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    ToolCallStream,
     _formats,
     _grammar,
     _regex,
@@ -46,6 +41,8 @@ from llmtrio.engine import (
 )
 from llmtrio.engine._grammar_cache import GrammarCache
 from llmtrio.engine._llama import LlamaModel
+from llmtrio.server import serve
+from llmtrio.web import ServeConfig
 
 _KINDS: list[dict[str, Any]] = [
     {"type": "integer", "minimum": 0, "maximum": 150},
@@ -178,40 +175,53 @@ XML_TEMPLATE = (
 
 
 async def call_times(model_path: Path, template: str | None, rounds: int) -> list[float]:
+    """Medians, in seconds from sending the request, of what a streaming client of
+    ``llmtrio serve`` reads: the call's first delta (id and name), its first argument piece,
+    and its last one (the whole call)."""
     config = EngineConfig(
         model=model_path, max_inflight=1, ctx_size=768, threads=2, chat_template=template
     )
-    request = GenerateRequest.user(
-        "Save a note about the weather.",
-        tools=[NOTE],
-        tool_choice="required",
-        tool_name="save_note",
-        max_tokens=500,
-    )
+    body = {
+        "model": "any",
+        "messages": [{"role": "user", "content": "Save a note about the weather."}],
+        "tools": [NOTE.as_openai()],
+        "tool_choice": {"type": "function", "function": {"name": "save_note"}},
+        "max_tokens": 500,
+        "temperature": 0,
+        "stream": True,
+    }
     starts, firsts, ends = [], [], []
-    async with Engine.open(config) as engine:
-        for _ in range(rounds):
-            stream = ToolCallStream([NOTE])
-            begin = time.perf_counter()
-            seen: dict[str, float] = {}
-            async with engine.submit(request) as generation:
-                async for event in generation:
-                    if not isinstance(event, Token):
-                        continue
-                    for item in stream.feed(event.text):
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        serve_config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1)
+        binds = await nursery.start(
+            lambda task_status: serve(
+                config, serve_config, shutdown=shutdown, task_status=task_status
+            )
+        )
+        async with httpx.AsyncClient(base_url=binds[0], timeout=300) as client:
+            for _ in range(rounds):
+                seen: dict[str, float] = {}
+                begin = time.perf_counter()
+                async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+                    reply.raise_for_status()
+                    async for line in reply.aiter_lines():
+                        if not line.startswith("data: {"):
+                            continue
                         now = time.perf_counter() - begin
-                        if isinstance(item, ToolCallStart):
-                            seen.setdefault("start", now)
-                        elif isinstance(item, ToolCallArguments):
-                            seen.setdefault("first", now)
-                        elif isinstance(item, ToolCallEnd):
-                            seen.setdefault("end", now)
-            for item in stream.finish():
-                if isinstance(item, ToolCallEnd):
-                    seen.setdefault("end", time.perf_counter() - begin)
-            starts.append(seen["start"])
-            firsts.append(seen["first"])
-            ends.append(seen["end"])
+                        choices = json.loads(line[len("data: ") :])["choices"]
+                        for call in (
+                            (choices[0]["delta"].get("tool_calls") or []) if choices else []
+                        ):
+                            if "id" in call:
+                                seen.setdefault("start", now)
+                            elif call["function"].get("arguments"):
+                                seen.setdefault("first", now)
+                                seen["end"] = now
+                starts.append(seen["start"])
+                firsts.append(seen["first"])
+                ends.append(seen["end"])
+        shutdown.set()
     return [statistics.median(x) for x in (starts, firsts, ends)]
 
 
@@ -222,7 +232,10 @@ def main() -> None:
     args = parser.parse_args()
     model_path = args.model or demo_model_path()
     compile_figures(model_path, args.rounds)
-    print("\nA forced tool call streamed (a 200-240 character argument), greedy, median:")
+    print(
+        "\nA forced tool call streamed by llmtrio serve (a 200-240 character argument), "
+        "greedy, median, as a streaming HTTP client reads it:"
+    )
     for label, template in (("Hermes JSON", None), ("Qwen XML", XML_TEMPLATE)):
         start, first, end = trio.run(call_times, model_path, template, args.rounds)
         print(
