@@ -37,6 +37,13 @@ def _engine(name: str) -> Default:
     return Default("llmtrio.engine:EngineConfig", name)
 
 
+def _template_file(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc}") from None
+
+
 def _engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model and engine")
     group.add_argument("--model", type=Path, help="a local GGUF file (never falls back)")
@@ -95,6 +102,14 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         help="llama.cpp threads (default: all cores)",
     )
     group.add_argument("--model-name", help="the name /v1/models shows")
+    group.add_argument(
+        "--chat-template-file",
+        type=_template_file,
+        dest="chat_template",
+        metavar="PATH",
+        help="a Jinja chat template to use instead of the model's own (its tool-call form, "
+        "XML or JSON, is the one forced calls take)",
+    )
     group.add_argument(
         "--no-fallback",
         action="store_false",

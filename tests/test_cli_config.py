@@ -230,3 +230,13 @@ def test_a_message_names_a_flag_only_for_a_whole_field_name() -> None:
     assert settings.flag_message(message, ["max_tokens", "max_stop", "other"], flags) == (
         "--max-tokens-limit must be at least 1; max_tokens_x and max_stop_chars stay"
     )
+
+
+def test_a_chat_template_file_replaces_the_models_template(tmp_path: Path) -> None:
+    template = tmp_path / "qwen.jinja"
+    template.write_text("{{ messages[0].content }}<function=", encoding="utf-8")
+    config = settings.engine_config(parse("serve", f"--chat-template-file={template}"))
+    assert config.chat_template == template.read_text(encoding="utf-8")
+    assert settings.engine_config(parse("serve")).chat_template is None
+    with pytest.raises(SystemExit):
+        parse("serve", f"--chat-template-file={tmp_path / 'missing.jinja'}")
