@@ -221,6 +221,11 @@ async def call_times(model_path: Path, template: str | None, rounds: int) -> lis
                 starts.append(seen["start"])
                 firsts.append(seen["first"])
                 ends.append(seen["end"])
+                print(
+                    f"    a round: start {seen['start']:.2f} s, first argument piece "
+                    f"{seen['first']:.2f} s, last {seen['end']:.2f} s",
+                    flush=True,
+                )
         shutdown.set()
     return [statistics.median(x) for x in (starts, firsts, ends)]
 
@@ -229,9 +234,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--skip-tools", action="store_true")
     args = parser.parse_args()
     model_path = args.model or demo_model_path()
-    compile_figures(model_path, args.rounds)
+    if not args.skip_compile:
+        compile_figures(model_path, args.rounds)
+    if args.skip_tools:
+        return
     print(
         "\nA forced tool call streamed by llmtrio serve (a 200-240 character argument), "
         "greedy, median, as a streaming HTTP client reads it:"
