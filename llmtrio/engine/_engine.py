@@ -24,7 +24,7 @@ import numpy as np
 import trio
 
 from ._chat import ChatTemplate
-from ._core import CoreRequest, EngineCore, EngineStats, StepOutput, cut_anywhere
+from ._core import CoreRequest, EngineCore, EngineStats, StepOutput, cut_anywhere, request_ctx
 from ._errors import (
     EngineClosedError,
     EngineFailedError,
@@ -154,6 +154,8 @@ class Generation:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self._output.tokens,
             cached_tokens=output.cached,
+            draft_tokens=output.drafted,
+            accepted_tokens=output.accepted,
             timings=Timings(
                 queue_s=max(0.0, admitted - self._submitted_at),
                 prefill_s=max(0.0, first - admitted),
@@ -185,6 +187,8 @@ class Engine:
         self._think_ids = self._single_tokens((THINK_OPEN, THINK_CLOSE))
         self._pieces: dict[int, bytes] = {}
         self._max_piece_bytes = max(1, model.max_piece_bytes)
+        #: The most positions one request may use (a slot's context, or the pool's).
+        self._request_ctx = request_ctx(model, config)
         self._trio_token = trio.lowlevel.current_trio_token()
         self._cond = threading.Condition()
         self._inbox: list[CoreRequest] = []
@@ -216,7 +220,9 @@ class Engine:
         ``Failed(EngineClosedError)``, the decode thread stops and the model is freed.
         """
         resolved = await trio.to_thread.run_sync(resolve_model, config)
-        n_batch = max(config.prefill_chunk + config.max_inflight, 64)
+        # A step holds the prefill chunk and every sequence's token and drafts.
+        drafts = config.spec_draft_max if config.spec is not None else 0
+        n_batch = max(config.prefill_chunk + config.max_inflight * (1 + drafts), 64)
         model = await trio.to_thread.run_sync(
             lambda: LlamaModel(
                 resolved.path,
@@ -224,18 +230,21 @@ class Engine:
                 ctx_size=config.ctx_size,
                 threads=config.threads,
                 n_batch=n_batch,
+                kv_unified=config.kv_unified,
+                n_rs_seq=drafts,
             )
         )
         try:
             engine = cls(config, model, resolved)
             logger.info(
-                "loaded %s (%s, %s memory, chat template: %s), %d slots x %d tokens",
+                "loaded %s (%s, %s memory, chat template: %s), %d slots x %d tokens%s",
                 resolved.name,
                 model.architecture,
                 "hybrid" if model.is_hybrid else "recurrent" if model.is_recurrent else "attention",
                 engine._template.source,
                 config.max_inflight,
                 config.ctx_size,
+                " in one pool" if config.kv_unified else "",
             )
             # The caller's exception (or cancellation) is held while the nursery closes and
             # raised after it, so it leaves this block as it was raised, not in a group.
@@ -300,6 +309,8 @@ class Engine:
             cache_hits=self.stats.prompt_cache_hits,
             cached_tokens=self.stats.prompt_cache_reused_tokens,
             cache_bytes=self.stats.prompt_cache_bytes,
+            spec_drafted=self.stats.spec_draft_tokens,
+            spec_accepted=self.stats.spec_accepted_tokens,
         )
 
     async def wait_idle(self) -> None:
@@ -352,7 +363,7 @@ class Engine:
         generation = Generation(
             prompt_tokens=len(prompt), output=output, scope=scope, end=lambda: self._end(key)
         )
-        budget = self.config.ctx_size - len(prompt) + 1
+        budget = self._request_ctx - len(prompt) + 1
         core_request = CoreRequest(
             key,
             np.asarray(prompt, dtype=np.int32),
@@ -386,8 +397,8 @@ class Engine:
         else:
             assert request.tokens is not None
             at_least = len(request.tokens)
-        if at_least >= self.config.ctx_size:
-            raise PromptTooLongError(at_least, self.config.ctx_size, at_least=True)
+        if at_least >= self._request_ctx:
+            raise PromptTooLongError(at_least, self._request_ctx, at_least=True)
 
     def _prompt(self, request: GenerateRequest) -> tuple[list[int], bool, tuple[int, ...]]:
         model = self._model
@@ -412,8 +423,8 @@ class Engine:
             hints = ()
             if self.config.prompt_cache and not cut_anywhere(model):
                 hints = self._hints(rendered.text, request.messages[-1].content, prompt)
-        if len(prompt) >= self.config.ctx_size:
-            raise PromptTooLongError(len(prompt), self.config.ctx_size)
+        if len(prompt) >= self._request_ctx:
+            raise PromptTooLongError(len(prompt), self._request_ctx)
         for token, _ in request.logit_bias:
             if not 0 <= token < model.n_vocab:
                 raise InvalidRequestError(

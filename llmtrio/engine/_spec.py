@@ -1,0 +1,255 @@
+"""Speculative decoding's policy: n-gram drafts (prompt lookup) and how many to verify.
+
+Pure: token ids and measured step times in, draft tokens and draft lengths out; no llama.cpp.
+The decode-step core (``_core.py``) carries it out: each decoding sequence's drafts go into
+the one batched ``llama_decode`` of the step with logits on every position, and each
+position's logits are sampled in turn, as they would be without speculation, until a sample
+differs from the draft (vLLM's "prompt lookup", llama.cpp's ``ngram-simple``).
+
+Three parts:
+
+- :class:`NgramDrafter` (one per sequence): the tokens that followed the latest earlier
+  occurrence of the sequence's last ``n`` tokens in its own prompt and output, for the longest
+  ``n`` (up to ``max_n``) that occurred before.
+- :class:`Acceptance` (one per sequence): how often its drafts were right, by the length of
+  the n-gram they were found with; it forgets with every verified token, and drifts back to
+  its prior while the sequence does not draft, so a sequence whose drafts kept failing stops
+  drafting for a while and then tries again.
+- :class:`StepCosts` and :func:`plan_drafts`: a step's cost, measured, as a function of the
+  positions with logits in its batch, and the draft lengths that maximize the expected
+  tokens per second of the whole step (never over ``target_step_ms`` when it is set).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+
+__all__ = ["Acceptance", "NgramDrafter", "StepCosts", "plan_drafts"]
+
+
+class NgramDrafter:
+    """Prompt lookup over one sequence's tokens (its prompt, then every token it emits).
+
+    For each ``n`` in ``min_n..max_n`` a table maps each n-gram to where the tokens that
+    followed its latest occurrence start; :meth:`propose` looks the sequence's last ``n``
+    tokens up, longest first. Building the table is one pass in C (``dict(zip(...))``);
+    each token emitted later adds ``max_n - min_n + 1`` entries.
+    """
+
+    def __init__(self, tokens: Sequence[int], *, max_n: int = 4, min_n: int = 1) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError("need 1 <= min_n <= max_n")
+        self._tokens = list(tokens)
+        self._sizes = range(max_n, min_n - 1, -1)
+        # n -> {n-gram: the index where what followed its latest occurrence starts}; the
+        # n-gram that ends the sequence has no continuation yet, so it is not in the table.
+        self._tables: dict[int, dict[tuple[int, ...], int]] = {}
+        t = self._tokens
+        end = len(t) - 1  # the last token: what follows it is not known yet
+        for n in self._sizes:
+            count = end - n + 1  # n-grams starting at 0 .. end - n
+            if count <= 0:
+                self._tables[n] = {}
+                continue
+            grams = zip(*(t[j : j + count] for j in range(n)), strict=True)
+            self._tables[n] = dict(zip(grams, range(n, end + 1), strict=True))
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens the sequence emitted."""
+        t = self._tokens
+        for token in tokens:
+            end = len(t)  # the n-grams ending here now get a continuation: ``token``
+            t.append(token)
+            for n in self._sizes:
+                if end >= n:
+                    self._tables[n][tuple(t[end - n : end])] = end
+
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        """Up to ``limit`` tokens that may come next, and the length of the n-gram they
+        were found with (0 and no tokens when the last tokens never occurred before)."""
+        t = self._tokens
+        if limit <= 0:
+            return [], 0
+        for n in self._sizes:
+            if len(t) <= n:
+                continue
+            start = self._tables[n].get(tuple(t[-n:]))
+            if start is not None:
+                return t[start : start + limit], n
+        return [], 0
+
+
+#: Prior per-token acceptance by n-gram length (1, 2, 3, 4+): the chance a draft token is
+#: right given that the ones before it were, before anything was measured.
+_PRIOR = (0.3, 0.5, 0.6, 0.7)
+
+
+@attrs.define
+class Acceptance:
+    """One sequence's per-token acceptance rate of drafts, by n-gram length.
+
+    Each bucket is a success/trial count that decays by ``memory`` per verified token, so the
+    rate follows the last few dozen tokens; a step without drafting moves every bucket
+    ``relax`` of the way back to its prior (a sequence whose drafts failed stops drafting, and
+    tries again some steps later).
+    """
+
+    memory: float = 0.9
+    relax: float = 0.05
+    prior_weight: float = 2.0
+    _hits: list[float] = attrs.field(init=False)
+    _trials: list[float] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._hits = [p * self.prior_weight for p in _PRIOR]
+        self._trials = [self.prior_weight] * len(_PRIOR)
+
+    @staticmethod
+    def _bucket(n: int) -> int:
+        return min(max(n, 1), len(_PRIOR)) - 1
+
+    def rate(self, n: int) -> float:
+        b = self._bucket(n)
+        return self._hits[b] / self._trials[b]
+
+    def verified(self, n: int, drafted: int, accepted: int) -> None:
+        """``accepted`` of ``drafted`` tokens found with an ``n``-gram were right (the first
+        wrong one ends the count: those after it say nothing)."""
+        b = self._bucket(n)
+        for i in range(min(drafted, accepted + 1)):
+            self._hits[b] = self._hits[b] * self.memory + (1.0 if i < accepted else 0.0)
+            self._trials[b] = self._trials[b] * self.memory + 1.0
+
+    def idle(self) -> None:
+        """A step in which the sequence drafted nothing."""
+        for b, prior in enumerate(_PRIOR):
+            rate = self._hits[b] / self._trials[b]
+            rate += (prior - rate) * self.relax
+            self._hits[b] = rate * self._trials[b]
+
+
+@attrs.define
+class StepCosts:
+    """A decode step's measured cost in ms as a function of the positions with logits in
+    its batch (``outputs``: one per decoding sequence, plus its drafts) and the prompt
+    tokens ingested with them (``prefill``).
+
+    A table keeps, for each ``outputs`` count seen, a moving average of decode-only steps;
+    between counts it interpolates, past the largest it extrapolates with the slope of the
+    largest two (or ``prior_slope`` of the per-position cost, optimistic, until two counts
+    were seen: it makes the engine try drafts, and the step then measured corrects it).
+    Prompt tokens add ``prefill_ms`` each, a moving average of what steps with prefill cost
+    beyond their outputs.
+    """
+
+    weight: float = 0.25
+    prior_slope: float = 0.25
+    _table: dict[int, float] = attrs.field(factory=dict)
+    _prefill_ms: float | None = None
+
+    def measured(self, ms: float, *, outputs: int, prefill: int = 0) -> None:
+        if outputs <= 0 and prefill <= 0:
+            return
+        if prefill:
+            if outputs and self._table:
+                per = max(0.0, ms - self.predict(outputs)) / prefill
+            elif not outputs:
+                per = ms / prefill
+            else:
+                return
+            old = self._prefill_ms
+            self._prefill_ms = per if old is None else old + (per - old) * self.weight
+            return
+        old_ms = self._table.get(outputs)
+        self._table[outputs] = ms if old_ms is None else old_ms + (ms - old_ms) * self.weight
+
+    @property
+    def known(self) -> bool:
+        return bool(self._table)
+
+    def predict(self, outputs: int, prefill: int = 0) -> float:
+        """The expected ms of a step with ``outputs`` positions with logits and ``prefill``
+        prompt tokens (0 when nothing was measured yet)."""
+        table = self._table
+        extra = prefill * (self._prefill_ms or 0.0)
+        if not table:
+            return extra
+        if outputs in table:
+            return table[outputs] + extra
+        counts = sorted(table)
+        below = [c for c in counts if c < outputs]
+        above = [c for c in counts if c > outputs]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            f = (outputs - lo) / (hi - lo)
+            return table[lo] + (table[hi] - table[lo]) * f + extra
+        if above:  # fewer outputs than ever measured: scale down, at most proportionally
+            hi = above[0]
+            return table[hi] * max(outputs, 1) / hi + extra
+        top = counts[-1]
+        if len(counts) >= 2:
+            prev = counts[-2]
+            slope = max(0.0, (table[top] - table[prev]) / (top - prev))
+        else:
+            slope = self.prior_slope * table[top] / top
+        return table[top] + slope * (outputs - top) + extra
+
+
+@attrs.frozen
+class Candidate:
+    """A decoding sequence's offer: ``tokens`` drafted, each right with ``rate`` given the
+    ones before it were."""
+
+    tokens: int
+    rate: float
+
+
+def plan_drafts(
+    candidates: Sequence[Candidate],
+    costs: StepCosts,
+    *,
+    outputs: int,
+    prefill: int = 0,
+    target_ms: float = 0.0,
+) -> list[int]:
+    """How many of each candidate's draft tokens to verify in the next step.
+
+    The step already has ``outputs`` positions with logits (one per decoding sequence) and
+    ``prefill`` prompt tokens. A sequence's ``j``-th draft token adds an expected
+    ``rate ** j`` tokens (it counts only if all before it are right), and one position to the
+    step. Draft tokens are taken by expected gain, best first, and the count kept is the one
+    with the most expected tokens per predicted ms; with ``target_ms`` set, no count whose
+    predicted step exceeds it (unless no drafts already exceed it).
+    """
+    gains: list[tuple[float, int]] = []
+    for i, c in enumerate(candidates):
+        g = 1.0
+        for _ in range(c.tokens):
+            g *= c.rate
+            if g < 0.02:
+                break
+            gains.append((g, i))
+    if not gains or not costs.known:
+        return [0] * len(candidates)
+    gains.sort(key=lambda item: -item[0])
+    base = costs.predict(outputs, prefill)
+    tokens = float(outputs)
+    best_m, best_rate = 0, tokens / base if base > 0 else math.inf
+    for m, (g, _) in enumerate(gains, start=1):
+        tokens += g
+        ms = costs.predict(outputs + m, prefill)
+        if target_ms > 0 and ms > target_ms:
+            break
+        rate = tokens / ms if ms > 0 else math.inf
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    counts = [0] * len(candidates)
+    for _, i in gains[:best_m]:
+        counts[i] += 1
+    return counts
