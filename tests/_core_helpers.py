@@ -71,6 +71,8 @@ def open_core(
         "ctx_size": model.ctx_size,
         "threads": 2,
         "kv_unified": model.kv_unified,
+        # The batch holds a chunk and every sequence's token and drafts.
+        "prefill_chunk": max(1, model.n_batch // 2),
     }
     values.update(config)
     stats = EngineStats()

@@ -1,5 +1,6 @@
 """Prompt reuse on both test models: gemma-3 (sliding-window attention, full-size window
-cache) and qwen35 (hybrid attention + recurrent memory, reused through snapshots).
+cache) and qwen35 (hybrid attention + recurrent memory, reused through snapshots), with each
+slot's own memory and with one shared pool.
 
 Every reuse is checked against the same request on an engine that reuses nothing: greedy
 tokens must be identical.
@@ -37,8 +38,19 @@ def model_path(request: pytest.FixtureRequest) -> Path:
     return path
 
 
-def config(path: Path, **kwargs: object) -> EngineConfig:
-    values: dict[str, object] = {"model": path, "max_inflight": 4, "ctx_size": 2048, "threads": 2}
+@pytest.fixture(params=[False, True], ids=["per-slot", "pool"])
+def kv_unified(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+def config(path: Path, kv_unified: bool, **kwargs: object) -> EngineConfig:
+    values: dict[str, object] = {
+        "model": path,
+        "max_inflight": 4,
+        "ctx_size": 2048,
+        "threads": 2,
+        "kv_unified": kv_unified,
+    }
     values.update(kwargs)
     return EngineConfig(**values)  # type: ignore[arg-type]
 
@@ -78,7 +90,7 @@ async def run_all(engine: Engine, requests: list[GenerateRequest]) -> list[tuple
     return results
 
 
-async def test_reuse_gives_the_tokens_of_no_reuse(model_path: Path) -> None:
+async def test_reuse_gives_the_tokens_of_no_reuse(model_path: Path, kv_unified: bool) -> None:
     """Turn 2 of a conversation, a prompt differing from a previous one in one token, and
     four concurrent prompts sharing a system prompt with a finished one: each reuses only
     what it shares, and generates exactly what an engine that reuses nothing generates."""
@@ -104,9 +116,9 @@ async def test_reuse_gives_the_tokens_of_no_reuse(model_path: Path) -> None:
         out += await run_all(engine, shared)
         return out
 
-    async with Engine.open(config(model_path, prompt_cache=False)) as engine:
+    async with Engine.open(config(model_path, kv_unified, prompt_cache=False)) as engine:
         cold = await scenario(engine)
-    async with Engine.open(config(model_path)) as engine:
+    async with Engine.open(config(model_path, kv_unified)) as engine:
         warm = await scenario(engine)
         stats = engine.stats
 
@@ -129,14 +141,16 @@ async def test_reuse_gives_the_tokens_of_no_reuse(model_path: Path) -> None:
     assert stats.prompt_cache_reused_tokens == sum(cached)
 
 
-async def test_the_snapshot_budget_holds(model_path: Path) -> None:
+async def test_the_snapshot_budget_holds(model_path: Path, kv_unified: bool) -> None:
     """Distinct prompts through one slot: each one's memory is saved when the next takes the
     slot; the snapshots never take more than ``cache_ram_mib``, the oldest go first."""
     budget = 2
     # Prompts of which one snapshot fits the budget, two do not (gemma's memory takes about
     # 18 KiB a token, qwen35-tiny's about 1.5).
     size = 60 if "gemma" in model_path.name else 900
-    async with Engine.open(config(model_path, max_inflight=1, cache_ram_mib=budget)) as engine:
+    async with Engine.open(
+        config(model_path, kv_unified, max_inflight=1, cache_ram_mib=budget)
+    ) as engine:
         words = (TEXT + " " + SYSTEM).split() * 4
         prompts = [
             engine.tokenize(" ".join(words[i * 7 : i * 7 + size]), add_special=True)
@@ -155,18 +169,20 @@ async def test_the_snapshot_budget_holds(model_path: Path) -> None:
         assert done.cached_tokens == len(prompts[3])
 
 
-async def test_cancel_while_ingesting_a_partly_reused_prompt(model_path: Path) -> None:
+async def test_cancel_while_ingesting_a_partly_reused_prompt(
+    model_path: Path, kv_unified: bool
+) -> None:
     """A prompt reusing a finished one is cancelled while ingesting the rest; the next
     request finds the memory consistent: it reuses what was ingested, and its tokens are
     those of an engine that reuses nothing."""
-    async with Engine.open(config(model_path, prompt_cache=False)) as engine:
+    async with Engine.open(config(model_path, kv_unified, prompt_cache=False)) as engine:
         words = TEXT.split()
         base = engine.tokenize(" ".join(words[:40]), add_special=True)
         longer = engine.tokenize(" ".join(words[:130]), add_special=True)
         assert longer[: len(base) - 1] == base[:-1]
         expected, _ = await collect(engine, raw(longer))
 
-    async with Engine.open(config(model_path, prefill_chunk=16)) as engine:
+    async with Engine.open(config(model_path, kv_unified, prefill_chunk=16)) as engine:
         await collect(engine, raw(base))
         ingested = engine.stats.prompt_tokens_ingested
         model = engine._model

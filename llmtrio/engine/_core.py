@@ -185,7 +185,7 @@ class EngineCore:
         self._snapshots: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
         self._pool = config.pool_cells if model.kv_unified else 0
         stats.kv_pool_cells = self._pool
-        self._request_ctx = request_ctx(model, config)
+        self._request_ctx = config.request_ctx
         #: Draft tokens one sequence may carry: the configured most, and for recurrent
         #: memory what it can roll back.
         self._draft_max = spec_draft_limit(model, config)
@@ -310,9 +310,13 @@ class EngineCore:
         keep = plan.keep
         if plan.save is not None:
             self._snapshot(seq, plan.save)
-        if plan.restore is not None and not model.restore_state(seq, self._snapshots[plan.restore]):
-            cache.restore_failed(seq)
-            keep = 0
+        if plan.restore is not None:
+            model.forget(seq)
+            if self._pool:
+                self._room_for(keep)
+            if not model.restore_state(seq, self._snapshots[plan.restore]):
+                cache.restore_failed(seq)
+                keep = 0
         if keep == 0 or not model.forget(seq, keep):
             model.forget(seq)
             keep = 0
@@ -389,18 +393,7 @@ class EngineCore:
         """Make the pool hold this step's tokens: idle slots' cells first, then the drafts,
         then the youngest running sequences are swapped out (their parts leave the step)."""
         need = sum(part.tokens for part in parts)
-        free = self._pool - self._held() - self._cache.idle_cells()
-        cache = self._cache
-        for seq in cache.evictable():
-            if need <= free:
-                break
-            held = len(cache.resident(seq))
-            tokens = cache.evict(seq)
-            if tokens is not None:
-                self._snapshot(seq, tokens)
-            self._model.forget(seq)
-            self._stats.idle_evictions += 1
-            free += held
+        free = self._room_for(need)
         if need > free:
             for part in parts:
                 part.draft = []
@@ -418,6 +411,23 @@ class EngineCore:
             need -= sum(part.tokens for part in parts if part.job is victim)
             parts = [part for part in parts if part.job is not victim]
         return parts
+
+    def _room_for(self, need: int) -> int:
+        """Free idle slots' cells (least recently used first, snapshotted when worth it)
+        until ``need`` cells are free, or none is left to free; the cells free now."""
+        cache = self._cache
+        free = self._pool - self._held() - cache.idle_cells()
+        for seq in cache.evictable():
+            if need <= free:
+                break
+            held = len(cache.resident(seq))
+            tokens = cache.evict(seq)
+            if tokens is not None:
+                self._snapshot(seq, tokens)
+            self._model.forget(seq)
+            self._stats.idle_evictions += 1
+            free += held
+        return free
 
     def _preempt(self, job: _Job) -> bool:
         """Swap ``job`` out: its memory to host memory, its slot freed; its sampler, drafts
@@ -445,6 +455,7 @@ class EngineCore:
         if plan.save is not None:
             self._snapshot(plan.seq, plan.save)
         self._model.forget(plan.seq)
+        self._room_for(job.pos)
         if job.swapped is not None and not self._model.restore_state(plan.seq, job.swapped):
             raise DecodeError("a preempted sequence's state could not be restored")
         job.seq = plan.seq
@@ -683,12 +694,6 @@ def cut_anywhere(model: LlamaModel) -> bool:
     full-size sliding-window cache."""
     recurrent = model.is_recurrent or model.is_hybrid
     return not recurrent and (model.n_swa == 0 or model.swa_full)
-
-
-def request_ctx(model: LlamaModel, config: EngineConfig) -> int:
-    """The most positions one request may use: ``config.request_ctx``, and no more than
-    the model was trained for."""
-    return min(config.request_ctx, model.n_ctx_train or config.request_ctx)
 
 
 def spec_draft_limit(model: LlamaModel, config: EngineConfig) -> int:

@@ -24,7 +24,7 @@ import numpy as np
 import trio
 
 from ._chat import ChatTemplate
-from ._core import CoreRequest, EngineCore, EngineStats, StepOutput, cut_anywhere, request_ctx
+from ._core import CoreRequest, EngineCore, EngineStats, StepOutput, cut_anywhere
 from ._errors import (
     EngineClosedError,
     EngineFailedError,
@@ -188,7 +188,7 @@ class Engine:
         self._pieces: dict[int, bytes] = {}
         self._max_piece_bytes = max(1, model.max_piece_bytes)
         #: The most positions one request may use (a slot's context, or the pool's).
-        self._request_ctx = request_ctx(model, config)
+        self._request_ctx = config.request_ctx
         self._trio_token = trio.lowlevel.current_trio_token()
         self._cond = threading.Condition()
         self._inbox: list[CoreRequest] = []

@@ -101,8 +101,6 @@ class LlamaModel:
         self.ctx_size = ctx_size
         self.slots = slots
         self.n_batch = n_batch
-        #: The most positions the model was trained for.
-        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(self._model)
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.bos: int = llama_cpp.llama_vocab_bos(self.vocab)
