@@ -73,6 +73,37 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         help="host memory for prompt snapshots other slots can restore "
         "(default 1024; 0: none, a slot still reuses its own memory)",
     )
+    spec = group.add_mutually_exclusive_group()
+    spec.add_argument(
+        "--spec",
+        choices=["ngram"],
+        help="speculative decoding: 'ngram' drafts tokens by looking the last ones up in the "
+        "prompt and output, verified in the same batch (default: the engine's, ngram)",
+    )
+    spec.add_argument(
+        "--no-spec", action="store_true", help="no speculative decoding: one token per step"
+    )
+    group.add_argument(
+        "--spec-draft-max",
+        type=int,
+        metavar="N",
+        help="the most draft tokens one sequence verifies in a step (1-16; default: the "
+        "engine's); fewer are drafted when the measured step costs say so",
+    )
+    group.add_argument(
+        "--kv-unified",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one context pool of --max-inflight x --ctx-size cells shared by all slots: one "
+        "request may use all of it (default: the engine's, off)",
+    )
+    group.add_argument(
+        "--max-request-ctx",
+        type=int,
+        metavar="N",
+        help="the most context one request may use (default: --ctx-size, or with "
+        "--kv-unified the whole pool)",
+    )
     group.add_argument(
         "--threads",
         type=int,
@@ -104,7 +135,21 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         allow_fallback=not args.no_fallback,
         prompt_cache=not args.no_prompt_cache,
         cache_ram_mib=args.cache_ram,
+        **_given(args),
     )
+
+
+def _given(args: argparse.Namespace) -> dict[str, object]:
+    """The speculation and pool flags that were given; the others keep the engine's
+    defaults."""
+    given: dict[str, object] = {
+        name: value
+        for name in ("spec", "spec_draft_max", "kv_unified", "max_request_ctx")
+        if (value := getattr(args, name)) is not None
+    }
+    if args.no_spec:
+        given["spec"] = None
+    return given
 
 
 def _limit_flags(parser: argparse.ArgumentParser) -> None:

@@ -56,7 +56,14 @@ MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
 _PREFIX: Final = struct.Struct(">I")
 _FRAME_HEAD: Final = struct.Struct(">IBI")  # length, type, json_len
 _MIN_LENGTH: Final = 1 + 4  # type + json_len
-_CACHE_FIELDS: Final = ("cache_hits", "cached_tokens", "cache_bytes")
+# Optional heartbeat fields, sent only when not zero: prompt reuse and speculation.
+_OPTIONAL_BEAT_FIELDS: Final = (
+    "cache_hits",
+    "cached_tokens",
+    "cache_bytes",
+    "spec_drafted",
+    "spec_accepted",
+)
 
 _CODES: Final[dict[type[Message], int]] = {
     Attach: 1,
@@ -99,7 +106,7 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                 "available_slots": available,
                 "decoding": decoding,
             }
-            for name in _CACHE_FIELDS:  # optional: only once the cache was used
+            for name in _OPTIONAL_BEAT_FIELDS:  # only once the cache (or drafting) was used
                 if value := getattr(message, name):
                     beat[name] = value
             return beat, b""
@@ -208,7 +215,7 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
     if cls is Heartbeat:
         inflight, available = fields.integer("inflight"), fields.integer("available_slots")
         decoding = fields.integer("decoding") if "decoding" in fields else 0
-        cache = {name: fields.integer(name) for name in _CACHE_FIELDS if name in fields}
+        cache = {name: fields.integer(name) for name in _OPTIONAL_BEAT_FIELDS if name in fields}
         return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **cache)
     if cls is Claim:
         return Claim(fields.integer("count"))

@@ -143,6 +143,10 @@ class Heartbeat:
     snapshots hold now."""
     cached_tokens: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
     cache_bytes: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    spec_drafted: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    """Speculative decoding, for health pages (optional on the wire): draft tokens verified,
+    and those that were right."""
+    spec_accepted: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
 
 
 @attrs.frozen

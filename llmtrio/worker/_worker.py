@@ -99,6 +99,8 @@ async def serve_link(
                 cache_hits=capacity.cache_hits,
                 cached_tokens=capacity.cached_tokens,
                 cache_bytes=capacity.cache_bytes,
+                spec_drafted=capacity.spec_drafted,
+                spec_accepted=capacity.spec_accepted,
             )
         )
 
