@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -139,10 +139,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def _given(args: argparse.Namespace) -> dict[str, object]:
+def _given(args: argparse.Namespace) -> dict[str, Any]:
     """The speculation and pool flags that were given; the others keep the engine's
     defaults."""
-    given: dict[str, object] = {
+    given: dict[str, Any] = {
         name: value
         for name in ("spec", "spec_draft_max", "kv_unified", "max_request_ctx")
         if (value := getattr(args, name)) is not None
