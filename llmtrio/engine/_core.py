@@ -25,118 +25,24 @@ memory, its sampler kept) until the pool has room for it again.
 from __future__ import annotations
 
 import ctypes
-import random
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 
 from ._errors import DecodeError
-from ._llama import Batch, LlamaModel, SlotSampler
+from ._jobs import Drafter, Job, Part, slot_sampler
+from ._llama import Batch, LlamaModel
+from ._pool import SharedPool
 from ._prompt_cache import PromptCache
-from ._sampling import Penalties, RawLogprob
+from ._sampling import RawLogprob
 from ._scheduler import Scheduler, Start
-from ._spec import Acceptance, Candidate, NgramDrafter, StepCosts, plan_drafts
+from ._spec import Candidate, NgramDrafter, StepCosts, plan_drafts, verify
 from ._step import CoreRequest, EngineStats, StepOutput
-from ._types import EngineConfig, GenerateRequest, StopReason
+from ._types import EngineConfig, StopReason
 
 __all__ = ["CoreRequest", "Drafter", "EngineCore", "EngineStats", "StepOutput", "verify"]
-
-
-class Drafter(Protocol):
-    """Where a sequence's drafts come from (:class:`NgramDrafter`; tests bring others)."""
-
-    def extend(self, tokens: Sequence[int]) -> None: ...
-
-    def propose(self, limit: int) -> tuple[list[int], int]: ...
-
-
-def verify(
-    sample: Callable[[int], int], first: int, draft: Sequence[int], ends: Callable[[int], bool]
-) -> list[int]:
-    """Sample the positions ``first, first + 1, ...`` in turn (the last token's, then each
-    draft token's) and stop after the first sample that differs from the draft, or ends the
-    generation: the tokens to emit. All but the last equal the draft."""
-    out: list[int] = []
-    for j in range(len(draft) + 1):
-        token = sample(first + j)
-        out.append(token)
-        if j == len(draft) or token != draft[j] or ends(token):
-            break
-    return out
-
-
-@attrs.define(eq=False)
-class _Job:
-    """One request inside the core."""
-
-    request: CoreRequest
-    seq: int = -1
-    pos: int = 0
-    last_token: int = -1
-    generated: int = 0
-    sampler: SlotSampler | None = None
-    admitted_at: float = 0.0
-    first_token_at: float = 0.0
-    cancelled: bool = False
-    #: Order of first admission (the youngest running sequence is preempted first).
-    order: int = -1
-    #: Prompt tokens found in memory at admission (not ingested).
-    cached: int = 0
-    #: Prompt lengths after which the state is snapshotted (the prompt cache's decision).
-    snapshot_at: tuple[int, ...] = ()
-    #: Generated tokens decoded into the sequence's memory, after the prompt.
-    fed: list[int] = attrs.field(factory=list)
-    drafter: Drafter | None = None
-    acceptance: Acceptance = attrs.field(factory=Acceptance)
-    drafted: int = 0
-    accepted: int = 0
-    #: Out of the batch to make room in the pool, until admitted again; its memory in
-    #: host memory meanwhile (``swapped``; none when it held no cells).
-    preempted: bool = False
-    swapped: ctypes.Array[ctypes.c_uint8] | None = None
-
-    @property
-    def key(self) -> int:
-        return self.request.key
-
-    @property
-    def prompt(self) -> npt.NDArray[np.int32]:
-        return self.request.prompt
-
-    def output(self, tokens: list[int], **fields: object) -> StepOutput:
-        return StepOutput(
-            self.key,
-            tokens,
-            cached=self.cached,
-            admitted_at=self.admitted_at,
-            first_token_at=self.first_token_at,
-            drafted=self.drafted,
-            accepted=self.accepted,
-            **fields,  # type: ignore[arg-type]
-        )
-
-
-@attrs.define(eq=False)
-class _Part:
-    """One job's tokens in this step: a decode token and its drafts (``start is None``) or
-    a prompt chunk."""
-
-    job: _Job
-    start: int | None
-    count: int
-    index: int
-    outputs: bool = True
-    draft: list[int] = attrs.field(factory=list)
-    #: The n-gram length the draft was found with.
-    match: int = 0
-
-    @property
-    def tokens(self) -> int:
-        return 1 + len(self.draft) if self.start is None else self.count
 
 
 class EngineCore:
@@ -171,7 +77,7 @@ class EngineCore:
             config.max_inflight, config.prefill_chunk, config.target_step_ms
         )
         self._batch = Batch(model.n_batch)
-        self._jobs: dict[int, _Job] = {}
+        self._jobs: dict[int, Job] = {}
         # The prompt cache picks each sequence's id: the slot holding most of its prompt,
         # else the lowest free one. Batches go in ascending id order: llama.cpp splits a
         # batch of non-unified sequences into one micro-batch per run of consecutive,
@@ -183,8 +89,19 @@ class EngineCore:
             enabled=config.prompt_cache,
         )
         self._snapshots: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
-        self._pool = config.pool_cells if model.kv_unified else 0
-        stats.kv_pool_cells = self._pool
+        self._pool = (
+            SharedPool(
+                config.pool_cells,
+                model=model,
+                cache=self._cache,
+                scheduler=self._scheduler,
+                stats=stats,
+                jobs=self._jobs,
+                snapshot=self._snapshot,
+            )
+            if model.kv_unified
+            else None
+        )
         self._request_ctx = config.request_ctx
         #: Draft tokens one sequence may carry: the configured most, and for recurrent
         #: memory what it can roll back.
@@ -207,7 +124,7 @@ class EngineCore:
         return self._request_ctx
 
     def add(self, request: CoreRequest) -> None:
-        self._jobs[request.key] = _Job(request)
+        self._jobs[request.key] = Job(request)
         self._scheduler.add(request.key, len(request.prompt))
 
     def cancel(self, key: int) -> None:
@@ -228,24 +145,25 @@ class EngineCore:
     def step(self) -> list[StepOutput]:
         """Admit, ingest, draft and decode one step; what happened to each request."""
         started = time.perf_counter()
-        plan = self._scheduler.schedule(self._start, self._fits if self._pool else None)
+        pool = self._pool
+        plan = self._scheduler.schedule(self._start, pool.fits if pool else None)
         for key in plan.admitted:
             job = self._jobs[key]
             if job.sampler is None:
                 job.admitted_at = started
-                job.sampler = self._sampler(job.request.request)
+                job.sampler = slot_sampler(self._model, job.request.request)
         if plan.empty:
             self.decoding = 0
             self._count_running()
             return []
-        parts = [_Part(self._jobs[key], None, 0, 0) for key in plan.decode]
-        prefill = [_Part(self._jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
+        parts = [Part(self._jobs[key], None, 0, 0) for key in plan.decode]
+        prefill = [Part(self._jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
         prefill_tokens = sum(p.count for p in prefill)
         if self._draft_max:
             self._draft(parts, prefill_tokens)
         parts += prefill
-        if self._pool:
-            parts = self._make_room(parts)
+        if pool:
+            parts = pool.make_room(parts)
         parts.sort(key=lambda part: part.job.seq)
         self.decoding = len(parts)
         outputs: list[StepOutput] = []
@@ -302,7 +220,9 @@ class EngineCore:
         job = self._jobs[key]
         model, cache = self._model, self._cache
         if job.preempted:
-            return self._resume(job)
+            assert self._pool is not None
+            self._pool.resume(job)
+            return Start(min(job.pos, len(job.prompt)))
         job.order = self._admissions
         self._admissions += 1
         plan = cache.assign(job.prompt, hints=job.request.hints)
@@ -313,7 +233,7 @@ class EngineCore:
         if plan.restore is not None:
             model.forget(seq)
             if self._pool:
-                self._room_for(keep)
+                self._pool.room_for(keep)
             if not model.restore_state(seq, self._snapshots[plan.restore]):
                 cache.restore_failed(seq)
                 keep = 0
@@ -353,7 +273,7 @@ class EngineCore:
         stats.prompt_cache_snapshots = cache.snapshots
         stats.prompt_cache_evictions = cache.evictions
 
-    def _release(self, job: _Job, *, clear: bool = False) -> None:
+    def _release(self, job: Job, *, clear: bool = False) -> None:
         """Free ``job``'s slot; its memory stays for the prompt cache unless ``clear`` (a
         failed decode may have left it inconsistent)."""
         self._scheduler.remove(job.key)
@@ -368,113 +288,17 @@ class EngineCore:
                     held = np.concatenate([held, np.asarray(job.fed, dtype=np.int32)])
                 self._cache.released(job.seq, held)
             job.seq = -1
-        if job.preempted:
-            self._unswap(job)
+        if job.preempted and self._pool:
+            self._pool.unswap(job)
         if job.sampler is not None:
             job.sampler.close()
             job.sampler = None
 
-    # -- the shared pool -------------------------------------------------------------------
-
-    def _held(self) -> int:
-        """Cells held by running sequences."""
-        return sum(job.pos for job in self._jobs.values() if job.seq >= 0)
-
-    def _fits(self, key: int) -> bool:
-        """Whether the pool has room to admit ``key`` now: its prompt (and what it has
-        generated, for a preempted one) and one more token, beside the prompts of the
-        running sequences and one more token for each; idle slots' cells count as free
-        (they are given up for it)."""
-        need = _committed(self._jobs[key]) + 1
-        running = [job for job in self._jobs.values() if job.seq >= 0]
-        return sum(_committed(job) + 1 for job in running) + need <= self._pool
-
-    def _make_room(self, parts: list[_Part]) -> list[_Part]:
-        """Make the pool hold this step's tokens: idle slots' cells first, then the drafts,
-        then the youngest running sequences are swapped out (their parts leave the step)."""
-        need = sum(part.tokens for part in parts)
-        free = self._room_for(need)
-        if need > free:
-            for part in parts:
-                part.draft = []
-            need = sum(part.tokens for part in parts)
-        running = sorted(
-            (job for job in self._jobs.values() if job.seq >= 0), key=lambda job: -job.order
-        )
-        for victim in running[:-1]:  # the oldest always fits: the pool holds any request
-            if need <= free:
-                break
-            held = victim.pos
-            if not self._preempt(victim):
-                continue
-            free += held
-            need -= sum(part.tokens for part in parts if part.job is victim)
-            parts = [part for part in parts if part.job is not victim]
-        return parts
-
-    def _room_for(self, need: int) -> int:
-        """Free idle slots' cells (least recently used first, snapshotted when worth it)
-        until ``need`` cells are free, or none is left to free; the cells free now."""
-        cache = self._cache
-        free = self._pool - self._held() - cache.idle_cells()
-        for seq in cache.evictable():
-            if need <= free:
-                break
-            held = len(cache.resident(seq))
-            tokens = cache.evict(seq)
-            if tokens is not None:
-                self._snapshot(seq, tokens)
-            self._model.forget(seq)
-            self._stats.idle_evictions += 1
-            free += held
-        return free
-
-    def _preempt(self, job: _Job) -> bool:
-        """Swap ``job`` out: its memory to host memory, its slot freed; its sampler, drafts
-        and progress stay, and it is first in line to come back. False when llama.cpp
-        could not copy its state (it then keeps running)."""
-        if job.pos:
-            data = self._model.save_state(job.seq)
-            if data is None:
-                return False
-            job.swapped = data
-            self._stats.swapped_bytes += len(data)
-        self._model.forget(job.seq)
-        self._cache.released(job.seq, ())
-        job.seq = -1
-        job.preempted = True
-        self._scheduler.preempt(job.key, prefilled=min(job.pos, len(job.prompt)))
-        stats = self._stats
-        stats.preemptions += 1
-        stats.swapped += 1
-        return True
-
-    def _resume(self, job: _Job) -> Start:
-        """Bring preempted ``job`` back into a free slot (its state restored)."""
-        plan = self._cache.assign(np.zeros(0, dtype=np.int32))
-        if plan.save is not None:
-            self._snapshot(plan.seq, plan.save)
-        self._model.forget(plan.seq)
-        self._room_for(job.pos)
-        if job.swapped is not None and not self._model.restore_state(plan.seq, job.swapped):
-            raise DecodeError("a preempted sequence's state could not be restored")
-        job.seq = plan.seq
-        self._unswap(job)
-        return Start(min(job.pos, len(job.prompt)))
-
-    def _unswap(self, job: _Job) -> None:
-        stats = self._stats
-        stats.swapped -= 1
-        if job.swapped is not None:
-            stats.swapped_bytes -= len(job.swapped)
-        job.swapped = None
-        job.preempted = False
-
     # -- speculative decoding ----------------------------------------------------------------
 
-    def _draft(self, parts: list[_Part], prefill_tokens: int) -> None:
+    def _draft(self, parts: list[Part], prefill_tokens: int) -> None:
         """Give each decoding part the draft tokens the budget allows this step."""
-        offers: list[tuple[_Part, list[int], int]] = []
+        offers: list[tuple[Part, list[int], int]] = []
         room = self._batch.capacity - len(parts) - prefill_tokens
         for part in parts:
             job = part.job
@@ -508,41 +332,12 @@ class EngineCore:
 
     # -- one step ------------------------------------------------------------------------
 
-    def _sampler(self, request: GenerateRequest) -> SlotSampler:
-        sampling = request.sampling
-        bias = dict(request.logit_bias)
-        if request.ignore_eos:
-            bias.update(dict.fromkeys(self._model.eog, float("-inf")))
-        penalties = (
-            Penalties(
-                presence=sampling.presence_penalty,
-                frequency=sampling.frequency_penalty,
-                repeat=sampling.repeat_penalty,
-                repeat_last_n=sampling.repeat_last_n,
-            )
-            if sampling.penalized
-            else None
-        )
-        return SlotSampler(
-            self._model,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            min_p=sampling.min_p,
-            seed=(sampling.seed if sampling.seed is not None else random.getrandbits(32))
-            & 0xFFFFFFFF,
-            bias=bias,
-            grammar=request.grammar,
-            penalties=penalties,
-            logprobs=request.logprobs,
-        )
-
     def _decode(
-        self, parts: list[_Part]
+        self, parts: list[Part]
     ) -> tuple[
         float,
-        list[tuple[_Job, list[int], list[RawLogprob] | None]],
-        list[tuple[_Job, Exception]],
+        list[tuple[Job, list[int], list[RawLogprob] | None]],
+        list[tuple[Job, Exception]],
     ]:
         """Decode ``parts`` in one batch and sample each part that ends with an output
         (verifying its drafts).
@@ -584,8 +379,8 @@ class EngineCore:
                 if part.outputs and part.job.sampler is not None:
                     sampled.append(self._sample_one(part.job, part.index))
             return decode_s, sampled, []
-        failed: list[tuple[_Job, Exception]] = []
-        retry: list[_Part] = []
+        failed: list[tuple[Job, Exception]] = []
+        retry: list[Part] = []
         for part in parts:
             start = part.job.pos if part.start is None else part.start
             if len(parts) > 1 and self._model.forget(part.job.seq, start):
@@ -600,13 +395,13 @@ class EngineCore:
             failed += bad
         return decode_s, sampled, failed
 
-    def _sample_one(self, job: _Job, index: int) -> tuple[_Job, list[int], list[RawLogprob] | None]:
+    def _sample_one(self, job: Job, index: int) -> tuple[Job, list[int], list[RawLogprob] | None]:
         assert job.sampler is not None
         token = job.sampler.sample(index)
         raw = job.sampler.last_logprob if job.request.request.logprobs is not None else None
         return job, [token], ([raw] if raw is not None else None)
 
-    def _verify(self, part: _Part) -> tuple[_Job, list[int], list[RawLogprob] | None]:
+    def _verify(self, part: Part) -> tuple[Job, list[int], list[RawLogprob] | None]:
         """Sample a decoding part's positions (its drafts verified), cut the rejected drafts
         from memory, and move the sequence on by what was accepted."""
         job, draft = part.job, part.draft
@@ -638,13 +433,13 @@ class EngineCore:
             stats.spec_accepted_tokens += accepted
         return job, tokens, (logprobs if want_logprobs else None)
 
-    def _ends(self, job: _Job) -> Callable[[int], bool]:
+    def _ends(self, job: Job) -> Callable[[int], bool]:
         eog = self._model.eog
         ignore_eos = job.request.request.ignore_eos
         return lambda token: token < 0 or (token in eog and not ignore_eos)
 
     def _advance(
-        self, job: _Job, sampled: list[int], logprobs: list[RawLogprob] | None, now: float
+        self, job: Job, sampled: list[int], logprobs: list[RawLogprob] | None, now: float
     ) -> StepOutput:
         if not job.first_token_at:
             job.first_token_at = now
@@ -682,11 +477,6 @@ class EngineCore:
         if stop is not None:
             self._release(job)
         return job.output(tokens, stop=stop, released=stop is not None, logprobs=logprobs)
-
-
-def _committed(job: _Job) -> int:
-    """The cells a running (or preempted) job holds or will hold for its prompt."""
-    return max(job.pos, len(job.prompt))
 
 
 def cut_anywhere(model: LlamaModel) -> bool:

@@ -23,11 +23,11 @@ Three parts:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
-__all__ = ["Acceptance", "NgramDrafter", "StepCosts", "plan_drafts"]
+__all__ = ["Acceptance", "Candidate", "NgramDrafter", "StepCosts", "plan_drafts", "verify"]
 
 
 class NgramDrafter:
@@ -253,3 +253,18 @@ def plan_drafts(
     for _, i in gains[:best_m]:
         counts[i] += 1
     return counts
+
+
+def verify(
+    sample: Callable[[int], int], first: int, draft: Sequence[int], ends: Callable[[int], bool]
+) -> list[int]:
+    """Sample the positions ``first, first + 1, ...`` in turn (the last token's, then each
+    draft token's) and stop after the first sample that differs from the draft, or ends the
+    generation: the tokens to emit. All but the last equal the draft."""
+    out: list[int] = []
+    for j in range(len(draft) + 1):
+        token = sample(first + j)
+        out.append(token)
+        if j == len(draft) or token != draft[j] or ends(token):
+            break
+    return out
