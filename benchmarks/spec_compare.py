@@ -132,8 +132,6 @@ def argv_of(server: Server, setup: Setup, *, slots: int, ctx: int) -> list[str]:
 
 # --- one request ----------------------------------------------------------------------------
 
-_numbers = iter(range(1, 10**9))
-
 
 @dataclass
 class Reply:
@@ -148,9 +146,11 @@ class Reply:
 
 
 def body_of(
-    server: Server, setup: Setup, workload: str, i: int, max_tokens: int
+    server: Server, setup: Setup, workload: str, i: int, max_tokens: int, tag: str
 ) -> dict[str, object]:
-    tag = f"Request {next(_numbers)}.\n"
+    """The request body; ``tag`` leads the prompt: the same for every server in a round
+    (so all answer the same prompts), never twice for one server (no prompt reuse)."""
+    tag = f"Request {tag}-{i}.\n"
     body: dict[str, object] = {"model": "bench", "temperature": 0.0, "max_tokens": max_tokens}
     if workload == "chat":
         body["prompt"] = tag + chat_prompt(compare.PROMPTS[i % len(compare.PROMPTS)])
@@ -204,13 +204,15 @@ class Batch:
     errors: list[str] = field(default_factory=list)
 
 
-async def batch(running: Running, server: Server, setup: Setup, workload: str, n: int) -> Batch:
+async def batch(
+    running: Running, server: Server, setup: Setup, workload: str, n: int, tag: str
+) -> Batch:
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
     replies: list[Reply] = []
     async with httpx.AsyncClient(timeout=compare.REQUEST_TIMEOUT_S, limits=limits) as client:
 
         async def one(i: int) -> None:
-            body = body_of(server, setup, workload, i, setup.max_tokens)
+            body = body_of(server, setup, workload, i, setup.max_tokens, tag)
             replies.append(await complete(client, running.base, body))
 
         start = time.perf_counter()
@@ -250,7 +252,7 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
             ) as running:
                 for workload in args.workloads:
                     for n in args.concurrency:
-                        b = await batch(running, server, setup, workload, n)
+                        b = await batch(running, server, setup, workload, n, f"{rnd}{workload}{n}")
                         results.setdefault((server.key, workload, n), []).append(b)
                         print(
                             f"  round {rnd + 1} {server.label:40} {workload:8} N={n:<3}"
@@ -333,7 +335,7 @@ async def part_pool(args: argparse.Namespace, setup: Setup) -> None:
                 spec, setup, POOL_CTX, f"pool-{server.key}-r{rnd}", argv=argv
             ) as running:
                 for n in (1, 8, 16):
-                    b = await batch(running, server, setup, "chat", n)
+                    b = await batch(running, server, setup, "chat", n, f"pool{rnd}-{n}")
                     results.setdefault((server.key, n), []).append(b)
                     print(f"  round {rnd + 1} {server.label:28} N={n:<3} {b.agg_tps:7.1f} tok/s")
     print(f"\nchat, 16 slots x {POOL_CTX}, median of {args.rounds} round(s): agg tok/s")

@@ -129,3 +129,14 @@ def test_target_step_ms_caps_the_drafts() -> None:
 
 def test_nothing_measured_nothing_drafted() -> None:
     assert plan_drafts([Candidate(4, 0.9)], StepCosts(), outputs=1) == [0]
+
+
+def test_a_cost_not_measured_for_a_while_is_tried_again() -> None:
+    c = costs({1: 20.0, 9: 200.0})  # drafts looked ruinous (a busy moment)
+    assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [0]
+    for _ in range(c.horizon + 1):
+        c.measured(20.0, outputs=1)  # steps without drafts
+    # The old figure for 9 positions is forgotten: drafts are tried, and measured again.
+    assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [8]
+    c.measured(24.0, outputs=9)
+    assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [8]

@@ -146,18 +146,25 @@ class StepCosts:
     were seen: it makes the engine try drafts, and the step then measured corrects it).
     Prompt tokens add ``prefill_ms`` each, a moving average of what steps with prefill cost
     beyond their outputs.
+
+    A count not measured in the last ``horizon`` steps is forgotten: the machine's load
+    changes, and a draft length the table ruled out is tried again (one step in
+    ``horizon`` at most), so a cost measured on a busy moment does not rule it out for good.
     """
 
     weight: float = 0.25
     prior_slope: float = 0.25
-    _table: dict[int, float] = attrs.field(factory=dict)
+    horizon: int = 200
+    _table: dict[int, tuple[float, int]] = attrs.field(factory=dict)
     _prefill_ms: float | None = None
+    _clock: int = 0
 
     def measured(self, ms: float, *, outputs: int, prefill: int = 0) -> None:
         if outputs <= 0 and prefill <= 0:
             return
+        self._clock += 1
         if prefill:
-            if outputs and self._table:
+            if outputs and self._fresh():
                 per = max(0.0, ms - self.predict(outputs)) / prefill
             elif not outputs:
                 per = ms / prefill
@@ -166,17 +173,27 @@ class StepCosts:
             old = self._prefill_ms
             self._prefill_ms = per if old is None else old + (per - old) * self.weight
             return
-        old_ms = self._table.get(outputs)
-        self._table[outputs] = ms if old_ms is None else old_ms + (ms - old_ms) * self.weight
+        entry = self._table.get(outputs)
+        if entry is not None and self._clock - entry[1] <= self.horizon:
+            ms = entry[0] + (ms - entry[0]) * self.weight
+        self._table[outputs] = (ms, self._clock)
+
+    def _fresh(self) -> dict[int, float]:
+        """The counts measured within the horizon, and their cost."""
+        oldest = self._clock - self.horizon
+        stale = [n for n, (_, at) in self._table.items() if at < oldest]
+        for n in stale:
+            del self._table[n]
+        return {n: ms for n, (ms, _) in self._table.items()}
 
     @property
     def known(self) -> bool:
-        return bool(self._table)
+        return bool(self._fresh())
 
     def predict(self, outputs: int, prefill: int = 0) -> float:
         """The expected ms of a step with ``outputs`` positions with logits and ``prefill``
         prompt tokens (0 when nothing was measured yet)."""
-        table = self._table
+        table = self._fresh()
         extra = prefill * (self._prefill_ms or 0.0)
         if not table:
             return extra
