@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 import pytest
 
-from llmtrio.engine import EngineStats, Sampling, StopReason
+from llmtrio.engine import DecodeError, EngineStats, Sampling, StopReason
 from llmtrio.engine import _core as core_module
 from llmtrio.engine._core import Drafter
 from llmtrio.engine._llama import Batch, LlamaModel
@@ -348,3 +348,29 @@ def test_sampled_tokens_are_draws_from_the_target_distribution(
     finally:
         model.close()
         reference.close()
+
+
+class NoRollback(LlamaModel):
+    """A model whose memory refuses every partial cut (as if its snapshots were gone)."""
+
+    def forget(self, seq: int, start: int = -1) -> bool:
+        return start <= 0 and super().forget(seq, start)
+
+
+def test_a_sequence_whose_drafts_cannot_be_cut_fails_alone(qwen35_path: Path) -> None:
+    model = NoRollback(qwen35_path, slots=2, ctx_size=64, threads=2, n_batch=64, n_rs_seq=4)
+    try:
+        drafted = model.tokenize("a b c", add_special=False)
+        plain = model.tokenize("x y z", add_special=False)
+
+        def drafter(history: list[int]) -> Drafter:
+            if history[: len(drafted)] == drafted:
+                return RandomDrafter(model.n_vocab)
+            return Echo({}, [])  # drafts nothing
+
+        core, _ = open_core(model, spec="ngram", spec_draft_max=4, drafter=drafter, plan=draft_all)
+        run = run_core(core, [core_request(0, drafted, 10), core_request(1, plain, 10)])
+    finally:
+        model.close()
+    assert isinstance(run.ended(0).error, DecodeError)
+    assert run.stop(1) is StopReason.MAX_TOKENS and len(run.tokens[1]) == 10

@@ -369,17 +369,20 @@ class EngineCore:
         t0 = time.perf_counter()
         rc = self._model.decode(batch)
         decode_s = time.perf_counter() - t0
+        failed: list[tuple[Job, Exception]] = []
         if rc == 0:
             sampled = []
             for part in parts:
                 if part.start is None:
-                    sampled.append(self._verify(part))
+                    try:
+                        sampled.append(self._verify(part))
+                    except DecodeError as exc:  # this sequence's memory only
+                        failed.append((part.job, exc))
                     continue
                 part.job.pos = part.start + part.count
                 if part.outputs and part.job.sampler is not None:
                     sampled.append(self._sample_one(part.job, part.index))
-            return decode_s, sampled, []
-        failed: list[tuple[Job, Exception]] = []
+            return decode_s, sampled, failed
         retry: list[Part] = []
         for part in parts:
             start = part.job.pos if part.start is None else part.start
@@ -419,6 +422,8 @@ class EngineCore:
         tokens = verify(sample, part.index, draft, self._ends(job))
         accepted = len(tokens) - 1  # the draft tokens that are now in memory for good
         if accepted < len(draft) and not self._model.forget(job.seq, job.pos + 1 + accepted):
+            # Not expected (drafts never exceed what the memory can roll back): the
+            # sequence's memory is wrong now, so it fails (and its memory is cleared).
             raise DecodeError("rejected draft tokens could not be removed from memory")
         job.fed.append(job.last_token)
         job.fed += draft[:accepted]
