@@ -78,7 +78,10 @@ async def run(engine: Engine, request: GenerateRequest) -> tuple[str, Done, list
     raise AssertionError("no Done event")
 
 
-async def test_grammars_hold_in_batches_mixed_with_free_requests(gemma_path: Path) -> None:
+@pytest.mark.parametrize("spec", [None, "ngram"], ids=["plain", "spec"])
+async def test_grammars_hold_in_batches_mixed_with_free_requests(
+    gemma_path: Path, spec: str | None
+) -> None:
     schema_grammar = json_schema_grammar(PERSON)
     constrained: list[tuple[GenerateRequest, dict[str, Any] | None]] = []
     for i, prompt in enumerate(PROMPTS):
@@ -107,7 +110,7 @@ async def test_grammars_hold_in_batches_mixed_with_free_requests(gemma_path: Pat
                 )
             )
     free = [GenerateRequest.user(p, max_tokens=24) for p in PROMPTS[:2]]
-    async with Engine.open(config(gemma_path)) as engine:
+    async with Engine.open(config(gemma_path, spec=spec)) as engine:
         alone = [(await collect(engine, r))[0] for r in free]
         results: dict[int, tuple[str, Done]] = {}
 
@@ -134,8 +137,11 @@ async def test_grammars_hold_in_batches_mixed_with_free_requests(gemma_path: Pat
             # An unbounded object can run out of tokens; what there is must be a JSON prefix.
             assert text.lstrip().startswith("{"), text
     assert finished_objects >= 1
-    # The free requests in the same batches decoded exactly as they do alone.
-    assert [results[len(constrained) + i][0] for i in range(len(free))] == alone
+    if spec is None:
+        # The free requests in the same batches decoded exactly as they do alone. (With
+        # drafts, the batch's shape follows measured step times, so a near-tie may go
+        # either way: tests/test_engine_spec.py bounds such divergences.)
+        assert [results[len(constrained) + i][0] for i in range(len(free))] == alone
 
 
 async def test_a_grammar_that_does_not_parse_is_refused_at_submit(gemma_path: Path) -> None:
@@ -148,7 +154,8 @@ async def test_a_grammar_that_does_not_parse_is_refused_at_submit(gemma_path: Pa
 
 async def test_logprobs_are_the_log_softmax_of_llama_cpp_logits(gemma_path: Path) -> None:
     prompt = "The capital of France is"
-    async with Engine.open(config(gemma_path, max_inflight=2)) as engine:
+    # Without drafts: two runs are compared token for token (drafts change batch shapes).
+    async with Engine.open(config(gemma_path, max_inflight=2, spec=None)) as engine:
         tokens = engine.tokenize(prompt, add_special=True)
         request = GenerateRequest(tokens=tokens, max_tokens=4, logprobs=5)
         text, done, logprobs = await run(engine, request)
