@@ -84,42 +84,66 @@ def costs(points: dict[int, float]) -> StepCosts:
     return c
 
 
-def test_step_costs_interpolate_and_extrapolate() -> None:
+def test_step_costs_are_measured_per_count_and_optimistic_between() -> None:
     c = costs({1: 20.0, 5: 40.0})
-    assert c.predict(1) == 20.0
-    assert c.predict(3) == 30.0
-    assert c.predict(9) == 60.0  # the slope of the two largest
+    assert c.predict(1) == 20.0 and c.predict(5) == 40.0
+    # Not measured: as cheap as it could plausibly be, so that the budget tries it: the
+    # count below plus a quarter of a position's cost a position, or the count above.
+    assert c.predict(2) == 25.0
+    assert c.predict(4) == 35.0
+    assert c.predict(9) == 60.0  # 40 + 4 x 5 (a quarter of one position's 20 ms each)
     c.measured(30.0, outputs=0, prefill=10)
     assert c.predict(1, prefill=10) == 50.0
     assert not StepCosts().known and StepCosts().predict(4) == 0.0
+
+
+def test_a_cheaper_count_above_bounds_the_ones_below_it() -> None:
+    # llama.cpp multiplies 1-3 columns one by one and 4 or more as a matrix: 4 positions
+    # cost about what 3 do. A count under a cheaper measured one is predicted no dearer.
+    c = costs({1: 20.0, 2: 40.0, 4: 26.0})
+    assert c.predict(3) == 26.0
+    c.measured(60.0, outputs=3)
+    assert c.predict(3) == 60.0 and c.predict(4) == 26.0
 
 
 def test_one_measured_count_extrapolates_optimistically() -> None:
     c = costs({8: 80.0})
     # 10 ms a position at 8 outputs, a quarter of that for each one more.
     assert c.predict(12) == 90.0
+    assert c.predict(4) == 40.0  # fewer sequences than measured: in proportion
 
 
 def test_memory_bound_steps_draft_and_compute_bound_steps_do_not() -> None:
-    # One sequence: a step costs 25 ms with one position and 30 with nine (memory-bound).
-    cheap = costs({1: 25.0, 9: 30.0})
+    # One sequence, memory-bound: 25 ms with one position, 30 with nine.
+    cheap = costs({n: 25.0 + (n - 1) * 5 / 8 for n in range(1, 10)})
     assert plan_drafts([Candidate(8, 0.9)], cheap, outputs=1) == [8]
     # Eight sequences, compute-bound: every position costs what a token is worth.
-    dear = costs({8: 80.0, 16: 160.0})
+    dear = costs({n: 10.0 * n for n in range(8, 80)})
     assert plan_drafts([Candidate(8, 0.9)] * 8, dear, outputs=8) == [0] * 8
     # A draft that is rarely right is not worth even a cheap position.
     assert plan_drafts([Candidate(8, 0.01)], cheap, outputs=1) == [0]
 
 
+def test_an_unmeasured_length_is_tried_when_it_might_be_best() -> None:
+    # Only one position measured: drafts are tried (optimistically cheap), never blindly
+    # at the most, and once measured dear they stop.
+    c = costs({8: 80.0})
+    tried = plan_drafts([Candidate(8, 0.9)] * 8, c, outputs=8)
+    assert sum(tried) > 0
+    c.measured(10.0 * (8 + sum(tried)), outputs=8 + sum(tried))
+    again = plan_drafts([Candidate(8, 0.9)] * 8, c, outputs=8)
+    assert sum(again) < sum(tried)
+
+
 def test_drafts_go_to_the_sequences_most_likely_to_be_right() -> None:
-    c = costs({2: 30.0, 4: 34.0, 12: 120.0})
+    c = costs({n: 28.0 + n for n in range(2, 19)})
     counts = plan_drafts([Candidate(8, 0.3), Candidate(8, 0.95)], c, outputs=2)
     assert counts[1] > counts[0]
     assert sum(counts) < 16
 
 
 def test_target_step_ms_caps_the_drafts() -> None:
-    c = costs({1: 20.0, 17: 36.0})  # 1 ms a position
+    c = costs({n: 19.0 + n for n in range(1, 18)})  # 1 ms a position
     free = plan_drafts([Candidate(16, 0.99)], c, outputs=1)
     capped = plan_drafts([Candidate(16, 0.99)], c, outputs=1, target_ms=25.0)
     assert free == [16]
@@ -132,11 +156,12 @@ def test_nothing_measured_nothing_drafted() -> None:
 
 
 def test_a_cost_not_measured_for_a_while_is_tried_again() -> None:
-    c = costs({1: 20.0, 9: 200.0})  # drafts looked ruinous (a busy moment)
+    # Drafts looked ruinous at every length (a busy moment).
+    c = costs({n: 20.0 + 25.0 * (n - 1) for n in range(1, 10)})
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [0]
     for _ in range(c.horizon + 1):
         c.measured(20.0, outputs=1)  # steps without drafts
-    # The old figure for 9 positions is forgotten: drafts are tried, and measured again.
+    # The old figures are forgotten: drafts are tried, and measured again.
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1)[0] > 0
     c.measured(24.0, outputs=9)
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [8]

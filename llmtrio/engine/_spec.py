@@ -140,16 +140,20 @@ class StepCosts:
     its batch (``outputs``: one per decoding sequence, plus its drafts) and the prompt
     tokens ingested with them (``prefill``).
 
-    A table keeps, for each ``outputs`` count seen, a moving average of decode-only steps;
-    between counts it interpolates, past the largest it extrapolates with the slope of the
-    largest two (or ``prior_slope`` of the per-position cost, optimistic, until two counts
-    were seen: it makes the engine try drafts, and the step then measured corrects it).
-    Prompt tokens add ``prefill_ms`` each, a moving average of what steps with prefill cost
-    beyond their outputs.
+    The cost is not smooth: llama.cpp's CPU kernels multiply one to three columns as that
+    many matrix-vector products (each reads all the weights) and four or more as a
+    matrix-matrix product, so on gemma-3 two positions cost about twice one and four about
+    as much as three. So it is measured per count: a table keeps, for each ``outputs``
+    count seen, a moving average of decode-only steps. A count not measured is predicted
+    optimistically, as cheap as it could plausibly be (the cheapest measured count below it
+    plus ``prior_slope`` of a position's cost for each position more, or a measured count
+    above it scaled down in proportion): the budget then tries it when it might be the
+    best, and the step measured puts the truth in the table. Prompt tokens add
+    ``prefill_ms`` each, a moving average of what steps with prefill cost beyond their
+    outputs.
 
     A count not measured in the last ``horizon`` steps is forgotten: the machine's load
-    changes, and a draft length the table ruled out is tried again (one step in
-    ``horizon`` at most), so a cost measured on a busy moment does not rule it out for good.
+    changes, and a draft length ruled out on a busy moment is tried again.
     """
 
     weight: float = 0.25
@@ -164,7 +168,7 @@ class StepCosts:
             return
         self._clock += 1
         if prefill:
-            if outputs and self._fresh():
+            if outputs and outputs in self._fresh():
                 per = max(0.0, ms - self.predict(outputs)) / prefill
             elif not outputs:
                 per = ms / prefill
@@ -192,30 +196,41 @@ class StepCosts:
 
     def predict(self, outputs: int, prefill: int = 0) -> float:
         """The expected ms of a step with ``outputs`` positions with logits and ``prefill``
-        prompt tokens (0 when nothing was measured yet)."""
-        table = self._fresh()
-        extra = prefill * (self._prefill_ms or 0.0)
-        if not table:
-            return extra
-        if outputs in table:
-            return table[outputs] + extra
-        counts = sorted(table)
-        below = [c for c in counts if c < outputs]
-        above = [c for c in counts if c > outputs]
-        if below and above:
-            lo, hi = below[-1], above[0]
-            f = (outputs - lo) / (hi - lo)
-            return table[lo] + (table[hi] - table[lo]) * f + extra
-        if above:  # fewer outputs than ever measured: scale down, at most proportionally
-            hi = above[0]
-            return table[hi] * max(outputs, 1) / hi + extra
-        top = counts[-1]
-        if len(counts) >= 2:
-            prev = counts[-2]
-            slope = max(0.0, (table[top] - table[prev]) / (top - prev))
-        else:
-            slope = self.prior_slope * table[top] / top
-        return table[top] + slope * (outputs - top) + extra
+        prompt tokens (optimistic for a count not measured; 0 when nothing was)."""
+        decode = self.table(outputs).get(outputs, 0.0) if outputs > 0 else 0.0
+        return decode + prefill * (self._prefill_ms or 0.0)
+
+    def table(self, up_to: int = 0) -> dict[int, float]:
+        """The predicted ms of a decode-only step for every count from 1 to ``up_to`` (or
+        the largest measured): measured, or else the optimistic bound (the cheaper of the
+        cheapest count below plus ``prior_slope`` of a position's cost a position, and the
+        cheapest count above; below every measured count, the smallest scaled down)."""
+        fresh = self._fresh()
+        if not fresh:
+            return {}
+        counts = sorted(fresh)
+        smallest = counts[0]
+        slope = self.prior_slope * fresh[smallest] / smallest
+        # The cheapest measured count above each n: a suffix minimum, built backwards.
+        above: dict[int, float] = {}
+        cheapest = math.inf
+        top = max(up_to, counts[-1])
+        for n in range(top, 0, -1):
+            above[n] = cheapest
+            if n in fresh:
+                cheapest = min(cheapest, fresh[n])
+        out: dict[int, float] = {}
+        below = math.inf  # the cheapest bound from counts measured below
+        for n in range(1, top + 1):
+            below += slope
+            if n in fresh:
+                out[n] = fresh[n]
+                below = min(below, fresh[n])
+            elif n < smallest:
+                out[n] = fresh[smallest] * n / smallest
+            else:
+                out[n] = min(below, above[n])
+        return out
 
 
 @attrs.frozen
@@ -255,12 +270,14 @@ def plan_drafts(
     if not gains or not costs.known:
         return [0] * len(candidates)
     gains.sort(key=lambda item: -item[0])
-    base = costs.predict(outputs, prefill)
+    table = costs.table(outputs + len(gains))
+    extra = costs.predict(0, prefill)
+    base = table[outputs] + extra
     tokens = float(outputs)
     best_m, best_rate = 0, tokens / base if base > 0 else math.inf
     for m, (g, _) in enumerate(gains, start=1):
         tokens += g
-        ms = costs.predict(outputs + m, prefill)
+        ms = table[outputs + m] + extra
         if target_ms > 0 and ms > target_ms:
             break
         rate = tokens / ms if ms > 0 else math.inf
