@@ -10,6 +10,7 @@ shared machine:
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -24,6 +25,9 @@ from llmtrio.engine import demo_model_path
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="requests, one after another")
+    args = parser.parse_args()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -49,7 +53,7 @@ def main() -> None:
             "logit_bias": {"1": -100, "106": -100, "212": -100},
             "ignore_eos": True,
         }
-        for _ in range(3):
+        for _ in range(args.rounds):
             start, times = time.perf_counter(), []
             with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=600) as r:
                 for line in r.iter_lines():

@@ -3,8 +3,8 @@ and an ingress restarted mid-run; at the end every request is accounted for and 
 
     python benchmarks/soak.py --requests 3000 --duration 900 --model path/to/gemma.gguf
 
-On loopback only, it stops by itself (after ``--requests`` requests or ``--duration`` seconds,
-whichever comes first):
+It stops by itself (after ``--requests`` requests or ``--duration`` seconds, whichever comes
+first). On loopback:
 
 - two ingresses, ``llmtrio serve --no-local-worker`` with a control listener, and two
   ``llmtrio worker`` processes attached to both, over mutual TLS (trustme: one CA for the
@@ -16,6 +16,16 @@ whichever comes first):
 - chaos: at a quarter of the run worker ``w1`` is SIGKILLed and started again; at half, ingress
   ``i1`` is restarted the way a deploy does it (taken out of the pool, SIGTERM: it drains, exits
   0, and comes back on the same ports; the workers reattach by themselves).
+
+With ``--netns`` (root; ``ip netns``), the same ring runs on test hosts of its own
+(``tests/_netns.py``: network namespaces on a bridge, nothing of the host's touched): each
+ingress and worker on a host, the clients on another; the workers find both ingresses behind
+one name (their hosts' files) and the ingresses serve HTTPS. The chaos is a partition every
+``--partition-every`` seconds: a worker host's link is cut (w0 and w1 in turn) for
+``--partition-for`` seconds, longer than the timeouts at both ends (5 s), then healed; the
+report says how long each worker took from the heal to be attached to both ingresses again.
+
+    sudo python benchmarks/soak.py --netns --duration 900 --requests 100000
 
 At the end it prints every request's outcome (completed; an error in OpenAI's shape, by HTTP
 status and code, or as an error event in a stream; aborted by its client), checks that
@@ -29,18 +39,23 @@ OpenAI's shape, a hang), on a non-idle end, or on growth in files or threads.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
 import re
 import signal
 import socket
+import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import attrs
@@ -82,12 +97,13 @@ class Proc:
     name: str
     args: list[str]
     log: Path
+    prefix: Sequence[str] = ()  # ip netns exec HOST: where it runs
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "llmtrio", *self.args],
+                [*self.prefix, sys.executable, "-m", "llmtrio", *self.args],
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -131,32 +147,73 @@ def _free_port() -> int:
         return port
 
 
+NAME = "ingress.lt19"  # the one name for both ingresses, on test hosts
+
+
+def _netns_module() -> ModuleType:
+    """``tests/_netns.py``, the test hosts (loaded by path: this is a script, not a package)."""
+    path = ROOT / "tests" / "_netns.py"
+    spec = importlib.util.spec_from_file_location("llmtrio_test_hosts", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # attrs resolves the classes' annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
 @attrs.define
 class Cluster:
-    """Two ingresses and two workers, their certificates in ``tmp``."""
+    """Two ingresses and two workers, their certificates in ``tmp``; on test hosts with
+    ``topology`` (a ``tests._netns.Topology`` with hosts i0, i1, w0, w1 and c)."""
 
     tmp: Path
     model: Path
     slots: int
     ctx_size: int
     cache_ram: int
+    topology: Any = None
     ingresses: dict[str, Proc] = attrs.field(factory=dict)
     urls: dict[str, str] = attrs.field(factory=dict)
     workers: dict[str, Proc] = attrs.field(factory=dict)
     up: set[str] = attrs.field(factory=set)  # the ingresses a load balancer would pick
+    verify: ssl.SSLContext | bool = True
 
     @classmethod
-    def create(cls, tmp: Path, model: Path, slots: int, ctx_size: int, cache_ram: int) -> Cluster:
+    def create(
+        cls,
+        tmp: Path,
+        model: Path,
+        slots: int,
+        ctx_size: int,
+        cache_ram: int,
+        topology: Any = None,
+    ) -> Cluster:
         ingress_ca, worker_ca = trustme.CA(), trustme.CA()
         ingress_ca.cert_pem.write_to_path(str(tmp / "ingress-ca.pem"))
         worker_ca.cert_pem.write_to_path(str(tmp / "worker-ca.pem"))
-        ingress_ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
+        hosts = topology.hosts if topology is not None else {}
+        names = [NAME, *(hosts[name].address for name in ("i0", "i1"))] if hosts else []
+        ingress_ca.issue_cert("127.0.0.1", *names).private_key_and_cert_chain_pem.write_to_path(
             str(tmp / "ingress.pem")
         )
-        cluster = cls(tmp, model, slots, ctx_size, cache_ram)
+        cluster = cls(tmp, model, slots, ctx_size, cache_ram, topology)
+        controls = []
         for name in ("i0", "i1"):
-            http, control = _free_port(), _free_port()
-            cluster.urls[name] = f"http://127.0.0.1:{http}"
+            if hosts:  # HTTPS off loopback, on the host's address; fixed ports
+                address, http, control = hosts[name].address, 8443, 9443
+                cluster.urls[name] = f"https://{address}:{http}"
+                cluster.verify = ssl.create_default_context(cafile=str(tmp / "ingress-ca.pem"))
+                listen = [
+                    "--host=0.0.0.0",
+                    f"--tls-cert={tmp / 'ingress.pem'}",
+                    f"--tls-key={tmp / 'ingress.pem'}",
+                    "--control-host=0.0.0.0",
+                ]
+            else:
+                http, control = _free_port(), _free_port()
+                cluster.urls[name] = f"http://127.0.0.1:{http}"
+                controls.append(f"--ingress-url=wss://127.0.0.1:{control}")
+                listen = []
             cluster.ingresses[name] = Proc(
                 name,
                 [
@@ -164,6 +221,7 @@ class Cluster:
                     "--no-local-worker",
                     f"--port={http}",
                     f"--control-port={control}",
+                    *listen,
                     f"--control-cert={tmp / 'ingress.pem'}",
                     f"--control-key={tmp / 'ingress.pem'}",
                     f"--control-ca={tmp / 'worker-ca.pem'}",
@@ -174,11 +232,12 @@ class Cluster:
                     "--ring-streams=128",
                 ],
                 tmp / f"{name}.log",
+                hosts[name].prefix() if hosts else (),
             )
-        controls = [
-            f"--ingress-url=wss://127.0.0.1:{proc.args[3].split('=')[1]}"
-            for proc in cluster.ingresses.values()
-        ]
+        if hosts:  # one name for both ingresses, resolved from each worker host's hosts file
+            controls = [f"--ingress-url=wss://{NAME}:9443", "--resolve-interval=2"]
+            for name in ("w0", "w1"):
+                hosts[name].write_hosts({NAME: [hosts["i0"].address, hosts["i1"].address]})
         for name in ("w0", "w1"):
             cert = tmp / f"{name}.pem"
             worker_ca.issue_cert(name).private_key_and_cert_chain_pem.write_to_path(str(cert))
@@ -195,8 +254,10 @@ class Cluster:
                     f"--cache-ram={cache_ram}",
                     "--threads=1",
                     "--graceful-timeout=5",
+                    "--ingress-timeout=5",
                 ],
                 tmp / f"{name}.log",
+                hosts[name].prefix() if hosts else (),
             )
         return cluster
 
@@ -204,7 +265,7 @@ class Cluster:
         proc = self.ingresses[name]
         mark = len(proc.text()) if proc.log.exists() else 0
         proc.start()
-        await proc.wait_for(r"serving .*? on http://", after=mark)
+        await proc.wait_for(r"serving .*? on https?://", after=mark)
         await proc.wait_for(r"control listener for workers on wss://", after=mark)
 
     async def start_worker(self, name: str) -> None:
@@ -413,6 +474,9 @@ class SoakConfig:
     seed: int = 0
     chaos: bool = True
     progress: bool = False  # a line on stderr every 5% of the requests
+    netns: bool = False  # on test hosts, with partitions as the chaos
+    partition_every: float = 60.0
+    partition_for: float = 8.0
 
 
 @attrs.define
@@ -427,6 +491,9 @@ class SoakResult:
     exit_codes: dict[str, int]
     caches: dict[str, Any] = attrs.field(factory=dict)
     """Each worker's prompt cache at the end, as ``/health`` shows it."""
+    reattached: list[tuple[str, float]] = attrs.field(factory=list)
+    """On test hosts: each partitioned worker, and the seconds from the heal until it was
+    attached to both ingresses again."""
 
     @property
     def ok(self) -> bool:
@@ -437,13 +504,25 @@ class SoakResult:
             and all(code == 0 for code in self.exit_codes.values())
         )
 
+    def _chaos(self) -> str:
+        if not self.reattached:
+            return (
+                f"chaos: {self.kills} worker SIGKILLed and restarted, {self.restarts} ingress "
+                f"restarted (SIGTERM, drain; exit codes {self.exit_codes})"
+            )
+        times = [seconds for _, seconds in self.reattached]
+        return (
+            f"chaos: {len(times)} worker hosts partitioned and healed; from the heal to attached "
+            f"to both ingresses again: median {statistics.median(times):.1f}s, min "
+            f"{min(times):.1f}s, max {max(times):.1f}s"
+        )
+
     def report(self) -> str:
         sent = self.tally.sent
         lines = [
             f"requests: {sent} in {self.seconds:.0f}s ({sent / self.seconds:.1f}/s), "
             f"{self.tally.tokens} tokens out",
-            f"chaos: {self.kills} worker SIGKILLed and restarted, {self.restarts} ingress "
-            f"restarted (SIGTERM, drain; exit codes {self.exit_codes})",
+            self._chaos(),
             "outcomes:",
             *(f"  {count:6d}  {outcome}" for outcome, count in sorted(self.tally.outcomes.items())),
             f"accounted for: {sent - len(self.tally.unaccounted)} of {sent} "
@@ -468,12 +547,33 @@ class SoakResult:
 
 
 async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
-    """Run the soak in ``tmp`` (certificates, logs); every process is killed on the way out."""
+    """Run the soak in ``tmp`` (certificates, logs); every process is killed on the way out
+    (and, on test hosts, the hosts removed)."""
+    if not config.netns:
+        return await _soak(config, tmp, None)
+    netns = _netns_module()
+    why = netns.unavailable()
+    if why is not None:
+        raise RuntimeError(f"--netns: {why}")
+    with (
+        netns.Topology.opened(["i0", "i1", "w0", "w1", "c"]) as topology,
+        # This thread (Trio's) is the client host meanwhile: its connections start there.
+        netns.entered(topology.hosts["c"].namespace),
+    ):
+        result: SoakResult = await _soak(config, tmp, topology)
+        return result
+
+
+async def _soak(config: SoakConfig, tmp: Path, topology: Any) -> SoakResult:
     rng = random.Random(config.seed)
-    cluster = Cluster.create(tmp, config.model, config.slots, config.ctx_size, config.cache_ram)
+    cluster = Cluster.create(
+        tmp, config.model, config.slots, config.ctx_size, config.cache_ram, topology
+    )
     tally = Tally()
     kills = restarts = 0
+    reattached: list[tuple[str, float]] = []
     exit_codes: dict[str, int] = {}
+    verify = cluster.verify
     try:
         async with trio.open_nursery() as nursery:
             for name in cluster.ingresses:
@@ -483,7 +583,7 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
                 nursery.start_soon(cluster.start_worker, name)
         cluster.up = set(cluster.ingresses)
         limits = httpx.Limits(max_connections=config.concurrency * 2)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        async with httpx.AsyncClient(timeout=120, limits=limits, verify=verify) as client:
             await cluster.wait_attached(client)
             # Warm up, then take the survivors' baseline with no client connected.
             async with trio.open_nursery() as nursery:
@@ -491,7 +591,7 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
                     url = cluster.urls[f"i{i % 2}"]
                     path, body = _request(rng, config.max_tokens)
                     nursery.start_soon(_one, client, url, path, body, Tally(), rng)
-        async with httpx.AsyncClient(timeout=120) as probe:
+        async with httpx.AsyncClient(timeout=120, verify=verify) as probe:
             assert not await idle(cluster, probe)
         survivors = {"i0": cluster.ingresses["i0"].pid, "w0": cluster.workers["w0"].pid}
         await trio.sleep(1)
@@ -500,7 +600,9 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
         started = trio.current_time()
         deadline = started + config.duration
         limits = httpx.Limits(max_connections=config.concurrency * 2)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        # No transport timeout shorter than _one's own hang bound (300 s): on a machine loaded
+        # enough for a request to take minutes, a client giving up early is no lost request.
+        async with httpx.AsyncClient(timeout=300, limits=limits, verify=verify) as client:
             send, receive = trio.open_memory_channel[int](0)
             sent_all = trio.Event()
 
@@ -528,9 +630,40 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
                     for _ in range(config.concurrency):
                         nursery.start_soon(one_client)
 
+            async def partitions() -> None:
+                """A worker host cut off every ``partition_every`` seconds, w0 and w1 in turn,
+                for ``partition_for``; then the time until it is back on both ingresses."""
+                turn = 0
+                async with httpx.AsyncClient(timeout=10, verify=verify) as probe:
+                    while True:
+                        await trio.sleep(config.partition_every)
+                        name = f"w{turn % 2}"
+                        turn += 1
+                        topology.cut(name)
+                        try:
+                            await trio.sleep(config.partition_for)
+                        finally:  # the run's end never leaves a host cut off
+                            topology.heal(name)
+                        healed = trio.current_time()
+                        with trio.move_on_after(120):
+                            for ingress in cluster.ingresses:
+                                while not any(  # noqa: ASYNC110 (another process's state)
+                                    str(w["id"]).startswith(f"{name}#")
+                                    for w in (await cluster.health(probe, ingress))["workers"]
+                                ):
+                                    await trio.sleep(0.05)
+                            reattached.append((name, trio.current_time() - healed))
+
             async def chaos() -> None:
                 nonlocal kills, restarts
                 if not config.chaos:
+                    return
+                if topology is not None:
+                    with trio.move_on_at(deadline):
+                        async with trio.open_nursery() as nursery:
+                            nursery.start_soon(partitions)
+                            await sent_all.wait()
+                            nursery.cancel_scope.cancel()
                     return
                 while tally.sent < config.requests // 4:
                     if sent_all.is_set():
@@ -549,7 +682,7 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
                 # (requests sent meanwhile get 503 shutting_down); back on the same ports.
                 ingress = cluster.ingresses["i1"]
                 ingress.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-                async with httpx.AsyncClient(timeout=10) as probe:
+                async with httpx.AsyncClient(timeout=10, verify=verify) as probe:
                     while ingress.popen.poll() is None:  # type: ignore[union-attr]
                         try:
                             if (await cluster.health(probe, "i1"))["status"] == "draining":
@@ -560,7 +693,7 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
                 cluster.up.discard("i1")
                 exit_codes["i1"] = await ingress.wait_exit(60)
                 await cluster.start_ingress("i1")
-                async with httpx.AsyncClient(timeout=10) as probe:
+                async with httpx.AsyncClient(timeout=10, verify=verify) as probe:
                     await cluster.wait_attached(probe)
                 cluster.up.add("i1")
                 restarts += 1
@@ -586,7 +719,7 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
         missing = tally.sent - sum(tally.outcomes.values())
         if missing:
             tally.add("UNACCOUNTED no outcome", f"{missing} requests")
-        async with httpx.AsyncClient(timeout=10) as probe:
+        async with httpx.AsyncClient(timeout=10, verify=verify) as probe:
             busy = await idle(cluster, probe)
             caches = {
                 str(worker["id"]).split("#")[0]: (worker["capacity"] or {}).get("prompt_cache")
@@ -615,6 +748,7 @@ async def soak(config: SoakConfig, tmp: Path) -> SoakResult:
             {name: (baseline[name], after[name]) for name in survivors},
             exit_codes,
             {name: cache for name, cache in caches.items() if cache is not None},
+            reattached,
         )
     finally:
         cluster.stop()
@@ -633,6 +767,11 @@ def main() -> int:
         "--cache-ram", type=int, default=1024, help="MiB of prompt snapshots per worker"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--netns", action="store_true", help="on test hosts (root), with partitions as chaos"
+    )
+    parser.add_argument("--partition-every", type=float, default=60, help="seconds (--netns)")
+    parser.add_argument("--partition-for", type=float, default=8, help="seconds (--netns)")
     parser.add_argument("--keep", action="store_true", help="keep the logs (printed path)")
     args = parser.parse_args()
     if args.model is None:
@@ -650,8 +789,13 @@ def main() -> int:
         cache_ram=args.cache_ram,
         seed=args.seed,
         progress=True,
+        netns=args.netns,
+        partition_every=args.partition_every,
+        partition_for=args.partition_for,
     )
     tmp = Path(tempfile.mkdtemp(prefix="llmtrio-soak-"))
+    # A SIGTERM (a timeout's) unwinds like Ctrl-C, so that the processes started are stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
     result = trio.run(soak, config, tmp)
     print(result.report())

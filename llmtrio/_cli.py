@@ -1,26 +1,31 @@
-"""The ``llmtrio`` command: ``generate``, ``serve`` and ``worker``."""
+"""The ``llmtrio`` command: ``generate``, ``serve``, ``worker`` and ``pull``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from ._openai_errors import DEFAULT_MAX_BODY_BYTES
-
-if TYPE_CHECKING:
-    from .engine import EngineConfig
-    from .ring import ControlConfig
-    from .worker import RequestLimits
+from ._settings import (
+    Default,
+    control_config,
+    dial_config,
+    engine_config,
+    flags_of,
+    given,
+    mib,
+    request_limits,
+    sampling,
+    seconds_or_none,
+    serve_config,
+)
 
 # The engine (and llama.cpp with it) is imported only by the commands that run one, so that
 # ``llmtrio serve --no-local-worker`` is an ingress without llama.cpp loaded.
@@ -28,174 +33,155 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
-def _mib(text: str) -> int:
-    """A size in MiB: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of MiB: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
+def _engine(name: str) -> Default:
+    return Default("llmtrio.engine:EngineConfig", name)
 
 
 def _engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model and engine")
     group.add_argument("--model", type=Path, help="a local GGUF file (never falls back)")
-    group.add_argument("--hf-repo", help="Hugging Face repo (default: unsloth/Qwen3.5-0.8B-GGUF)")
-    group.add_argument("--hf-file", help="the GGUF file in the repo (default: chosen by --quant)")
-    group.add_argument("--quant", help="quantization to pick (default: the engine's, Q4_K_M)")
     group.add_argument(
-        "--max-inflight", type=int, default=8, help="slots decoded in one batch (default 8)"
+        "--hf-repo", default=_engine("hf_repo"), help="Hugging Face repo (default %(default)s)"
+    )
+    group.add_argument("--hf-file", help="the GGUF file in the repo (default: chosen by --quant)")
+    group.add_argument(
+        "--quant", default=_engine("quant"), help="quantization to pick (default %(default)s)"
     )
     group.add_argument(
-        "--ctx-size", type=int, default=4096, help="context tokens per slot (default 4096)"
+        "--max-inflight",
+        type=int,
+        default=_engine("max_inflight"),
+        help="slots decoded in one batch (default %(default)s)",
+    )
+    group.add_argument(
+        "--ctx-size",
+        type=int,
+        default=_engine("ctx_size"),
+        help="context tokens per slot (default %(default)s)",
     )
     group.add_argument(
         "--target-step-ms",
         type=float,
-        default=0.0,
-        help="pause admission while a decode step is slower than this (0: off)",
+        default=_engine("target_step_ms"),
+        help="pause admission while a decode step is slower than this (0: off; "
+        "default %(default)s)",
     )
     group.add_argument(
-        "--prefill-chunk", type=int, default=256, help="prompt tokens per step (default 256)"
+        "--prefill-chunk",
+        type=int,
+        default=_engine("prefill_chunk"),
+        help="prompt tokens per step (default %(default)s)",
     )
     group.add_argument(
         "--no-prompt-cache",
-        action="store_true",
+        action="store_false",
+        dest="prompt_cache",
+        default=_engine("prompt_cache"),
         help="ingest every prompt whole: reuse nothing a slot already holds",
     )
     group.add_argument(
         "--cache-ram",
-        type=_mib,
-        default=1024,
+        type=mib,
+        dest="cache_ram_mib",
+        default=_engine("cache_ram_mib"),
         metavar="MiB",
         help="host memory for prompt snapshots other slots can restore "
-        "(default 1024; 0: none, a slot still reuses its own memory)",
+        "(default %(default)s; 0: none, a slot still reuses its own memory)",
     )
     spec = group.add_mutually_exclusive_group()
     spec.add_argument(
         "--spec",
         choices=["ngram"],
+        default=_engine("spec"),
         help="speculative decoding: 'ngram' drafts tokens by looking the last ones up in the "
-        "prompt and output, verified in the same batch (default: the engine's, ngram)",
+        "prompt and output, verified in the same batch (default %(default)s)",
     )
     spec.add_argument(
-        "--no-spec", action="store_true", help="no speculative decoding: one token per step"
+        "--no-spec",
+        action="store_const",
+        const=None,
+        dest="spec",
+        default=_engine("spec"),
+        help="no speculative decoding: one token per step",
     )
     group.add_argument(
         "--spec-draft-max",
         type=int,
+        default=_engine("spec_draft_max"),
         metavar="N",
-        help="the most draft tokens one sequence verifies in a step (1-16; default: the "
-        "engine's); fewer are drafted when the measured step costs say so",
+        help="the most draft tokens one sequence verifies in a step (1-16; default "
+        "%(default)s); fewer are drafted when the measured step costs say so",
     )
     group.add_argument(
         "--kv-unified",
         action=argparse.BooleanOptionalAction,
-        default=None,
+        default=_engine("kv_unified"),
         help="one context pool of --max-inflight x --ctx-size cells shared by all slots: one "
-        "request may use all of it (default: the engine's, off)",
+        "request may use all of it (default %(default)s)",
     )
     group.add_argument(
         "--max-request-ctx",
         type=int,
+        default=_engine("max_request_ctx"),
         metavar="N",
-        help="the most context one request may use (default: --ctx-size, or with "
+        help="the most context one request may use (default %(default)s: --ctx-size, or with "
         "--kv-unified the whole pool)",
     )
     group.add_argument(
         "--threads",
         type=int,
-        default=os.cpu_count() or 1,
+        default=_engine("threads"),
         help="llama.cpp threads (default: all cores)",
     )
     group.add_argument("--model-name", help="the name /v1/models shows")
     group.add_argument(
         "--no-fallback",
-        action="store_true",
+        action="store_false",
+        dest="allow_fallback",
+        default=_engine("allow_fallback"),
         help="fail when the default model cannot be had, instead of using the demo model",
     )
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    from .engine import DEFAULT_QUANT, DEFAULT_REPO, EngineConfig
-
-    return EngineConfig(
-        model=args.model,
-        hf_repo=args.hf_repo or DEFAULT_REPO,
-        hf_file=args.hf_file,
-        quant=args.quant or DEFAULT_QUANT,
-        max_inflight=args.max_inflight,
-        ctx_size=args.ctx_size,
-        target_step_ms=args.target_step_ms,
-        prefill_chunk=args.prefill_chunk,
-        threads=args.threads,
-        model_name=args.model_name,
-        allow_fallback=not args.no_fallback,
-        prompt_cache=not args.no_prompt_cache,
-        cache_ram_mib=args.cache_ram,
-        **_given(args),
-    )
-
-
-def _given(args: argparse.Namespace) -> dict[str, Any]:
-    """The speculation and pool flags that were given; the others keep the engine's
-    defaults."""
-    given: dict[str, Any] = {
-        name: value
-        for name in ("spec", "spec_draft_max", "kv_unified", "max_request_ctx")
-        if (value := getattr(args, name)) is not None
-    }
-    if args.no_spec:
-        given["spec"] = None
-    return given
+_LIMITS = "llmtrio._fields:RequestLimits"
 
 
 def _limit_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("request limits (a request over one gets a 400 naming it)")
     group.add_argument(
-        "--max-messages", type=int, default=2048, help="messages per chat request (default 2048)"
+        "--max-messages",
+        type=int,
+        default=Default(_LIMITS, "max_messages"),
+        help="messages per chat request (default %(default)s)",
     )
     group.add_argument(
         "--max-tokens-limit",
         type=int,
+        dest="max_tokens",  # RequestLimits.max_tokens; only ``generate`` has --max-tokens
+        default=Default(_LIMITS, "max_tokens"),
         help="the most tokens a request may ask to generate (default: the slot's context)",
     )
     group.add_argument(
-        "--max-stop", type=int, default=4, help="stop sequences per request (default 4)"
+        "--max-stop",
+        type=int,
+        default=Default(_LIMITS, "max_stop"),
+        help="stop sequences per request (default %(default)s)",
     )
     group.add_argument(
         "--max-stop-chars",
         type=int,
-        default=256,
-        help="characters per stop sequence (default 256)",
+        default=Default(_LIMITS, "max_stop_chars"),
+        help="characters per stop sequence (default %(default)s)",
     )
 
 
-def request_limits(args: argparse.Namespace) -> RequestLimits:
-    from .worker import RequestLimits
-
-    return RequestLimits(
-        max_messages=args.max_messages,
-        max_tokens=args.max_tokens_limit,
-        max_stop=args.max_stop,
-        max_stop_chars=args.max_stop_chars,
-    )
+_RING = "llmtrio.ring:RingConfig"
+_CONTROL = "llmtrio.ring:ControlConfig"
+_DIAL = "llmtrio.ring:DialConfig"
 
 
-def _api_keys(args: argparse.Namespace) -> list[str]:
-    from .web import read_key_file
-
-    keys = list(args.api_key)
-    for path in args.api_key_file:
-        try:
-            keys += read_key_file(path)
-        except OSError as exc:
-            raise ValueError(f"cannot read --api-key-file {path}: {exc}") from None
-    if args.api_key_file and not keys:
-        raise ValueError("--api-key-file holds no key")
-    return keys
+def _serving(name: str) -> Default:
+    return Default("llmtrio.web:ServeConfig", name)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -214,18 +200,24 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="let the model reason first (reasoning goes to stderr)",
     )
-    gen.add_argument("--max-tokens", type=int, default=256)
-    gen.add_argument("--temperature", type=float, default=0.8)
-    gen.add_argument("--top-p", type=float, default=0.95)
-    gen.add_argument("--top-k", type=int, default=40)
-    gen.add_argument("--min-p", type=float, default=0.05)
-    gen.add_argument("--seed", type=int)
+    gen.add_argument(
+        "--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)"
+    )
+    for flag, kind in (("--temperature", float), ("--top-p", float), ("--top-k", int),
+                       ("--min-p", float), ("--seed", int)):  # fmt: skip
+        name = flag[2:].replace("-", "_")
+        gen.add_argument(
+            flag,
+            type=kind,
+            default=Default("llmtrio.engine:Sampling", name),
+            help="sampling (default %(default)s)",
+        )
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     _engine_flags(gen)
 
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API and the chat page")
     serve.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (default %(default)s)"
+        "--host", default=_serving("host"), help="address to listen on (default %(default)s)"
     )
     serve.add_argument(
         "--port", type=int, help="port (default 8443 with TLS, 8080 without; 0: any free)"
@@ -235,32 +227,33 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--ring-streams",
         type=int,
-        default=64,
-        help="requests parked at once before 503 (default 64)",
+        dest="max_streams",  # RingConfig's
+        default=Default(_RING, "max_streams"),
+        help="requests parked at once before 503 (default %(default)s)",
     )
     serve.add_argument(
         "--park-timeout",
         type=float,
-        default=30.0,
-        help="seconds a request may wait for a worker before 503 (default 30)",
+        default=Default(_RING, "park_timeout"),
+        help="seconds a request may wait for a worker before 503 (default %(default)s)",
     )
     serve.add_argument(
         "--graceful-timeout",
         type=float,
-        default=10.0,
-        help="seconds in-flight streams get on shutdown (default 10)",
+        default=_serving("graceful_timeout"),
+        help="seconds in-flight streams get on shutdown (default %(default)s)",
     )
     serve.add_argument(
         "--max-body-bytes",
         type=int,
-        default=DEFAULT_MAX_BODY_BYTES,
+        default=_serving("max_body_bytes"),
         help="largest request body before 413 (default %(default)s)",
     )
     serve.add_argument(
         "--send-timeout",
         type=float,
-        default=60.0,
-        help="seconds a client may take nothing before it is disconnected (default 60)",
+        default=_serving("send_timeout"),
+        help="seconds a client may take nothing before it is disconnected (default %(default)s)",
     )
     serve.add_argument(
         "--allowed-origins",
@@ -291,21 +284,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     guard.add_argument(
         "--request-timeout",
-        type=float,
-        default=600.0,
-        help="seconds a completion request may run, arrival to last byte (default 600; 0: none)",
+        type=seconds_or_none,
+        default=_serving("request_timeout"),
+        help="seconds a completion request may run, arrival to last byte "
+        "(default %(default)s; 0: none)",
     )
     guard.add_argument(
         "--body-timeout",
         type=float,
-        default=60.0,
-        help="seconds for a request body to arrive, then 408 (default 60)",
+        default=_serving("body_timeout"),
+        help="seconds for a request body to arrive, then 408 (default %(default)s)",
     )
     guard.add_argument(
         "--idle-timeout",
         type=float,
-        default=5.0,
-        help="seconds a connection may sit idle, waiting for request headers included (default 5)",
+        default=_serving("idle_timeout"),
+        help="seconds a connection may sit idle, waiting for request headers included "
+        "(default %(default)s)",
     )
     _limit_flags(serve)
     ring = serve.add_argument_group("remote workers (the ring's control listener)")
@@ -321,14 +316,14 @@ def _parser() -> argparse.ArgumentParser:
     ring.add_argument(
         "--worker-timeout",
         type=float,
-        default=10.0,
-        help="seconds without a heartbeat before a worker is declared dead (default 10)",
+        default=Default(_CONTROL, "worker_timeout"),
+        help="seconds without a heartbeat before a worker is declared dead (default %(default)s)",
     )
     ring.add_argument(
         "--cancel-ack-timeout",
         type=float,
-        default=5.0,
-        help="seconds a worker has to acknowledge a cancel (default 5)",
+        default=Default(_CONTROL, "cancel_ack_timeout"),
+        help="seconds a worker has to acknowledge a cancel (default %(default)s)",
     )
     ring.add_argument(
         "--no-local-worker",
@@ -355,8 +350,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--graceful-timeout",
         type=float,
-        default=30.0,
-        help="seconds held streams get to finish on SIGTERM (default 30)",
+        default=Default("llmtrio._remote_worker:run_worker", "graceful_timeout"),
+        help="seconds held streams get to finish on SIGTERM (default %(default)s)",
     )
     worker.add_argument(
         "--metrics-port", type=int, help="serve Prometheus metrics on this port (0: any free)"
@@ -366,32 +361,38 @@ def _parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="address for --metrics-port (default %(default)s)",
     )
+    worker.add_argument(
+        "--resolve-interval",
+        type=float,
+        default=Default(_DIAL, "resolve_interval"),
+        help="seconds between lookups of an --ingress-url name: every address it resolves to "
+        "is an ingress (default %(default)s)",
+    )
+    worker.add_argument(
+        "--ingress-timeout",
+        type=float,
+        default=Default(_DIAL, "ingress_timeout"),
+        help="seconds an ingress may answer no ping before it is given up and redialed "
+        "(default %(default)s)",
+    )
     _limit_flags(worker)
     _engine_flags(worker)
-    return parser
 
-
-def _control_config(args: argparse.Namespace) -> ControlConfig | None:
-    from .ring import ControlConfig, server_ssl_context
-
-    files = (args.control_cert, args.control_key, args.control_ca)
-    if args.control_port is None:
-        if any(files):
-            raise ValueError("--control-cert/--control-key/--control-ca need --control-port")
-        return None
-    if not all(files):
-        raise ValueError("--control-port needs --control-cert, --control-key and --control-ca")
-    try:
-        context = server_ssl_context(args.control_cert, args.control_key, args.control_ca)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load the control certificates: {exc}") from None
-    return ControlConfig(
-        context,
-        host=args.control_host or args.host,
-        port=args.control_port,
-        worker_timeout=args.worker_timeout,
-        cancel_ack_timeout=args.cancel_ack_timeout,
+    pull = sub.add_parser(
+        "pull",
+        help="fetch a model into the Hugging Face cache (what llmtrio serve and worker read)",
     )
+    pull.add_argument(
+        "model",
+        nargs="?",
+        metavar="REPO[:QUANT]",
+        help="a Hugging Face repo of GGUF files (default: the default model's)",
+    )
+    pull.add_argument("--hf-file", help="the GGUF file in the repo (default: chosen by quant)")
+    pull.add_argument("--quant", help="quantization to pick (default: the engine's, Q4_K_M)")
+    for command in (gen, serve, worker, pull):
+        command.set_defaults(flags=flags_of(command))
+    return parser
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -404,11 +405,10 @@ def _worker(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise SystemExit(f"llmtrio worker: cannot load the certificates: {exc}") from None
     config = engine_config(args)
-    try:
-        limits = request_limits(args)
-    except ValueError as exc:
-        raise SystemExit(f"llmtrio worker: {exc}") from None
+    limits = request_limits(args)
+    dial = dial_config(args)
     metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
+    graceful_timeout = given(args.graceful_timeout)
 
     async def run(shutdown: trio.Event) -> None:
         await run_worker(
@@ -417,47 +417,25 @@ def _worker(args: argparse.Namespace) -> int:
             context,
             shutdown=shutdown,
             name=args.name,
-            graceful_timeout=args.graceful_timeout,
+            graceful_timeout=graceful_timeout,
             limits=limits,
             metrics_address=metrics,
+            dial=dial,
         )
 
-    trio.run(partial(until_signalled, run, graceful_timeout=args.graceful_timeout))
+    trio.run(partial(until_signalled, run, graceful_timeout=graceful_timeout))
     return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .web import ServeConfig
-
     try:
-        control = _control_config(args)
+        config = serve_config(args)
+        control = control_config(args, config.host)
         if args.no_local_worker and control is None:
             raise ValueError("--no-local-worker needs --control-port (or nothing serves)")
-        config = ServeConfig(
-            host=args.host,
-            port=args.port,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            ring_streams=args.ring_streams,
-            park_timeout=args.park_timeout,
-            graceful_timeout=args.graceful_timeout,
-            max_body_bytes=args.max_body_bytes,
-            send_timeout=args.send_timeout,
-            allowed_origins=[
-                origin.strip()
-                for value in args.allowed_origins
-                for origin in value.split(",")
-                if origin.strip()
-            ],
-            api_keys=_api_keys(args),
-            rate_limit=args.rate_limit,
-            request_timeout=args.request_timeout or None,
-            body_timeout=args.body_timeout,
-            idle_timeout=args.idle_timeout,
-        )
-        limits = request_limits(args)
     except ValueError as exc:
         raise SystemExit(f"llmtrio serve: {exc}") from None
+    limits = request_limits(args)
     if args.no_local_worker:
         from ._ingress import serve_ring_ingress, until_signalled
 
@@ -465,7 +443,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         async def ingress(shutdown: trio.Event) -> None:
             name = args.model_name or ""
-            await serve_ring_ingress(config, control, model_name=name, shutdown=shutdown)
+            await serve_ring_ingress(
+                config, control, model_name=name, shutdown=shutdown, limits=limits
+            )
 
         trio.run(partial(until_signalled, ingress, graceful_timeout=config.graceful_timeout))
         return 0
@@ -476,7 +456,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _generate(args: argparse.Namespace) -> int:
-    from .engine import Done, Engine, Failed, GenerateRequest, Sampling, Token
+    from .engine import Done, Engine, Failed, GenerateRequest, Token
 
     request = GenerateRequest.user(
         args.prompt,
@@ -484,13 +464,7 @@ async def _generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         think=args.think,
         stop=tuple(args.stop),
-        sampling=Sampling(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            min_p=args.min_p,
-            seed=args.seed,
-        ),
+        sampling=sampling(args),
     )
     dim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
     async with Engine.open(attrs.evolve(engine_config(args), max_inflight=1)) as engine:
@@ -534,6 +508,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_generate, args)
         if args.command == "worker":
             return _worker(args)
+        if args.command == "pull":
+            from ._pull import pull
+
+            pull(args.model, hf_file=args.hf_file, quant=args.quant)
+            return 0
         return _serve(args)
     except Exception as exc:
         engine = sys.modules.get("llmtrio.engine")  # loaded only by commands that use it

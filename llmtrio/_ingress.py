@@ -1,6 +1,7 @@
-"""The composition root of an ingress without an engine (``llmtrio serve --no-local-worker``):
-a ring, its control listener for remote workers, and the HTTP ingress. Imports neither the
-engine nor the worker, so llama.cpp is not even loaded."""
+"""The composition root of an ingress: a ring, its control listener for remote workers, and
+the HTTP ingress (``llmtrio serve --no-local-worker`` is this alone; ``llmtrio serve`` adds a
+local worker, ``server.py``). Imports neither the engine nor the worker, so llama.cpp is not
+even loaded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 import trio
+from prometheus_client import CollectorRegistry
 
+from ._fields import RequestLimits
 from .ring import ControlConfig, Ring, serve_control
 from .web import ServeConfig, serve_ingress
 
@@ -21,26 +24,44 @@ logger = logging.getLogger("llmtrio.serve")
 
 async def serve_ring_ingress(
     config: ServeConfig,
-    control: ControlConfig,
+    control: ControlConfig | None,
     *,
     model_name: str,
     shutdown: trio.Event,
+    ring: Ring | None = None,
+    registry: CollectorRegistry | None = None,
+    limits: RequestLimits | None = None,
+    workers: Callable[[Ring, trio.Nursery], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve HTTP in front of a ring that only remote workers serve, until ``shutdown``;
-    ``task_status.started`` gets the HTTP addresses, then the control address.
+    """Serve HTTP in front of ``ring`` (a new one unless given) until ``shutdown``;
+    ``task_status.started`` gets the HTTP addresses, then the control address (with
+    ``control``: the listener remote workers attach to). ``workers(ring, nursery)`` starts
+    the workers of this process (``llmtrio serve``'s local one) in ``nursery`` before the
+    listeners open; ``limits`` are the workers' request limits (``/openapi.json`` states them).
 
     Resource handling: after ``shutdown`` the HTTP side drains for ``graceful_timeout``,
-    then the control listener closes, which detaches every worker.
+    then the control listener closes (which detaches every remote worker) and the local
+    workers are cancelled.
     """
-    ring = Ring(max_streams=config.ring_streams, park_timeout=config.park_timeout)
+    ring = ring or Ring.from_config(config.ring)
     async with trio.open_nursery() as nursery:
-        address = await nursery.start(serve_control, ring, control)
+        if workers is not None:
+            await workers(ring, nursery)
+        addresses = [] if control is None else [await nursery.start(serve_control, ring, control)]
         async with trio.open_nursery() as web:
             binds = await web.start(
-                partial(serve_ingress, ring, config, model_name=model_name, shutdown=shutdown)
+                partial(
+                    serve_ingress,
+                    ring,
+                    config,
+                    model_name=model_name,
+                    shutdown=shutdown,
+                    registry=registry,
+                    limits=limits,
+                )
             )
-            task_status.started([*binds, address])
+            task_status.started([*binds, *addresses])
         # hypercorn returns once in-flight responses drained (or graceful_timeout passed).
         nursery.cancel_scope.cancel()
 

@@ -1,6 +1,7 @@
 """A tiny HTTP server for ``GET /metrics`` on Trio (h11 over ``trio.serve_tcp``), for a
 process with no HTTP server of its own: a remote worker (``llmtrio worker
---metrics-port``). On loopback by default; it serves nothing but the registry's text."""
+--metrics-port``). On loopback by default; it serves the registry's text and, when given a
+readiness check, the probes ``/livez`` and ``/readyz`` (``llmtrio._probes``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Awaitable, Callable
 import h11
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from ._probes import PROBE_PATHS, NotReady, answer_probe
 
 __all__ = ["serve_metrics"]
 
@@ -24,10 +27,12 @@ async def serve_metrics(
     *,
     host: str = "127.0.0.1",
     port: int = 0,
+    not_ready: NotReady | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``registry`` at ``http://host:port/metrics`` until cancelled;
-    ``task_status.started`` gets that URL (with the port bound, when ``port`` is 0).
+    """Serve ``registry`` at ``http://host:port/metrics`` until cancelled, and the probes
+    beside it when ``not_ready`` is given (asked at each ``/readyz``); ``task_status.started``
+    gets the metrics URL (with the port bound, when ``port`` is 0).
 
     Resource handling: each connection answers one request and closes; a client that sends
     no complete request within 10 seconds is dropped."""
@@ -37,14 +42,16 @@ async def serve_metrics(
     url = f"http://{where}:{bound[1]}/metrics"
     logger.info("metrics on %s", url)
     async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, _handler(registry), listeners)
+        await nursery.start(trio.serve_listeners, _handler(registry, not_ready), listeners)
         task_status.started(url)
 
 
-def _handler(registry: CollectorRegistry) -> Callable[[trio.SocketStream], Awaitable[None]]:
+def _handler(
+    registry: CollectorRegistry, not_ready: NotReady | None
+) -> Callable[[trio.SocketStream], Awaitable[None]]:
     async def handle(stream: trio.SocketStream) -> None:
         try:
-            await _answer(stream, registry)
+            await _answer(stream, registry, not_ready)
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             pass
         finally:
@@ -53,7 +60,9 @@ def _handler(registry: CollectorRegistry) -> Callable[[trio.SocketStream], Await
     return handle
 
 
-async def _answer(stream: trio.SocketStream, registry: CollectorRegistry) -> None:
+async def _answer(
+    stream: trio.SocketStream, registry: CollectorRegistry, not_ready: NotReady | None
+) -> None:
     connection = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_REQUEST_BYTES)
     event: object = h11.NEED_DATA
     with trio.move_on_after(_READ_TIMEOUT_S):
@@ -62,11 +71,15 @@ async def _answer(stream: trio.SocketStream, registry: CollectorRegistry) -> Non
             event = connection.next_event()
     if not isinstance(event, h11.Request):
         return
-    target = event.target.split(b"?", 1)[0]
-    if target != b"/metrics":
+    target = event.target.split(b"?", 1)[0].decode("latin-1")
+    probes = PROBE_PATHS if not_ready is not None else frozenset()
+    if target != "/metrics" and target not in probes:
         status, body, content_type = 404, b"only /metrics here\n", b"text/plain"
     elif event.method not in (b"GET", b"HEAD"):
-        status, body, content_type = 405, b"GET /metrics\n", b"text/plain"
+        status, body, content_type = 405, f"GET {target}\n".encode(), b"text/plain"
+    elif not_ready is not None and target in probes:
+        answer = answer_probe(target, not_ready)
+        status, body, content_type = answer.status, answer.body, answer.content_type.encode()
     else:
         status, content_type = 200, CONTENT_TYPE_LATEST.encode()
         body = generate_latest(registry)

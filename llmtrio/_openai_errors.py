@@ -74,6 +74,11 @@ class OpenAIError(Exception):
         self.code = code
         self.headers = tuple(headers)
 
+    @property
+    def error_code(self) -> str:
+        """What logs and metrics name it by: its ``code``, else its ``type``."""
+        return self.code or self.type
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "error": {

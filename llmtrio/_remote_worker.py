@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from ._metrics_server import serve_metrics
 from .engine import Engine, EngineConfig
-from .ring import connect_ring
+from .ring import DialConfig, RemoteLink, connect_ring
 from .worker import RequestLimits, WorkerMetrics, serve_link
 
 __all__ = ["run_worker"]
@@ -32,42 +32,74 @@ async def run_worker(
     graceful_timeout: float = 30.0,
     limits: RequestLimits | None = None,
     metrics_address: tuple[str, int] | None = None,
+    dial: DialConfig | None = None,
     task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Load the model, attach to every ingress in ``urls`` and serve until ``shutdown``;
-    request bodies are checked against ``limits``. With ``metrics_address`` (host, port),
-    the engine's metrics are served at ``http://host:port/metrics``; ``task_status.started``
-    gets that URL (``None`` without) once the worker is attached.
+    """Load the model, attach to every ingress in ``urls`` (a URL whose host is a name: to
+    every address it resolves to, see ``dial``) and serve until ``shutdown``; request bodies
+    are checked against ``limits``. With ``metrics_address`` (host, port), the engine's metrics
+    are served at ``http://host:port/metrics``, with the probes ``/livez`` and ``/readyz``
+    beside them from the start (ready once the model is loaded and an ingress attached, until
+    ``shutdown``); ``task_status.started`` gets that URL (``None`` without) once the worker
+    is connecting.
 
     Resource handling: after ``shutdown`` the worker stops claiming, lets the streams it
     holds finish (up to ``graceful_timeout`` seconds; then they are cancelled and their
     ingresses fail them), detaches from every ingress and frees the model.
     """
-    async with Engine.open(engine_config) as engine:
-        registry = CollectorRegistry()
-        metrics = WorkerMetrics(registry, engine)
-        async with (
-            connect_ring(
-                urls,
-                ssl_context,
-                worker_id=name or socket.gethostname(),
-                max_inflight=engine_config.max_inflight,
-                models=[engine.model_name],
-            ) as link,
-            trio.open_nursery() as nursery,
-        ):
-            await nursery.start(partial(serve_link, engine, link, metrics=metrics, limits=limits))
-            url = None
-            if metrics_address is not None:
-                host, port = metrics_address
-                url = await nursery.start(partial(serve_metrics, registry, host=host, port=port))
-            logger.info("worker ready: %s, pulling from %s", engine.model_name, ", ".join(urls))
-            task_status.started(url)
-            await shutdown.wait()
-            link.drain()
-            with trio.move_on_after(graceful_timeout) as scope:
-                await link.wait_idle()
-            if scope.cancelled_caught:
-                logger.warning("streams still running after %gs: cancelling", graceful_timeout)
-            nursery.cancel_scope.cancel()
-        logger.info("worker detached from every ingress")
+    registry = CollectorRegistry()
+    link: RemoteLink | None = None
+
+    def not_ready() -> str | None:
+        if shutdown.is_set():
+            return "draining"
+        if link is None:
+            return "loading the model"
+        if not link.attached:
+            return "attached to no ingress"
+        return None
+
+    failure: Exception | None = None
+    async with trio.open_nursery() as probes:
+        url = None
+        if metrics_address is not None:
+            host, port = metrics_address
+            url = await probes.start(
+                partial(serve_metrics, registry, host=host, port=port, not_ready=not_ready)
+            )
+        try:
+            async with Engine.open(engine_config) as engine:
+                metrics = WorkerMetrics(registry, engine)
+                async with (
+                    connect_ring(
+                        urls,
+                        ssl_context,
+                        worker_id=name or socket.gethostname(),
+                        max_inflight=engine_config.max_inflight,
+                        models=[engine.model_name],
+                        config=dial,
+                    ) as link,
+                    trio.open_nursery() as nursery,
+                ):
+                    await nursery.start(
+                        partial(serve_link, engine, link, metrics=metrics, limits=limits)
+                    )
+                    logger.info(
+                        "worker ready: %s, pulling from %s", engine.model_name, ", ".join(urls)
+                    )
+                    task_status.started(url)
+                    await shutdown.wait()
+                    link.drain()
+                    with trio.move_on_after(graceful_timeout) as scope:
+                        await link.wait_idle()
+                    if scope.cancelled_caught:
+                        logger.warning(
+                            "streams still running after %gs: cancelling", graceful_timeout
+                        )
+                    nursery.cancel_scope.cancel()
+                logger.info("worker detached from every ingress")
+        except Exception as exc:  # raised below as it is, not inside this nursery's group
+            failure = exc
+        probes.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

@@ -1,18 +1,17 @@
-"""The composition root: an engine, an in-process ring with one local worker, and the HTTP
-ingress, in one process (``llmtrio serve``)."""
+"""The composition root of ``llmtrio serve``: the ingress's bring-up (``_ingress``) with one
+local worker (an engine attached to the in-process ring) started in it."""
 
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 import trio
 from prometheus_client import CollectorRegistry
 
-from ._ingress import until_signalled
+from ._ingress import serve_ring_ingress, until_signalled
 from .engine import Engine, EngineConfig, EngineFailedError
-from .ring import ControlConfig, Ring, serve_control
-from .web import ServeConfig, serve_ingress
+from .ring import ControlConfig, Ring
+from .web import ServeConfig
 from .worker import RequestLimits, WorkerMetrics, serve_link
 
 __all__ = ["serve", "serve_until_signalled"]
@@ -43,9 +42,10 @@ async def serve(
     as on ``shutdown``, then this raises.
     """
     async with Engine.open(engine_config) as engine:
-        ring = Ring(max_streams=config.ring_streams, park_timeout=config.park_timeout)
+        ring = Ring.from_config(config.ring)
         registry = CollectorRegistry()
-        metrics = WorkerMetrics(registry, engine, waiting=lambda: ring.stats().parked)
+        # The ingress exports the picker's gauges for the whole ring, this engine included.
+        metrics = WorkerMetrics(registry, engine, picker_gauges=False)
         failure: EngineFailedError | None = None
 
         async def local_worker(*, task_status: trio.TaskStatus[None]) -> None:
@@ -62,25 +62,20 @@ async def serve(
                 logger.critical("%s: the server stops", exc)
                 shutdown.set()
 
-        async with trio.open_nursery() as workers:
-            await workers.start(local_worker)
-            control_address = (
-                [] if control is None else [await workers.start(serve_control, ring, control)]
-            )
-            async with trio.open_nursery() as web:
-                binds = await web.start(
-                    partial(
-                        serve_ingress,
-                        ring,
-                        config,
-                        model_name=engine.model_name,
-                        shutdown=shutdown,
-                        registry=registry,
-                    )
-                )
-                task_status.started([*binds, *control_address])
-            # hypercorn returns once in-flight responses drained (or graceful_timeout passed).
-            workers.cancel_scope.cancel()
+        async def start_local_worker(ring: Ring, nursery: trio.Nursery) -> None:
+            await nursery.start(local_worker)
+
+        await serve_ring_ingress(
+            config,
+            control,
+            model_name=engine.model_name,
+            shutdown=shutdown,
+            ring=ring,
+            registry=registry,
+            limits=limits,
+            workers=start_local_worker,
+            task_status=task_status,
+        )
     if failure is not None:
         raise failure
 

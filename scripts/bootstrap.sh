@@ -13,7 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LLAMA_CPP_PYTHON_VERSION=0.3.36
 # Portable flags (scripts/cmake-args.sh): no -march=native, never AMX (a VM may advertise AMX
 # and still fault on it), and each AVX-512 extension only where this CPU reports it.
 PORTABLE_CMAKE_ARGS="$(scripts/cmake-args.sh)"
@@ -26,19 +25,11 @@ if [ ! -x .venv/bin/python ]; then
     .venv/bin/python -m pip install -q --upgrade pip
 fi
 
-key=$(printf '%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "$CMAKE_ARGS" | sha256sum | cut -c1-16)
-wheels="${LLMTRIO_WHEEL_CACHE:-$HOME/.cache/llmtrio/wheels}/$LLAMA_CPP_PYTHON_VERSION-$key"
-if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION from source (about 8 minutes)" >&2
-    echo "CMAKE_ARGS=$CMAKE_ARGS" >&2
-    rm -rf "$wheels.tmp" && mkdir -p "$wheels.tmp"
-    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" .venv/bin/python -m pip wheel -q --no-deps \
-        --no-cache-dir --no-binary llama-cpp-python -w "$wheels.tmp" \
-        "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-    rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
-fi
+wheel="$(scripts/llama-wheel.sh .venv/bin/python)"  # built once per flag set, then cached
+key="$(basename "$(dirname "$wheel")")"
+key="${key#*-}"  # the hash of the version and the flags
 if [ "$(cat .venv/.llama-build-key 2>/dev/null)" != "$key" ]; then
-    .venv/bin/python -m pip install -q --force-reinstall --no-deps "$(ls "$wheels"/llama_cpp_python-*.whl | head -n 1)"
+    .venv/bin/python -m pip install -q --force-reinstall --no-deps "$wheel"
     echo "$key" > .venv/.llama-build-key
 fi
 .venv/bin/python -m pip install -q -e ".${extras}"

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -95,21 +95,35 @@ class Ring:
             for proc in ring.procs:
                 proc.stop()
 
-    def spawn(self, name: str, *args: str) -> Proc:
+    def spawn(
+        self,
+        name: str,
+        *args: str,
+        prefix: Sequence[str] = (),
+        python_path: Path | None = None,
+    ) -> Proc:
+        """``llmtrio ARGS`` logging to a file; ``prefix`` runs it elsewhere (``ip netns exec
+        NS``: on a test host); ``python_path`` runs the llmtrio found there instead of this
+        tree's (another version of it)."""
         log = self.tmp / f"{name}-{len(self.procs)}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        python = [sys.executable]
+        if python_path is not None:
+            env["PYTHONPATH"] = str(python_path)
+            python.append("-P")  # not the working directory's llmtrio first
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "llmtrio", *args],
+                [*prefix, *python, "-m", "llmtrio", *args],
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=env,
             )
         proc = Proc(name, popen, log)
         self.procs.append(proc)
         return proc
 
-    def ingress(self, name: str, *extra: str) -> Ingress:
+    def ingress(self, name: str, *extra: str, python_path: Path | None = None) -> Ingress:
         cert = self.tmp / f"{name}.pem"
         self.ingress_ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
             str(cert)
@@ -127,6 +141,7 @@ class Ring:
             "--cancel-ack-timeout=3",
             "--graceful-timeout=1",
             *extra,
+            python_path=python_path,
         )
         url = proc.wait_for(r"serving .*? on (http://\S+)").group(1)
         control = proc.wait_for(r"control listener for workers on (wss://\S+)").group(1)
@@ -155,7 +170,12 @@ class Ring:
         return Ingress(proc, url, "")
 
     def worker(
-        self, name: str, ingresses: list[Ingress], cert: Path | None = None, *extra: str
+        self,
+        name: str,
+        ingresses: list[Ingress],
+        cert: Path | None = None,
+        *extra: str,
+        python_path: Path | None = None,
     ) -> Proc:
         return self.spawn(
             name,
@@ -168,4 +188,5 @@ class Ring:
             "--ctx-size=2048",
             "--threads=1",
             *extra,
+            python_path=python_path,
         )

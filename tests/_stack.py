@@ -57,9 +57,9 @@ async def open_stack(
     """``llmtrio serve``'s stack, put together as ``llmtrio.server.serve`` does, on a free
     loopback port; torn down on exit."""
     async with Engine.open(engine_config) as engine:
-        ring = Ring(max_streams=config.ring_streams)
+        ring = Ring(max_streams=config.ring.max_streams)
         registry = CollectorRegistry()
-        metrics = WorkerMetrics(registry, engine, waiting=lambda: ring.stats().parked)
+        metrics = WorkerMetrics(registry, engine, picker_gauges=False)
         async with trio.open_nursery() as nursery:
             stack: Stack | None = None
 

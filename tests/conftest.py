@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from llmtrio.engine import EngineConfig, demo_model_path
+from llmtrio.engine import demo_model_path
+from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 
+from ._helpers import engine_config
 from ._server import LiveServer, start_server
 
 # A copy of shared/test-models/qwen35-tiny-random.gguf (see data/README-qwen35.md).
@@ -43,8 +45,8 @@ def live_server(gemma_path: Path) -> Iterator[LiveServer]:
     change batch shapes and with them near-ties (tests/test_speculation.py serves with
     drafts)."""
     server = start_server(
-        EngineConfig(model=gemma_path, max_inflight=4, ctx_size=512, threads=2, spec=None),
-        ServeConfig(host="127.0.0.1", port=0, ring_streams=16, graceful_timeout=2),
+        engine_config(gemma_path, max_inflight=4, ctx_size=512, spec=None),
+        ServeConfig(host="127.0.0.1", port=0, ring=RingConfig(max_streams=16), graceful_timeout=2),
     )
     yield server
     server.stop()

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-import trio
 
-from llmtrio._cli import _api_keys, _parser
-from llmtrio.engine import EngineConfig
+from llmtrio._cli import _parser
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio._settings import _api_keys
 from llmtrio.ring import Ring
-from llmtrio.web import ApiKeys, ServeConfig, read_key_file, serve_ingress
+from llmtrio.web import ApiKeys, ServeConfig, read_key_file
 
+from ._helpers import engine_config, open_ingress
 from ._stack import open_stack
 
-CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "Say hi."}]
 
 
@@ -69,18 +69,12 @@ def assert_401(response: httpx.Response) -> None:
 async def test_keys_close_the_api_and_metrics_but_not_health_models_or_the_page() -> None:
     ring = Ring(max_streams=4, park_timeout=0.2)
     config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, api_keys=["k1", "k2"])
-    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=30) as http:
-        shutdown = trio.Event()
-        binds = await nursery.start(
-            lambda task_status: serve_ingress(
-                ring, config, model_name="m", shutdown=shutdown, task_status=task_status
-            )
-        )
-        url = binds[0]
+    async with open_ingress(ring, config) as server:
+        http, url = server.client, server.url
         for path in ("/", "/health", "/v1/models"):
             response = await http.get(url + path)
             assert response.status_code in (200, 503), (path, response.status_code)  # no worker
-        for method, path in (("POST", CHAT), ("POST", "/v1/completions"), ("GET", "/metrics")):
+        for method, path in (("POST", CHAT_PATH), ("POST", COMPLETIONS_PATH), ("GET", "/metrics")):
             assert_401(await http.request(method, url + path, json={"messages": HI}))
             wrong = {"Authorization": "Bearer k3"}
             assert_401(await http.request(method, url + path, json={}, headers=wrong))
@@ -89,12 +83,14 @@ async def test_keys_close_the_api_and_metrics_but_not_health_models_or_the_page(
         assert metrics.status_code == 200
         assert 'llmtrio_http_requests_total{path="/metrics",status="401"' in metrics.text
         # With a key, the API is served (here: no worker, so 503 after the park timeout).
-        served = await http.post(url + CHAT, json={"messages": HI}, headers={"X-Api-Key": "k1"})
+        served = await http.post(
+            url + CHAT_PATH, json={"messages": HI}, headers={"X-Api-Key": "k1"}
+        )
         assert served.status_code == 503
         # A CORS preflight carries no key and still gets its 204.
         origin = url.replace("127.0.0.1", "localhost")
         preflight = await http.options(
-            url + CHAT,
+            url + CHAT_PATH,
             headers={
                 "Origin": origin,
                 "Access-Control-Request-Method": "POST",
@@ -104,19 +100,18 @@ async def test_keys_close_the_api_and_metrics_but_not_health_models_or_the_page(
         assert preflight.status_code == 204
         assert "authorization" in preflight.headers["access-control-allow-headers"]
         # The 401 to a cross-origin page is readable by it (CORS headers on the error).
-        refused = await http.post(url + CHAT, json={}, headers={"Origin": origin})
+        refused = await http.post(url + CHAT_PATH, json={}, headers={"Origin": origin})
         assert refused.status_code == 401
         assert refused.headers["access-control-allow-origin"] == origin
-        shutdown.set()
 
 
 async def test_a_key_serves_a_real_completion(gemma_path: Path) -> None:
-    engine = EngineConfig(model=gemma_path, max_inflight=1, ctx_size=256, threads=2)
+    engine = engine_config(gemma_path, max_inflight=1, ctx_size=256)
     config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, api_keys=["secret"])
     async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
-        assert_401(await http.post(stack.url + CHAT, json={"messages": HI, "max_tokens": 2}))
+        assert_401(await http.post(stack.url + CHAT_PATH, json={"messages": HI, "max_tokens": 2}))
         response = await http.post(
-            stack.url + CHAT,
+            stack.url + CHAT_PATH,
             json={"messages": HI, "max_tokens": 2},
             headers={"Authorization": "Bearer secret"},
         )

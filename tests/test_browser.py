@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from llmtrio._routes import CHAT_PATH
+
+from ._helpers import engine_config
 from ._server import LiveServer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -105,12 +108,12 @@ def test_chat_page_shows_tool_calls_and_json_legibly(
     common = {"max_tokens": 120, "stream": True, "stream_options": {"include_usage": True}}
     recorded = [
         httpx.post(
-            live_server.url + "/v1/chat/completions",
+            live_server.url + CHAT_PATH,
             json={**common, "messages": ask, "tools": [tool], "tool_choice": "required"},
             timeout=60,
         ).content,
         httpx.post(
-            live_server.url + "/v1/chat/completions",
+            live_server.url + CHAT_PATH,
             json={
                 **common,
                 "messages": ask,
@@ -173,13 +176,12 @@ def test_chat_page_asks_for_the_api_key_once_and_keeps_it_in_the_browser(
 ) -> None:
     from playwright.sync_api import Dialog, Request, expect, sync_playwright
 
-    from llmtrio.engine import EngineConfig
     from llmtrio.web import ServeConfig
 
     from ._server import start_server
 
     server = start_server(
-        EngineConfig(model=gemma_path, max_inflight=1, ctx_size=256, threads=2),
+        engine_config(gemma_path, max_inflight=1, ctx_size=256),
         ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, api_keys=["page-key"]),
     )
     try:
@@ -199,7 +201,7 @@ def test_chat_page_asks_for_the_api_key_once_and_keeps_it_in_the_browser(
                 sent: list[str | None] = []
 
                 def record(request: Request) -> None:
-                    if request.url.endswith("/v1/chat/completions"):
+                    if request.url.endswith(CHAT_PATH):
                         sent.append(request.headers.get("authorization"))
 
                 page.on("request", record)

@@ -6,62 +6,50 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
-import attrs
 import httpx
 import pytest
 import trio
 import trustme
+from prometheus_client import CollectorRegistry
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import Claimed, Ring, WorkerLink
-from llmtrio.web import ServeConfig, serve_ingress
+from llmtrio.web import ServeConfig
 
-CHAT = "/v1/chat/completions"
+from ._helpers import Ingress, eventually, open_ingress
+
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
 SSE = [("content-type", "text/event-stream")]
 
 
-@attrs.define
-class Server:
-    client: httpx.AsyncClient
-    shutdown: trio.Event
-    stopped: trio.Event
-
-
 @asynccontextmanager
 async def ingress(
-    ring: Ring, graceful_timeout: float, tls: Path | None = None
-) -> AsyncIterator[Server]:
-    """The HTTP ingress in front of ``ring`` on a free loopback port (HTTPS with HTTP/2 when
-    ``tls`` is a directory with ``cert.pem``, ``key.pem`` and ``ca.pem``); leaving the block
-    waits (10 s at most) for the server to stop, which the test triggers with ``shutdown``."""
-    shutdown, stopped = trio.Event(), trio.Event()
-    async with trio.open_nursery() as nursery:
-
-        async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            config = ServeConfig(
-                port=0,
-                graceful_timeout=graceful_timeout,
-                tls_cert=None if tls is None else tls / "cert.pem",
-                tls_key=None if tls is None else tls / "key.pem",
-            )
-            await serve_ingress(
-                ring, config, model_name="m", shutdown=shutdown, task_status=task_status
-            )
-            stopped.set()
-
-        binds = await nursery.start(run)
-        verify = True if tls is None else ssl.create_default_context(cafile=tls / "ca.pem")
-        async with httpx.AsyncClient(
-            base_url=binds[0], timeout=30, verify=verify, http2=tls is not None
-        ) as client:
-            yield Server(client, shutdown, stopped)
-        shutdown.set()
-        with trio.fail_after(10):
-            await stopped.wait()
+    ring: Ring,
+    graceful_timeout: float,
+    tls: Path | None = None,
+    registry: CollectorRegistry | None = None,
+    **more: Any,
+) -> AsyncIterator[Ingress]:
+    """:func:`open_ingress` in front of ``ring`` (HTTPS with HTTP/2 when ``tls`` is a
+    directory with ``cert.pem``, ``key.pem`` and ``ca.pem``; ``more``, more of its
+    ``ServeConfig``); the test triggers the shutdown with ``shutdown``."""
+    config = ServeConfig(
+        port=0,
+        graceful_timeout=graceful_timeout,
+        tls_cert=None if tls is None else tls / "cert.pem",
+        tls_key=None if tls is None else tls / "key.pem",
+        **more,
+    )
+    verify = True if tls is None else ssl.create_default_context(cafile=tls / "ca.pem")
+    async with open_ingress(
+        ring, config, registry=registry, verify=verify, http2=tls is not None
+    ) as server:
+        yield server
 
 
 async def wait_draining(client: httpx.AsyncClient) -> httpx.Response:
@@ -70,12 +58,6 @@ async def wait_draining(client: httpx.AsyncClient) -> httpx.Response:
         while (health := await client.get("/health")).json()["status"] != "draining":  # noqa: ASYNC110
             await trio.sleep(0.01)
     return health
-
-
-async def eventually(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(10):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.01)
 
 
 async def start_stream(
@@ -115,7 +97,7 @@ async def test_a_running_stream_finishes_while_new_requests_get_503(http: str, t
             claimed.set()
 
         nursery.start_soon(serve)
-        async with server.client.stream("POST", CHAT, json=BODY) as response:
+        async with server.client.stream("POST", CHAT_PATH, json=BODY) as response:
             chunks = response.aiter_raw()
             assert await anext(chunks) == b"data: one\n\n"
             await claimed.wait()
@@ -126,7 +108,7 @@ async def test_a_running_stream_finishes_while_new_requests_get_503(http: str, t
             # A body larger than HTTP/2's first flow-control window: some of it arrives after
             # the refusal was sent (which must not break the connection, nor its other stream).
             big = {**BODY, "messages": [{"role": "user", "content": "hi " * 100_000}]}
-            refused = await server.client.post(CHAT, json=big)
+            refused = await server.client.post(CHAT_PATH, json=big)
             assert refused.status_code == 503
             assert refused.headers["retry-after"] == "1"
             if http == "h2":  # HTTP/2 has no Connection header; the stream ends there
@@ -162,10 +144,10 @@ async def test_requests_outliving_the_graceful_timeout_are_cut_with_an_error() -
             worker.append(await nursery.start(start_stream, link))
 
         async def parked() -> None:  # no worker will claim it
-            results["parked"] = await server.client.post(CHAT, json={**BODY, "stream": False})
+            results["parked"] = await server.client.post(CHAT_PATH, json={**BODY, "stream": False})
 
         nursery.start_soon(serve)
-        async with server.client.stream("POST", CHAT, json=BODY) as response:
+        async with server.client.stream("POST", CHAT_PATH, json=BODY) as response:
             chunks = response.aiter_raw()
             assert await anext(chunks) == b"data: one\n\n"
             nursery.start_soon(parked)
@@ -200,12 +182,17 @@ async def test_a_request_whose_body_is_still_coming_is_part_of_the_drain() -> No
     """A request counts from its first byte: one still uploading its body at the shutdown is
     parked and served, not refused."""
     ring = Ring(max_streams=8)
-    async with ring.attach("w#1", 2, models=["m"]) as link, ingress(ring, 30) as server:
+    registry = CollectorRegistry()
+    async with (
+        ring.attach("w#1", 2, models=["m"]) as link,
+        ingress(ring, 30, registry=registry) as server,
+    ):
         body = json.dumps(BODY).encode()
-        gate = trio.Event()
+        first_sent, gate = trio.Event(), trio.Event()
 
         async def upload() -> AsyncIterator[bytes]:
             yield body[:5]
+            first_sent.set()  # the client asks for more: the head and the first bytes went
             await gate.wait()
             yield body[5:]
 
@@ -225,14 +212,19 @@ async def test_a_request_whose_body_is_still_coming_is_part_of_the_drain() -> No
                     async def post() -> None:
                         results.append(
                             await server.client.post(
-                                CHAT,
+                                CHAT_PATH,
                                 content=upload(),
                                 headers={"content-length": str(len(body))},
                             )
                         )
 
                     uploading.start_soon(post)
-                    await trio.sleep(0.5)  # the head and the first bytes are in
+                    await first_sent.wait()
+                    # The app counts a request as it arrives, and admits and tracks it for
+                    # the drain in the same step: once counted, it is part of the drain.
+                    await eventually(
+                        lambda: registry.get_sample_value("llmtrio_requests_in_progress") == 1
+                    )
                     server.shutdown.set()
                     await wait_draining(server.client)
                     gate.set()

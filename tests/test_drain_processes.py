@@ -13,11 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmtrio._routes import CHAT_PATH
+
 from ._procs import Ingress, Ring
 
 pytestmark = pytest.mark.slow
-
-CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_sigterm_finishes_the_running_stream_refuses_new_requests_and_exits_0(
     ingress = ring.serve("serve", "--graceful-timeout=120")
     with (
         httpx.Client(timeout=120) as client,
-        client.stream("POST", ingress.url + CHAT, json=long_chat(200)) as response,
+        client.stream("POST", ingress.url + CHAT_PATH, json=long_chat(200)) as response,
     ):
         lines = response.iter_lines()
         for line in lines:
@@ -65,7 +65,7 @@ def test_sigterm_finishes_the_running_stream_refuses_new_requests_and_exits_0(
         ingress.proc.popen.send_signal(signal.SIGTERM)
         health = wait_draining(ingress)
         assert health.status_code == 503
-        refused = client.post(ingress.url + CHAT, json=long_chat(4))
+        refused = client.post(ingress.url + CHAT_PATH, json=long_chat(4))
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "shutting_down"
         assert int(refused.headers["retry-after"]) >= 1
@@ -82,7 +82,7 @@ def test_a_second_signal_stops_at_once(ring: Ring) -> None:
     ingress = ring.serve("serve", "--graceful-timeout=120")
     with (
         httpx.Client(timeout=120) as client,
-        client.stream("POST", ingress.url + CHAT, json=long_chat(1500)) as response,
+        client.stream("POST", ingress.url + CHAT_PATH, json=long_chat(1500)) as response,
     ):
         lines = response.iter_lines()
         for line in lines:
@@ -105,7 +105,7 @@ def test_an_ingress_cuts_what_outlives_its_graceful_timeout_and_detaches_its_wor
     ingress.wait_workers({"worker-a"})
     with (
         httpx.Client(timeout=120) as client,
-        client.stream("POST", ingress.url + CHAT, json=long_chat(1500)) as response,
+        client.stream("POST", ingress.url + CHAT_PATH, json=long_chat(1500)) as response,
     ):
         lines = response.iter_lines()
         for line in lines:
@@ -131,7 +131,7 @@ def test_a_worker_cuts_what_outlives_its_graceful_timeout_and_exits_0(ring: Ring
     ingress.wait_workers({"worker-a"})
     with (
         httpx.Client(timeout=120) as client,
-        client.stream("POST", ingress.url + CHAT, json=long_chat(1500)) as response,
+        client.stream("POST", ingress.url + CHAT_PATH, json=long_chat(1500)) as response,
     ):
         lines = response.iter_lines()
         for line in lines:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ from llmtrio.engine import (
 )
 from llmtrio.engine._llama import Batch, LlamaModel
 
-from ._helpers import collect
+from ._helpers import NEAR_TIE_NATS, collect, engine_config, eventually
 
 PROMPTS = [
     "The capital of France is",
@@ -38,10 +40,8 @@ PROMPTS = [
 ]
 
 
-def config(path: Path, **kwargs: object) -> EngineConfig:
-    values: dict[str, object] = {"model": path, "max_inflight": 8, "ctx_size": 256, "threads": 2}
-    values.update(kwargs)
-    return EngineConfig(**values)  # type: ignore[arg-type]
+#: This file's engines: 8 slots of 256 tokens unless a test says otherwise.
+config = partial(engine_config, max_inflight=8, ctx_size=256)
 
 
 async def wait_idle(engine: Engine, seconds: float = 10.0) -> None:
@@ -96,9 +96,9 @@ async def test_eight_prompts_batched_match_llama_cpp_and_agree_with_alone(gemma_
 
     Batched and alone differ on some prompts after a few tokens: llama.cpp's kernels sum in a
     different order for a batch of 8 than for 1, which flips greedy choices between two
-    tokens whose logits are within a fraction of a unit. The test checks that every
-    divergence starts at such a near-tie (margin < 0.5), and PERFORMANCE.md reports the
-    agreement.
+    tokens whose logits are close. The test checks that every divergence starts at such a
+    near-tie (a margin within ``NEAR_TIE_NATS``: batch shape moved margins by up to 0.81 on an
+    AVX2 machine), and PERFORMANCE.md reports the agreement.
     """
     steps = 24
     # Without prompt reuse: the batched run must ingest the whole prompts, as llama_greedy
@@ -144,7 +144,7 @@ async def test_eight_prompts_batched_match_llama_cpp_and_agree_with_alone(gemma_
         diverge = next((k for k in range(steps) if single[0][k] != batched[i][k]), steps)
         agree += diverge
         if diverge < steps:
-            assert margins[0][diverge] < 0.5, (i, diverge, margins[0][diverge])
+            assert margins[0][diverge] <= NEAR_TIE_NATS, (i, diverge, margins[0][diverge])
     assert agree >= steps * len(prompts) // 2, agree
 
 
@@ -181,14 +181,14 @@ async def test_context_end_stop(gemma_path: Path) -> None:
 
 async def test_stop_string_is_never_emitted(gemma_path: Path) -> None:
     async with Engine.open(config(gemma_path)) as engine:
-        full, _ = await collect(engine, raw(PROMPTS[1], engine, max_tokens=32, ignore_eos=True))
+        # Both runs ingest the whole prompt (the same batch shapes): the same greedy tokens.
+        args: dict[str, object] = {"max_tokens": 32, "ignore_eos": True, "cache_prompt": False}
+        full, _ = await collect(engine, raw(PROMPTS[1], engine, **args))
         words = full.split()
         assert len(words) > 4, full
         stop = words[3]
         cut = full.index(stop)
-        text, done = await collect(
-            engine, raw(PROMPTS[1], engine, max_tokens=32, ignore_eos=True, stop=(stop,))
-        )
+        text, done = await collect(engine, raw(PROMPTS[1], engine, stop=(stop,), **args))
         assert done.stop is StopReason.STOP_STRING
         assert text == full[:cut]
         assert stop not in text
@@ -218,9 +218,13 @@ async def test_cancel_frees_the_slot_and_capacity_returns_to_zero(gemma_path: Pa
         assert seen == 3
         await wait_idle(engine, seconds=5)
         assert engine.capacity().available_slots == 2
-        # The slot is reusable and gives the same text as before.
-        first, _ = await collect(engine, raw(PROMPTS[2], engine, max_tokens=12, ignore_eos=True))
-        again, _ = await collect(engine, raw(PROMPTS[2], engine, max_tokens=12, ignore_eos=True))
+        # The slot is reusable and gives the same text as before. Both ingest the whole
+        # prompt (no reuse of the first one's memory), so both run the same batch shapes:
+        # only then are their greedy tokens defined equal.
+        request = raw(PROMPTS[2], engine, max_tokens=12, ignore_eos=True, cache_prompt=False)
+        first, _ = await collect(engine, request)
+        again, done = await collect(engine, request)
+        assert done.cached_tokens == 0
         assert first == again
 
 
@@ -242,7 +246,8 @@ async def test_leaving_the_block_or_cancelling_the_task_cancels(gemma_path: Path
         async with trio.open_nursery() as nursery:
             for _ in range(4):
                 nursery.start_soon(collect, engine, request)
-            await trio.sleep(0.5)
+            # Two decode and two wait for a slot (they are in flight from their submit on).
+            await eventually(lambda: engine.capacity().decoding == 2)
             assert engine.capacity().inflight == 4
             nursery.cancel_scope.cancel()
         await wait_idle(engine, seconds=5)
@@ -314,9 +319,12 @@ async def test_target_step_ms_admits_fewer_than_max_inflight(gemma_path: Path) -
 
 async def test_a_decode_error_fails_only_its_request(gemma_path: Path) -> None:
     async with Engine.open(config(gemma_path, max_inflight=4)) as engine:
-        good = [raw(p, engine, max_tokens=10, ignore_eos=True) for p in PROMPTS[:3]]
+        # Without reuse, alone and again ingest alike (the same batch shapes): defined equal.
+        good = [
+            raw(p, engine, max_tokens=10, ignore_eos=True, cache_prompt=False) for p in PROMPTS[:3]
+        ]
         alone = [(await collect(engine, r))[0] for r in good]
-        engine._check_token_ids = False  # let llama.cpp itself reject a bad token id
+        engine._inputs.check_token_ids = False  # let llama.cpp itself reject a bad token id
         bad = GenerateRequest(tokens=[2, engine.n_vocab + 10], max_tokens=4)
         results: dict[str, object] = {}
 
@@ -413,3 +421,60 @@ async def test_an_error_in_the_callers_block_leaves_unwrapped(gemma_path: Path) 
         ):
             async for _ in generation:
                 raise Boom
+
+
+async def test_cancelling_open_waits_for_no_download_and_leaks_no_load(
+    gemma_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (a cancellation) while the model downloads or loads ends ``Engine.open`` at
+    once instead of waiting minutes for the thread; a model whose load was abandoned is
+    closed once it exists."""
+    import llmtrio.engine._engine as frontend
+
+    class Hold:
+        """A download, or a load from a slow disk: until released (or 2 minutes)."""
+
+        def __init__(self) -> None:
+            self.entered, self.release, self.left = (threading.Event() for _ in range(3))
+
+        def __call__(self) -> None:
+            self.entered.set()
+            self.release.wait(120)
+            self.left.set()
+
+    resolve, load = frontend.resolve_model, frontend.LlamaModel
+    download, disk, closed = Hold(), Hold(), threading.Event()
+
+    def slow_resolve(config: EngineConfig) -> object:
+        download()
+        return resolve(config)
+
+    class SlowModel(load):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            disk()
+            super().__init__(*args, **kwargs)
+
+        def close(self) -> None:
+            super().close()
+            closed.set()
+
+    async def cancel_once_entered(hold: Hold) -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def open_engine() -> None:
+                async with Engine.open(config(gemma_path, max_inflight=1)):
+                    raise AssertionError("opened while the thread was held")
+
+            nursery.start_soon(open_engine)
+            assert await trio.to_thread.run_sync(hold.entered.wait, 120)
+            nursery.cancel_scope.cancel()
+        assert not hold.left.is_set()  # it did not wait for the thread
+        hold.release.set()
+
+    monkeypatch.setattr(frontend, "resolve_model", slow_resolve)
+    await cancel_once_entered(download)
+    monkeypatch.setattr(frontend, "resolve_model", resolve)
+    monkeypatch.setattr(frontend, "LlamaModel", SlowModel)
+    await cancel_once_entered(disk)
+    # The abandoned load ends in its thread, which closes the model it made.
+    assert await trio.to_thread.run_sync(closed.wait, 120)

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from llmtrio.engine import EngineConfig, EngineStats, GenerateRequest, StopReason
+from llmtrio.engine import EngineStats, GenerateRequest, StopReason
 from llmtrio.engine._core import CoreRequest, EngineCore, StepOutput
 from llmtrio.engine._llama import LlamaModel
+
+from ._helpers import engine_config
 
 
 def run(core: EngineCore, keys: set[int]) -> dict[int, list[StepOutput]]:
@@ -26,7 +28,7 @@ def run(core: EngineCore, keys: set[int]) -> dict[int, list[StepOutput]]:
 
 
 def test_the_core_batches_reuses_and_cancels_without_trio(qwen35_path: Path) -> None:
-    config = EngineConfig(model=qwen35_path, max_inflight=2, ctx_size=256, threads=2)
+    config = engine_config(qwen35_path, max_inflight=2, ctx_size=256)
     model = LlamaModel(qwen35_path, slots=2, ctx_size=256, threads=2, n_batch=258)
     try:
         stats = EngineStats()

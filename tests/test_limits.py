@@ -14,18 +14,19 @@ import httpx
 import pytest
 import trio
 
-from llmtrio._cli import _parser, request_limits
+from llmtrio._cli import _parser
 from llmtrio._openai_errors import OpenAIError
-from llmtrio.engine import EngineConfig
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio._settings import request_limits, serve_config
 from llmtrio.ring import Ring
-from llmtrio.web import RateLimiter, ServeConfig, serve_ingress
+from llmtrio.web import RateLimiter, ServeConfig
 from llmtrio.worker import RequestLimits
+from llmtrio.worker._chat_request import parse_chat_request
 from llmtrio.worker._completions import parse_completion_request
-from llmtrio.worker._openai import parse_chat_request
 
+from ._helpers import engine_config, open_ingress
 from ._stack import open_stack
 
-CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "Count from one to ten."}]
 
 
@@ -54,7 +55,7 @@ def test_the_limiter_forgets_full_buckets_first_and_stays_bounded() -> None:
     assert limiter.take("b", 3.0) is not None  # b was kept, still spent
     assert limiter.take("e", 200.0) is None  # by now all are full again: all forgotten
     assert list(limiter._buckets) == ["e"]
-    with pytest.raises(ValueError, match="rate-limit"):
+    with pytest.raises(ValueError, match="per_minute must be at least 1"):
         RateLimiter(per_minute=0)
 
 
@@ -81,8 +82,8 @@ def test_each_limit_is_a_400_naming_its_parameter() -> None:
     assert "maximum length 2" in error["message"]
     for field in ("max_tokens", "max_completion_tokens"):
         error = refusal(lambda field=field: parse_chat_request(chat(**{field: 9}), limits))
-        assert (error["param"], error["code"]) == (field, "invalid_value")
-        assert "at most 8 tokens" in error["message"]
+        assert (error["param"], error["code"]) == (field, "integer_above_max_value")
+        assert "<= 8 (this server's limit), but got 9" in error["message"]
     error = refusal(lambda: parse_chat_request(chat(stop=["a", "b"]), limits))
     assert (error["param"], error["code"]) == ("stop", "array_above_max_length")
     error = refusal(lambda: parse_chat_request(chat(stop="abcdef"), limits))
@@ -115,19 +116,24 @@ def test_limits_have_safe_defaults_and_flags() -> None:
     )
     assert request_limits(args) == RequestLimits(10, 100, 2, 50)
     assert (args.metrics_port, args.metrics_host) == (9100, "127.0.0.1")
-    serve = _parser().parse_args(["serve"])
+    serve = serve_config(_parser().parse_args(["serve"]))
     assert (serve.request_timeout, serve.body_timeout, serve.idle_timeout) == (600, 60, 5)
-    assert serve.rate_limit is None and request_limits(serve) == RequestLimits()
-    with pytest.raises(ValueError, match="max-messages"):
+    assert serve.rate_limit is None and request_limits(_parser().parse_args(["serve"])) == (
+        RequestLimits()
+    )
+    assert (
+        serve_config(_parser().parse_args(["serve", "--request-timeout=0"])).request_timeout is None
+    )
+    with pytest.raises(ValueError, match="max_messages"):
         RequestLimits(max_messages=0)
-    with pytest.raises(ValueError, match="rate-limit"):
+    with pytest.raises(ValueError, match="rate_limit must be at least 1"):
         ServeConfig(rate_limit=0)
-    with pytest.raises(ValueError, match="request-timeout"):
-        ServeConfig(request_timeout=0)
+    with pytest.raises(ValueError, match="request_timeout must be more than 0"):
+        ServeConfig(request_timeout=-1)
 
 
 async def test_limits_reach_the_worker_on_the_real_stack(gemma_path: Path) -> None:
-    engine = EngineConfig(model=gemma_path, max_inflight=1, ctx_size=256, threads=2)
+    engine = engine_config(gemma_path, max_inflight=1, ctx_size=256)
     config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1)
     limits = RequestLimits(max_messages=1, max_tokens=4, max_stop=1, max_stop_chars=3)
     async with open_stack(engine, config, limits) as stack, httpx.AsyncClient(timeout=60) as http:
@@ -137,15 +143,15 @@ async def test_limits_reach_the_worker_on_the_real_stack(gemma_path: Path) -> No
             ({"stop": ["a", "b"]}, "stop"),
             ({"stop": "abcd"}, "stop"),
         ):
-            response = await http.post(stack.url + CHAT, json={"messages": HI, **fields})
+            response = await http.post(stack.url + CHAT_PATH, json={"messages": HI, **fields})
             assert response.status_code == 400, fields
             assert response.json()["error"]["param"] == param
         response = await http.post(
-            stack.url + "/v1/completions", json={"prompt": "One", "max_tokens": 5}
+            stack.url + COMPLETIONS_PATH, json={"prompt": "One", "max_tokens": 5}
         )
         assert response.status_code == 400
         assert response.json()["error"]["param"] == "max_tokens"
-        ok = await http.post(stack.url + CHAT, json={"messages": HI, "max_tokens": 4})
+        ok = await http.post(stack.url + CHAT_PATH, json={"messages": HI, "max_tokens": 4})
         assert ok.status_code == 200
         await stack.wait_idle()
 
@@ -155,12 +161,12 @@ async def test_limits_reach_the_worker_on_the_real_stack(gemma_path: Path) -> No
 
 async def test_a_request_past_its_deadline_is_ended_streamed_or_not(gemma_path: Path) -> None:
     # 2000 tokens take far longer than the 6 s deadline, however fast the machine.
-    engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=2048, threads=2)
+    engine = engine_config(gemma_path, max_inflight=2, ctx_size=2048)
     config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, request_timeout=6.0)
     long = {"messages": HI, "max_tokens": 2000, "ignore_eos": True}
     async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
         # Streamed first, on an idle engine, so its head is out well within the deadline.
-        streamed = await http.post(stack.url + CHAT, json={**long, "stream": True})
+        streamed = await http.post(stack.url + CHAT_PATH, json={**long, "stream": True})
         assert streamed.status_code == 200
         events = [
             json.loads(block[6:])
@@ -171,7 +177,7 @@ async def test_a_request_past_its_deadline_is_ended_streamed_or_not(gemma_path: 
         assert (error["code"], error["param"]) == ("timeout", "request_timeout")
         tokens = sum(1 for e in events[:-1] if e.get("choices") and e["choices"][0]["delta"])
         assert 0 < tokens < 2000  # it streamed, then was cut
-        plain = await http.post(stack.url + CHAT, json=long)
+        plain = await http.post(stack.url + CHAT_PATH, json=long)
         assert plain.status_code == 504
         error = plain.json()["error"]
         assert (error["code"], error["param"], error["type"]) == (
@@ -189,25 +195,21 @@ async def test_a_request_past_its_deadline_is_ended_streamed_or_not(gemma_path: 
 
 @asynccontextmanager
 async def ingress(**config: Any) -> AsyncIterator[str]:
-    """An ingress with no worker (requests end in a quick 503)."""
+    """An ingress with no worker (requests end in a quick 503); ``config``, more of its
+    ``ServeConfig``."""
     ring = Ring(max_streams=8, park_timeout=0.05)
     serve = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, **config)
-    async with trio.open_nursery() as nursery:
-        shutdown = trio.Event()
-        binds = await nursery.start(
-            lambda task_status: serve_ingress(
-                ring, serve, model_name="m", shutdown=shutdown, task_status=task_status
-            )
-        )
-        yield binds[0]
-        nursery.cancel_scope.cancel()
+    async with open_ingress(ring, serve) as server:
+        yield server.url
 
 
 async def test_over_the_rate_limit_is_a_429_with_retry_after_per_key() -> None:
     async with ingress(rate_limit=2, api_keys=["k1", "k2"]) as url, httpx.AsyncClient() as http:
 
         async def post(key: str) -> httpx.Response:
-            return await http.post(url + CHAT, json={"messages": HI}, headers={"X-Api-Key": key})
+            return await http.post(
+                url + CHAT_PATH, json={"messages": HI}, headers={"X-Api-Key": key}
+            )
 
         assert [(await post("k1")).status_code for _ in range(2)] == [503, 503]
         limited = await post("k1")
@@ -222,8 +224,8 @@ async def test_over_the_rate_limit_is_a_429_with_retry_after_per_key() -> None:
 
 async def test_without_keys_the_rate_limit_is_per_client_address() -> None:
     async with ingress(rate_limit=1) as url, httpx.AsyncClient() as http:
-        assert (await http.post(url + CHAT, json={"messages": HI})).status_code == 503
-        assert (await http.post(url + CHAT, json={"messages": HI})).status_code == 429
+        assert (await http.post(url + CHAT_PATH, json={"messages": HI})).status_code == 503
+        assert (await http.post(url + CHAT_PATH, json={"messages": HI})).status_code == 429
 
 
 async def raw(url: str) -> trio.SocketStream:

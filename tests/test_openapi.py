@@ -28,17 +28,20 @@ from schemathesis.specs.openapi.checks import (
 )
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
-from llmtrio.engine import EngineConfig
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.web._openapi import openapi
 
+from ._helpers import engine_config
+from ._procs import Ring
 from ._server import LiveServer, start_server
 
 MAX_TOKENS = 8
 SCHEMA = schemathesis.openapi.from_dict(openapi())
 OPERATIONS = [
-    ("POST", "/v1/chat/completions", 30),
-    ("POST", "/v1/completions", 30),
+    ("POST", CHAT_PATH, 30),
+    ("POST", COMPLETIONS_PATH, 30),
     ("GET", "/v1/models", 5),
     ("GET", "/health", 5),
     ("GET", "/openapi.json", 2),
@@ -75,8 +78,8 @@ def _refs(value: object) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def server(gemma_path: Path) -> Iterator[LiveServer]:
     server = start_server(
-        EngineConfig(model=gemma_path, max_inflight=2, ctx_size=512, threads=2),
-        ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1),
+        engine_config(gemma_path, max_inflight=2, ctx_size=512),
+        ServeConfig(host="127.0.0.1", port=0, ring=RingConfig(max_streams=8), graceful_timeout=1),
     )
     yield server
     server.stop()
@@ -145,3 +148,28 @@ def test_every_generated_request_gets_a_2xx_or_a_4xx_in_openai_shape(
             assert set(error) == {"message", "type", "param", "code"}
 
     run()
+
+
+def test_the_document_states_the_running_servers_limits(tmp_path: Path, gemma_path: Path) -> None:
+    """``serve --max-stop 8`` (and the other request limits) shows in its own document, as the
+    bounds its workers check."""
+    with Ring.opened(tmp_path, gemma_path) as ring:
+        ingress = ring.ingress(
+            "limited", "--max-stop=8", "--max-stop-chars=12", "--max-messages=3",
+            "--max-tokens-limit=100",
+        )  # fmt: skip
+        document = httpx.get(ingress.url + "/openapi.json", timeout=30).json()
+    schemas = document["components"]["schemas"]
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    stop = chat["stop"]["anyOf"][0]["anyOf"]
+    assert stop[1]["maxItems"] == 8
+    assert stop[0]["maxLength"] == stop[1]["items"]["maxLength"] == 12
+    assert chat["messages"]["maxItems"] == 3
+    for request, field in (("ChatCompletionRequest", "max_tokens"),
+                           ("ChatCompletionRequest", "max_completion_tokens"),
+                           ("CompletionRequest", "max_tokens")):  # fmt: skip
+        assert schemas[request]["properties"][field]["anyOf"][0]["maximum"] == 100
+    # The defaults: OpenAI's 4 stop sequences; no token limit but a C int's.
+    default = openapi()["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert default["stop"]["anyOf"][0]["anyOf"][1]["maxItems"] == 4
+    assert default["max_tokens"]["anyOf"][0]["maximum"] == 2**31 - 1

@@ -27,10 +27,17 @@ class Memory:
     slots: dict[int, list[int]] = attrs.field(factory=dict)
     snapshots: dict[int, list[int]] = attrs.field(factory=dict)
 
-    def run(self, prompt: list[int], *, generated: int = 0, hints: tuple[int, ...] = ()) -> int:
+    def run(
+        self,
+        prompt: list[int],
+        *,
+        generated: int = 0,
+        hints: tuple[int, ...] = (),
+        reuse: bool = True,
+    ) -> int:
         """Start ``prompt`` on a slot, ingest it (snapshots included), generate ``generated``
         tokens and end; returns the tokens reused."""
-        plan = self.cache.assign(prompt, hints=hints)
+        plan = self.cache.assign(prompt, hints=hints, reuse=reuse)
         held = self.slots.get(plan.seq, [])
         if plan.save is not None:
             assert list(plan.save) == held, "save names what the slot holds"
@@ -106,6 +113,18 @@ def test_the_same_prompt_again_ingests_its_last_token() -> None:
     memory = attention(slots=1)
     memory.run(tokens(50))
     assert memory.run(tokens(50)) == 49
+
+
+def test_a_request_that_asks_for_no_reuse_ingests_its_whole_prompt() -> None:
+    """``cache_prompt: false``: nothing reused, but what the slot held is still saved for
+    the requests that do reuse."""
+    for memory in (attention(slots=1), recurrent(slots=1)):
+        first = tokens(100)
+        memory.run(first, generated=3)
+        assert memory.run([*first, 1000, 1001, 1002, 7], reuse=False) == 0
+        assert memory.cache.hits == 0
+        assert memory.run([*first, 1000, 1001, 1002, 8]) == 103
+        assert memory.cache.hits == 1
 
 
 def test_an_unrelated_prompt_reuses_nothing() -> None:

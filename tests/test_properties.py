@@ -14,8 +14,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llmtrio._openai_errors import OpenAIError
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import Assign, FrameDecoder, ProtocolError, RequestHead, encode
-from llmtrio.worker._openai import ChatCompletionRequest, OpenAIError, parse_chat_request
+from llmtrio.worker._chat_request import ChatCompletionRequest, parse_chat_request
 
 JSON_SCALARS = (
     st.none()
@@ -105,7 +107,7 @@ def test_the_frame_decoder_on_valid_frames_with_noise(
     noise: bytes, cut: int, data: st.DataObject
 ) -> None:
     """A valid frame, corrupted at one place or followed by noise, and split anywhere."""
-    head = RequestHead("POST", "/v1/chat/completions", (("content-type", "application/json"),))
+    head = RequestHead("POST", CHAT_PATH, (("content-type", "application/json"),))
     frame = bytearray(encode(Assign(7, head, b'{"messages": []}', credits=16)))
     if cut < len(frame) and noise:
         frame[cut] = noise[0]

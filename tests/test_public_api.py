@@ -32,10 +32,15 @@ def test_all_lists_every_public_name_once(package: types.ModuleType) -> None:
     }
     assert public == set(listed)
     for name in listed:
-        # Classes and functions come from the room's own private modules.
+        # Classes and functions come from the room's own private modules, or from the
+        # contract the rooms share (``llmtrio._fields``: the request fields and limits).
         value = getattr(package, name)
         if inspect.isclass(value) or inspect.isfunction(value):
-            assert value.__module__.startswith(package.__name__ + "."), (name, value.__module__)
+            home = value.__module__
+            assert home.startswith(package.__name__ + ".") or home == "llmtrio._fields", (
+                name,
+                home,
+            )
 
 
 def test_the_web_room_is_a_pure_ingress() -> None:
@@ -52,11 +57,13 @@ def test_the_web_room_is_a_pure_ingress() -> None:
 
 
 def test_an_ingress_without_a_local_worker_loads_no_llama_cpp() -> None:
-    """``llmtrio serve --no-local-worker`` imports the CLI and the ingress's composition root;
-    neither loads llama.cpp (or the engine or the worker)."""
+    """``llmtrio serve --no-local-worker`` imports the CLI and the ingress's composition root
+    and builds its configs (their defaults read from their classes); none of it loads
+    llama.cpp (or the engine or the worker)."""
     code = (
-        "import sys, llmtrio._cli, llmtrio._ingress; "
-        "llmtrio._cli._parser().parse_args(['serve', '--no-local-worker']); "
+        "import sys, llmtrio._cli as cli, llmtrio._settings as s, llmtrio._ingress; "
+        "args = cli._parser().parse_args(['serve', '--no-local-worker']); "
+        "s.serve_config(args), s.request_limits(args), s.control_config(args, 'h'); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp' "
         "or m.startswith(('llmtrio.engine', 'llmtrio.worker'))))"
     )

@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import attrs
 import httpx
 import pytest
 import trio
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.engine import (
     ChatMessage,
     Done,
     Engine,
-    EngineConfig,
     EngineFailedError,
     Failed,
     GenerateRequest,
@@ -36,24 +35,19 @@ from llmtrio.engine._chat import ChatTemplate
 from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 
+from ._helpers import engine_config
 from ._stack import Stack, open_stack
 
-CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "Count from one to ten."}]
 
 
-def engine_config(path: Path, *, slots: int = 4, ctx: int = 512) -> EngineConfig:
-    return EngineConfig(model=path, max_inflight=slots, ctx_size=ctx, threads=2)
-
-
 def serve_config(**kwargs: Any) -> ServeConfig:
-    kwargs.setdefault("ring_streams", 64)
     return ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, **kwargs)
 
 
 async def chat(http: httpx.AsyncClient, stack: Stack, **fields: Any) -> httpx.Response:
     fields.setdefault("messages", HI)
-    return await http.post(stack.url + CHAT, json=fields)
+    return await http.post(stack.url + CHAT_PATH, json=fields)
 
 
 def sse_events(data: bytes) -> list[Any]:
@@ -77,7 +71,9 @@ async def test_a_400_digit_temperature_is_a_400_and_the_server_goes_on(gemma_pat
                     + b"1" * 400 + b"}"
                 )  # fmt: skip
                 response = await http.post(
-                    stack.url + CHAT, content=body, headers={"content-type": "application/json"}
+                    stack.url + CHAT_PATH,
+                    content=body,
+                    headers={"content-type": "application/json"},
                 )
                 assert response.status_code == 400, response.text
                 error = response.json()["error"]
@@ -99,7 +95,7 @@ RAISING_TEMPLATE = (
 async def test_a_chat_template_that_raises_fails_that_request_only(gemma_path: Path) -> None:
     async with open_stack(engine_config(gemma_path), serve_config()) as stack:
         engine = stack.engine
-        engine._template = ChatTemplate(
+        engine._inputs.template = ChatTemplate(
             RAISING_TEMPLATE,
             architecture="gemma3",
             bos_token="<bos>",
@@ -130,7 +126,7 @@ async def test_a_chat_template_that_raises_fails_that_request_only(gemma_path: P
 
 
 async def test_a_delivery_fault_fails_that_generation_only(gemma_path: Path) -> None:
-    async with Engine.open(engine_config(gemma_path, slots=2)) as engine:
+    async with Engine.open(engine_config(gemma_path, max_inflight=2)) as engine:
         request = GenerateRequest(messages=[ChatMessage("user", "Count.")], max_tokens=12)
         async with engine.submit(request) as broken, engine.submit(request) as fine:
 
@@ -165,7 +161,7 @@ async def raw_request(
     stream = trio.SocketStream(sock)
     payload = json.dumps(body).encode()
     await stream.send_all(
-        f"POST {CHAT} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"POST {CHAT_PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
         f"Connection: close\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
         + payload
     )
@@ -214,7 +210,7 @@ async def test_clients_that_stop_reading_hold_no_slot_once_their_generation_ends
     waits at the ingress, and max_inflight new requests then decode together."""
     slots = 2
     config = serve_config(send_timeout=600, send_buffer=4096)
-    async with open_stack(engine_config(gemma_path, slots=slots), config) as stack:
+    async with open_stack(engine_config(gemma_path, max_inflight=slots), config) as stack:
         long = {"messages": HI, "max_tokens": 150, "ignore_eos": True, "stream": True}
         with trio.fail_after(180):
             stalled = [await raw_request(stack.url, long, rcvbuf=4096) for _ in range(2 * slots)]
@@ -224,7 +220,7 @@ async def test_clients_that_stop_reading_hold_no_slot_once_their_generation_ends
                 async def fresh() -> None:
                     body = {"messages": HI, "max_tokens": 16, "ignore_eos": True, "stream": True}
                     first = None
-                    async with http.stream("POST", stack.url + CHAT, json=body) as response:
+                    async with http.stream("POST", stack.url + CHAT_PATH, json=body) as response:
                         assert response.status_code == 200
                         async for line in response.aiter_lines():
                             if first is None and '"content":"' in line and '"role"' not in line:
@@ -253,7 +249,9 @@ async def test_a_client_that_takes_nothing_is_dropped_after_the_send_timeout(
     """A streaming client that stops reading is disconnected once it has taken nothing for
     --send-timeout seconds, and its generation is cancelled long before its end."""
     config = serve_config(send_timeout=1.0, send_buffer=4096)
-    async with open_stack(engine_config(gemma_path, slots=1, ctx=2048), config) as stack:
+    async with open_stack(
+        engine_config(gemma_path, max_inflight=1, ctx_size=2048), config
+    ) as stack:
         body = {"messages": HI, "max_tokens": 1500, "ignore_eos": True, "stream": True}
         with trio.fail_after(120):
             stalled = await raw_request(stack.url, body, rcvbuf=4096)
@@ -299,7 +297,7 @@ async def test_disconnects_at_random_moments_leave_nothing_behind(gemma_path: Pa
                         {"messages": HI, "max_tokens": max_tokens, "stream": stream_mode}
                     ).encode()
                     request = (
-                        f"POST {CHAT} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                        f"POST {CHAT_PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                         f"Content-Type: application/json\r\nConnection: close\r\n"
                         f"Content-Length: {len(body)}\r\n\r\n"
                     ).encode() + body
@@ -363,7 +361,7 @@ async def test_a_huge_prompt_never_stalls_running_streams(gemma_path: Path, size
     # One decode thread, so the prompt's tokenizing (on main, on the event loop) does not
     # also slow the decode steps down by taking their second core: steps go on, and a stalled
     # event loop shows as a gap in the steps at which the stream's events arrive.
-    config = attrs.evolve(engine_config(gemma_path, slots=2, ctx=16384), threads=1)
+    config = engine_config(gemma_path, max_inflight=2, ctx_size=16384, threads=1)
     async with open_stack(config, serve_config(max_body_bytes=4 << 20)) as stack:
         words = " ".join(f"w{i % 1000}" for i in range(size // 5))[:size]
         async with httpx.AsyncClient(timeout=None) as http:
@@ -373,7 +371,7 @@ async def test_a_huge_prompt_never_stalls_running_streams(gemma_path: Path, size
 
             async def runner() -> None:
                 body = {"messages": HI, "max_tokens": 3000, "ignore_eos": True, "stream": True}
-                async with http.stream("POST", stack.url + CHAT, json=body) as response:
+                async with http.stream("POST", stack.url + CHAT_PATH, json=body) as response:
                     async for line in response.aiter_lines():
                         if line.startswith("data: {"):
                             steps_at_event.append(stack.engine.stats.steps)
@@ -412,7 +410,7 @@ async def test_cross_origin_pages_and_foreign_hosts_are_refused(gemma_path: Path
         async with httpx.AsyncClient(timeout=60) as http:
 
             async def post(**headers: str) -> httpx.Response:
-                return await http.post(stack.url + CHAT, content=body, headers=headers)
+                return await http.post(stack.url + CHAT_PATH, content=body, headers=headers)
 
             evil = await post(**{"content-type": "text/plain", "origin": "https://evil.example"})
             assert evil.status_code == 403
@@ -424,7 +422,7 @@ async def test_cross_origin_pages_and_foreign_hosts_are_refused(gemma_path: Path
             assert page.status_code == 403
             preflight = {"access-control-request-method": "POST"}
             refused = await http.options(
-                stack.url + CHAT, headers={**preflight, "origin": "https://evil.example"}
+                stack.url + CHAT_PATH, headers={**preflight, "origin": "https://evil.example"}
             )
             assert refused.status_code == 403
             for origin in (
@@ -433,7 +431,7 @@ async def test_cross_origin_pages_and_foreign_hosts_are_refused(gemma_path: Path
                 "https://app.example.com",  # --allowed-origins
             ):
                 allowed = await http.options(
-                    stack.url + CHAT, headers={**preflight, "origin": origin}
+                    stack.url + CHAT_PATH, headers={**preflight, "origin": origin}
                 )
                 assert allowed.status_code == 204
                 assert allowed.headers["access-control-allow-origin"] == origin
@@ -519,7 +517,9 @@ async def test_serve_raises_when_its_engine_dies(
             failures: list[EngineFailedError] = []
             binds = await nursery.start(run)
             async with httpx.AsyncClient(timeout=60) as http:
-                response = await http.post(binds[0] + CHAT, json={"messages": HI, "max_tokens": 2})
+                response = await http.post(
+                    binds[0] + CHAT_PATH, json={"messages": HI, "max_tokens": 2}
+                )
                 assert response.status_code >= 500
         raise failures[0]
 
@@ -535,12 +535,11 @@ async def test_a_user_writing_think_tags_does_not_open_reasoning(
     """Whether generation starts inside a think block comes from the template's generation
     prompt only: a message mentioning <think> (or ending with one) is text."""
     path = gemma_path if model == "gemma" else qwen35_path
-    async with Engine.open(engine_config(path, slots=1)) as engine:
+    async with Engine.open(engine_config(path, max_inflight=1)) as engine:
         for text in ("What is the <think> tag for?", "Explain this: <think>"):
             for think in (None, False):
                 request = GenerateRequest.user(text, think=think, max_tokens=1)
-                _, opens_think, _ = engine._prompt(request)
-                assert not opens_think, (text, think)
+                assert not engine._inputs.prepare(request).opens_think, (text, think)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -550,7 +549,7 @@ async def test_a_user_writing_think_tags_does_not_open_reasoning(
 async def test_the_decode_loop_runs_in_a_trio_worker_thread(gemma_path: Path) -> None:
     import threading
 
-    async with Engine.open(engine_config(gemma_path, slots=1)) as engine:
+    async with Engine.open(engine_config(gemma_path, max_inflight=1)) as engine:
         async with engine.submit(GenerateRequest.user("Hi.", max_tokens=2)) as generation:
             events = [event async for event in generation]
         names = [thread.name for thread in threading.enumerate()]

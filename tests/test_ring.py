@@ -15,8 +15,6 @@ from llmtrio.ring import (
     Heartbeat,
     ParkTimeoutError,
     ProtocolError,
-    RequestHead,
-    ResponseHead,
     Ring,
     RingFullError,
     RingStream,
@@ -24,24 +22,22 @@ from llmtrio.ring import (
     StreamState,
     WorkerFailedError,
     WorkerLink,
+    _config,
     _control,
     _core,
+    _dial,
     _errors,
     _framing,
     _link,
     _messages,
     _remote,
     _ring,
+    _session,
+    _stream,
     _tls,
 )
 
-HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
-SSE = [("content-type", "text/event-stream")]
-
-
-async def read_all(stream: RingStream) -> tuple[ResponseHead, bytes]:
-    head = await stream.response_head()
-    return head, b"".join([chunk async for chunk in stream.body()])
+from ._helpers import HEAD, SSE, read_all
 
 
 def assert_idle(ring: Ring) -> None:
@@ -82,7 +78,21 @@ async def serve(
 
 def test_every_public_name_is_exported_once() -> None:
     exported = {name for name in vars(llmtrio.ring) if not name.startswith("_")}
-    modules = (_control, _core, _errors, _framing, _link, _messages, _remote, _ring, _tls)
+    modules = (
+        _config,
+        _control,
+        _core,
+        _dial,
+        _errors,
+        _framing,
+        _link,
+        _messages,
+        _remote,
+        _ring,
+        _session,
+        _stream,
+        _tls,
+    )
     defined = [name for module in modules for name in module.__all__]
     assert len(defined) == len(set(defined))
     assert exported == set(defined)
@@ -586,3 +596,34 @@ async def test_the_park_timeout_counts_only_while_parked(autojump_clock: trio.ab
             await stream.response_head()
         assert trio.current_time() - start == pytest.approx(25.0)
     assert_idle(ring)
+
+
+def test_the_rings_defaults_live_in_ring_config_alone() -> None:
+    """``Ring`` and ``RingCore`` take their defaults from ``RingConfig`` (not copies), and
+    ``Ring.from_config`` carries every setting."""
+    from llmtrio.ring import RingConfig, RingCore
+
+    defaults = RingConfig()
+    ring = Ring()
+    for name in ("max_streams", "retry_after", "response_buffer", "max_assignments"):
+        assert getattr(ring, name) == getattr(defaults, name), name
+    core = RingCore(max_streams=1)
+    assert (core.retry_after, core.max_assignments) == (
+        defaults.retry_after,
+        defaults.max_assignments,
+    )
+    assert ring.park_timeout is None  # a ring built directly waits as long as its client
+    config = RingConfig(
+        max_streams=5, park_timeout=2.5, retry_after=4.0, response_buffer=3, max_assignments=1
+    )
+    built = Ring.from_config(config)
+    assert (
+        built.max_streams,
+        built.park_timeout,
+        built.retry_after,
+        built.response_buffer,
+        built.max_assignments,
+    ) == (5, 2.5, 4.0, 3, 1)
+    for field, bad in (("response_buffer", 0), ("max_assignments", 0), ("retry_after", -1.0)):
+        with pytest.raises(ValueError, match=f"^{field} must be"):
+            RingConfig(**{field: bad})

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 from trio_websocket import WebSocketConnection, wrap_client_stream, wrap_server_stream
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import (
     Attach,
     Claim,
@@ -20,6 +21,7 @@ from llmtrio.ring import (
     ControlConfig,
     ControlRefusedError,
     Detach,
+    DialConfig,
     FrameDecoder,
     RemoteLink,
     RequestHead,
@@ -28,10 +30,9 @@ from llmtrio.ring import (
     encode,
 )
 from llmtrio.ring._control import _serve_worker
-from llmtrio.ring._remote import INGRESS_TIMEOUT_S
 from llmtrio.ring._remote import RemoteLink as _RemoteLink
 
-HEAD = RequestHead("POST", "/v1/chat/completions", [])
+HEAD = RequestHead("POST", CHAT_PATH, [])
 CONTEXT = ssl.create_default_context()
 
 
@@ -67,7 +68,7 @@ async def remote_worker(
     max_inflight: int,
     control: ControlConfig | None = None,
 ) -> AsyncIterator[RemoteLink]:
-    link = _RemoteLink("w", max_inflight, ("fake",), CONTEXT, 5.0)
+    link = _RemoteLink("w", max_inflight, ("fake",), CONTEXT)
     async with trio.open_nursery() as nursery:
         for i, ring in enumerate(rings):
             ws = await ingress_session(nursery, ring, control or config(), f"w{i}")
@@ -256,8 +257,9 @@ async def test_a_worker_claiming_beyond_its_bound_is_sent_away(
 
 async def test_an_ingress_that_answers_no_ping_is_given_up(autojump_clock: trio.abc.Clock) -> None:
     """A silent partition breaks no connection: the worker pings, and gives up an ingress that
-    answers nothing for INGRESS_TIMEOUT_S (then reconnects, in connect_ring)."""
-    link = _RemoteLink("w", 1, (), CONTEXT, 5.0)
+    answers nothing for its ingress timeout (then reconnects, in connect_ring)."""
+    timeout = 4.0
+    link = _RemoteLink("w", 1, (), CONTEXT, DialConfig(ingress_timeout=timeout))
     server_stream, client_stream = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
         ingress = trio.CancelScope()
@@ -277,9 +279,9 @@ async def test_an_ingress_that_answers_no_ping_is_given_up(autojump_clock: trio.
             await link._serve(ws, "silent")
         except* ControlRefusedError as group:
             given_up = [str(exc) for exc in group.exceptions]
-        assert given_up == [f"ingress silent answered no ping for {INGRESS_TIMEOUT_S:g}s"]
+        assert given_up == [f"ingress silent answered no ping for {timeout:g}s"]
         # Given up one timeout after a ping that went unanswered (pings go out every second).
-        assert INGRESS_TIMEOUT_S < trio.current_time() - start <= INGRESS_TIMEOUT_S + 2.5
+        assert timeout < trio.current_time() - start <= timeout + 2.5
         assert link.attached == 0
         nursery.cancel_scope.cancel()
 

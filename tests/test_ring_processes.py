@@ -17,6 +17,7 @@ import pytest
 import trio
 import trustme
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import (
     PROTOCOL_VERSION,
     Attach,
@@ -31,8 +32,6 @@ from llmtrio.ring._tls import open_control_websocket
 from ._procs import Ring
 
 pytestmark = pytest.mark.slow
-
-CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture
@@ -63,7 +62,7 @@ def test_two_ingresses_two_workers_then_kills_and_a_disconnect(ring: Ring) -> No
     with httpx.Client(timeout=120) as client:
 
         def ask(url: str) -> None:
-            response = client.post(url + CHAT, json=chat(8))
+            response = client.post(url + CHAT_PATH, json=chat(8))
             assert response.status_code == 200, response.text
             assert response.json()["choices"][0]["message"]["content"]
             served.add(response.headers["x-llmtrio-worker"].split("#")[0])
@@ -75,7 +74,9 @@ def test_two_ingresses_two_workers_then_kills_and_a_disconnect(ring: Ring) -> No
     # A client that disconnects mid-stream: the remote engine's inflight comes back to 0.
     with (
         httpx.Client(timeout=60) as client,
-        client.stream("POST", ingresses[0].url + CHAT, json=chat(400, stream=True)) as response,
+        client.stream(
+            "POST", ingresses[0].url + CHAT_PATH, json=chat(400, stream=True)
+        ) as response,
     ):
         for line in response.iter_lines():
             if '"content"' in line:
@@ -91,7 +92,9 @@ def test_two_ingresses_two_workers_then_kills_and_a_disconnect(ring: Ring) -> No
     # A worker SIGKILLed mid-stream: a clean error event, and the stream ends.
     with (
         httpx.Client(timeout=60) as client,
-        client.stream("POST", ingresses[1].url + CHAT, json=chat(400, stream=True)) as response,
+        client.stream(
+            "POST", ingresses[1].url + CHAT_PATH, json=chat(400, stream=True)
+        ) as response,
     ):
         holder = response.headers["x-llmtrio-worker"].split("#")[0]
         lines = response.iter_lines()
@@ -108,7 +111,7 @@ def test_two_ingresses_two_workers_then_kills_and_a_disconnect(ring: Ring) -> No
         ingress.wait_workers({"worker-a", "worker-b"} - {holder})
     # The survivor still serves both ingresses.
     for ingress in ingresses:
-        response = httpx.post(ingress.url + CHAT, json=chat(4), timeout=60)
+        response = httpx.post(ingress.url + CHAT_PATH, json=chat(4), timeout=60)
         assert response.status_code == 200
 
 
@@ -130,7 +133,7 @@ def test_a_worker_killed_before_its_first_token_is_replaced_invisibly(
         concurrent.futures.ThreadPoolExecutor(1) as pool,
     ):
         body = chat(4, prompt=prompt, stream=stream)
-        future = pool.submit(client.post, ingress.url + CHAT, json=body)
+        future = pool.submit(client.post, ingress.url + CHAT_PATH, json=body)
         deadline = time.monotonic() + 30
         holder = None
         while holder is None and time.monotonic() < deadline:
@@ -187,7 +190,7 @@ def test_a_worker_sigtermed_finishes_its_stream_detaches_and_exits_0(ring: Ring)
     ingress.wait_workers({"worker-a"})
     with (
         httpx.Client(timeout=120) as client,
-        client.stream("POST", ingress.url + CHAT, json=chat(48, stream=True)) as response,
+        client.stream("POST", ingress.url + CHAT_PATH, json=chat(48, stream=True)) as response,
     ):
         lines = response.iter_lines()
         for line in lines:
@@ -212,7 +215,7 @@ def test_workers_reattach_to_a_restarted_ingress_by_themselves(ring: Ring) -> No
     again = ring.ingress("ingress-again", f"--control-port={port}")
     assert again.control == ingress.control
     again.wait_workers({"worker-a"})
-    response = httpx.post(again.url + CHAT, json=chat(4), timeout=60)
+    response = httpx.post(again.url + CHAT_PATH, json=chat(4), timeout=60)
     assert response.status_code == 200, response.text
 
 
@@ -222,7 +225,7 @@ def test_keys_limits_and_metrics_flags_reach_the_ingress_and_the_worker(ring: Ri
     metrics = worker.wait_for(r"metrics on (http://\S+)").group(1)
     ingress.wait_workers({"w"})
     key = {"Authorization": "Bearer k1"}
-    url = ingress.url + "/v1/chat/completions"
+    url = ingress.url + CHAT_PATH
     assert httpx.post(url, json=chat(4), timeout=60).status_code == 401
     assert httpx.get(ingress.url + "/metrics", timeout=10).status_code == 401
     over = httpx.post(url, json=chat(9), headers=key, timeout=60)

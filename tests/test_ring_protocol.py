@@ -23,6 +23,7 @@ from llmtrio.ring import (
     FrameDecoder,
     Heartbeat,
     Message,
+    Outcome,
     ProtocolError,
     Release,
     RequestHead,
@@ -41,7 +42,7 @@ from llmtrio.ring import (
     encode_available,
 )
 
-HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
+from ._helpers import HEAD
 
 EVERY_MESSAGE: list[Message] = [
     Attach("worker-1", 8),
@@ -51,6 +52,7 @@ EVERY_MESSAGE: list[Message] = [
     Heartbeat(0, 0, 0),
     Heartbeat(inflight=8, max_inflight=8, available_slots=0, decoding=6),
     Heartbeat(1, 4, 3, cache_hits=2, cached_tokens=900, cache_bytes=12_000_000),
+    Heartbeat(2, 4, 2, 2, kv_used=300, kv_total=16384),
     Heartbeat(2, 4, 2, 2, spec_drafted=800, spec_accepted=600),
     Claim(1),
     Claim(7),
@@ -68,7 +70,10 @@ EVERY_MESSAGE: list[Message] = [
     ResponseData(1, b""),
     ResponseData(5, "é😀".encode() + b"\x00\xff"),
     ResponseEnd(1),
+    ResponseEnd(2, outcome=Outcome(finish_reason="stop", prompt_tokens=3, completion_tokens=9)),
+    ResponseEnd(3, outcome=Outcome()),
     ResponseError(1, "decode failed: ☠"),
+    ResponseError(4, "too long", outcome=Outcome(error_code="x", cached_tokens=0)),
     Cancel(12),
     Detach("shutting down"),
     Detach(),
@@ -200,6 +205,15 @@ def test_malformed_frames_raise_protocol_error(data: bytes, match: str) -> None:
 
 def test_unknown_header_keys_are_ignored() -> None:
     assert decode_all(frame(3, {"count": 2, "priority": "high"})) == [Claim(2)]
+
+
+def test_a_heartbeat_from_an_older_worker_reports_no_kv_cache() -> None:
+    """Workers older than the KV fields send none: read as not reported (a total of 0), so
+    the ingress leaves them out of its KV-cache usage instead of counting them empty."""
+    old = frame(2, {"inflight": 1, "max_inflight": 4, "available_slots": 3, "decoding": 1})
+    (beat,) = decode_all(old)
+    assert beat == Heartbeat(1, 4, 3, 1) and (beat.kv_used, beat.kv_total) == (0, 0)
+    assert b"kv_" not in encode(Heartbeat(1, 4, 3, 1))  # and nothing extra goes out for them
 
 
 def test_an_end_of_stream_inside_a_frame_is_an_error() -> None:

@@ -29,8 +29,8 @@ from llmtrio.ring import (
     ControlRefusedError,
     Detach,
     FrameDecoder,
+    Outcome,
     RemoteLink,
-    RequestHead,
     Ring,
     RingLink,
     RingStream,
@@ -44,8 +44,9 @@ from llmtrio.ring import (
 )
 from llmtrio.ring._tls import open_control_websocket
 
+from ._helpers import HEAD, eventually, read_all
+
 MAKE_CERTS = Path(__file__).resolve().parent.parent / "examples" / "ring" / "make-certs.sh"
-HEAD = RequestHead("POST", "/v1/chat/completions", [("content-type", "application/json")])
 
 
 @attrs.frozen
@@ -128,17 +129,10 @@ def echo_as(name: str, chunks: int = 3) -> Callable[[ClaimedStream], Awaitable[N
     return echo
 
 
-async def read_all(stream: RingStream) -> tuple[str, bytes]:
-    head = await stream.response_head()
-    body = b"".join([chunk async for chunk in stream.body()])
+async def served_by(stream: RingStream) -> tuple[str, bytes]:
+    """Which worker served ``stream`` (its ``x-worker`` header), and the body."""
+    head, body = await read_all(stream)
     return dict(head.headers)["x-worker"], body
-
-
-async def eventually(predicate: Callable[[], bool]) -> None:
-    """Wait (at most 10 s) until ``predicate()`` holds: state in another task or process."""
-    with trio.fail_after(10):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.01)
 
 
 async def wait_attached(ring: Ring, count: int) -> None:
@@ -156,7 +150,7 @@ async def test_requests_to_two_ingresses_are_served_by_two_workers(pki: Pki) -> 
             for ring in rings:
                 await wait_attached(ring, 2)
             streams = [(ring, ring.park(HEAD, b"r%d" % i)) for i in range(8) for ring in rings]
-            results = [await read_all(stream) for _, stream in streams]
+            results = [await served_by(stream) for _, stream in streams]
             bodies = [body for _, body in results]
             assert bodies == [
                 b"".join(b"%d:r%d;" % (c, i) for c in range(3)) for i in range(8) for _ in rings
@@ -168,6 +162,32 @@ async def test_requests_to_two_ingresses_are_served_by_two_workers(pki: Pki) -> 
             assert all(w.models == ("fake",) for w in rings[0].stats().workers)
         for ring in rings:
             assert ring.stats().tracked == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_outcome_a_remote_worker_states_reaches_the_ingress(pki: Pki) -> None:
+    ring = Ring(max_streams=8)
+    stated = Outcome(finish_reason="length", prompt_tokens=7, cached_tokens=0, completion_tokens=3)
+    refused = Outcome(error_code="invalid_value")
+
+    async def state_it(claimed: ClaimedStream) -> None:
+        if claimed.body == b"fail":
+            claimed.fail("bad request", outcome=refused)
+            return
+        await claimed.send_head(200, [("x-worker", "a")])
+        await claimed.send(b"x")
+        await claimed.end(b"y", outcome=stated)
+
+    async with trio.open_nursery() as nursery:
+        url = await start_ingress(nursery, pki, ring)
+        async with worker(pki, [url], "a", state_it, max_inflight=1):
+            ended = ring.park(HEAD, b"ok")
+            assert await served_by(ended) == ("a", b"xy")
+            assert ended.outcome == stated
+            failed = ring.park(HEAD, b"fail")
+            with pytest.raises(WorkerFailedError, match="bad request"):
+                await failed.response_head()
+            assert failed.outcome == refused
         nursery.cancel_scope.cancel()
 
 
@@ -217,7 +237,7 @@ async def test_a_worker_cut_off_before_its_head_is_replaced_invisibly(pki: Pki) 
                 await claimed_by_a.wait()
                 a_scope.cancel()  # worker a goes away holding the stream
         async with worker(pki, [url], "b", echo_as("b", chunks=1)):
-            name, body = await read_all(stream)
+            name, body = await served_by(stream)
         assert (name, body) == ("b", b"0:x;")
         nursery.cancel_scope.cancel()
 
@@ -349,7 +369,7 @@ async def test_a_cancel_not_acknowledged_in_time_loses_the_stream_only(pki: Pki)
             stuck.cancel()
             await eventually(lambda: not ring.stats().tracked)
             # The worker is still attached and serves others on its other slot.
-            assert await read_all(ring.park(HEAD, b"ok")) == ("a", b"0:ok;")
+            assert await served_by(ring.park(HEAD, b"ok")) == ("a", b"0:ok;")
             assert len(ring.stats().workers) == 1
             nursery.cancel_scope.cancel()
 
@@ -441,12 +461,14 @@ async def test_a_worker_reattaches_when_its_ingress_restarts(
             await wait_attached(ring, 1)
             first.cancel()
             await eventually(lambda: not ring.stats().workers)
-            await trio.sleep(0.5)  # the worker's attempts meanwhile are refused
-            assert "Connection refused" in caplog.text or "connect to" in caplog.text
+            # The worker's attempts meanwhile are refused, and it says so.
+            await eventually(
+                lambda: "Connection refused" in caplog.text or "connect to" in caplog.text
+            )
             second = Ring(max_streams=8)
             await nursery.start(serve_control, second, ControlConfig(context, port=port))
             await wait_attached(second, 1)
-            assert await read_all(second.park(HEAD, b"again")) == ("a", b"0:again;")
+            assert await served_by(second.park(HEAD, b"again")) == ("a", b"0:again;")
         nursery.cancel_scope.cancel()
 
 
@@ -473,7 +495,7 @@ async def test_the_readme_certificates_make_a_working_ring(tmp_path: Path) -> No
             workers.start_soon(serve_slots, link, echo_as("w", chunks=1))
             await wait_attached(ring, 1)
             assert ring.stats().workers[0].worker_id.startswith("worker-1#")
-            assert await read_all(ring.park(HEAD, b"hi")) == ("w", b"0:hi;")
+            assert await served_by(ring.park(HEAD, b"hi")) == ("w", b"0:hi;")
             workers.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
 

@@ -9,10 +9,11 @@ from typing import Any
 import jsonschema
 import pytest
 
+from llmtrio._openai_errors import OpenAIError
 from llmtrio.engine import ChatMessage, Tool, ToolCall, ToolCallParser, tool_call_grammar
 from llmtrio.engine._chat import ChatTemplate
-from llmtrio.worker._chat_output import split_tool_calls
-from llmtrio.worker._openai import OpenAIError, parse_chat_request
+from llmtrio.worker._chat_request import parse_chat_request
+from llmtrio.worker._chat_response import split_tool_calls
 
 # The tools part of Qwen3.5's template (tools listed in the system turn, calls in the
 # Qwen3-Coder XML format, results in <tool_response> user turns), condensed for this test.

@@ -3,43 +3,21 @@ what /health and /v1/models show of the attached workers."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from functools import partial
-
-import httpx
 import pytest
 import trio
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import Heartbeat, Ring
-from llmtrio.web import ServeConfig, serve_ingress
+
+from ._helpers import open_ingress
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
-@asynccontextmanager
-async def ingress(ring: Ring, model_name: str) -> AsyncIterator[httpx.AsyncClient]:
-    """The HTTP ingress alone in front of ``ring``, on a free loopback port."""
-    async with trio.open_nursery() as nursery:
-        shutdown = trio.Event()
-        binds = await nursery.start(
-            partial(
-                serve_ingress,
-                ring,
-                ServeConfig(port=0, graceful_timeout=1),
-                model_name=model_name,
-                shutdown=shutdown,
-            )
-        )
-        async with httpx.AsyncClient(base_url=binds[0], timeout=30) as client:
-            yield client
-        shutdown.set()
-
-
 async def test_no_worker_within_the_park_timeout_is_a_503_with_retry_after() -> None:
     ring = Ring(max_streams=4, park_timeout=0.2, retry_after=3)
-    async with ingress(ring, "") as client:
-        response = await client.post("/v1/chat/completions", json=BODY)
+    async with open_ingress(ring, model_name="") as server:
+        response = await server.client.post(CHAT_PATH, json=BODY)
     assert response.status_code == 503
     assert response.headers["Retry-After"] == "3"
     error = response.json()["error"]
@@ -52,14 +30,14 @@ async def test_no_worker_within_the_park_timeout_is_a_503_with_retry_after() -> 
 async def test_health_and_models_list_the_attached_workers(model_name: str) -> None:
     ring = Ring(max_streams=4)
     async with (
-        ingress(ring, model_name) as client,
+        open_ingress(ring, model_name=model_name) as server,
         ring.attach("w1#1", 2, models=["m1"]) as one,
         ring.attach("w2#2", 4, models=["m1"]),
     ):
         one.heartbeat(Heartbeat(inflight=1, max_inflight=2, available_slots=1))
         await trio.sleep(0.01)
-        health = (await client.get("/health")).json()
-        models = (await client.get("/v1/models")).json()
+        health = (await server.client.get("/health")).json()
+        models = (await server.client.get("/v1/models")).json()
     assert [w["id"] for w in health["workers"]] == ["w1#1", "w2#2"]
     first = health["workers"][0]
     assert first["capacity"]["inflight"] == 1

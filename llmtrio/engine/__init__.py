@@ -8,7 +8,6 @@ async with Engine.open(EngineConfig(model=path, max_inflight=8)) as engine:
 
 from ._core import EngineStats as EngineStats
 from ._engine import Engine as Engine
-from ._engine import Generation as Generation
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
@@ -18,6 +17,7 @@ from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import ModelLoadError as ModelLoadError
 from ._errors import PromptTooLongError as PromptTooLongError
 from ._errors import RequestError as RequestError
+from ._generation import Generation as Generation
 from ._grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
 from ._grammar import json_schema_grammar as json_schema_grammar
 from ._grammar import tool_call_grammar as tool_call_grammar

@@ -225,7 +225,9 @@ class EngineCore:
             return Start(min(job.pos, len(job.prompt)))
         job.order = self._admissions
         self._admissions += 1
-        plan = cache.assign(job.prompt, hints=job.request.hints)
+        plan = cache.assign(
+            job.prompt, hints=job.request.hints, reuse=job.request.request.cache_prompt
+        )
         seq = job.seq = plan.seq
         keep = plan.keep
         if plan.save is not None:

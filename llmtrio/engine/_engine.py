@@ -2,7 +2,8 @@
 
 Three parts, with plain values and callables between them (vLLM v1's lines):
 
-- this frontend (Trio): renders and tokenizes prompts in a worker thread, hands
+- this frontend (Trio): prepares each request with the input processor (``_inputs.py``:
+  template, tokens, checks) in a worker thread, hands
   :class:`CoreRequest` values to the decode thread, and delivers its :class:`StepOutput`
   values to each generation (one ``run_sync_soon`` per step for all of them);
 - the decode-step core (``_core.py``, no Trio): schedule → prompt reuse → one batch →
@@ -16,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -24,146 +24,58 @@ import numpy as np
 import trio
 
 from ._chat import ChatTemplate
-from ._core import CoreRequest, EngineCore, EngineStats, StepOutput, cut_anywhere
+from ._core import CoreRequest, EngineCore, EngineStats, StepOutput
 from ._errors import (
     EngineClosedError,
     EngineFailedError,
-    InvalidRequestError,
-    PromptTooLongError,
 )
-from ._llama import LlamaModel, SlotSampler
+from ._generation import Generation
+from ._inputs import InputProcessor
+from ._llama import LlamaModel
 from ._model_source import ResolvedModel, resolve_model
 from ._output import OutputProcessor
-from ._prompt_cache import common_prefix
 from ._sampling import RawLogprob
 from ._text import THINK_CLOSE, THINK_OPEN
 from ._types import (
     Capacity,
-    Done,
     EngineConfig,
-    Event,
-    Failed,
     GenerateRequest,
-    StopReason,
-    Timings,
-    Token,
     TokenLogprob,
 )
 
-__all__ = ["Engine", "Generation"]
+__all__ = ["Engine"]
 
 logger = logging.getLogger("llmtrio.engine")
 
 
-class Generation:
-    """A running generation: iterate it for :class:`Token` events, ending with one
-    :class:`Done` or :class:`Failed`.
+async def _abandonable_load(load: Callable[[], LlamaModel]) -> LlamaModel:
+    """``load()`` in a worker thread, which a cancellation does not wait for.
 
-    Resource handling: the generation runs inside its own cancel scope, opened by
-    :meth:`Engine.submit`. :meth:`cancel`, leaving the ``async with``, or cancelling the task
-    that iterates all end it the same way: the scope is cancelled, and the decode thread frees
-    the slot at the next token boundary (or the next prefill chunk).
+    Resource handling: a model whose load was abandoned is closed as soon as it exists, by
+    whichever side sees the abandonment last (the thread once it finishes loading, or this
+    task if the model was already there), so an abandoned load leaks nothing.
     """
+    lock = threading.Lock()
+    loaded: list[LlamaModel] = []
+    abandoned = False
 
-    def __init__(
-        self,
-        *,
-        prompt_tokens: int,
-        output: OutputProcessor,
-        scope: trio.CancelScope,
-        end: Callable[[], None],
-    ) -> None:
-        self._output = output
-        self._scope = scope
-        self._end = end  # asks the decode thread to end this generation (idempotent)
-        self._send, self._receive = trio.open_memory_channel[Event](float("inf"))
-        self.prompt_tokens = prompt_tokens
-        self._submitted_at = time.perf_counter()
-        #: Set once a Done or Failed event was produced; no event follows it.
-        self.finished = False
-        self.result: Done | Failed | None = None
-        #: Set with ``finished``: the slot is free or being freed; what is left is buffered.
-        self.ended = trio.Event()
+    def run() -> None:
+        model = load()
+        with lock:
+            if abandoned:
+                model.close()
+            else:
+                loaded.append(model)
 
-    def __aiter__(self) -> Generation:
-        return self
-
-    async def __anext__(self) -> Event:
-        if self.finished and self._receive.statistics().current_buffer_used == 0:
-            raise StopAsyncIteration
-        return await self._receive.receive()
-
-    def cancel(self) -> None:
-        """End the generation; safe to call from any Trio task, any number of times."""
-        self._scope.cancel()
-        self._end()
-
-    def drain(self) -> list[Event]:
-        """The events produced and not read yet, without waiting."""
-        events: list[Event] = []
-        while True:
-            try:
-                events.append(self._receive.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                return events
-
-    def apply(self, output: StepOutput) -> None:
-        """The engine's hand-off (Trio side): what a decode step did to this generation.
-        A fault here ends this generation only, with ``Failed``."""
-        try:
-            self._apply(output)
-        except Exception as exc:
-            logger.exception("delivering to a generation failed")
-            self.fail(exc)
-
-    def fail(self, error: Exception) -> None:
-        """End with ``Failed(error)`` (unless already ended) and free the slot."""
-        if not self.finished:
-            self.finished = True
-            self.result = Failed(error)
-            self._send.send_nowait(self.result)
-            self.ended.set()
-        self._end()
-
-    def _apply(self, output: StepOutput) -> None:
-        if self.finished:
-            return
-        events, stopped = self._output.feed(output.tokens, output.logprobs)
-        self._send_all(events)
-        if stopped:
-            self._finish(StopReason.STOP_STRING, output)
-            self._end()
-        elif output.error is not None:
-            self.fail(output.error)
-        elif output.stop is not None:
-            events, stop = self._output.finish(output.stop)
-            self._send_all(events)
-            self._finish(stop, output)
-
-    def _send_all(self, events: list[Token]) -> None:
-        for event in events:
-            self._send.send_nowait(event)
-
-    def _finish(self, stop: StopReason, output: StepOutput) -> None:
-        now = time.perf_counter()
-        admitted = output.admitted_at or now
-        first = output.first_token_at or now
-        self.finished = True
-        self.result = Done(
-            stop=stop,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self._output.tokens,
-            cached_tokens=output.cached,
-            draft_tokens=output.drafted,
-            accepted_tokens=output.accepted,
-            timings=Timings(
-                queue_s=max(0.0, admitted - self._submitted_at),
-                prefill_s=max(0.0, first - admitted),
-                decode_s=max(0.0, now - first),
-            ),
-        )
-        self._send.send_nowait(self.result)
-        self.ended.set()
+    try:
+        await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+    except BaseException:
+        with lock:
+            abandoned = True
+            for model in loaded:
+                model.close()
+        raise
+    return loaded[0]
 
 
 class Engine:
@@ -177,18 +89,19 @@ class Engine:
         self.model_name = resolved.name
         self.model_path = resolved.path
         self._model = model
-        self._template = ChatTemplate(
-            model.chat_template,
-            architecture=model.architecture,
-            bos_token=self._special_text(model.bos),
-            eos_token=self._special_text(model.eos),
-            render_builtin=model.apply_builtin_template,
+        self._inputs = InputProcessor(
+            config,
+            model,
+            ChatTemplate(
+                model.chat_template,
+                architecture=model.architecture,
+                bos_token=self._special_text(model.bos),
+                eos_token=self._special_text(model.eos),
+                render_builtin=model.apply_builtin_template,
+            ),
         )
         self._think_ids = self._single_tokens((THINK_OPEN, THINK_CLOSE))
         self._pieces: dict[int, bytes] = {}
-        self._max_piece_bytes = max(1, model.max_piece_bytes)
-        #: The most positions one request may use (a slot's context, or the pool's).
-        self._request_ctx = config.request_ctx
         self._trio_token = trio.lowlevel.current_trio_token()
         self._cond = threading.Condition()
         self._inbox: list[CoreRequest] = []
@@ -204,8 +117,6 @@ class Engine:
         self._decoding = 0
         self._capacity_lot = trio.lowlevel.ParkingLot()
         self.stats = EngineStats()
-        # Test seam: llama.cpp itself rejects out-of-vocabulary ids when this is off.
-        self._check_token_ids = True
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -219,11 +130,14 @@ class Engine:
         Resource handling: on exit, generations still running end with
         ``Failed(EngineClosedError)``, the decode thread stops and the model is freed.
         """
-        resolved = await trio.to_thread.run_sync(resolve_model, config)
+        # A download or a load can take minutes: cancelling (Ctrl-C) must not wait for it.
+        # An abandoned download finishes into the cache in its thread (or dies with the
+        # process); an abandoned load is closed by its thread (``_abandonable_load``).
+        resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
         # A step holds the prefill chunk and every sequence's token and drafts.
         drafts = config.spec_draft_max if config.spec is not None else 0
         n_batch = max(config.prefill_chunk + config.max_inflight * (1 + drafts), 64)
-        model = await trio.to_thread.run_sync(
+        model = await _abandonable_load(
             lambda: LlamaModel(
                 resolved.path,
                 slots=config.max_inflight,
@@ -241,7 +155,7 @@ class Engine:
                 resolved.name,
                 model.architecture,
                 "hybrid" if model.is_hybrid else "recurrent" if model.is_recurrent else "attention",
-                engine._template.source,
+                engine._inputs.template.source,
                 config.max_inflight,
                 config.ctx_size,
                 " in one pool" if config.kv_unified else "",
@@ -309,6 +223,8 @@ class Engine:
             cache_hits=self.stats.prompt_cache_hits,
             cached_tokens=self.stats.prompt_cache_reused_tokens,
             cache_bytes=self.stats.prompt_cache_bytes,
+            kv_used=self.stats.kv_tokens,
+            kv_total=self.config.pool_cells,
             spec_drafted=self.stats.spec_draft_tokens,
             spec_accepted=self.stats.spec_accepted_tokens,
         )
@@ -345,31 +261,32 @@ class Engine:
         """
         if self._closed:
             raise self._failure or EngineClosedError("the engine is closed")
-        self._check_size(request)
+        self._inputs.check_size(request)
         # Rendering and tokenizing a long prompt, or compiling a grammar, takes a while: never
         # on the event loop.
-        prompt, opens_think, hints = await trio.to_thread.run_sync(
-            self._prepare, request, abandon_on_cancel=True
+        prepared = await trio.to_thread.run_sync(
+            self._inputs.prepare, request, abandon_on_cancel=True
         )
+        prompt = prepared.tokens
         key = self._next_key
         self._next_key += 1
         scope = trio.CancelScope()
         output = OutputProcessor(
             stops=request.stop,
-            opens_think=opens_think,
+            opens_think=prepared.opens_think,
             piece=self._piece,
             token_logprob=self._token_logprob,
         )
         generation = Generation(
             prompt_tokens=len(prompt), output=output, scope=scope, end=lambda: self._end(key)
         )
-        budget = self._request_ctx - len(prompt) + 1
+        budget = self.config.request_ctx - len(prompt) + 1
         core_request = CoreRequest(
             key,
             np.asarray(prompt, dtype=np.int32),
             request,
             max_tokens=min(request.max_tokens or budget, budget),
-            hints=hints,
+            hints=prepared.hints,
         )
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under
@@ -387,95 +304,6 @@ class Engine:
                     self._end(key)
 
     # -- Trio-side helpers -------------------------------------------------------------
-
-    def _check_size(self, request: GenerateRequest) -> None:
-        """Refuse, without tokenizing, a prompt whose size alone cannot fit a slot: no token
-        covers more than ``_max_piece_bytes`` bytes of text, so that bounds its count."""
-        if request.messages is not None:
-            size = sum(len(m.content.encode("utf-8", "replace")) for m in request.messages)
-            at_least = -(-size // self._max_piece_bytes)
-        else:
-            assert request.tokens is not None
-            at_least = len(request.tokens)
-        if at_least >= self._request_ctx:
-            raise PromptTooLongError(at_least, self._request_ctx, at_least=True)
-
-    def _prompt(self, request: GenerateRequest) -> tuple[list[int], bool, tuple[int, ...]]:
-        model = self._model
-        if request.tokens is not None:
-            prompt = list(request.tokens)
-            if self._check_token_ids:
-                bad = [t for t in prompt if not 0 <= t < model.n_vocab]
-                if bad:
-                    raise InvalidRequestError(
-                        f"token id {bad[0]} is outside the vocabulary (0..{model.n_vocab - 1})",
-                        param="tokens",
-                    )
-            opens_think = False
-            hints: tuple[int, ...] = ()
-        else:
-            assert request.messages is not None
-            rendered = self._template.render(
-                request.messages, think=request.think, tools=request.tools
-            )
-            prompt = self._tokenize_prompt(rendered.text)
-            opens_think = rendered.opens_think
-            hints = ()
-            if self.config.prompt_cache and not cut_anywhere(model):
-                hints = self._hints(rendered.text, request.messages[-1].content, prompt)
-        if len(prompt) >= self._request_ctx:
-            raise PromptTooLongError(len(prompt), self._request_ctx)
-        for token, _ in request.logit_bias:
-            if not 0 <= token < model.n_vocab:
-                raise InvalidRequestError(
-                    f"logit_bias names token {token}, outside the vocabulary "
-                    f"(0..{model.n_vocab - 1})",
-                    param="logit_bias",
-                )
-        return prompt, opens_think, hints
-
-    def _tokenize_prompt(self, text: str) -> list[int]:
-        model = self._model
-        prompt = model.tokenize(text, add_special=model.add_bos)
-        if model.add_bos and len(prompt) > 1 and prompt[0] == prompt[1] == model.bos:
-            prompt = prompt[1:]
-        return prompt
-
-    def _hints(self, text: str, last: str, prompt: list[int]) -> tuple[int, ...]:
-        """The prompt lengths where the last message's text starts (what precedes it, a
-        system prompt above all, is shared by other requests) and ends (the next turn of
-        the conversation repeats all of it): where a recurrent state is worth a snapshot."""
-        start = text.rfind(last) if last else -1
-        if start <= 0:
-            return ()
-        tokens = np.asarray(prompt, dtype=np.int32)
-        hints = set()
-        for end in (start, start + len(last)):
-            prefix = np.asarray(self._tokenize_prompt(text[:end]), dtype=np.int32)
-            # Where tokenizing the prefix alone agrees with the whole prompt: at most the
-            # boundary, never past it.
-            hints.add(common_prefix(prefix, tokens))
-        return tuple(sorted(h for h in hints if 0 < h < len(prompt)))
-
-    def _prepare(self, request: GenerateRequest) -> tuple[list[int], bool, tuple[int, ...]]:
-        """The prompt's tokens and whether it opens a think block; the grammar checked."""
-        prompt = self._prompt(request)
-        self._check_grammar(request)
-        return prompt
-
-    def _check_grammar(self, request: GenerateRequest) -> None:
-        """Raise :class:`GrammarError` now, not on the decode thread, for a bad grammar."""
-        if request.grammar is not None:
-            SlotSampler(
-                self._model,
-                temperature=0.0,
-                top_k=0,
-                top_p=1.0,
-                min_p=0.0,
-                seed=0,
-                bias={},
-                grammar=request.grammar,
-            ).close()
 
     def _token_logprob(self, raw: RawLogprob) -> TokenLogprob:
         def text(token: int) -> tuple[str, bytes]:

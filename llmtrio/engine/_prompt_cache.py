@@ -160,9 +160,12 @@ class PromptCache:
         held, slot.tokens = slot.tokens, _EMPTY
         return held if self._worth_saving(held) else None
 
-    def assign(self, prompt: Sequence[int] | Tokens, *, hints: Sequence[int] = ()) -> Assignment:
-        """Pick a free slot for ``prompt`` and say what of it is reused; the slot is then
-        busy until :meth:`released`.
+    def assign(
+        self, prompt: Sequence[int] | Tokens, *, hints: Sequence[int] = (), reuse: bool = True
+    ) -> Assignment:
+        """Pick a free slot for ``prompt`` and say what of it is reused (nothing when not
+        ``reuse``: the request asked to be ingested whole); the slot is then busy until
+        :meth:`released`.
 
         Error handling: ``LookupError`` when no slot is free (the scheduler admits no more
         sequences than there are slots).
@@ -177,7 +180,8 @@ class PromptCache:
             seq = free[0]
             self._occupy(seq, _EMPTY)
             return Assignment(seq, 0)
-        limit = len(tokens) - 1  # at least one token is ingested, for its logits
+        # At least one token is ingested, for its logits; none reused when not ``reuse``.
+        limit = len(tokens) - 1 if reuse else 0
         seq, keep, restore = self._best(tokens, limit, free)
         slot = self._slots[seq]
         save = None

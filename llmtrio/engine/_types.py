@@ -275,6 +275,11 @@ class GenerateRequest:
     ``tools`` are passed to the chat template (or described in a system prompt when the
     template has no tools support); the model's calls come back as text for the caller to
     parse (:class:`ToolCallParser`).
+
+    ``cache_prompt=False`` reuses no memory of earlier requests: the whole prompt is ingested
+    (llama.cpp server's ``cache_prompt``). Reuse computes the prompt's last logits from other
+    batches than a whole ingestion does, and llama.cpp's logits depend on batch shapes in
+    their last bits, so only requests ingested alike are bit-for-bit reproducible.
     """
 
     messages: tuple[ChatMessage, ...] | None = attrs.field(
@@ -290,6 +295,7 @@ class GenerateRequest:
     grammar: str | None = None
     logprobs: int | None = None
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tuple_of_tools)
+    cache_prompt: bool = True
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.tokens is None):
@@ -410,6 +416,10 @@ class Capacity:
     cache_hits: int = 0
     cached_tokens: int = 0
     cache_bytes: int = 0
+    #: Context cells the running sequences hold, and all the slots' cells (the shared
+    #: pool's, when unified).
+    kv_used: int = 0
+    kv_total: int = 0
     #: Speculative decoding so far: draft tokens verified, and those that were right.
     spec_drafted: int = 0
     spec_accepted: int = 0

@@ -1,12 +1,16 @@
 """The upload-response ring: requests park as streams, workers claim them and respond.
 
 The ring knows nothing of llama.cpp, OpenAI or HTTP servers. ``Ring`` is the in-process
-ring; ``RingCore`` (the state machine), the messages, and ``encode``/``FrameDecoder`` (the
-framing) are its sans-IO core and wire protocol. ``serve_control`` is the ingress's mutual-TLS
-listener for remote workers, ``connect_ring`` the worker's end of it; ``RingLink`` is what a
-worker needs from either kind of attachment.
+ring (``RingConfig``: the settings an ingress gives it); ``RingCore`` (the state machine),
+the messages, and ``encode``/``FrameDecoder`` (the framing) are its sans-IO core and wire
+protocol, and ``SessionCore`` the sans-IO core of one worker connection at an ingress.
+``serve_control`` is the ingress's mutual-TLS listener for remote workers, ``connect_ring``
+the worker's end of it (``DialConfig``: how it finds its ingresses and judges them);
+``RingLink`` is what a worker needs from either kind of attachment, and ``Claimed`` the
+stream it claims from either.
 """
 
+from ._config import RingConfig as RingConfig
 from ._control import ControlConfig as ControlConfig
 from ._control import serve_control as serve_control
 from ._core import TRANSITIONS as TRANSITIONS
@@ -17,6 +21,7 @@ from ._core import StreamState as StreamState
 from ._core import ToClient as ToClient
 from ._core import ToWorker as ToWorker
 from ._core import WorkerStats as WorkerStats
+from ._dial import DialConfig as DialConfig
 from ._errors import ControlRefusedError as ControlRefusedError
 from ._errors import ParkTimeoutError as ParkTimeoutError
 from ._errors import ProtocolError as ProtocolError
@@ -28,7 +33,9 @@ from ._framing import MAX_FRAME_SIZE as MAX_FRAME_SIZE
 from ._framing import FrameDecoder as FrameDecoder
 from ._framing import encode as encode
 from ._framing import encode_available as encode_available
+from ._link import Claimed as Claimed
 from ._link import ClaimedStream as ClaimedStream
+from ._link import Lane as Lane
 from ._link import RingLink as RingLink
 from ._messages import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._messages import Assign as Assign
@@ -40,6 +47,7 @@ from ._messages import Detach as Detach
 from ._messages import Headers as Headers
 from ._messages import Heartbeat as Heartbeat
 from ._messages import Message as Message
+from ._messages import Outcome as Outcome
 from ._messages import Release as Release
 from ._messages import RequestHead as RequestHead
 from ._messages import ResponseData as ResponseData
@@ -49,20 +57,30 @@ from ._messages import ResponseHead as ResponseHead
 from ._messages import ResponseMessage as ResponseMessage
 from ._messages import Withdraw as Withdraw
 from ._messages import Withdrawn as Withdrawn
-from ._remote import RemoteClaimed as RemoteClaimed
 from ._remote import RemoteLink as RemoteLink
 from ._remote import connect_ring as connect_ring
-from ._ring import Claimed as Claimed
+from ._ring import Relay as Relay
 from ._ring import Ring as Ring
-from ._ring import RingStream as RingStream
 from ._ring import WorkerLink as WorkerLink
+from ._session import SESSION_TRANSITIONS as SESSION_TRANSITIONS
+from ._session import WORKER_HEADER as WORKER_HEADER
+from ._session import SessionClosed as SessionClosed
+from ._session import SessionCore as SessionCore
+from ._session import SessionEffect as SessionEffect
+from ._session import SessionState as SessionState
+from ._session import StreamLost as StreamLost
+from ._session import ToRing as ToRing
+from ._session import ToWire as ToWire
+from ._stream import RingStream as RingStream
 from ._tls import client_ssl_context as client_ssl_context
 from ._tls import server_ssl_context as server_ssl_context
 
 __all__ = [
     "MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
+    "SESSION_TRANSITIONS",
     "TRANSITIONS",
+    "WORKER_HEADER",
     "Assign",
     "Attach",
     "Cancel",
@@ -73,15 +91,18 @@ __all__ = [
     "ControlRefusedError",
     "Credit",
     "Detach",
+    "DialConfig",
     "Effect",
     "FrameDecoder",
     "Headers",
     "Heartbeat",
+    "Lane",
     "Message",
+    "Outcome",
     "ParkTimeoutError",
     "ProtocolError",
+    "Relay",
     "Release",
-    "RemoteClaimed",
     "RemoteLink",
     "RequestHead",
     "ResponseData",
@@ -90,15 +111,23 @@ __all__ = [
     "ResponseHead",
     "ResponseMessage",
     "Ring",
+    "RingConfig",
     "RingCore",
     "RingError",
     "RingFullError",
     "RingLink",
     "RingStats",
     "RingStream",
+    "SessionClosed",
+    "SessionCore",
+    "SessionEffect",
+    "SessionState",
     "StreamCancelledError",
+    "StreamLost",
     "StreamState",
     "ToClient",
+    "ToRing",
+    "ToWire",
     "ToWorker",
     "Withdraw",
     "Withdrawn",

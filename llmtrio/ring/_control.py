@@ -1,20 +1,21 @@
 """The ingress's control listener: remote workers attach to the ring over mutual TLS.
 
-One WebSocket (over TLS, client certificate required) per worker connection, one frame per
-WebSocket message. Each connection is attached to the ring as a worker named after its
-certificate, and its session relays between the wire and the in-process ``WorkerLink``:
+One WebSocket (over TLS, client certificate required) per worker connection; each binary
+WebSocket message carries whole frames. This module is the I/O shell: the TLS handshake, the
+WebSocket, one reader and one writer per connection, and the clock. What the worker may do on
+its connection (the ``Attach``, its claims, its credits, acknowledging a ``Cancel``, staying
+heard) is the connection's ``SessionCore`` (``_session.py``); what the ring does with its
+streams is ``RingCore``. The shell attaches each connection to the ring as a relayed worker
+named after its certificate, and carries messages both ways as they are:
 
-- a ``Claim`` starts a claim on the link per slot; an ``Assign`` goes out when it is filled;
-  ``Withdraw`` takes back claims not yet filled and is answered by ``Withdrawn``;
-- each assigned stream has its own task and inbox: response messages are written to the
-  client's lane in order, and every body chunk the client's buffer takes is answered with a
-  ``Credit``, so a slow client holds back its own stream only (a worker that sends beyond its
-  credits is cut off);
-- the client going away sends ``Cancel``; a worker that does not acknowledge within
-  ``cancel_ack_timeout`` loses the stream (it is acknowledged here, later messages for it are
-  dropped) and nothing else waits;
-- a worker silent for ``worker_timeout`` seconds is declared dead; a dead, disconnected or
-  misbehaving worker is detached, and the ring requeues what it held without a response head.
+- what the worker sends goes through its session core to ``WorkerLink.post``: a body chunk
+  lands in its client's buffer at once (its credits bound it), an end or error finishes the
+  stream at once, so the worker's slot follows its work, however slowly its client reads;
+- what the ring has for the worker (an ``Assign``, a ``Cancel``, a ``Credit`` for each chunk
+  its client read, a ``Withdrawn``) comes through the link's relay and the session core;
+- a session ends when the worker leaves, falls silent, breaks the protocol or the connection
+  closes; leaving ``Ring.attach`` then detaches it, and the ring requeues what it held without
+  a response head and fails the rest.
 """
 
 from __future__ import annotations
@@ -30,28 +31,11 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from ._errors import ProtocolError, StreamCancelledError
+from ._errors import ProtocolError
 from ._framing import FrameDecoder, encode, encode_available
-from ._messages import (
-    PROTOCOL_VERSION,
-    Assign,
-    Attach,
-    Cancel,
-    Claim,
-    Credit,
-    Detach,
-    Heartbeat,
-    Message,
-    Release,
-    ResponseData,
-    ResponseEnd,
-    ResponseError,
-    ResponseHead,
-    ResponseMessage,
-    Withdraw,
-    Withdrawn,
-)
-from ._ring import Claimed, Ring, WorkerLink
+from ._messages import Assign, Attach, Cancel, Credit, Message, Withdrawn
+from ._ring import Ring, WorkerLink
+from ._session import SessionClosed, SessionCore, SessionEffect, StreamLost, ToRing, ToWire
 from ._tls import accept_control_websocket, describe_tls_error, peer_identity
 
 __all__ = ["ControlConfig", "serve_control"]
@@ -152,54 +136,65 @@ async def _connection(ring: Ring, config: ControlConfig, tcp: trio.SocketStream)
 async def _serve_worker(
     ring: Ring, config: ControlConfig, ws: WebSocketConnection, identity: str, where: str
 ) -> None:
+    core = SessionCore(
+        f"{identity}#{next(_serial)}",
+        opened=trio.current_time(),
+        credits=config.credits,
+        worker_timeout=config.worker_timeout,
+        cancel_ack_timeout=config.cancel_ack_timeout,
+    )
     decoder = FrameDecoder()
-    with trio.move_on_after(config.worker_timeout) as scope:
-        first = await _receive(ws, decoder)
-    if scope.cancelled_caught or first is None:
-        logger.warning("worker %s from %s sent no Attach; closing", identity, where)
-        return
-    if not isinstance(first, Attach):
-        await _refuse(ws, identity, where, f"the first message must be Attach, not {first!r}")
-        return
-    if first.version != PROTOCOL_VERSION:
-        await _refuse(
-            ws,
-            identity,
-            where,
-            f"incompatible protocol version {first.version}: this ingress speaks version "
-            f"{PROTOCOL_VERSION}",
-        )
-        return
-    worker_id = f"{identity}#{next(_serial)}"
+    while True:  # the handshake: an Attach, or a refusal
+        with trio.move_on_at(core.deadline) as waiting:
+            first = await _receive(ws, decoder)
+        if not waiting.cancelled_caught:
+            if first is None:
+                logger.warning(
+                    "worker %s from %s closed the connection unattached", identity, where
+                )
+                return
+            effects = core.receive(first, trio.current_time())
+            break
+        if effects := core.expire(trio.current_time()):
+            break
+    match effects:
+        case [ToRing(message=Attach() as attach)]:
+            pass
+        case [*_, SessionClosed(reason=reason)]:
+            logger.warning("refused worker %s from %s: %s", identity, where, reason)
+            with trio.move_on_after(1):
+                for effect in effects:
+                    if isinstance(effect, ToWire):
+                        await ws.send_message(encode(effect.message))
+                await ws.aclose(1008, reason[:120])
+            return
+    assert isinstance(first, Attach)
+    worker_id = attach.worker_id
     logger.info(
         "worker %s attached from %s (max_inflight %d, models %s; it calls itself %r)",
         worker_id,
         where,
-        first.max_inflight,
-        ", ".join(first.models) or "-",
+        attach.max_inflight,
+        ", ".join(attach.models) or "-",
         first.worker_id,
     )
     reason = "the connection closed"
-    async with ring.attach(worker_id, first.max_inflight, models=first.models) as link:
-        session = _Session(link, ws, config, worker_id)
+    session = _Session(core, ws)
+    async with ring.attach(
+        worker_id, attach.max_inflight, models=attach.models, relay=session.relay
+    ) as link:
         try:
-            reason = await session.run(decoder)
+            reason = await session.run(link, decoder)
         except* trio.Cancelled:
             # The listener is closing (the ingress shuts down): tell the worker why, so that
             # it knows why (it reattaches by itself once the ingress is back).
             reason = "the ingress is shutting down"
+            session.apply(core.close(reason))
             with trio.move_on_after(1, shield=True), contextlib.suppress(ConnectionClosed):
-                await ws.send_message(encode(Detach(reason)))
+                await session.flush()
             raise
         finally:
             logger.info("worker %s detached: %s", worker_id, reason)
-
-
-async def _refuse(ws: WebSocketConnection, identity: str, where: str, reason: str) -> None:
-    logger.warning("refused worker %s from %s: %s", identity, where, reason)
-    with trio.move_on_after(1):
-        await ws.send_message(encode(Detach(reason)))
-        await ws.aclose(1008, reason[:120])
 
 
 async def _receive(ws: WebSocketConnection, decoder: FrameDecoder) -> Message | None:
@@ -215,69 +210,73 @@ async def _receive(ws: WebSocketConnection, decoder: FrameDecoder) -> Message | 
     return message
 
 
-class _WorkerGone(Exception):
-    """The session ends: the reason is the message."""
-
-
-@attrs.define(eq=False)
-class _Stream:
-    claimed: Claimed
-    inbox: trio.MemorySendChannel[ResponseMessage]
-    outbox: trio.MemoryReceiveChannel[ResponseMessage]
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    ending: bool = False  # its end or error arrived and is being relayed
-    ended: trio.Event = attrs.field(factory=trio.Event)  # set with ``ending``
-
-
 @attrs.define(eq=False)
 class _Session:
-    """Relays between one worker connection and its ``WorkerLink``."""
+    """The I/O shell of one worker connection: feeds its ``SessionCore`` what the worker
+    sends, what the ring has for the worker (``relay``) and the time, and carries out the
+    effects: messages onto the wire (through one writer task) or into the ring as they are."""
 
-    _link: WorkerLink
+    _core: SessionCore
     _ws: WebSocketConnection
-    _config: ControlConfig
-    _worker_id: str
+    _link: WorkerLink | None = None
     _send: trio.MemorySendChannel[Message] = attrs.field(init=False)
     _sending: trio.MemoryReceiveChannel[Message] = attrs.field(init=False)
-    _waiting: dict[int, trio.CancelScope] = attrs.field(init=False, factory=dict)  # claims
-    _streams: dict[int, _Stream] = attrs.field(init=False, factory=dict)
-    _lost: set[int] = attrs.field(init=False, factory=set)  # cancels not acknowledged in time
-    _keys: itertools.count[int] = attrs.field(init=False, factory=itertools.count)
-    _in_core: int = attrs.field(init=False, default=0)  # claims waiting in the ring
-    _relaying: int = attrs.field(init=False, default=0)  # streams whose end is not relayed
-    _room: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
-    _ending: int = attrs.field(init=False, default=0)  # streams relaying their last messages
-    _ended: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
-    _nursery: trio.Nursery | None = attrs.field(init=False, default=None)
+    _reading: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
 
     def __attrs_post_init__(self) -> None:
         # Unbounded: what goes out is bounded by the worker's claims and its streams' credits.
         self._send, self._sending = trio.open_memory_channel[Message](math.inf)
 
-    async def run(self, decoder: FrameDecoder) -> str:
+    def relay(self, message: Assign | Cancel | Credit | Withdrawn) -> None:
+        """The ring's messages for the worker (``Ring.attach``'s relay)."""
+        self.apply(self._core.from_ring(message, trio.current_time()))
+
+    def apply(self, effects: list[SessionEffect]) -> str | None:
+        """Carry out the core's effects; returns the reason when the session is over."""
+        for effect in effects:
+            match effect:
+                case ToWire(message=message):
+                    self._send.send_nowait(message)
+                case ToRing(message=message):
+                    assert self._link is not None, "attached before anything goes to the ring"
+                    self._link.post(message)
+                case StreamLost(stream_id=stream_id):
+                    logger.warning(
+                        "worker %s did not acknowledge the cancel of stream %d within %gs; "
+                        "dropping it",
+                        self._core.worker_id,
+                        stream_id,
+                        self._core.cancel_ack_timeout,
+                    )
+                case SessionClosed(reason=reason, fault=fault):
+                    if fault:
+                        logger.warning("worker %s: %s", self._core.worker_id, reason)
+                    return reason
+        self._reading.deadline = self._core.deadline
+        return None
+
+    async def run(self, link: WorkerLink, decoder: FrameDecoder) -> str:
         """Serve until the worker leaves, dies or misbehaves; returns why it ended."""
-        reason = "the connection closed"
+        self._link = link
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
                 nursery.start_soon(self._write)
-                try:
-                    await self._read(decoder)
-                except _WorkerGone as exc:
-                    reason = str(exc)
-                # Responses the worker finished before it left still reach their clients.
-                with trio.move_on_after(self._config.worker_timeout):
-                    while self._ending:
-                        await self._ended.park()
+                reason = await self._read(decoder)
                 nursery.cancel_scope.cancel()
-        except* _WorkerGone as group:
-            reason = str(group.exceptions[0])
         except* ProtocolError as group:
             reason = f"protocol error: {group.exceptions[0]}"
-            logger.warning("worker %s broke the protocol: %s", self._worker_id, reason)
-            with trio.move_on_after(1, shield=True):
-                await self._ws.send_message(encode(Detach(reason)))
+            logger.warning("worker %s broke the protocol: %s", self._core.worker_id, reason)
+            self.apply(self._core.close(reason))
+            with trio.move_on_after(1, shield=True), contextlib.suppress(ConnectionClosed):
+                await self.flush()
         return reason
+
+    async def flush(self) -> None:
+        """Write what is waiting to go out (the writer task is gone by then)."""
+        with contextlib.suppress(trio.WouldBlock):
+            await self._ws.send_message(
+                encode_available(self._sending.receive_nowait(), self._sending)
+            )
 
     async def _write(self) -> None:
         async for message in self._sending:
@@ -286,200 +285,18 @@ class _Session:
             except ConnectionClosed:
                 return  # the reader sees the close too, and ends the session
 
-    async def _read(self, decoder: FrameDecoder) -> None:
-        timeout = self._config.worker_timeout
+    async def _read(self, decoder: FrameDecoder) -> str:
+        core = self._core
         while True:
-            with trio.move_on_after(timeout) as scope:
+            self._reading = trio.CancelScope(deadline=core.deadline)
+            with self._reading:
                 message = await _receive(self._ws, decoder)
-            if scope.cancelled_caught:
-                logger.warning("worker %s silent for %gs: declared dead", self._worker_id, timeout)
-                raise _WorkerGone(f"silent for {timeout:g}s: declared dead")
-            if message is None:
-                raise _WorkerGone("the connection closed")
-            self._handle(message)
-
-    def _handle(self, message: Message) -> None:
-        assert self._nursery is not None
-        match message:
-            case Heartbeat():
-                self._link.heartbeat(message)
-            case Claim(count=count):
-                if len(self._waiting) + count > self._link.max_inflight:
-                    raise ProtocolError(
-                        f"the worker claims {count} more slots with {len(self._waiting)} "
-                        f"unfilled, beyond its max_inflight of {self._link.max_inflight}",
-                        message,
-                    )
-                for _ in range(count):
-                    key = next(self._keys)
-                    self._waiting[key] = trio.CancelScope()
-                    self._nursery.start_soon(self._claim, key)
-            case Withdraw(count=count):
-                taken = 0
-                for key in list(self._waiting)[-count:]:
-                    self._waiting.pop(key).cancel()
-                    taken += 1
-                self._send.send_nowait(Withdrawn(taken))
-            case Release(stream_id=stream_id):
-                stream = self._streams.pop(stream_id, None)
-                if stream is None:
-                    self._unknown(stream_id, message)
-                    return
-                stream.scope.cancel()
-                stream.claimed.release()
-            case ResponseHead() | ResponseData() | ResponseEnd() | ResponseError():
-                stream = self._streams.get(message.stream_id)
-                if stream is None:
-                    self._unknown(message.stream_id, message)
-                    return
-                try:
-                    stream.inbox.send_nowait(message)
-                except trio.WouldBlock:
-                    raise ProtocolError(
-                        f"the worker sent beyond its credits on stream {message.stream_id}",
-                        message,
-                    ) from None
-                if isinstance(message, ResponseEnd | ResponseError):
-                    del self._streams[message.stream_id]
-                    stream.inbox.close()
-                    stream.ending = True
-                    stream.ended.set()
-                    self._ending += 1
-            case Detach(reason=reason):
-                raise _WorkerGone(f"the worker left: {reason}" if reason else "the worker left")
-            case _:
-                raise ProtocolError(f"a worker may not send {type(message).__name__}", message)
-
-    def _unknown(self, stream_id: int, message: Message) -> None:
-        if stream_id in self._lost:
-            return  # a late answer on a stream whose Cancel was not acknowledged in time
-        raise ProtocolError(f"the worker does not hold stream {stream_id}", message)
-
-    async def _claim(self, key: int) -> None:
-        """One slot the worker claimed: wait for a stream, send its ``Assign``, relay it.
-
-        The ring counts a stream against the worker until its end is relayed, which may be
-        after the worker sent it (the client still reading) and after the worker claimed the
-        freed slot again: such a claim waits here for the room, it is not an error.
-        """
-        scope = self._waiting.get(key)
-        if scope is None:
-            return  # withdrawn before it started
-        claimed: Claimed | None = None
-        with scope:
-            while self._in_core + self._relaying >= self._link.max_inflight:
-                await self._room.park()
-            self._in_core += 1
-            try:
-                claimed = await self._link.claim()
-            finally:
-                self._in_core -= 1
-        self._waiting.pop(key, None)
-        if claimed is None:
-            return
-        if scope.cancel_called:  # withdrawn as the stream arrived: not counted as assigned
-            claimed.release()
-            self._room.unpark_all()
-            return
-        self._relaying += 1
-        # The head, the credited chunks, one last chunk past the credits, and the end.
-        inbox, outbox = trio.open_memory_channel[ResponseMessage](self._config.credits + 3)
-        stream = _Stream(claimed, inbox, outbox)
-        try:
-            self._streams[claimed.stream_id] = stream
-            self._send.send_nowait(
-                Assign(claimed.stream_id, claimed.head, claimed.body, credits=self._config.credits)
-            )
-            await self._pump(stream)
-        finally:
-            self._relaying -= 1
-            self._room.unpark_all()
-            if stream.ending:
-                self._ending -= 1
-                self._ended.unpark_all()
-
-    async def _pump(self, stream: _Stream) -> None:
-        """Write one stream's response messages to its client's lane, in order, waiting on
-        the client while the worker is still producing; once the worker's end (or error) has
-        arrived, what is left is handed over at once, so the stream stops counting against
-        the worker however slowly its client reads."""
-        pending: ResponseMessage | None = None
-        with stream.scope:  # cancelled when the stream is released or lost
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch_cancel, stream)
-                with trio.CancelScope() as relaying:
-
-                    async def stop_waiting_at_the_end() -> None:
-                        await stream.ended.wait()
-                        relaying.cancel()
-
-                    nursery.start_soon(stop_waiting_at_the_end)
-                    async for message in stream.outbox:
-                        pending = message  # a relay cancelled here delivered nothing
-                        # The client may leave meanwhile: the worker is being told.
-                        with contextlib.suppress(StreamCancelledError):
-                            await self._relay(stream.claimed, message)
-                        pending = None
-                left = [] if pending is None else [pending]
-                with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
-                    while True:
-                        left.append(stream.outbox.receive_nowait())
-                if left:
-                    with contextlib.suppress(StreamCancelledError):
-                        await self._flush(stream.claimed, left)
-                nursery.cancel_scope.cancel()
-
-    async def _flush(self, claimed: Claimed, messages: list[ResponseMessage]) -> None:
-        """Relay a finished stream's last messages without waiting on its client: its
-        chunks go out as one last chunk with the end."""
-        data = b"".join(m.data for m in messages if isinstance(m, ResponseData))
-        for message in messages:
-            match message:
-                case ResponseHead():
-                    await self._relay(claimed, message)
-                case ResponseEnd():
-                    if claimed.cancelled.is_set():
-                        await claimed.end()
-                    else:
-                        await claimed.end(data)
-                case ResponseError(message=text):
-                    claimed.fail(text)
-
-    async def _relay(self, claimed: Claimed, message: ResponseMessage) -> None:
-        stream_id = claimed.stream_id
-        match message:
-            case ResponseHead(status=status, headers=headers):
-                if not claimed.cancelled.is_set():
-                    # Which worker served it, by its certificate: for logs and debugging.
-                    await claimed.send_head(
-                        status, (*headers, ("x-llmtrio-worker", self._worker_id))
-                    )
-            case ResponseData(data=data):
-                if claimed.cancelled.is_set():
-                    return
-                try:
-                    await claimed.send(data)
-                except StreamCancelledError:
-                    return
-                self._send.send_nowait(Credit(stream_id, 1))
-            case ResponseEnd():
-                await claimed.end()
-            case ResponseError(message=text):
-                claimed.fail(text)
-
-    async def _watch_cancel(self, stream: _Stream) -> None:
-        claimed = stream.claimed
-        await claimed.cancelled.wait()
-        self._send.send_nowait(Cancel(claimed.stream_id))
-        await trio.sleep(self._config.cancel_ack_timeout)
-        # No acknowledgement in time: the stream is lost to this worker; acknowledge it here.
-        logger.warning(
-            "worker %s did not acknowledge the cancel of stream %d within %gs; dropping it",
-            self._worker_id,
-            claimed.stream_id,
-            self._config.cancel_ack_timeout,
-        )
-        self._lost.add(claimed.stream_id)
-        self._streams.pop(claimed.stream_id, None)
-        claimed.fail("the worker did not acknowledge the cancel")
-        stream.scope.cancel()
+            if self._reading.cancelled_caught:
+                effects = core.expire(trio.current_time())
+            elif message is None:
+                return "the connection closed"
+            else:
+                effects = core.receive(message, trio.current_time())
+            reason = self.apply(effects)
+            if reason is not None:
+                return reason

@@ -40,6 +40,7 @@ from typing import Any, Final, TypeAlias
 
 import attrs
 
+from ._config import default
 from ._errors import ProtocolError, RingFullError
 from ._messages import (
     Assign,
@@ -177,6 +178,7 @@ class _Stream:
     stream_id: int
     head: RequestHead
     body: bytes
+    key: str = ""  # the routing key (the request's model); nothing routes on it yet
     state: StreamState = StreamState.PARKED
     worker_id: str | None = None
     assignments: int = 0
@@ -220,8 +222,10 @@ class RingCore:
     """
 
     max_streams: int = attrs.field(validator=_positive)
-    retry_after: float = attrs.field(default=1.0, validator=_non_negative)
-    max_assignments: int = attrs.field(default=3, kw_only=True, validator=_positive)
+    retry_after: float = attrs.field(default=default("retry_after"), validator=_non_negative)
+    max_assignments: int = attrs.field(
+        default=default("max_assignments"), kw_only=True, validator=_positive
+    )
     _streams: dict[int, _Stream] = attrs.field(init=False, factory=dict)
     _counts: Counter[StreamState] = attrs.field(init=False, factory=Counter)
     _fresh: dict[int, None] = attrs.field(init=False, factory=dict)  # parked, in arrival order
@@ -252,6 +256,11 @@ class RingCore:
         stream = self._streams.get(stream_id)
         return None if stream is None else stream.worker_id
 
+    def key(self, stream_id: int) -> str | None:
+        """The routing key ``stream_id`` was parked with; ``None`` once it is forgotten."""
+        stream = self._streams.get(stream_id)
+        return None if stream is None else stream.key
+
     def stats(self) -> RingStats:
         """A snapshot of stream counts and workers."""
         return RingStats(
@@ -276,14 +285,21 @@ class RingCore:
 
     # -- the client side -----------------------------------------------------------------------
 
-    def park(self, head: RequestHead, body: bytes = b"") -> tuple[int, list[Effect]]:
+    def park(
+        self, head: RequestHead, body: bytes = b"", *, key: str = ""
+    ) -> tuple[int, list[Effect]]:
         """Park a new request; returns its stream id and the effects (maybe its ``Assign``).
+
+        ``key`` is the request's routing key (the ingress passes its ``model``): kept with the
+        stream (``key()``); streams are not routed on it yet.
 
         Error handling: raises ``RingFullError`` when ``max_streams`` streams are open.
         """
         if self.open_streams >= self.max_streams:
             raise RingFullError(self.retry_after, self.max_streams)
-        stream = _Stream(self._next_id, head, _to_bytes(body))
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, not {key!r}")
+        stream = _Stream(self._next_id, head, _to_bytes(body), key)
         self._next_id += 1
         self._streams[stream.stream_id] = stream
         self._counts[StreamState.PARKED] += 1

@@ -36,6 +36,7 @@ from ._messages import (
     Headers,
     Heartbeat,
     Message,
+    Outcome,
     Release,
     RequestHead,
     ResponseData,
@@ -56,14 +57,18 @@ MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
 _PREFIX: Final = struct.Struct(">I")
 _FRAME_HEAD: Final = struct.Struct(">IBI")  # length, type, json_len
 _MIN_LENGTH: Final = 1 + 4  # type + json_len
-# Optional heartbeat fields, sent only when not zero: prompt reuse and speculation.
+#: A heartbeat's optional fields, sent only when not 0 (an older peer ignores them).
 _OPTIONAL_BEAT_FIELDS: Final = (
     "cache_hits",
     "cached_tokens",
     "cache_bytes",
+    "kv_used",
+    "kv_total",
     "spec_drafted",
     "spec_accepted",
 )
+
+_OUTCOME_FIELDS: Final = tuple(field.name for field in attrs.fields(Outcome))
 
 _CODES: Final[dict[type[Message], int]] = {
     Attach: 1,
@@ -106,7 +111,7 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                 "available_slots": available,
                 "decoding": decoding,
             }
-            for name in _OPTIONAL_BEAT_FIELDS:  # only once the cache (or drafting) was used
+            for name in _OPTIONAL_BEAT_FIELDS:
                 if value := getattr(message, name):
                     beat[name] = value
             return beat, b""
@@ -130,16 +135,23 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
             }, b""
         case ResponseData(stream_id=stream_id, data=data):
             return {"stream_id": stream_id}, data
-        case (
-            ResponseEnd(stream_id=stream_id)
-            | Cancel(stream_id=stream_id)
-            | Release(stream_id=stream_id)
-        ):
+        case ResponseEnd(stream_id=stream_id, outcome=outcome):
+            return {"stream_id": stream_id, **_outcome_field(outcome)}, b""
+        case Cancel(stream_id=stream_id) | Release(stream_id=stream_id):
             return {"stream_id": stream_id}, b""
-        case ResponseError(stream_id=stream_id, message=text):
-            return {"stream_id": stream_id, "message": text}, b""
+        case ResponseError(stream_id=stream_id, message=text, outcome=outcome):
+            return {"stream_id": stream_id, "message": text, **_outcome_field(outcome)}, b""
         case Detach(reason=reason):
             return {"reason": reason}, b""
+
+
+def _outcome_field(outcome: Outcome | None) -> dict[str, Any]:
+    """An end's optional ``outcome`` object, with only its stated keys; nothing without one
+    (so an end without an outcome is the same frame an older peer writes)."""
+    if outcome is None:
+        return {}
+    stated = {name: getattr(outcome, name) for name in _OUTCOME_FIELDS}
+    return {"outcome": {name: value for name, value in stated.items() if value is not None}}
 
 
 def encode(message: Message, *, max_frame_size: int = MAX_FRAME_SIZE) -> bytes:
@@ -203,6 +215,16 @@ class _Fields:
             raise ProtocolError(f"{key!r} must be a list of [name, value] strings", self._frame)
         return tuple((name, text) for name, text in value)
 
+    def outcome(self, key: str) -> Outcome | None:
+        """An optional ``Outcome`` object: its known keys (each may be null or absent; the
+        values are checked by ``Outcome``), unknown keys ignored."""
+        if key not in self._fields:
+            return None
+        value = self._fields[key]
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{key!r} must be a JSON object, not {value!r}", self._frame)
+        return Outcome(**{name: value[name] for name in _OUTCOME_FIELDS if name in value})
+
 
 def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
     if cls is Attach:
@@ -215,8 +237,8 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
     if cls is Heartbeat:
         inflight, available = fields.integer("inflight"), fields.integer("available_slots")
         decoding = fields.integer("decoding") if "decoding" in fields else 0
-        cache = {name: fields.integer(name) for name in _OPTIONAL_BEAT_FIELDS if name in fields}
-        return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **cache)
+        extra = {name: fields.integer(name) for name in _OPTIONAL_BEAT_FIELDS if name in fields}
+        return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **extra)
     if cls is Claim:
         return Claim(fields.integer("count"))
     if cls is Withdraw:
@@ -239,9 +261,13 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
     if cls is ResponseData:
         return ResponseData(fields.integer("stream_id"), payload)
     if cls is ResponseEnd:
-        return ResponseEnd(fields.integer("stream_id"))
+        return ResponseEnd(fields.integer("stream_id"), outcome=fields.outcome("outcome"))
     if cls is ResponseError:
-        return ResponseError(fields.integer("stream_id"), fields.string("message"))
+        return ResponseError(
+            fields.integer("stream_id"),
+            fields.string("message"),
+            outcome=fields.outcome("outcome"),
+        )
     if cls is Cancel:
         return Cancel(fields.integer("stream_id"))
     assert cls is Detach

@@ -1,6 +1,12 @@
-"""The worker's side of the ring, as interfaces: what a worker (``llmtrio.worker.serve_link``)
-needs from its attachment, whether the ring is in this process (``Ring.attach`` gives a
-``WorkerLink``) or across the network (``connect_ring`` gives a ``RemoteLink``).
+"""The worker's side of the ring: what a worker (``llmtrio.worker.serve_link``) needs from its
+attachment, whether the ring is in this process (``Ring.attach`` gives a ``WorkerLink``) or
+across the network (``connect_ring`` gives a ``RemoteLink``), and the one claimed-stream type
+both hand out.
+
+``Claimed`` writes a stream's response as messages into a ``Lane``: the in-process link
+hands them to the ring, a remote link's connection puts them on the wire. The lane alone
+knows how a body chunk waits (for room in the client's buffer, or for a credit) and which
+streams it still holds.
 """
 
 from __future__ import annotations
@@ -9,11 +15,22 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Protocol, Self
 
+import attrs
 import trio
 
-from ._messages import Heartbeat, RequestHead
+from ._errors import ProtocolError, StreamCancelledError
+from ._messages import (
+    Heartbeat,
+    Outcome,
+    Release,
+    RequestHead,
+    ResponseData,
+    ResponseEnd,
+    ResponseError,
+    ResponseHead,
+)
 
-__all__ = ["ClaimedStream", "RingLink"]
+__all__ = ["Claimed", "ClaimedStream", "Lane", "RingLink"]
 
 
 class ClaimedStream(Protocol):
@@ -46,12 +63,14 @@ class ClaimedStream(Protocol):
         """Send a body chunk, waiting while this stream's client is behind (back-pressure on
         this stream only). ``StreamCancelledError`` once the client is gone."""
 
-    async def end(self, last: bytes = b"") -> None:
+    async def end(self, last: bytes = b"", *, outcome: Outcome | None = None) -> None:
         """The response is complete (or the cancellation is acknowledged); ``last`` is a
-        final body chunk, handed over without waiting where the transport allows."""
+        final body chunk, handed over without waiting where the transport allows;
+        ``outcome`` is what it ended with, for the ingress's log and metrics."""
 
-    def fail(self, message: str) -> None:
-        """The worker cannot finish; never blocks; nothing once the stream is finished."""
+    def fail(self, message: str, *, outcome: Outcome | None = None) -> None:
+        """The worker cannot finish; never blocks; nothing once the stream is finished.
+        ``outcome`` is what it ended with, for the ingress's log and metrics."""
 
     def __enter__(self) -> Self: ...
 
@@ -81,6 +100,146 @@ class RingLink(Protocol):
 
     async def claim(self) -> ClaimedStream:
         """Wait for the oldest parked stream; cancelling the wait takes the claim back."""
+
+
+class Lane(Protocol):
+    """Where a ``Claimed`` stream's messages go: the ring in this process (``WorkerLink``) or an
+    ingress across the network (a ``RemoteLink``'s connection to it)."""
+
+    def post(
+        self, message: ResponseHead | ResponseData | ResponseEnd | ResponseError | Release
+    ) -> None:
+        """Hand a message over without waiting (a body chunk goes past any bound: the last
+        one, right before the end). An end, an error or a release finishes the stream here.
+
+        Error handling: ``ProtocolError`` when the message is illegal in the stream's state,
+        where the lane can tell at once (in process it can, over the network the ingress
+        judges)."""
+
+    async def send_data(self, message: ResponseData) -> None:
+        """Hand a body chunk over once this stream may take one more (room in its client's
+        buffer, or a credit), waiting for this stream only.
+
+        Error handling: ``StreamCancelledError`` if the client goes away meanwhile."""
+
+    def holds(self, stream_id: int) -> bool:
+        """Whether ``stream_id`` is still this lane's to answer: not finished, and the worker
+        still attached."""
+
+
+@attrs.define(eq=False)
+class Claimed:
+    """A stream a worker claimed (a ``ClaimedStream``): the request to serve and the response
+    to write, in process or over the network alike.
+
+    Write ``send_head``, then any number of ``send``, then ``end`` (or ``fail`` at any
+    point). ``cancelled`` is set when the client goes away (or the ingress does); the worker
+    should stop its work and finish the stream, which acknowledges the cancellation.
+
+    Resource handling: leaving ``with claimed:`` without ending fails the stream (the client
+    gets ``WorkerFailedError``) or, if the client had gone, acknowledges the cancellation.
+    """
+
+    _lane: Lane
+    stream_id: int
+    head: RequestHead
+    body: bytes = attrs.field(repr=lambda body: f"<{len(body)} bytes>")
+    cancelled: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _sending: bool = attrs.field(init=False, default=False)
+
+    async def send_head(
+        self, status: int, headers: Iterable[tuple[str, str]] | Mapping[str, str] = ()
+    ) -> None:
+        """Send the response status and headers; the stream can no longer be requeued.
+
+        Error handling: ``StreamCancelledError`` once the client is gone; ``ProtocolError`` if
+        a head was already sent or the stream is finished.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        self._lane.post(ResponseHead(self.stream_id, status, headers))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def send(self, data: bytes) -> None:
+        """Send a body chunk, waiting while this stream's client is behind (back-pressure on
+        this stream only). A send cancelled while it waits delivered nothing.
+
+        Error handling: ``StreamCancelledError`` once the client is gone, also while waiting;
+        ``ProtocolError`` before the head or after the end; ``trio.BusyResourceError`` if
+        another task is sending on this stream.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        self._sending = True
+        try:
+            await self._lane.send_data(ResponseData(self.stream_id, data))
+        finally:
+            self._sending = False
+
+    async def end(self, last: bytes = b"", *, outcome: Outcome | None = None) -> None:
+        """The response is complete; the client's body iteration stops after the last chunk.
+
+        ``last``, when given, is a final body chunk handed over without waiting for room or a
+        credit: a worker whose work is done hands over what is left and frees its slot at
+        once, however slowly its client reads. ``outcome`` is what the response ended with
+        (finish reason, token counts), carried to the ingress for its log and metrics.
+
+        Ending a cancelled stream acknowledges the cancellation and raises nothing.
+        Error handling: ``ProtocolError`` before the head or if the stream is finished.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if last and not self.cancelled.is_set():
+            self._check_open()
+            self._lane.post(ResponseData(self.stream_id, last))
+        if not self._lane.holds(self.stream_id):
+            raise ProtocolError(
+                f"stream {self.stream_id} is already finished, or its worker detached"
+            )
+        self._lane.post(ResponseEnd(self.stream_id, outcome=outcome))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def fail(self, message: str, *, outcome: Outcome | None = None) -> None:
+        """The worker cannot finish: the client gets ``WorkerFailedError(message)``;
+        ``outcome`` (an error code, the tokens used) goes to the ingress's log and metrics.
+
+        Never blocks, so it is safe in cleanup; does nothing once the stream is finished.
+        """
+        if self._lane.holds(self.stream_id):
+            self._lane.post(ResponseError(self.stream_id, message, outcome=outcome))
+
+    def release(self) -> None:
+        """Give the stream back without responding: it is parked again at the front (this
+        does not count as an assignment); on a cancelled stream, acknowledges the cancel.
+
+        Never blocks. Error handling: ``ProtocolError`` once the stream is finished, or (in
+        process at once, over the network from the ingress) once a head was sent.
+        """
+        if not self._lane.holds(self.stream_id):
+            raise ProtocolError(
+                f"stream {self.stream_id} is already finished, or its worker detached"
+            )
+        self._lane.post(Release(self.stream_id))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.fail(unfinished_reason(exc_value))
+
+    def _check_open(self) -> None:
+        if self.cancelled.is_set():
+            raise StreamCancelledError(f"the client of stream {self.stream_id} went away")
+        if not self._lane.holds(self.stream_id):
+            raise ProtocolError(
+                f"stream {self.stream_id} is already finished, or its worker detached"
+            )
 
 
 def unfinished_reason(exc_value: BaseException | None) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "Headers",
     "Heartbeat",
     "Message",
+    "Outcome",
     "Release",
     "RequestHead",
     "ResponseData",
@@ -91,6 +92,14 @@ def _nonempty_str(instance: object, attribute: attrs.Attribute[str], value: str)
         raise ValueError(f"{attribute.name} must not be empty")
 
 
+def _optional(check: Any) -> Any:
+    def optional(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None:
+            check(instance, attribute, value)
+
+    return optional
+
+
 def _status(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     _int_at_least(100)(instance, attribute, value)
     if value > 599:
@@ -143,6 +152,11 @@ class Heartbeat:
     snapshots hold now."""
     cached_tokens: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
     cache_bytes: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    kv_used: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    """KV-cache cells (tokens) the running sequences hold, and the engine's cells in all
+    (slots times context), for the ingress's ``vllm:kv_cache_usage_perc`` (optional on the
+    wire: a ``kv_total`` of 0 means not reported, as from a worker older than these fields)."""
+    kv_total: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
     spec_drafted: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
     """Speculative decoding, for health pages (optional on the wire): draft tokens verified,
     and those that were right."""
@@ -217,18 +231,41 @@ class ResponseData:
 
 
 @attrs.frozen
+class Outcome:
+    """What a response ended with, as its worker states it, for the ingress's access log
+    and metrics. The ring carries it and never reads it."""
+
+    finish_reason: str | None = attrs.field(default=None, validator=_optional(_str))
+    prompt_tokens: int | None = attrs.field(default=None, validator=_optional(_int_at_least(0)))
+    cached_tokens: int | None = attrs.field(default=None, validator=_optional(_int_at_least(0)))
+    completion_tokens: int | None = attrs.field(default=None, validator=_optional(_int_at_least(0)))
+    error_code: str | None = attrs.field(default=None, validator=_optional(_str))
+
+
+def _outcome(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, Outcome):
+        raise TypeError(f"outcome must be an Outcome or None, not {value!r}")
+
+
+@attrs.frozen
 class ResponseEnd:
-    """Worker → ring → client: the response is complete. Also acknowledges a ``Cancel``."""
+    """Worker → ring → client: the response is complete. Also acknowledges a ``Cancel``.
+
+    ``outcome`` is what the worker states the response ended with (optional on the wire)."""
 
     stream_id: int = attrs.field(validator=_stream_id)
+    outcome: Outcome | None = attrs.field(default=None, kw_only=True, validator=_outcome)
 
 
 @attrs.frozen
 class ResponseError:
-    """Worker → ring → client: the worker could not finish; also acknowledges a ``Cancel``."""
+    """Worker → ring → client: the worker could not finish; also acknowledges a ``Cancel``.
+
+    ``outcome`` is what the worker states the response ended with (optional on the wire)."""
 
     stream_id: int = attrs.field(validator=_stream_id)
     message: str = attrs.field(validator=_str)
+    outcome: Outcome | None = attrs.field(default=None, kw_only=True, validator=_outcome)
 
 
 @attrs.frozen

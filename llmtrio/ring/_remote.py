@@ -9,28 +9,30 @@ given back with ``Release`` (parked again at the front there). So the worker nev
 than ``max_inflight`` streams over all its ingresses together, every ingress sees its free
 slots, and the oldest waiting request anywhere wins (a busy ingress does not starve a quiet
 one). An ingress going away cancels only the streams it sent.
+
+An ingress URL may name many ingresses (a DNS name with one address per replica): every
+address is dialed and the name is resolved again every ``DialConfig.resolve_interval``
+(``_dial`` holds the rules). A worker gives up an ingress that answers no ping for
+``DialConfig.ingress_timeout`` seconds, as an ingress declares a silent worker dead.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import random
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from types import TracebackType
-from typing import Self
-from urllib.parse import urlsplit
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
+from trio_websocket import ConnectionClosed, WebSocketConnection
 
+from ._dial import DialConfig, Dialer, IngressURL, follow
 from ._errors import ControlRefusedError, ProtocolError, StreamCancelledError
 from ._framing import FrameDecoder, encode_available
-from ._link import unfinished_reason
+from ._link import Claimed
 from ._messages import (
     Assign,
     Attach,
@@ -41,7 +43,6 @@ from ._messages import (
     Heartbeat,
     Message,
     Release,
-    RequestHead,
     ResponseData,
     ResponseEnd,
     ResponseError,
@@ -51,22 +52,11 @@ from ._messages import (
 )
 from ._tls import open_control_websocket
 
-__all__ = ["RemoteClaimed", "RemoteLink", "connect_ring"]
+__all__ = ["RemoteLink", "connect_ring"]
 
 logger = logging.getLogger("llmtrio.ring.remote")
 
-BACKOFF_FIRST_S = 0.2
-BACKOFF_MAX_S = 10.0
 KEEPALIVE_S = 1.0
-INGRESS_TIMEOUT_S = 10.0  # an ingress that answers no ping for this long is given up
-STABLE_S = 5.0  # a connection that lasted this long resets the backoff
-
-
-def _address(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    if parts.scheme != "wss" or not parts.hostname:
-        raise ValueError(f"an ingress URL looks like wss://HOST:PORT, not {url!r}")
-    return parts.hostname, parts.port or 443
 
 
 @asynccontextmanager
@@ -77,9 +67,11 @@ async def connect_ring(
     worker_id: str,
     max_inflight: int,
     models: Iterable[str] = (),
-    handshake_timeout: float = 5.0,
+    config: DialConfig | None = None,
 ) -> AsyncIterator[RemoteLink]:
-    """Attach to every ingress in ``urls`` (``wss://HOST:PORT``) and yield the link.
+    """Attach to every ingress in ``urls`` (``wss://HOST:PORT``) and yield the link. A HOST
+    that is a name is resolved, and every address it stands for is an ingress (see
+    ``DialConfig``).
 
     Connections are made and remade in the background: the link is usable at once, and
     streams come from whichever ingresses are attached. Refusals (TLS, protocol version)
@@ -91,13 +83,13 @@ async def connect_ring(
 
     Error handling: ``ValueError`` for a malformed URL.
     """
-    addresses = [_address(url) for url in urls]
-    if not addresses:
+    targets = list(dict.fromkeys(IngressURL.parse(url) for url in urls))
+    if not targets:
         raise ValueError("give at least one ingress URL")
-    link = RemoteLink(worker_id, max_inflight, tuple(models), ssl_context, handshake_timeout)
+    link = RemoteLink(worker_id, max_inflight, tuple(models), ssl_context, config or DialConfig())
     async with trio.open_nursery() as nursery:
-        for host, port in addresses:
-            nursery.start_soon(link._keep_connected, host, port)
+        for target in targets:
+            nursery.start_soon(follow, target, link._config, link._session, link._is_closing)
         try:
             yield link
         finally:
@@ -105,26 +97,21 @@ async def connect_ring(
             nursery.cancel_scope.deadline = trio.current_time() + 2
 
 
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    """The exceptions in ``group`` and in the groups nested in it (a session's nurseries
-    nest), so that a log names each one rather than "Exceptions from Trio nursery"."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
-
-
 @attrs.define(eq=False)
 class _Connection:
-    """One attached ingress, as the worker sees it."""
+    """One attached ingress, as the worker sees it: its claims, the streams it assigned and
+    their credits. The ``Lane`` of the ``Claimed`` streams it assigned: their messages go on
+    the wire as they are; a body chunk waits for a credit of its own stream."""
 
     name: str
     _outbox: trio.MemorySendChannel[Message]
+    _finished: Callable[[], None]  # a held stream was finished (its slot is free)
     outstanding: int = 0  # claims sent and not yet answered by an Assign or a Withdrawn
     withdrawing: int = 0  # claims asked back, not yet answered
     withdraws: deque[int] = attrs.field(factory=deque)
-    held: dict[int, RemoteClaimed] = attrs.field(factory=dict)
+    held: dict[int, Claimed] = attrs.field(factory=dict)
+    credits: dict[int, int] = attrs.field(factory=dict)  # per held stream
+    _credited: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     alive: bool = True
 
     def send(self, message: Message) -> None:
@@ -138,6 +125,65 @@ class _Connection:
         self.alive = False
         self._outbox.close()
 
+    def assigned(self, message: Assign) -> Claimed:
+        """A stream this ingress assigned, to serve with its credits."""
+        claimed = Claimed(self, message.stream_id, message.head, message.body)
+        self.held[message.stream_id] = claimed
+        self.credits[message.stream_id] = message.credits
+        return claimed
+
+    def credit(self, message: Credit) -> None:
+        if message.stream_id in self.credits:
+            self.credits[message.stream_id] += message.count
+            self._credited.unpark_all()
+
+    def cancel(self, stream_id: int) -> None:
+        """The ingress cancelled the stream (its client went away)."""
+        claimed = self.held.get(stream_id)
+        if claimed is not None:
+            claimed.cancelled.set()
+            self._credited.unpark_all()
+
+    def lose(self) -> None:
+        """The connection ended: its streams are cancelled here (the ingress requeues or fails
+        them) and can no longer be answered."""
+        self.close()
+        for claimed in self.held.values():
+            claimed.cancelled.set()
+        self.held.clear()
+        self.credits.clear()
+        self._credited.unpark_all()
+
+    # -- the Lane of its streams ---------------------------------------------------------------
+
+    def post(
+        self, message: ResponseHead | ResponseData | ResponseEnd | ResponseError | Release
+    ) -> None:
+        self.send(message)
+        if isinstance(message, ResponseEnd | ResponseError | Release):
+            self.held.pop(message.stream_id, None)
+            self.credits.pop(message.stream_id, None)
+            self._finished()
+
+    async def send_data(self, message: ResponseData) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        stream_id = message.stream_id
+        claimed = self.held.get(stream_id)
+        while True:
+            if claimed is not None and claimed.cancelled.is_set():
+                raise StreamCancelledError(f"the client of stream {stream_id} went away")
+            if stream_id not in self.held:
+                raise ProtocolError(f"stream {stream_id} is already finished")
+            if self.credits[stream_id] > 0:
+                break
+            await self._credited.park()
+        self.credits[stream_id] -= 1
+        self.send(message)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def holds(self, stream_id: int) -> bool:
+        return stream_id in self.held
+
 
 @attrs.define(eq=False)
 class RemoteLink:
@@ -147,10 +193,10 @@ class RemoteLink:
     max_inflight: int
     models: tuple[str, ...]
     _ssl_context: ssl.SSLContext
-    _handshake_timeout: float
+    _config: DialConfig = attrs.field(factory=DialConfig)
     _connections: list[_Connection] = attrs.field(init=False, factory=list)
     _wanted: int = attrs.field(init=False, default=0)  # claim() calls waiting
-    _ready: deque[RemoteClaimed] = attrs.field(init=False, factory=deque)
+    _ready: deque[tuple[_Connection, Claimed]] = attrs.field(init=False, factory=deque)
     _changed: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
     _capacity: Heartbeat | None = attrs.field(init=False, default=None)
     _draining: bool = attrs.field(init=False, default=False)
@@ -172,7 +218,7 @@ class RemoteLink:
         for connection in self._connections:
             connection.send(self._capacity)
 
-    async def claim(self) -> RemoteClaimed:
+    async def claim(self) -> Claimed:
         """Wait for a stream from any ingress; call it only when a slot is free.
 
         Resource handling: cancelling the wait takes the claims back (``Withdraw``); a
@@ -186,10 +232,10 @@ class RemoteLink:
             while True:
                 while not self._ready or self._draining:
                     await self._changed.park()
-                claimed = self._ready.popleft()
+                _, claimed = self._ready.popleft()
                 if not claimed.cancelled.is_set():
                     return claimed
-                claimed._finish(Release(claimed.stream_id))  # acknowledges the cancel
+                claimed.release()  # acknowledges the cancel
         finally:
             self._wanted -= 1
             self._rebalance()
@@ -210,8 +256,8 @@ class RemoteLink:
     def _rebalance(self) -> None:
         """Offer each free slot to every ingress; take back what is no longer wanted."""
         while len(self._ready) > self._wanted:
-            surplus = self._ready.pop()
-            surplus._finish(Release(surplus.stream_id))
+            _, surplus = self._ready.pop()
+            surplus.release()
         target = 0 if self._draining or self._closing else self._wanted - len(self._ready)
         for connection in self._connections:
             effective = max(0, connection.outstanding - connection.withdrawing)
@@ -231,15 +277,12 @@ class RemoteLink:
 
     def _assigned(self, connection: _Connection, message: Assign) -> None:
         connection.outstanding -= 1
-        claimed = RemoteClaimed(
-            self, connection, message.stream_id, message.head, message.body, message.credits
-        )
-        connection.held[message.stream_id] = claimed
+        claimed = connection.assigned(message)
         if len(self._ready) < self._wanted and not self._draining:
-            self._ready.append(claimed)
+            self._ready.append((connection, claimed))
             self._changed.unpark_all()
         else:
-            claimed._finish(Release(message.stream_id))
+            claimed.release()
         self._rebalance()
 
     def _withdrawn(self, connection: _Connection, message: Withdrawn) -> None:
@@ -249,41 +292,24 @@ class RemoteLink:
         connection.outstanding -= message.count
         self._rebalance()
 
-    def _finished(self, connection: _Connection, stream_id: int) -> None:
-        connection.held.pop(stream_id, None)
+    def _stream_finished(self) -> None:
         self._rebalance()
         self._changed.unpark_all()
 
     # -- connections -----------------------------------------------------------------------------
 
-    async def _keep_connected(self, host: str, port: int) -> None:
-        name = f"{host}:{port}"
-        failures = 0
-        while not self._closing:
-            started = trio.current_time()
-            try:
-                await self._session(host, port, name)
-            except* (
-                OSError,
-                ControlRefusedError,
-                HandshakeError,
-                ConnectionClosed,
-                ProtocolError,
-            ) as group:
-                logger.warning("ingress %s: %s", name, "; ".join(map(str, _leaves(group))))
-            if self._closing:
-                return
-            failures = 0 if trio.current_time() - started > STABLE_S else failures + 1
-            delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, failures - 1))
-            await trio.sleep(delay * random.uniform(0.5, 1.0))
-
-    async def _session(self, host: str, port: int, name: str) -> None:
+    async def _session(self, dialer: Dialer) -> None:
         async with trio.open_nursery() as nursery:
             ws = await open_control_websocket(
-                nursery, host, port, self._ssl_context, limit_s=self._handshake_timeout
+                nursery,
+                dialer.address,
+                dialer.url.port,
+                self._ssl_context,
+                limit_s=self._config.handshake_timeout,
+                server_hostname=dialer.server_hostname,
             )
             try:
-                await self._serve(ws, name)
+                await self._serve(ws, dialer.name)
             finally:
                 nursery.cancel_scope.cancel()
 
@@ -292,7 +318,7 @@ class RemoteLink:
         tests drive over memory streams)."""
         async with trio.open_nursery() as nursery:
             send, sending = trio.open_memory_channel[Message](math.inf)
-            connection = _Connection(name, send)
+            connection = _Connection(name, send, self._stream_finished)
             connection.send(Attach(self.worker_id, self.max_inflight, models=self.models))
             if self._capacity is not None:
                 connection.send(self._capacity)
@@ -310,17 +336,18 @@ class RemoteLink:
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
 
-    @staticmethod
-    async def _watch_ingress(ws: WebSocketConnection, connection: _Connection) -> None:
+    async def _watch_ingress(self, ws: WebSocketConnection, connection: _Connection) -> None:
         """Ping the ingress every ``KEEPALIVE_S``; one that answers nothing for
-        ``INGRESS_TIMEOUT_S`` is given up (a silent partition breaks no TCP connection)."""
+        ``ingress_timeout`` seconds is given up (a silent partition breaks no TCP connection):
+        the session ends, which cancels the streams that ingress sent."""
+        timeout = self._config.ingress_timeout
         while True:
             await trio.sleep(KEEPALIVE_S)
-            with trio.move_on_after(INGRESS_TIMEOUT_S) as scope:
+            with trio.move_on_after(timeout) as scope:
                 await ws.ping()
             if scope.cancelled_caught:
                 raise ControlRefusedError(
-                    f"ingress {connection.name} answered no ping for {INGRESS_TIMEOUT_S:g}s"
+                    f"ingress {connection.name} answered no ping for {timeout:g}s"
                 )
 
     async def _keepalive(self, connection: _Connection) -> None:
@@ -366,14 +393,10 @@ class RemoteLink:
                 self._assigned(connection, message)
             case Withdrawn():
                 self._withdrawn(connection, message)
-            case Credit(stream_id=stream_id, count=count):
-                claimed = connection.held.get(stream_id)
-                if claimed is not None:
-                    claimed._credit(count)
+            case Credit():
+                connection.credit(message)
             case Cancel(stream_id=stream_id):
-                claimed = connection.held.get(stream_id)
-                if claimed is not None:
-                    claimed._cancel()
+                connection.cancel(stream_id)
             case Detach(reason=reason):
                 raise ControlRefusedError(f"the ingress sent us away: {reason}")
             case _:
@@ -384,110 +407,16 @@ class RemoteLink:
         them), its claims are gone."""
         if connection in self._connections:
             self._connections.remove(connection)
-        connection.close()
-        self._ready = deque(c for c in self._ready if c._connection is not connection)
-        for claimed in list(connection.held.values()):
-            claimed._cancel()
-            claimed._finished = True
-        connection.held.clear()
+        self._ready = deque(entry for entry in self._ready if entry[0] is not connection)
+        connection.lose()
         self._rebalance()
         self._changed.unpark_all()
+
+    def _is_closing(self) -> bool:
+        return self._closing
 
     def _close(self, reason: str) -> None:
         self._closing = True
         for connection in self._connections:
             connection.send(Detach(reason))
             connection.close()
-
-
-@attrs.define(eq=False)
-class RemoteClaimed:
-    """A stream assigned by a remote ingress (a ``ClaimedStream``).
-
-    ``send`` spends one of the stream's credits and waits, this stream only, while it has
-    none. The ingress going away sets ``cancelled``.
-    """
-
-    _link: RemoteLink
-    _connection: _Connection
-    stream_id: int
-    head: RequestHead
-    body: bytes = attrs.field(repr=lambda body: f"<{len(body)} bytes>")
-    _credits: int = 0
-    cancelled: trio.Event = attrs.field(init=False, factory=trio.Event)
-    _finished: bool = attrs.field(init=False, default=False)
-    _wake: trio.Event = attrs.field(init=False, factory=trio.Event)
-
-    async def send_head(
-        self, status: int, headers: Iterable[tuple[str, str]] | Mapping[str, str] = ()
-    ) -> None:
-        """Send the status and headers. ``StreamCancelledError`` once the client is gone."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self._check_open()
-        self._connection.send(ResponseHead(self.stream_id, status, headers))
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def send(self, data: bytes) -> None:
-        """Send a body chunk, waiting for a credit. ``StreamCancelledError`` once the client
-        is gone, also while waiting."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            self._check_open()
-            if self._credits > 0:
-                break
-            self._wake = trio.Event()
-            await self._wake.wait()
-        self._credits -= 1
-        self._connection.send(ResponseData(self.stream_id, data))
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def end(self, last: bytes = b"") -> None:
-        """The response is complete; on a cancelled stream, acknowledges the cancel.
-
-        ``last`` is a final body chunk, sent without waiting for a credit (the one chunk a
-        worker may send past its credits, right before its end): a worker whose work is done
-        frees its slot at once, however slowly its client reads; see docs/ring-protocol.md.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if last and not self.cancelled.is_set():
-            self._check_open()
-            self._connection.send(ResponseData(self.stream_id, last))
-        if self._finished:
-            raise ProtocolError(f"stream {self.stream_id} is already finished")
-        self._finish(ResponseEnd(self.stream_id))
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    def fail(self, message: str) -> None:
-        """The worker cannot finish: the client gets an error. Never blocks."""
-        if not self._finished:
-            self._finish(ResponseError(self.stream_id, message))
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.fail(unfinished_reason(exc_value))
-
-    def _check_open(self) -> None:
-        if self.cancelled.is_set():
-            raise StreamCancelledError(f"the client of stream {self.stream_id} went away")
-        if self._finished:
-            raise ProtocolError(f"stream {self.stream_id} is already finished")
-
-    def _finish(self, message: ResponseEnd | ResponseError | Release) -> None:
-        self._finished = True
-        self._connection.send(message)
-        self._link._finished(self._connection, self.stream_id)
-
-    def _credit(self, count: int) -> None:
-        self._credits += count
-        self._wake.set()
-
-    def _cancel(self) -> None:
-        self.cancelled.set()
-        self._wake.set()

@@ -130,19 +130,28 @@ class _WatchedStream(trio.abc.Stream):
 
 
 async def open_control_websocket(
-    nursery: trio.Nursery, host: str, port: int, context: ssl.SSLContext, *, limit_s: float
+    nursery: trio.Nursery,
+    host: str,
+    port: int,
+    context: ssl.SSLContext,
+    *,
+    limit_s: float,
+    server_hostname: str | None = None,
 ) -> WebSocketConnection:
     """Connect to an ingress's control listener: TCP, TLS, then the WebSocket handshake,
     all within ``limit_s`` seconds. The connection's reader task runs in ``nursery``.
+    ``server_hostname`` is the name the ingress's certificate must carry (and the WebSocket's
+    ``Host``), when ``host`` is one of the addresses that name resolves to.
 
     Error handling: ``ControlRefusedError`` naming the cause when the TLS handshake fails
     (the ingress's certificate is not from our CA), when the ingress refuses our certificate
     (seen at the first read), or when the WebSocket handshake fails or times out; ``OSError``
     when nothing listens.
     """
+    name = server_hostname or host
     with trio.move_on_after(limit_s) as scope:
         tcp = await trio.open_tcp_stream(host, port)
-        tls = trio.SSLStream(tcp, context, server_hostname=host, https_compatible=True)
+        tls = trio.SSLStream(tcp, context, server_hostname=name, https_compatible=True)
         try:
             await tls.do_handshake()
         except trio.BrokenResourceError as exc:
@@ -160,7 +169,7 @@ async def open_control_websocket(
                     connection = await _wrap_client_stream(
                         nursery,
                         cast(trio.SSLStream[trio.SocketStream], watched),
-                        host,
+                        name,
                         CONTROL_PATH,
                     )
                 except HandshakeError as exc:

@@ -1,9 +1,19 @@
 """One request's record at the ingress: its id, what was answered, and the access-log line.
 
-The ingress relays bytes; what a request ended with (status, finish reason, token counts,
-error code) is read from the response as it goes out: the status from its head, the rest
-from its JSON body or from the few server-sent events that carry it (the one with a
-``finish_reason``, the ``usage`` chunk, an ``error`` event), so nothing else is parsed twice.
+The ingress relays bytes and never reads them: the status comes from the response head and
+``complete`` from its last body message (:class:`ResponseObserver`, the ASGI messages'
+framing only); what the request ended with (finish reason, prompt, cached and completion
+tokens, error code) is the :class:`~llmtrio.ring.Outcome` its worker stated on the ring's
+``ResponseEnd``/``ResponseError``, or the error the ingress answered or ended it with
+itself (:meth:`Exchange.ended_with`). Where no end came:
+
+- the client left before the answer: status 499, error ``client_closed``; after the head:
+  the head's status, error ``client_closed``, ``complete`` false;
+- past the request's deadline: error ``timeout`` (a 504, or an error event);
+- the worker failed or went away: error ``worker_failed`` (a 502, or an error event);
+- cut by the shutdown's graceful timeout: error ``shutting_down``;
+
+and the token counts are unknown (``-``) but for those a worker stated before it failed.
 
 The access log is the ``llmtrio.access`` logger, one INFO line per request, in logfmt
 (``key=value``); the same fields ride on the record as ``record.access`` (a dict) for a JSON
@@ -22,16 +32,29 @@ from typing import Any
 import attrs
 import trio
 
-__all__ = ["Exchange", "ResponseObserver", "request_id"]
+from ..ring import Outcome
+
+__all__ = [
+    "CLIENT_CLOSED",
+    "Exchange",
+    "ResponseObserver",
+    "exchange_of",
+    "request_id",
+    "with_exchange",
+]
 
 access_logger = logging.getLogger("llmtrio.access")
 
 Message = dict[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 
+#: The error of a request whose client left before its response ended (no body tells it).
+CLIENT_CLOSED = "client_closed"
+#: The key of a request's :class:`Exchange` in the ASGI scope's ``extensions`` (for the
+#: pages app, which records the error it answers with there).
+_EXCHANGE = "llmtrio.exchange"
 #: A client's own ``X-Request-Id`` is kept when it is this tame (UUIDs, ULIDs, base64).
 _SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+/=@-]{0,127}")
-_MAX_SCANNED_BODY = 4 << 20
 
 
 def request_id(headers: Mapping[str, str]) -> str:
@@ -45,79 +68,26 @@ def request_id(headers: Mapping[str, str]) -> str:
 
 @attrs.define
 class ResponseObserver:
-    """What a response says about how its request ended, fed the ASGI messages that send it.
-
-    Pure: no I/O. ``finish_reason``, ``prompt_tokens``/``completion_tokens`` (when the body
-    reports usage) and ``error_code`` (an error body's or error event's ``code``, else its
-    ``type``) are filled in as the body goes by.
-    """
+    """What the ASGI messages sending a response say by their framing alone: its ``status``
+    (from the head) and whether it is ``complete`` (its last body message went out). Pure:
+    no I/O; the bodies are not looked into."""
 
     status: int | None = None
-    finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    error_code: str | None = None
     complete: bool = False
-    _kind: str = ""  # "json", "sse" or "" (not looked into)
-    _pending: bytearray = attrs.field(factory=bytearray)
 
-    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status = status
-        content_type = b""
-        for name, value in headers:
-            if name.lower() == b"content-type":
-                content_type = value
-        if content_type.startswith(b"text/event-stream"):
-            self._kind = "sse"
-        elif content_type.startswith(b"application/json"):
-            self._kind = "json"
-
-    def body(self, chunk: bytes, more: bool) -> None:
-        if self._kind == "json":
-            if len(self._pending) + len(chunk) <= _MAX_SCANNED_BODY:
-                self._pending += chunk
-            if not more:
-                self._read_json(bytes(self._pending))
-                self._pending.clear()
-        elif self._kind == "sse":
-            self._pending += chunk
-            *lines, rest = self._pending.split(b"\n")
-            self._pending = bytearray(rest)
-            for line in lines:
-                if line.startswith(b"data: {") and (
-                    b'"finish_reason":"' in line or b'"usage":{' in line or b'"error":' in line
-                ):
-                    self._read_json(bytes(line[6:]))
-        if not more:
+    def observe(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = message["status"]
+        elif kind == "http.response.body" and not message.get("more_body", False):
             self.complete = True
-
-    def _read_json(self, raw: bytes) -> None:
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            return
-        if not isinstance(data, dict):
-            return
-        error = data.get("error")
-        if isinstance(error, dict):
-            code = error.get("code") or error.get("type")
-            self.error_code = str(code) if code is not None else "error"
-        choices = data.get("choices")
-        if isinstance(choices, list):
-            for choice in choices:
-                if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
-                    self.finish_reason = choice["finish_reason"]
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(prompt, int) and isinstance(completion, int):
-                self.prompt_tokens, self.completion_tokens = prompt, completion
 
 
 @attrs.define
 class Exchange:
     """One HTTP request at the ingress, from its arrival to its last byte: ``watch(send)``
-    records what goes out; ``worker`` is set by whoever knows which worker served it."""
+    records what goes out; ``worker`` and ``outcome`` are set by whoever knows which worker
+    served it and what it ended with (see the module's doc)."""
 
     request_id: str
     method: str
@@ -127,6 +97,12 @@ class Exchange:
     worker: str | None = None
     first_byte: float | None = None
     observer: ResponseObserver = attrs.field(factory=ResponseObserver)
+    outcome: Outcome | None = None
+
+    def ended_with(self, error_code: str) -> None:
+        """The request ended with ``error_code`` (an error the ingress answered or ended it
+        with, or ``client_closed``); the token counts its worker stated, if any, stay."""
+        self.outcome = attrs.evolve(self.outcome or Outcome(), error_code=error_code)
 
     def watch(
         self, send: Send, clock: Callable[[], float], on_last: Callable[[], None] | None = None
@@ -137,24 +113,21 @@ class Exchange:
         observer = self.observer
 
         async def watched(message: Message) -> None:
-            kind = message["type"]
-            if kind == "http.response.start":
+            if message["type"] == "http.response.start":
                 self.first_byte = clock()
-                observer.start(message["status"], message.get("headers", []))
-            elif kind == "http.response.body":
-                # Before the send: the server tells the app of the client's disconnect as
-                # soon as the last body is out, which may cancel this very send.
-                observer.body(message.get("body", b""), message.get("more_body", False))
-                if not message.get("more_body", False):
-                    if on_last is not None:
-                        on_last()
-                    # Shielded: that cancellation would also cut short the server's own work
-                    # after the last body (hypercorn starts its keep-alive idle timer there,
-                    # so a cancelled last send left the connection open forever). Bounded:
-                    # the connection's writes give up after the send timeout.
-                    with trio.CancelScope(shield=True):
-                        await send(message)
-                    return
+            # Before the send: the server tells the app of the client's disconnect as soon
+            # as the last body is out, which may cancel this very send.
+            observer.observe(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                if on_last is not None:
+                    on_last()
+                # Shielded: that cancellation would also cut short the server's own work
+                # after the last body (hypercorn starts its keep-alive idle timer there, so a
+                # cancelled last send left the connection open forever). Bounded: the
+                # connection's writes give up after the send timeout.
+                with trio.CancelScope(shield=True):
+                    await send(message)
+                return
             await send(message)
 
         return watched
@@ -165,8 +138,8 @@ class Exchange:
 
     def fields(self, ended: float) -> dict[str, Any]:
         """The access-log fields: ``status`` 499 when the client left before any answer,
-        ``complete`` false when the response was cut."""
-        seen = self.observer
+        ``complete`` false when the response was cut; the rest from ``outcome``."""
+        seen, outcome = self.observer, self.outcome or Outcome()
         return {
             "request_id": self.request_id,
             "worker": self.worker,
@@ -175,10 +148,11 @@ class Exchange:
             "path": self.path,
             "status": seen.status if seen.status is not None else 499,
             "complete": seen.complete,
-            "finish_reason": seen.finish_reason,
-            "error": seen.error_code,
-            "prompt_tokens": seen.prompt_tokens,
-            "completion_tokens": seen.completion_tokens,
+            "finish_reason": outcome.finish_reason,
+            "error": outcome.error_code,
+            "prompt_tokens": outcome.prompt_tokens,
+            "cached_tokens": outcome.cached_tokens,
+            "completion_tokens": outcome.completion_tokens,
             "ttfb_s": _rounded(self.ttfb()),
             "total_s": round(ended - self.started, 6),
         }
@@ -188,6 +162,18 @@ class Exchange:
         if access_logger.isEnabledFor(logging.INFO):
             line = " ".join(f"{key}={_logfmt(value)}" for key, value in fields.items())
             access_logger.info(line, extra={"access": fields})
+
+
+def with_exchange(scope: Message, exchange: Exchange) -> Message:
+    """``scope`` carrying ``exchange`` in its ``extensions``, for an app behind the ingress."""
+    extensions = {**(scope.get("extensions") or {}), _EXCHANGE: exchange}
+    return {**scope, "extensions": extensions}
+
+
+def exchange_of(scope: Mapping[str, Any]) -> Exchange | None:
+    """The :class:`Exchange` that :func:`with_exchange` put in ``scope``, if any."""
+    exchange = (scope.get("extensions") or {}).get(_EXCHANGE)
+    return exchange if isinstance(exchange, Exchange) else None
 
 
 def _rounded(seconds: float | None) -> float | None:

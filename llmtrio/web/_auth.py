@@ -12,10 +12,12 @@ import hmac
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from .._probes import PROBE_PATHS
+
 __all__ = ["OPEN_PATHS", "ApiKeys", "read_key_file"]
 
-#: What anyone may fetch with keys set: the chat page, health and the model list.
-OPEN_PATHS = frozenset({"/", "/health", "/v1/models"})
+#: What anyone may fetch with keys set: the chat page, health, the probes and the model list.
+OPEN_PATHS = frozenset({"/", "/health", *PROBE_PATHS, "/v1/models"})
 
 
 def read_key_file(path: Path) -> list[str]:

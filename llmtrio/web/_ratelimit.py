@@ -35,7 +35,7 @@ class RateLimiter:
 
     def __attrs_post_init__(self) -> None:
         if self.per_minute < 1:
-            raise ValueError("--rate-limit must be at least 1")
+            raise ValueError(f"per_minute must be at least 1, not {self.per_minute}")
 
     def take(self, key: str, now: float) -> float | None:
         """Spend one of ``key``'s tokens at time ``now``: ``None`` when there was one, else

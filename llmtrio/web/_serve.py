@@ -26,10 +26,12 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 from prometheus_client import CollectorRegistry
 
+from .._fields import RequestLimits
 from .._openai_errors import DEFAULT_MAX_BODY_BYTES
-from ..ring import Ring
-from ._app import Gate, create_app
+from ..ring import Ring, RingConfig
+from ._app import create_app
 from ._auth import ApiKeys
+from ._checks import Gate
 from ._drain import Drain
 from ._guard import OriginPolicy
 from ._metrics import IngressMetrics
@@ -62,22 +64,25 @@ class ServeConfig:
     ``graceful_timeout`` is how long in-flight streams may run on after a shutdown signal.
     ``send_timeout`` is how long a client may take nothing before it is disconnected.
     ``allowed_origins`` are the web origins (besides this server's own and loopback ones)
-    whose pages may call the API; ``*`` allows all.
+    whose pages may call the API; ``*`` allows all. ``ring`` is the settings of the ring the
+    ingress parks requests on (how many, and for how long).
 
-    Guards (see :class:`~llmtrio.web._app.Gate`): ``api_keys`` asked of the API and
+    Guards (see :class:`~llmtrio.web.Gate`): ``api_keys`` asked of the API and
     ``/metrics``; ``rate_limit`` completion requests per key (or client address) per
     minute; ``request_timeout`` seconds per completion request, arrival to last byte;
     ``body_timeout`` seconds for its body to arrive. ``idle_timeout`` is how long a
     connection may sit without a request in flight, which bounds the wait for a request's
     headers too (hypercorn's ``keep_alive_timeout``: its idle timer runs until a request's
-    headers are complete)."""
+    headers are complete).
+
+    Error handling: ``ValueError`` naming the field (``tls_cert``, ``send_timeout``, ...) for
+    a value out of range or a combination refused."""
 
     host: str = "127.0.0.1"
     port: int | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    ring_streams: int = 64
-    park_timeout: float = 30.0
+    ring: RingConfig = attrs.field(factory=RingConfig)
     graceful_timeout: float = 10.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     send_timeout: float = 60.0
@@ -93,27 +98,21 @@ class ServeConfig:
 
     def __attrs_post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("give both --tls-cert and --tls-key, or neither")
+            raise ValueError("give both tls_cert and tls_key, or neither")
         if self.tls_cert is None and not _is_loopback(self.host):
             raise ValueError(
-                f"refusing plain HTTP on {self.host}: without --tls-cert/--tls-key llmtrio "
+                f"refusing plain HTTP on {self.host}: without tls_cert/tls_key llmtrio "
                 "serves on loopback only"
             )
-        if self.park_timeout <= 0:
-            raise ValueError("--park-timeout must be positive")
-        if self.ring_streams < 1:
-            raise ValueError("--ring-streams must be at least 1")
         if self.max_body_bytes < 1:
-            raise ValueError("--max-body-bytes must be at least 1")
-        if not self.send_timeout > 0:
-            raise ValueError("--send-timeout must be more than 0")
+            raise ValueError("max_body_bytes must be at least 1")
         if self.rate_limit is not None and self.rate_limit < 1:
-            raise ValueError("--rate-limit must be at least 1")
+            raise ValueError("rate_limit must be at least 1")
         if self.request_timeout is not None and not self.request_timeout > 0:
-            raise ValueError("--request-timeout must be more than 0")
-        for name in ("body_timeout", "idle_timeout"):
+            raise ValueError("request_timeout must be more than 0")
+        for name in ("send_timeout", "body_timeout", "idle_timeout"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be more than 0")
+                raise ValueError(f"{name} must be more than 0")
 
     def gate(self) -> Gate:
         return Gate(
@@ -140,12 +139,13 @@ async def serve_ingress(
     model_name: str,
     shutdown: trio.Event,
     registry: CollectorRegistry | None = None,
+    limits: RequestLimits | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the OpenAI API in front of ``ring`` until ``shutdown`` is set;
     ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``).
     ``GET /metrics`` shows ``registry`` (a new one unless given), with the ingress's own
-    metrics added to it.
+    metrics added to it; ``/openapi.json`` states the workers' request ``limits``.
 
     Resource handling: after ``shutdown`` the ingress drains: new ring requests are refused
     with 503 (``shutting_down``, with ``Retry-After``) and ``/health`` answers 503
@@ -166,6 +166,7 @@ async def serve_ingress(
         gate=config.gate(),
         metrics=IngressMetrics(ring, registry),
         drain=drain,
+        limits=limits,
     )
     hypercorn = HypercornConfig()
     hypercorn.bind = [config.bind()]

@@ -14,7 +14,7 @@ when a scrape asks; the histograms are observed once per request, on the Trio si
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -53,13 +53,13 @@ def _token_buckets(limit: int) -> tuple[float, ...]:
 
 
 class EngineCollector(Collector):
-    """The engine's live figures at scrape time: llama.cpp's counters and gauges and the
-    Inference Extension's three gauges. ``waiting`` adds requests queued in front of the
-    engine (the ring's parked streams, when the ring is in the same process)."""
+    """The engine's live figures at scrape time: llama.cpp's counters and gauges and, unless
+    ``picker_gauges`` is false, the Inference Extension's three gauges (false where an
+    ingress in the same registry exports them for its whole ring, this engine included)."""
 
-    def __init__(self, engine: Engine, *, waiting: Callable[[], int] | None = None) -> None:
+    def __init__(self, engine: Engine, *, picker_gauges: bool = True) -> None:
         self._engine = engine
-        self._waiting = waiting
+        self._picker_gauges = picker_gauges
 
     def collect(self) -> Iterable[Metric]:
         stats = self._engine.stats
@@ -91,20 +91,21 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily(
             "llamacpp:requests_deferred", "Number of requests deferred.", deferred
         )
-        yield GaugeMetricFamily(
-            "vllm:num_requests_running", "Number of requests in model execution batches.", running
-        )
-        queued = self._waiting() if self._waiting is not None else 0
-        yield GaugeMetricFamily(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-            deferred + queued,
-        )  # fmt: skip
-        cells = config.max_inflight * config.ctx_size
-        yield GaugeMetricFamily(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            min(1.0, stats.kv_tokens / cells) if cells else 0.0,
-        )
+        if self._picker_gauges:
+            yield GaugeMetricFamily(
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                running,
+            )
+            yield GaugeMetricFamily(
+                "vllm:num_requests_waiting", "Number of requests waiting to be processed.", deferred
+            )
+            cells = config.max_inflight * config.ctx_size
+            yield GaugeMetricFamily(
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                min(1.0, stats.kv_tokens / cells) if cells else 0.0,
+            )
         # Prompt reuse, in tokens as vLLM counts its prefix cache, and in requests and bytes.
         yield CounterMetricFamily(
             "vllm:prefix_cache_queries",
@@ -151,17 +152,17 @@ class EngineCollector(Collector):
 
 
 class WorkerMetrics:
-    """A worker's metrics in ``registry``: the engine's live figures, and the per-request
-    histograms observed by :meth:`finished`."""
+    """A worker's metrics in ``registry``: the engine's live figures (``picker_gauges``: see
+    :class:`EngineCollector`), and the per-request histograms observed by :meth:`finished`."""
 
     def __init__(
         self,
         registry: CollectorRegistry,
         engine: Engine,
         *,
-        waiting: Callable[[], int] | None = None,
+        picker_gauges: bool = True,
     ) -> None:
-        registry.register(EngineCollector(engine, waiting=waiting))
+        registry.register(EngineCollector(engine, picker_gauges=picker_gauges))
         tokens = _token_buckets(engine.config.ctx_size)
         self._ttft = Histogram(
             "vllm:time_to_first_token_seconds",

@@ -1,0 +1,148 @@
+"""The engine's input processor (vLLM v1's name): a :class:`GenerateRequest` checked and
+turned into what the decode core takes, before anything is queued.
+
+- :meth:`InputProcessor.check_size` refuses, on the event loop and without tokenizing, a
+  prompt that cannot fit a slot whatever its tokens;
+- :meth:`InputProcessor.prepare` (in a worker thread: rendering, tokenizing and compiling a
+  grammar take a while) renders the chat template, tokenizes, finds where a recurrent state
+  is worth a snapshot (the hints), and checks token ids, ``logit_bias`` and the grammar, so
+  that a bad request fails with its own error and never on the decode thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from ._chat import ChatTemplate
+from ._core import cut_anywhere
+from ._errors import InvalidRequestError, PromptTooLongError
+from ._llama import LlamaModel, SlotSampler
+from ._prompt_cache import common_prefix
+from ._types import EngineConfig, GenerateRequest
+
+__all__ = ["InputProcessor", "Prepared"]
+
+
+@attrs.frozen
+class Prepared:
+    """A request's prompt as the decode core takes it: its ``tokens``, whether the rendered
+    prompt ``opens_think`` (the reply starts inside a think block), and the prompt lengths
+    where a recurrent state is worth a snapshot (``hints``)."""
+
+    tokens: list[int]
+    opens_think: bool = False
+    hints: tuple[int, ...] = ()
+
+
+class InputProcessor:
+    """Checks and prepares requests for one model (see the module's doc)."""
+
+    def __init__(self, config: EngineConfig, model: LlamaModel, template: ChatTemplate) -> None:
+        self.template = template
+        self._config = config
+        self._model = model
+        self._max_piece_bytes = max(1, model.max_piece_bytes)
+        # Test seam: llama.cpp itself rejects out-of-vocabulary ids when this is off.
+        self.check_token_ids = True
+
+    def check_size(self, request: GenerateRequest) -> None:
+        """Refuse, without tokenizing, a prompt whose size alone cannot fit a slot: no token
+        covers more than the model's longest piece, so that bounds its count.
+
+        Error handling: :class:`PromptTooLongError` (``at_least``)."""
+        if request.messages is not None:
+            size = sum(len(m.content.encode("utf-8", "replace")) for m in request.messages)
+            at_least = -(-size // self._max_piece_bytes)
+        else:
+            assert request.tokens is not None
+            at_least = len(request.tokens)
+        if at_least >= self._config.request_ctx:
+            raise PromptTooLongError(at_least, self._config.request_ctx, at_least=True)
+
+    def prepare(self, request: GenerateRequest) -> Prepared:
+        """The request's prompt, checked; its grammar compiled once to check it.
+
+        Error handling: :class:`PromptTooLongError`, :class:`InvalidRequestError` (a token
+        id or a ``logit_bias`` outside the vocabulary), :class:`GrammarError`."""
+        prepared = self._prompt(request)
+        self._check_logit_bias(request)
+        self._check_grammar(request)
+        return prepared
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """``text`` tokenized as a prompt: with the model's BOS, never two of them (a
+        template that writes its own BOS)."""
+        model = self._model
+        prompt = model.tokenize(text, add_special=model.add_bos)
+        if model.add_bos and len(prompt) > 1 and prompt[0] == prompt[1] == model.bos:
+            prompt = prompt[1:]
+        return prompt
+
+    def _prompt(self, request: GenerateRequest) -> Prepared:
+        if request.tokens is not None:
+            self._check_token_ids(request.tokens)
+            prepared = Prepared(list(request.tokens))
+        else:
+            assert request.messages is not None
+            rendered = self.template.render(
+                request.messages, think=request.think, tools=request.tools
+            )
+            tokens = self.tokenize_prompt(rendered.text)
+            hints: tuple[int, ...] = ()
+            if self._config.prompt_cache and not cut_anywhere(self._model):
+                hints = self._hints(rendered.text, request.messages[-1].content, tokens)
+            prepared = Prepared(tokens, rendered.opens_think, hints)
+        if len(prepared.tokens) >= self._config.request_ctx:
+            raise PromptTooLongError(len(prepared.tokens), self._config.request_ctx)
+        return prepared
+
+    def _hints(self, text: str, last: str, prompt: list[int]) -> tuple[int, ...]:
+        """The prompt lengths where the last message's text starts (what precedes it, a
+        system prompt above all, is shared by other requests) and ends (the next turn of
+        the conversation repeats all of it): where a recurrent state is worth a snapshot."""
+        start = text.rfind(last) if last else -1
+        if start <= 0:
+            return ()
+        tokens = np.asarray(prompt, dtype=np.int32)
+        hints = set()
+        for end in (start, start + len(last)):
+            prefix = np.asarray(self.tokenize_prompt(text[:end]), dtype=np.int32)
+            # Where tokenizing the prefix alone agrees with the whole prompt: at most the
+            # boundary, never past it.
+            hints.add(common_prefix(prefix, tokens))
+        return tuple(sorted(h for h in hints if 0 < h < len(prompt)))
+
+    def _check_token_ids(self, tokens: Sequence[int]) -> None:
+        n_vocab = self._model.n_vocab
+        bad = [t for t in tokens if not 0 <= t < n_vocab] if self.check_token_ids else []
+        if bad:
+            raise InvalidRequestError(
+                f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})",
+                param="tokens",
+            )
+
+    def _check_logit_bias(self, request: GenerateRequest) -> None:
+        n_vocab = self._model.n_vocab
+        for token, _ in request.logit_bias:
+            if not 0 <= token < n_vocab:
+                raise InvalidRequestError(
+                    f"logit_bias names token {token}, outside the vocabulary (0..{n_vocab - 1})",
+                    param="logit_bias",
+                )
+
+    def _check_grammar(self, request: GenerateRequest) -> None:
+        """Raise :class:`GrammarError` now, not on the decode thread, for a bad grammar."""
+        if request.grammar is not None:
+            SlotSampler(
+                self._model,
+                temperature=0.0,
+                top_k=0,
+                top_p=1.0,
+                min_p=0.0,
+                seed=0,
+                bias={},
+                grammar=request.grammar,
+            ).close()

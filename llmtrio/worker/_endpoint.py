@@ -1,0 +1,314 @@
+"""The request pipeline of the worker: one :class:`Endpoint` shape, one serve path.
+
+An endpoint is a small value: the route it answers, the kind of model it needs, how to parse
+its request body into engine work (:meth:`Endpoint.parse`, pure), how to run that work on the
+engine (:meth:`Endpoint.run`, an ``async with`` giving the events), and how to encode the
+events as a JSON body or as server-sent events (:meth:`Endpoint.encoder`, pure). Chat and
+text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a new instance.
+
+:func:`serve_request` is the one path every endpoint's requests go through:
+
+- a body the endpoint refuses, or work the engine refuses before it starts, gets its error
+  response (OpenAI's shape, its status);
+- the response head goes out with the first event of an event stream (so a request that
+  fails before its first token still gets its error status), or with the whole body of a
+  JSON response;
+- an event stream is relayed with back-pressure while the engine works and flushed in one
+  last chunk once it has finished, so the slot is free however slowly the client reads;
+- a failure after the head is an error event on an event stream (a JSON body cut after its
+  head can only be failed);
+- every end states the response's :class:`~llmtrio.ring.Outcome` (its finish reason and
+  token counts, or its error code) on the ring, for the ingress's access log and metrics,
+  which never read the response's bytes;
+- anything unexpected is the caller's to turn into a 500 (``_worker``): this request only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, TypeVar
+
+import attrs
+import trio
+
+from .._fields import RequestLimits
+from .._openai_errors import OpenAIError, server_error
+from ..engine import Done, Engine, EngineError, Event, Failed, PromptTooLongError, Token
+from ..ring import ClaimedStream, Outcome, StreamCancelledError
+from ._metrics import WorkerMetrics
+from ._responses import ResponseMeta, from_engine_error, new_id
+
+__all__ = ["Encoder", "Endpoint", "Events", "serve_request"]
+
+logger = logging.getLogger("llmtrio.worker")
+
+SSE_HEADERS = (
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache"),
+    ("x-accel-buffering", "no"),
+)
+JSON_HEADERS = (("content-type", "application/json"),)
+
+Request = TypeVar("Request")
+
+
+class Events(Protocol):
+    """What an endpoint's work yields: its events in order, the last one a ``Done`` or a
+    ``Failed`` (a :class:`~llmtrio.engine.Generation` is one). ``ended`` is set once the work
+    has finished producing (the rest is buffered); :meth:`drain` takes the buffered rest."""
+
+    ended: trio.Event
+
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+
+    def drain(self) -> list[Event]: ...
+
+
+class Encoder(Protocol):
+    """One response's bytes: ``streaming`` says whether they are server-sent events (the
+    head goes out with the first event) or one JSON body (written by :meth:`finish`)."""
+
+    streaming: bool
+
+    def start(self) -> bytes:
+        """What goes before the first event's bytes (a chat stream's role chunk)."""
+
+    def event(self, token: Token) -> bytes:
+        """One event's bytes (nothing for a JSON body, which is written at the end)."""
+
+    def finish(self, done: Done) -> bytes:
+        """The last bytes: a stream's finish, usage and ``[DONE]``; a JSON body whole."""
+
+    def finish_reason(self, done: Done) -> str:
+        """OpenAI's ``finish_reason`` the response gave (``tool_calls`` when it made one)."""
+
+
+class Endpoint(Protocol[Request]):
+    """One route of the API, as the worker serves it (see the module's doc)."""
+
+    @property
+    def route(self) -> str:
+        """The path it answers (``POST``)."""
+
+    @property
+    def model_kind(self) -> str:
+        """The kind of model it needs: ``"chat"`` (a generating model)."""
+
+    @property
+    def id_prefix(self) -> str:
+        """The prefix of its response ids (``chatcmpl``, ``cmpl``)."""
+
+    def parse(self, body: bytes, limits: RequestLimits) -> Request:
+        """The request, parsed and validated. Error handling: :class:`OpenAIError`."""
+
+    def run(self, engine: Engine, request: Request) -> AbstractAsyncContextManager[Events]:
+        """Start the work on ``engine``; leaving the block ends it.
+
+        Error handling: :class:`OpenAIError` or :class:`EngineError` when the work cannot
+        start."""
+
+    def encoder(self, request: Request, meta: ResponseMeta) -> Encoder:
+        """The encoder of this request's response."""
+
+
+class _Response:
+    """One stream's response as the worker writes it: remembers whether the head went out,
+    so a failure can still be told in the right form, and what the response ended with
+    (``outcome``), which every end states."""
+
+    def __init__(self, claimed: ClaimedStream, metrics: WorkerMetrics | None) -> None:
+        self.claimed = claimed
+        self.metrics = metrics
+        self.streaming = False  # the head of an event stream was sent
+        self.sent_head = False
+        self.outcome: Outcome | None = None
+
+    async def head(
+        self, status: int, headers: tuple[tuple[str, str], ...], *, streaming: bool = False
+    ) -> None:
+        self.sent_head = True
+        self.streaming = streaming
+        await self.claimed.send_head(status, headers)
+
+    def finished(self, done: Done, encoder: Encoder) -> None:
+        """The work is done: its finish reason as the response gives it, and its counts."""
+        if self.metrics is not None:
+            self.metrics.finished(done)
+        self.outcome = Outcome(
+            finish_reason=encoder.finish_reason(done),
+            prompt_tokens=done.prompt_tokens,
+            cached_tokens=done.cached_tokens,
+            completion_tokens=done.completion_tokens,
+        )
+
+    def failed(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> OpenAIError:
+        """The response tells ``error``: its code, besides the counts known so far."""
+        known = self.outcome or Outcome(prompt_tokens=prompt_tokens)
+        self.outcome = attrs.evolve(known, error_code=error.error_code)
+        return error
+
+    async def end(self, last: bytes) -> None:
+        await self.claimed.end(last, outcome=self.outcome)
+
+    async def error(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> None:
+        """A whole error response: status, JSON body, end."""
+        self.failed(error, prompt_tokens=prompt_tokens)
+        await self.head(error.status, (*JSON_HEADERS, *error.headers))
+        await self.end(error.body())
+
+    async def fail(self, error: OpenAIError) -> None:
+        """End with ``error``: an error response before the head, an error event on an event
+        stream; a JSON body cut after its head can only be failed."""
+        if not self.sent_head:
+            await self.error(error)
+            return
+        self.failed(error)
+        if self.streaming:
+            await self.end(error.sse())
+        else:
+            self.claimed.fail(error.message, outcome=self.outcome)
+
+
+async def serve_request(
+    endpoint: Endpoint[Any],
+    engine: Engine,
+    claimed: ClaimedStream,
+    *,
+    limits: RequestLimits,
+    metrics: WorkerMetrics | None,
+    request_id: str,
+) -> None:
+    """Respond to one claimed stream with ``endpoint``; the client going away cancels the
+    response (and so the engine's work). A fault ends this stream with a 500 (or an error
+    event once streaming); the caller's ``with claimed:`` acknowledges a cancellation or
+    fails a stream left unfinished."""
+    response = _Response(claimed, metrics)
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            await claimed.cancelled.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        try:
+            await _respond(endpoint, engine, response, limits)
+        except StreamCancelledError:
+            pass
+        except Exception:
+            logger.exception("request %s failed", request_id)
+            await response.fail(server_error())
+        nursery.cancel_scope.cancel()
+
+
+async def _respond(
+    endpoint: Endpoint[Any], engine: Engine, response: _Response, limits: RequestLimits
+) -> None:
+    try:
+        request = endpoint.parse(response.claimed.body, limits)
+    except OpenAIError as error:
+        await response.error(error)
+        return
+    meta = ResponseMeta(new_id(endpoint.id_prefix), int(time.time()), engine.model_name)
+    encoder = endpoint.encoder(request, meta)
+    try:
+        async with endpoint.run(engine, request) as events:
+            if encoder.streaming:
+                await _stream(response, encoder, events)
+            else:
+                await _whole(response, encoder, events)
+    except OpenAIError as error:
+        await response.error(error)
+    except EngineError as exc:
+        await response.error(from_engine_error(exc), prompt_tokens=_prompt_tokens(exc))
+
+
+async def _stream(response: _Response, encoder: Encoder, events: Events) -> None:
+    """An event stream; its head goes out with the first event, so a request that fails
+    before any token gets a plain error response with its status."""
+
+    def encode(event: Event) -> bytes:
+        if isinstance(event, Token):
+            return encoder.event(event)
+        if isinstance(event, Done):
+            last = encoder.finish(event)
+            response.finished(event, encoder)
+            return last
+        assert isinstance(event, Failed)
+        return response.failed(_failure(event), prompt_tokens=_prompt_tokens(event.error)).sse()
+
+    iterator = aiter(events)
+    first = await anext(iterator)
+    if isinstance(first, Failed):
+        await response.error(_failure(first), prompt_tokens=_prompt_tokens(first.error))
+        return
+    await response.head(200, SSE_HEADERS, streaming=True)
+    await _relay(response, events, iterator, encode, encoder.start() + encode(first))
+
+
+async def _relay(
+    response: _Response,
+    events: Events,
+    iterator: AsyncIterator[Event],
+    encode: Callable[[Event], bytes],
+    first: bytes,
+) -> None:
+    """Send each event's bytes as the work produces them, waiting on the client's buffer
+    (back-pressure) only while the work runs; once it has ended, everything left goes out in
+    one last chunk and the response ends, so the slot is free at once."""
+    claimed = response.claimed
+    unsent = [first]
+    async with trio.open_nursery() as nursery:
+
+        async def stop_waiting_at_the_end() -> None:
+            await events.ended.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(stop_waiting_at_the_end)
+        while True:
+            while unsent:
+                if unsent[0]:
+                    await claimed.send(unsent[0])  # a send cancelled here delivered nothing
+                del unsent[0]
+            try:
+                event = await anext(iterator)
+            except StopAsyncIteration:
+                break
+            unsent.append(encode(event))
+    unsent += [encode(event) for event in events.drain()]
+    await response.end(b"".join(unsent))
+
+
+async def _whole(response: _Response, encoder: Encoder, events: Events) -> None:
+    """One JSON body, written once the work is done: its head goes out with it, so a
+    failure at any point is still an error response with its status."""
+    async for event in events:
+        if isinstance(event, Token):
+            encoder.event(event)
+        elif isinstance(event, Done):
+            body = encoder.finish(event)
+            response.finished(event, encoder)
+            await response.head(200, JSON_HEADERS)
+            await response.end(body)
+            return
+        else:
+            assert isinstance(event, Failed)
+            await response.error(_failure(event), prompt_tokens=_prompt_tokens(event.error))
+            return
+
+
+def _prompt_tokens(error: Exception) -> int | None:
+    """The prompt's length, when an error knows it exactly (a prompt too long for the
+    context, measured whole)."""
+    if isinstance(error, PromptTooLongError) and not error.at_least:
+        return error.prompt_tokens
+    return None
+
+
+def _failure(event: Failed) -> OpenAIError:
+    logger.warning("generation failed: %s", event.error)
+    if isinstance(event.error, EngineError):
+        return from_engine_error(event.error)
+    return server_error()

@@ -1,0 +1,209 @@
+"""What every completion response is built from: ids, the chunk envelope of an event stream,
+usage, timings and log-probabilities in OpenAI's shapes, and the OpenAI error for an engine
+error. Pure: no I/O, no clock; randomness only in the ids.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+from collections.abc import Sequence
+from json.encoder import encode_basestring
+from typing import Any
+
+import attrs
+
+from .._openai_errors import OpenAIError, dumps, invalid_request, server_error
+from ..engine import (
+    Done,
+    EngineClosedError,
+    EngineError,
+    EngineFailedError,
+    PromptTooLongError,
+    RequestError,
+    TokenLogprob,
+)
+
+__all__ = [
+    "DONE",
+    "Envelope",
+    "ResponseMeta",
+    "chat_logprobs_json",
+    "from_engine_error",
+    "json_string",
+    "new_id",
+    "timings_json",
+    "usage_json",
+]
+
+#: The last event of a completion stream.
+DONE = b"data: [DONE]\n\n"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def new_id(prefix: str) -> str:
+    """A fresh response id: ``chatcmpl-...`` for chat, ``cmpl-...`` for text completions."""
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+@attrs.frozen
+class ResponseMeta:
+    """What every chunk and body of one response repeats: its id, creation time (Unix
+    seconds) and the model's name."""
+
+    id: str
+    created: int
+    model: str
+
+
+def json_string(text: str) -> bytes:
+    """``text`` as a JSON string literal in UTF-8; lone surrogates (not encodable) become
+    U+FFFD."""
+    literal = encode_basestring(text)
+    try:
+        return literal.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", literal).encode()
+
+
+@attrs.frozen
+class Envelope:
+    """The server-sent events of one streamed completion, all built on one envelope:
+    ``data: {"id", "object", "created", "model", "choices": [...] [, "usage": null]}``.
+
+    The bytes around the choices are encoded once; a chunk costs the choice's own encoding.
+    With ``include_usage`` every chunk carries ``"usage": null`` and :meth:`usage` sends the
+    counts in a last chunk with no choices, as OpenAI's streams do.
+    """
+
+    meta: ResponseMeta
+    object: str
+    include_usage: bool = False
+    _open: bytes = attrs.field(init=False, repr=False)
+    _close: bytes = attrs.field(init=False, repr=False)
+
+    @_open.default
+    def _make_open(self) -> bytes:
+        return (
+            b'data: {"id":'
+            + json_string(self.meta.id)
+            + b',"object":'
+            + json_string(self.object)
+            + b',"created":'
+            + str(int(self.meta.created)).encode()
+            + b',"model":'
+            + json_string(self.meta.model)
+            + b',"choices":['
+        )
+
+    @_close.default
+    def _make_close(self) -> bytes:
+        return b"]" + (b',"usage":null' if self.include_usage else b"")
+
+    def prefix(self, choice_open: bytes) -> bytes:
+        """The bytes of a chunk up to where ``choice_open`` leaves off: a caller that adds
+        only a string and the rest of its choice keeps it, for :meth:`with_prefix`."""
+        return self._open + choice_open
+
+    def with_prefix(self, prefix: bytes, rest: bytes) -> bytes:
+        """A chunk made of a :meth:`prefix` and the rest of its one choice."""
+        return prefix + rest + self._close + b"}\n\n"
+
+    def chunk(self, choice: bytes, **extra: Any) -> bytes:
+        """A chunk with one choice (its JSON bytes) and ``extra`` top-level fields."""
+        tail = b"".join(b',"' + key.encode() + b'":' + dumps(value) for key, value in extra.items())
+        return self._open + choice + self._close + tail + b"}\n\n"
+
+    def usage(self, done: Done) -> bytes:
+        """The usage chunk: ``"choices": []`` and the token counts."""
+        return self._open + b'],"usage":' + dumps(usage_json(done)) + b"}\n\n"
+
+
+def usage_json(done: Done) -> dict[str, Any]:
+    """OpenAI's usage: ``prompt_tokens`` counts the reused ones too, and
+    ``prompt_tokens_details.cached_tokens`` says how many of them were reused."""
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    }
+
+
+def timings_json(done: Done) -> dict[str, float | int | None]:
+    """llama.cpp server's ``timings`` fields, plus the time spent waiting for a slot.
+
+    ``prompt_ms`` runs until the first token was sampled, so the decode rate counts the
+    tokens after the first over ``predicted_ms``. As in llama.cpp's server, ``cache_n``
+    prompt tokens were reused from memory and ``prompt_n`` were ingested, and ``draft_n``
+    draft tokens were verified (speculative decoding), ``draft_n_accepted`` of them right.
+    """
+    t = done.timings
+    decoded_after_first = max(done.completion_tokens - 1, 0)
+    ingested = done.prompt_tokens - done.cached_tokens
+    return {
+        "queue_ms": _ms(t.queue_s),
+        "cache_n": done.cached_tokens,
+        "prompt_n": ingested,
+        "prompt_ms": _ms(t.prefill_s),
+        "prompt_per_second": _rate(ingested, t.prefill_s),
+        "predicted_n": done.completion_tokens,
+        "predicted_ms": _ms(t.decode_s),
+        "predicted_per_second": _rate(decoded_after_first, t.decode_s),
+        "draft_n": done.draft_tokens,
+        "draft_n_accepted": done.accepted_tokens,
+    }
+
+
+def _ms(seconds: float) -> float | None:
+    return round(seconds * 1000.0, 3) if math.isfinite(seconds) else None
+
+
+def _rate(count: int, seconds: float) -> float | None:
+    if count <= 0 or not (seconds > 0.0 and math.isfinite(seconds)):
+        return None
+    return round(count / seconds, 2)
+
+
+def token_logprob_json(entry: TokenLogprob) -> dict[str, Any]:
+    """One token of OpenAI's chat ``logprobs.content``."""
+    return {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.piece),
+        "top_logprobs": [
+            {"token": text, "logprob": logprob, "bytes": list(piece)}
+            for text, piece, logprob in entry.top
+        ],
+    }
+
+
+def chat_logprobs_json(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs``: ``{"content": [...], "refusal": null}``."""
+    return {"content": [token_logprob_json(e) for e in entries], "refusal": None}
+
+
+def from_engine_error(exc: EngineError) -> OpenAIError:
+    """The OpenAI error for an exception the engine raised or reported.
+
+    A :class:`PromptTooLongError` becomes OpenAI's 400 ``context_length_exceeded`` on
+    ``messages`` (worded as OpenAI words it: clients match "maximum context length"); any other
+    :class:`RequestError` a 400 naming its ``param``; :class:`EngineClosedError` a 503; anything
+    else a 500.
+    """
+    if isinstance(exc, PromptTooLongError):
+        return invalid_request(
+            f"This model's maximum context length is {exc.ctx_size} tokens. However, your "
+            f"messages resulted in {exc.prompt_tokens} tokens (at least one token must be left "
+            f"to generate). Please reduce the length of the messages.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    if isinstance(exc, RequestError):
+        return invalid_request(str(exc), param=exc.param, code="invalid_value")
+    if isinstance(exc, EngineFailedError):
+        return OpenAIError(503, "The model failed and cannot serve requests.", type="server_error")
+    if isinstance(exc, EngineClosedError):
+        return OpenAIError(503, "The model is shutting down.", type="server_error")
+    return server_error(f"The model failed while generating: {exc}")

@@ -1,0 +1,232 @@
+"""The command's settings are its config classes': each default written once, in the class
+(the parser reads it from there), and each error naming a field in the class and its flag at
+the command line."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from llmtrio import _cli as cli
+from llmtrio import _settings as settings
+from llmtrio._fields import RequestLimits
+from llmtrio._remote_worker import run_worker
+from llmtrio.engine import EngineConfig, InvalidRequestError, Sampling
+from llmtrio.ring import ControlConfig, DialConfig, RingConfig
+from llmtrio.web import ServeConfig
+
+NEEDED = {
+    "generate": ["--prompt=hi"],
+    "serve": [],
+    "worker": ["--ingress-url=wss://i:1", "--tls-cert=c.pem", "--ca=ca.pem"],
+}
+#: The config classes (and functions) each command builds from its flags.
+BUILDS: dict[str, tuple[Any, ...]] = {
+    "generate": (EngineConfig, Sampling),
+    "serve": (EngineConfig, ServeConfig, RingConfig, RequestLimits, ControlConfig),
+    "worker": (EngineConfig, RequestLimits, DialConfig, run_worker),
+}
+#: ControlConfig's host and port come from --control-host and --control-port.
+OTHER_FLAG = {(ControlConfig, "host"), (ControlConfig, "port")}
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = (a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def fields(owner: Any) -> set[str]:
+    if attrs.has(owner):
+        return set(attrs.fields_dict(owner))
+    return set(inspect.signature(owner).parameters)
+
+
+def parse(command: str, *flags: str) -> argparse.Namespace:
+    return cli._parser().parse_args([command, *flags, *NEEDED[command]])
+
+
+@pytest.mark.parametrize("command", sorted(BUILDS))
+def test_every_flag_of_a_config_field_has_the_classes_default(command: str) -> None:
+    """A flag whose ``dest`` is a field of a class its command builds defaults to that
+    field's default, read from the class: a literal copy in the parser is refused (it would
+    drift when the class changes)."""
+    checked = 0
+    for action in commands()[command]._actions:
+        for owner in BUILDS[command]:
+            if action.dest not in fields(owner) or (owner, action.dest) in OTHER_FLAG:
+                continue
+            expected = settings.default_of(owner, action.dest)
+            default = action.default
+            if isinstance(default, list):  # append: none given, the class gets what is given
+                assert default == [] and expected == (), action.dest
+            elif default is None:  # an option with no default: the class's is None too
+                assert expected is None, action.dest
+            else:
+                assert isinstance(default, settings.Default), (action.dest, default)
+                assert default.value() == expected, action.dest
+            checked += 1
+    assert checked >= {"generate": 18, "serve": 33, "worker": 21}[command]
+
+
+@pytest.mark.parametrize("command", sorted(NEEDED))
+def test_a_command_given_no_settings_builds_the_classes_defaults(command: str) -> None:
+    args = parse(command)
+    assert settings.engine_config(args) == EngineConfig()
+    if command == "generate":
+        assert settings.sampling(args) == Sampling()
+    else:
+        assert settings.request_limits(args) == RequestLimits()
+    if command == "serve":
+        assert settings.serve_config(args) == ServeConfig()
+        assert settings.control_config(args, "h") is None
+    if command == "worker":
+        assert settings.dial_config(args) == DialConfig()
+
+
+def test_help_shows_the_classes_defaults() -> None:
+    text = " ".join(commands()["serve"].format_help().split())
+    ring, serve = RingConfig(), ServeConfig()
+    assert f"before 503 (default {ring.max_streams})" in text
+    assert f"before 503 (default {ring.park_timeout})" in text
+    assert f"on shutdown (default {serve.graceful_timeout})" in text
+    assert f"(default {EngineConfig().max_inflight})" in text
+    assert f"(default {EngineConfig().hf_repo})" in text
+
+
+def test_given_flags_reach_the_configs() -> None:
+    args = parse(
+        "serve", "--ring-streams=3", "--park-timeout=2.5", "--request-timeout=0",
+        "--no-prompt-cache", "--no-fallback", "--cache-ram=0", "--max-tokens-limit=9",
+        "--allowed-origins=https://a.example,https://b.example", "--threads=3",
+    )  # fmt: skip
+    serve = settings.serve_config(args)
+    assert serve.ring == RingConfig(max_streams=3, park_timeout=2.5)
+    assert serve.request_timeout is None
+    assert serve.allowed_origins == ("https://a.example", "https://b.example")
+    engine = settings.engine_config(args)
+    assert (engine.prompt_cache, engine.allow_fallback, engine.cache_ram_mib) == (False, False, 0)
+    assert engine.threads == 3
+    assert settings.request_limits(args).max_tokens == 9
+
+
+REFUSALS: list[tuple[Callable[[], object], str, list[str], str]] = [
+    # (the class refusing, its message, the command line, the command's message)
+    (
+        lambda: ServeConfig(tls_cert=Path("c.pem")),
+        "give both tls_cert and tls_key, or neither",
+        ["serve", "--tls-cert=c.pem"],
+        "llmtrio serve: give both --tls-cert and --tls-key, or neither",
+    ),
+    (
+        lambda: ServeConfig(host="0.0.0.0"),
+        "without tls_cert/tls_key llmtrio serves on loopback only",
+        ["serve", "--host=0.0.0.0"],
+        "without --tls-cert/--tls-key llmtrio serves on loopback only",
+    ),
+    (
+        lambda: RingConfig(park_timeout=0),
+        "park_timeout must be more than 0",
+        ["serve", "--park-timeout=0"],
+        "llmtrio serve: --park-timeout must be more than 0",
+    ),
+    (
+        lambda: RingConfig(max_streams=0),
+        "max_streams must be at least 1",
+        ["serve", "--ring-streams=0"],
+        "llmtrio serve: --ring-streams must be at least 1",
+    ),
+    (
+        lambda: ServeConfig(idle_timeout=0),
+        "idle_timeout must be more than 0",
+        ["serve", "--idle-timeout=0"],
+        "llmtrio serve: --idle-timeout must be more than 0",
+    ),
+    (
+        lambda: RequestLimits(max_tokens=0),
+        "max_tokens must be at least 1",
+        ["serve", "--max-tokens-limit=0"],
+        "llmtrio serve: --max-tokens-limit must be at least 1, not 0",
+    ),
+    (
+        lambda: RequestLimits(max_stop=0),
+        "max_stop must be at least 1",
+        ["worker", "--max-stop=0", *NEEDED["worker"]],
+        "llmtrio worker: --max-stop must be at least 1, not 0",
+    ),
+    (
+        lambda: DialConfig(ingress_timeout=0),
+        "ingress_timeout must be more than 0",
+        ["worker", "--ingress-timeout=0", *NEEDED["worker"]],
+        "llmtrio worker: --ingress-timeout must be more than 0",
+    ),
+    (
+        lambda: EngineConfig(ctx_size=8),
+        "ctx_size must be at least 16",
+        ["serve", "--ctx-size=8"],
+        "llmtrio serve: --ctx-size must be at least 16",
+    ),
+    (
+        lambda: EngineConfig(prefill_chunk=0),
+        "prefill_chunk must be at least 1",
+        ["generate", "--prompt=hi", "--prefill-chunk=0"],
+        "llmtrio generate: --prefill-chunk must be at least 1",
+    ),
+    (
+        lambda: Sampling(top_p=0),
+        "top_p must be in (0, 1]",
+        ["generate", "--prompt=hi", "--top-p=0"],
+        "llmtrio generate: --top-p must be in (0, 1]",
+    ),
+]
+
+
+def build_all(args: argparse.Namespace) -> None:
+    """Every config the command builds, as it builds them."""
+    settings.engine_config(args)
+    if args.command == "generate":
+        settings.sampling(args)
+        return
+    settings.request_limits(args)
+    if args.command == "serve":
+        settings.serve_config(args)
+    else:
+        settings.dial_config(args)
+
+
+@pytest.mark.parametrize(("refuse", "field_message", "argv", "flag_message"), REFUSALS)
+def test_a_class_names_the_field_and_the_command_the_flag(
+    refuse: Callable[[], object], field_message: str, argv: list[str], flag_message: str
+) -> None:
+    with pytest.raises((ValueError, InvalidRequestError)) as refused:
+        refuse()
+    assert field_message in str(refused.value)
+    assert "--" not in str(refused.value)
+    with pytest.raises(SystemExit) as exited:
+        build_all(cli._parser().parse_args(argv))
+    assert flag_message in str(exited.value.code)
+
+
+def test_the_command_prints_the_flag_and_exits_without_a_traceback() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "llmtrio._cli", "serve", "--no-local-worker", "--park-timeout=-1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "llmtrio serve: --park-timeout must be more than 0, not -1.0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_message_names_a_flag_only_for_a_whole_field_name() -> None:
+    flags = {"max_tokens": "--max-tokens-limit", "max_stop": "--max-stop"}
+    message = "max_tokens must be at least 1; max_tokens_x and max_stop_chars stay"
+    assert settings.flag_message(message, ["max_tokens", "max_stop", "other"], flags) == (
+        "--max-tokens-limit must be at least 1; max_tokens_x and max_stop_chars stay"
+    )
