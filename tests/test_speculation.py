@@ -5,25 +5,27 @@ the request asks for it back), where prompt lookup drafts well."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from llmtrio.engine import Done, Engine, EngineConfig, GenerateRequest, Token
+from llmtrio._routes import CHAT_PATH
+from llmtrio.engine import Done, Engine, GenerateRequest, Token
+from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 
+from ._helpers import engine_config
 from ._stack import open_stack
 from .test_engine_spec import REWRITE
-from .test_metrics import CHAT, scrape, value
+from .test_metrics import scrape, value
 
 PROMPT = f"Text:\n{REWRITE}\n\nThe same text, copied exactly:\nText:\n"
 
 
-def config(path: Path, **kwargs: object) -> EngineConfig:
-    values: dict[str, object] = {"model": path, "max_inflight": 2, "ctx_size": 512, "threads": 2}
-    values.update(kwargs)
-    return EngineConfig(**values)  # type: ignore[arg-type]
+#: This file's engines: 2 slots of 512 tokens unless a test says otherwise.
+config = partial(engine_config, max_inflight=2)
 
 
 async def events_of(engine: Engine, request: GenerateRequest) -> tuple[list[Token], Done]:
@@ -85,7 +87,9 @@ async def test_a_stop_string_inside_an_accepted_run_ends_there(gemma_path: Path)
 
 
 async def test_timings_health_and_metrics_count_drafts(gemma_path: Path) -> None:
-    serve = ServeConfig(host="127.0.0.1", port=0, ring_streams=8, graceful_timeout=1)
+    serve = ServeConfig(
+        host="127.0.0.1", port=0, ring=RingConfig(max_streams=8), graceful_timeout=1
+    )
     async with (
         open_stack(config(gemma_path, spec="ngram"), serve) as stack,
         httpx.AsyncClient(timeout=120) as http,
@@ -97,7 +101,7 @@ async def test_timings_health_and_metrics_count_drafts(gemma_path: Path) -> None
             "temperature": 0,
             "ignore_eos": True,
         }
-        response = await http.post(stack.url + CHAT, json=body)
+        response = await http.post(stack.url + CHAT_PATH, json=body)
         assert response.status_code == 200, response.text
         timings = response.json()["timings"]
         assert timings["draft_n"] >= timings["draft_n_accepted"] > 0
