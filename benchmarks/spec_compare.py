@@ -306,9 +306,11 @@ async def part_pool(args: argparse.Namespace, setup: Setup) -> None:
         Server("per-slot", "llmtrio (per slot)", Kind.LLMTRIO, ("--no-spec",)),
         Server("unified", "llmtrio --kv-unified", Kind.LLMTRIO, ("--no-spec", "--kv-unified")),
     )
-    long_text, tokens = compare.long_prompt(setup, 12000)
-    print(f"\none request of {tokens} prompt tokens, 32 generated, on 8 slots x {POOL_CTX}")
-    for server in layouts:
+    long_text, tokens = ("", 0)
+    if args.long_tokens:
+        long_text, tokens = compare.long_prompt(setup, args.long_tokens)
+        print(f"\none request of {tokens} prompt tokens, 32 generated, on 8 slots x {POOL_CTX}")
+    for server in layouts if args.long_tokens else ():
         spec = ServerSpec(server.key, server.label, server.kind)
         argv = argv_of(server, setup, slots=SLOTS, ctx=POOL_CTX)
         async with (
@@ -334,12 +336,12 @@ async def part_pool(args: argparse.Namespace, setup: Setup) -> None:
             async with compare.running_server(
                 spec, setup, POOL_CTX, f"pool-{server.key}-r{rnd}", argv=argv
             ) as running:
-                for n in (1, 8, 16):
+                for n in args.pool_concurrency:
                     b = await batch(running, server, setup, "chat", n, f"pool{rnd}-{n}")
                     results.setdefault((server.key, n), []).append(b)
                     print(f"  round {rnd + 1} {server.label:28} N={n:<3} {b.agg_tps:7.1f} tok/s")
     print(f"\nchat, 16 slots x {POOL_CTX}, median of {args.rounds} round(s): agg tok/s")
-    for n in (1, 8, 16):
+    for n in args.pool_concurrency:
         per = statistics.median(b.agg_tps for b in results[("per-slot", n)])
         uni = statistics.median(b.agg_tps for b in results[("unified", n)])
         print(
@@ -363,6 +365,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--llmtrio-args", default="", help="extra flags for every llmtrio server (quoted)"
+    )
+    parser.add_argument(
+        "--long-tokens",
+        type=int,
+        default=12000,
+        help="part pool: the long request's prompt tokens (0: skip it)",
+    )
+    parser.add_argument(
+        "--pool-concurrency",
+        type=int,
+        nargs="+",
+        default=[1, 8, 16],
+        help="part pool: the chat batches run on 16 slots in both layouts",
     )
     parser.add_argument("--logdir", type=Path, help="keep server logs here")
     return parser.parse_args(argv)
