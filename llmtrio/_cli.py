@@ -94,7 +94,7 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         choices=["ngram"],
         default=_engine("spec"),
         help="speculative decoding: 'ngram' drafts tokens by looking the last ones up in the "
-        "prompt and output, verified in the same batch (default %(default)s)",
+        "prompt and output, verified in the same batch (default %(default)s: None is off)",
     )
     spec.add_argument(
         "--no-spec",

@@ -24,8 +24,9 @@ from .test_metrics import scrape, value
 PROMPT = f"Text:\n{REWRITE}\n\nThe same text, copied exactly:\nText:\n"
 
 
-#: This file's engines: 2 slots of 512 tokens unless a test says otherwise.
-config = partial(engine_config, max_inflight=2)
+#: This file's engines: 2 slots of 512 tokens, drafting (whatever the default), unless a
+#: test says otherwise.
+config = partial(engine_config, max_inflight=2, spec="ngram")
 
 
 async def events_of(engine: Engine, request: GenerateRequest) -> tuple[list[Token], Done]:
@@ -91,7 +92,7 @@ async def test_timings_health_and_metrics_count_drafts(gemma_path: Path) -> None
         host="127.0.0.1", port=0, ring=RingConfig(max_streams=8), graceful_timeout=1
     )
     async with (
-        open_stack(config(gemma_path, spec="ngram"), serve) as stack,
+        open_stack(config(gemma_path), serve) as stack,
         httpx.AsyncClient(timeout=120) as http,
     ):
         before = await scrape(http, stack.url + "/metrics")
