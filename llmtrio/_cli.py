@@ -95,6 +95,45 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         help="host memory for prompt snapshots other slots can restore "
         "(default %(default)s; 0: none, a slot still reuses its own memory)",
     )
+    spec = group.add_mutually_exclusive_group()
+    spec.add_argument(
+        "--spec",
+        choices=["ngram"],
+        default=_engine("spec"),
+        help="speculative decoding: 'ngram' drafts tokens by looking the last ones up in the "
+        "prompt and output, verified in the same batch (default %(default)s: None is off)",
+    )
+    spec.add_argument(
+        "--no-spec",
+        action="store_const",
+        const=None,
+        dest="spec",
+        default=_engine("spec"),
+        help="no speculative decoding: one token per step",
+    )
+    group.add_argument(
+        "--spec-draft-max",
+        type=int,
+        default=_engine("spec_draft_max"),
+        metavar="N",
+        help="the most draft tokens one sequence verifies in a step (1-16; default "
+        "%(default)s); fewer are drafted when the measured step costs say so",
+    )
+    group.add_argument(
+        "--kv-unified",
+        action=argparse.BooleanOptionalAction,
+        default=_engine("kv_unified"),
+        help="one context pool of --max-inflight x --ctx-size cells shared by all slots: one "
+        "request may use all of it (default %(default)s)",
+    )
+    group.add_argument(
+        "--max-request-ctx",
+        type=int,
+        default=_engine("max_request_ctx"),
+        metavar="N",
+        help="the most context one request may use (default %(default)s: --ctx-size, or with "
+        "--kv-unified the whole pool)",
+    )
     group.add_argument(
         "--threads",
         type=int,

@@ -139,3 +139,38 @@ def test_prompt_cache_flags_reach_the_engine_config(
     with pytest.raises(SystemExit):
         parsed("--cache-ram=-1")
     assert "--cache-ram: must be 0 or more, not -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["serve", "worker", "generate"])
+def test_speculation_and_pool_flags_reach_the_engine_config(command: str) -> None:
+    from llmtrio._cli import _parser, engine_config
+    from llmtrio.engine import EngineConfig
+
+    needed = {
+        "serve": [],
+        "worker": ["--ingress-url=wss://i:1", "--tls-cert=c.pem", "--ca=ca.pem"],
+        "generate": ["--prompt=hi"],
+    }[command]
+
+    def parsed(*flags: str) -> EngineConfig:
+        return engine_config(_parser().parse_args([command, "--model=m.gguf", *flags, *needed]))
+
+    default = EngineConfig()
+    config = parsed()
+    assert (config.spec, config.spec_draft_max, config.kv_unified, config.max_request_ctx) == (
+        default.spec,
+        default.spec_draft_max,
+        default.kv_unified,
+        default.max_request_ctx,
+    )
+    assert parsed("--no-spec").spec is None
+    assert parsed("--spec=ngram", "--spec-draft-max=3").spec_draft_max == 3
+    config = parsed("--kv-unified", "--max-request-ctx=20000", "--ctx-size=4096")
+    assert config.kv_unified and config.request_ctx == 20000
+    assert not parsed("--no-kv-unified").kv_unified
+    with pytest.raises(SystemExit):
+        parsed("--spec=ngram", "--no-spec")
+    with pytest.raises(SystemExit, match="--spec-draft-max must be between 1 and 16"):
+        parsed("--spec-draft-max=17")
+    with pytest.raises(SystemExit, match="--max-request-ctx must be between 16 and 4096"):
+        parsed("--max-request-ctx=5000", "--ctx-size=4096")

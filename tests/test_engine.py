@@ -102,8 +102,11 @@ async def test_eight_prompts_batched_match_llama_cpp_and_agree_with_alone(gemma_
     """
     steps = 24
     # Without prompt reuse: the batched run must ingest the whole prompts, as llama_greedy
-    # does, not reuse what the runs alone left in the slots (a batch of another shape).
-    async with Engine.open(config(gemma_path, prompt_cache=False)) as engine:
+    # does, not reuse what the runs alone left in the slots (a batch of another shape); and
+    # without drafts, which change the batch's shape too (tests/test_engine_spec.py checks
+    # speculation against decoding without it).
+    config_ = config(gemma_path, prompt_cache=False, spec=None)
+    async with Engine.open(config_) as engine:
         prompts = [engine.tokenize(p, add_special=True) for p in PROMPTS]
         requests = [GenerateRequest(tokens=p, max_tokens=steps, ignore_eos=True) for p in prompts]
         alone = [(await collect(engine, r))[0] for r in requests]

@@ -1,5 +1,6 @@
 """Prompt reuse on both test models: gemma-3 (sliding-window attention, full-size window
-cache) and qwen35 (hybrid attention + recurrent memory, reused through snapshots).
+cache) and qwen35 (hybrid attention + recurrent memory, reused through snapshots), with each
+slot's own memory and with one shared pool.
 
 What reuse promises is numerical, and two claims are tested apart:
 
@@ -14,8 +15,8 @@ What reuse promises is numerical, and two claims are tested apart:
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from llmtrio.engine import (
     ChatMessage,
     Done,
     Engine,
+    EngineConfig,
     EngineStats,
     GenerateRequest,
     StopReason,
@@ -48,8 +50,18 @@ def model_path(request: pytest.FixtureRequest) -> Path:
     return path
 
 
-#: This file's engines: 4 slots of 2048 tokens unless a test says otherwise.
-config = partial(engine_config, max_inflight=4, ctx_size=2048)
+@pytest.fixture(params=[False, True], ids=["per-slot", "pool"])
+def kv_unified(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+def config(path: Path, kv_unified: bool, **changes: Any) -> EngineConfig:
+    """This file's engines: 4 slots of 2048 tokens unless a test says otherwise. Runs are
+    compared token for token where the batches match: on gemma, drafts (whose number
+    follows measured step times) would change batch shapes, so it reuses prompts without
+    them; the hybrid model reuses prompts with speculation on."""
+    changes.setdefault("spec", "ngram" if path.name.startswith("qwen35") else None)
+    return engine_config(path, max_inflight=4, ctx_size=2048, kv_unified=kv_unified, **changes)
 
 
 def chat(*messages: tuple[str, str]) -> GenerateRequest:
@@ -69,7 +81,7 @@ def text_of(logprobs: list[TokenLogprob]) -> str:
     return b"".join(e.piece for e in logprobs).decode("utf-8", "replace")
 
 
-async def test_reuse_reuses_only_what_is_shared(model_path: Path) -> None:
+async def test_reuse_reuses_only_what_is_shared(model_path: Path, kv_unified: bool) -> None:
     """Turn 2 of a conversation, a prompt differing from a previous one in one token, and
     four concurrent prompts sharing a system prompt with a finished one: each reuses only
     what it shares, and generates what an engine that reuses nothing generates, up to a near
@@ -101,9 +113,9 @@ async def test_reuse_reuses_only_what_is_shared(model_path: Path) -> None:
         out += await run_together(engine, shared)
         return out
 
-    async with Engine.open(config(model_path, prompt_cache=False)) as engine:
+    async with Engine.open(config(model_path, kv_unified, prompt_cache=False)) as engine:
         cold = await scenario(engine)
-    async with Engine.open(config(model_path)) as engine:
+    async with Engine.open(config(model_path, kv_unified)) as engine:
         warm = await scenario(engine)
         stats = engine.stats
 
@@ -127,14 +139,16 @@ async def test_reuse_reuses_only_what_is_shared(model_path: Path) -> None:
     assert stats.prompt_cache_reused_tokens == sum(cached)
 
 
-async def test_the_snapshot_budget_holds(model_path: Path) -> None:
+async def test_the_snapshot_budget_holds(model_path: Path, kv_unified: bool) -> None:
     """Distinct prompts through one slot: each one's memory is saved when the next takes the
     slot; the snapshots never take more than ``cache_ram_mib``, the oldest go first."""
     budget = 2
     # Prompts of which one snapshot fits the budget, two do not (gemma's memory takes about
     # 18 KiB a token, qwen35-tiny's about 1.5).
     size = 60 if "gemma" in model_path.name else 900
-    async with Engine.open(config(model_path, max_inflight=1, cache_ram_mib=budget)) as engine:
+    async with Engine.open(
+        config(model_path, kv_unified, max_inflight=1, cache_ram_mib=budget)
+    ) as engine:
         words = (TEXT + " " + SYSTEM).split() * 4
         prompts = [
             engine.tokenize(" ".join(words[i * 7 : i * 7 + size]), add_special=True)
@@ -153,19 +167,23 @@ async def test_the_snapshot_budget_holds(model_path: Path) -> None:
         assert done.cached_tokens == len(prompts[3])
 
 
-async def test_cancel_while_ingesting_a_partly_reused_prompt(model_path: Path) -> None:
+async def test_cancel_while_ingesting_a_partly_reused_prompt(
+    model_path: Path, kv_unified: bool
+) -> None:
     """A prompt reusing a finished one is cancelled while ingesting the rest; the next
     request finds the memory consistent: it reuses what was ingested, and its tokens are
     those of an engine that reuses nothing (bit for bit on qwen35, whose reuse here keeps the
     chunk boundaries of a whole ingestion; up to a near tie on gemma, whose does not)."""
-    async with Engine.open(config(model_path, prompt_cache=False, prefill_chunk=16)) as engine:
+    async with Engine.open(
+        config(model_path, kv_unified, prompt_cache=False, prefill_chunk=16)
+    ) as engine:
         words = TEXT.split()
         base = engine.tokenize(" ".join(words[:40]), add_special=True)
         longer = engine.tokenize(" ".join(words[:130]), add_special=True)
         assert longer[: len(base) - 1] == base[:-1]
         expected, _ = await collect_logprobs(engine, raw(longer))
 
-    async with Engine.open(config(model_path, prefill_chunk=16)) as engine:
+    async with Engine.open(config(model_path, kv_unified, prefill_chunk=16)) as engine:
         await collect(engine, raw(base))
         ingested = engine.stats.prompt_tokens_ingested
         model = engine._model
@@ -225,7 +243,8 @@ def test_reuse_is_bit_exact_where_the_batches_match(model_path: Path) -> None:
     last decode step did, so its first token and logprobs are A's last, bit for bit.
     """
     m = 4
-    config = engine_config(model_path, max_inflight=1, ctx_size=1024)
+    # Without drafts: they would change the batches the exactness rests on.
+    config = engine_config(model_path, max_inflight=1, ctx_size=1024, spec=None)
     n_batch = max(config.prefill_chunk + config.max_inflight, 64)
     model = LlamaModel(model_path, slots=1, ctx_size=1024, threads=2, n_batch=n_batch)
     try:

@@ -53,6 +53,7 @@ EVERY_MESSAGE: list[Message] = [
     Heartbeat(inflight=8, max_inflight=8, available_slots=0, decoding=6),
     Heartbeat(1, 4, 3, cache_hits=2, cached_tokens=900, cache_bytes=12_000_000),
     Heartbeat(2, 4, 2, 2, kv_used=300, kv_total=16384),
+    Heartbeat(2, 4, 2, 2, spec_drafted=800, spec_accepted=600),
     Claim(1),
     Claim(7),
     Withdraw(3),

@@ -81,3 +81,30 @@ def test_text_with_a_lone_angle_bracket_is_not_swallowed() -> None:
     splitter = ThinkSplitter()
     out = splitter.feed("a < b and <t") + splitter.feed("able>") + splitter.flush()
     assert "".join(t for t, _ in out) == "a < b and <table>"
+
+
+def test_several_tokens_at_once_are_one_event_each_with_their_own_logprob() -> None:
+    """Accepted drafts arrive as several tokens in one step: each is its own event, carrying
+    its own log-probability (a held-back partial character goes with the piece that ends
+    it)."""
+    from llmtrio.engine import TokenLogprob
+    from llmtrio.engine._output import OutputProcessor
+    from llmtrio.engine._sampling import RawLogprob
+
+    pieces = {1: b"a", 2: b"b", 3: "é".encode()[:1], 4: "é".encode()[1:], 5: b"c"}
+    output = OutputProcessor(
+        stops=(),
+        opens_think=False,
+        piece=pieces.__getitem__,
+        token_logprob=lambda raw: TokenLogprob(str(raw.token), pieces[raw.token], raw.logprob),
+    )
+    raws = [RawLogprob(t, -float(t), ()) for t in (1, 2, 3, 4, 5)]
+    events, stopped = output.feed([1, 2, 3, 4, 5], raws)
+    assert not stopped
+    assert [e.text for e in events] == ["a", "b", "é", "c"]
+    assert [[lp.logprob for lp in e.logprobs] for e in events] == [
+        [-1.0],
+        [-2.0],
+        [-3.0, -4.0],
+        [-5.0],
+    ]

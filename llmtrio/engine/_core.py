@@ -1,147 +1,48 @@
-"""The decode-step core: schedule → carry out prompt reuse → fill one batch → ``llama_decode``
-→ sample → hand token ids out (vLLM v1's ``EngineCore``). No Trio and no threads: whoever owns
-it calls :meth:`EngineCore.step` from one thread (the engine's decode thread; a test's own).
+"""The decode-step core: schedule → carry out prompt reuse → draft → fill one batch →
+``llama_decode`` → sample and verify → hand token ids out (vLLM v1's ``EngineCore``). No Trio
+and no threads: whoever owns it calls :meth:`EngineCore.step` from one thread (the engine's
+decode thread; a test's own).
 
 Requests come in and results go out as plain values (:class:`CoreRequest`,
 :class:`StepOutput`); the policies it carries out are pure objects of their own: the
-:class:`Scheduler` (who runs, how many prompt tokens each) and the :class:`PromptCache`
-(which slot, what of the prompt is already in memory, what to snapshot).
+:class:`Scheduler` (who runs, how many prompt tokens each), the :class:`PromptCache`
+(which slot, what of the prompt is already in memory, what to snapshot), and speculative
+decoding's drafter and draft budget (``_spec.py``).
+
+Speculative decoding: a decoding sequence's step carries its last token and up to
+``spec_draft_max`` draft tokens, every one with logits. Its sampler then samples the
+logits at each position in turn, exactly as it would without drafts (penalties, grammar,
+temperature and its random state advance token by token), and stops at the first sample
+that differs from the draft: every token emitted is the one the sequence would have
+sampled at its position, and the drafts after the first wrong one are cut from memory.
+
+The shared pool (``kv_unified``): when a step needs more cells than are free, idle slots
+give their reusable cells up first (snapshotted within the prompt cache's budget), then the
+drafts go, then the youngest running sequence is swapped out (its state copied to host
+memory, its sampler kept) until the pool has room for it again.
 """
 
 from __future__ import annotations
 
 import ctypes
-import random
 import time
+from collections.abc import Callable
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 
 from ._errors import DecodeError
-from ._grammar import Grammar
-from ._llama import Batch, LlamaModel, SlotSampler
+from ._jobs import Drafter, Job, Part, slot_sampler
+from ._llama import Batch, LlamaModel
+from ._pool import SharedPool
 from ._prompt_cache import PromptCache
-from ._sampling import Penalties, RawLogprob
+from ._sampling import RawLogprob
 from ._scheduler import Scheduler, Start
-from ._types import EngineConfig, GenerateRequest, StopReason
+from ._spec import Candidate, NgramDrafter, StepCosts, plan_drafts, verify
+from ._step import CoreRequest, EngineStats, StepOutput
+from ._types import EngineConfig, StopReason
 
-__all__ = ["CoreRequest", "EngineCore", "EngineStats", "StepOutput"]
-
-
-@attrs.define
-class EngineStats:
-    """Counters of the decode loop, for benchmarks and metrics: ``decode_s`` is time inside
-    ``llama_decode``, ``python_s`` the rest of each step (batch filling, sampling, hand-off).
-
-    Plain numbers, written by the decode thread once per step and read (racily, which is
-    fine for counters) at scrape time; nothing here costs the loop more than an addition.
-    ``tokens_predicted`` tokens were sampled and handed out; ``busy_slots`` sums the
-    sequences in each step's batch (busy slots per decode = it / ``steps``); ``running``
-    requests hold a slot after the last step, using ``kv_tokens`` context cells in all.
-
-    Prompt reuse: ``prompt_cache_hits`` sequences started with part of their prompt already
-    in memory, ``prompt_cache_reused_tokens`` tokens in all were not ingested again;
-    ``prompt_tokens_ingested`` were. ``prompt_cache_bytes`` of host memory hold
-    ``prompt_cache_entries`` snapshots now; ``prompt_cache_snapshots`` were taken and
-    ``prompt_cache_evictions`` evicted (least recently used first) since the start.
-    """
-
-    steps: int = 0
-    decode_s: float = 0.0
-    python_s: float = 0.0
-    prompt_cache_hits: int = 0
-    prompt_cache_reused_tokens: int = 0
-    prompt_tokens_ingested: int = 0
-    prompt_cache_bytes: int = 0
-    prompt_cache_entries: int = 0
-    prompt_cache_snapshots: int = 0
-    prompt_cache_evictions: int = 0
-    tokens_predicted: int = 0
-    busy_slots: int = 0
-    running: int = 0
-    kv_tokens: int = 0
-
-
-@attrs.frozen(eq=False)
-class CoreRequest:
-    """One request as the core takes it: the prompt's token ids, how many tokens it may
-    generate, and the prompt lengths worth a snapshot on recurrent memory (``hints``)."""
-
-    key: int
-    prompt: npt.NDArray[np.int32]
-    request: GenerateRequest
-    max_tokens: int
-    hints: tuple[int, ...] = ()
-    #: The grammar the engine compiled for it (parsed and cached: a slot copies it).
-    grammar: Grammar | None = None
-
-
-@attrs.frozen(eq=False)
-class StepOutput:
-    """What one step did to one request: tokens sampled, and its end (``stop`` or
-    ``error``; ``released`` once its slot is free). ``cached`` prompt tokens were found in
-    memory; the times are ``time.perf_counter()`` values (0 until they happen)."""
-
-    key: int
-    tokens: list[int]
-    stop: StopReason | None = None
-    error: Exception | None = None
-    released: bool = False
-    logprobs: list[RawLogprob] | None = None
-    cached: int = 0
-    admitted_at: float = 0.0
-    first_token_at: float = 0.0
-
-
-@attrs.define(eq=False)
-class _Job:
-    """One request inside the core."""
-
-    request: CoreRequest
-    seq: int = -1
-    pos: int = 0
-    last_token: int = -1
-    generated: int = 0
-    sampler: SlotSampler | None = None
-    admitted_at: float = 0.0
-    first_token_at: float = 0.0
-    cancelled: bool = False
-    #: Prompt tokens found in memory at admission (not ingested).
-    cached: int = 0
-    #: Prompt lengths after which the state is snapshotted (the prompt cache's decision).
-    snapshot_at: tuple[int, ...] = ()
-    #: Generated tokens decoded into the sequence's memory, after the prompt.
-    fed: list[int] = attrs.field(factory=list)
-
-    @property
-    def key(self) -> int:
-        return self.request.key
-
-    @property
-    def prompt(self) -> npt.NDArray[np.int32]:
-        return self.request.prompt
-
-    def output(self, tokens: list[int], **fields: object) -> StepOutput:
-        return StepOutput(
-            self.key,
-            tokens,
-            cached=self.cached,
-            admitted_at=self.admitted_at,
-            first_token_at=self.first_token_at,
-            **fields,  # type: ignore[arg-type]
-        )
-
-
-@attrs.define(eq=False)
-class _Part:
-    """One job's tokens in this step: a decode token (``start is None``) or a prompt chunk."""
-
-    job: _Job
-    start: int | None
-    count: int
-    index: int
-    outputs: bool = True
+__all__ = ["CoreRequest", "Drafter", "EngineCore", "EngineStats", "StepOutput", "verify"]
 
 
 class EngineCore:
@@ -150,11 +51,25 @@ class EngineCore:
     :meth:`add` and :meth:`cancel` take effect at the next :meth:`step`, which runs one
     ``llama_decode`` for every running sequence. :meth:`close` fails what is left.
 
+    ``drafter(tokens)`` makes a sequence's drafter from its prompt (prompt lookup by
+    default); it is used when ``config.spec`` is on and the memory can take drafts back.
+    ``plan`` decides how many of the drafts offered a step verifies (:func:`plan_drafts`,
+    from measured step costs; tests force drafts with their own).
+
     Resource handling: a sequence's sampler is freed with its slot; its memory stays for
-    the prompt cache (cleared after a failed decode, or when reuse is off).
+    the prompt cache (cleared after a failed decode, or when reuse is off). A preempted
+    sequence's swapped-out state is held until it resumes or ends.
     """
 
-    def __init__(self, model: LlamaModel, config: EngineConfig, stats: EngineStats) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        config: EngineConfig,
+        stats: EngineStats,
+        *,
+        drafter: Callable[[list[int]], Drafter] | None = None,
+        plan: Callable[..., list[int]] = plan_drafts,
+    ) -> None:
         self._model = model
         self._config = config
         self._stats = stats
@@ -162,7 +77,7 @@ class EngineCore:
             config.max_inflight, config.prefill_chunk, config.target_step_ms
         )
         self._batch = Batch(model.n_batch)
-        self._jobs: dict[int, _Job] = {}
+        self._jobs: dict[int, Job] = {}
         # The prompt cache picks each sequence's id: the slot holding most of its prompt,
         # else the lowest free one. Batches go in ascending id order: llama.cpp splits a
         # batch of non-unified sequences into one micro-batch per run of consecutive,
@@ -174,6 +89,27 @@ class EngineCore:
             enabled=config.prompt_cache,
         )
         self._snapshots: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
+        self._pool = (
+            SharedPool(
+                config.pool_cells,
+                model=model,
+                cache=self._cache,
+                scheduler=self._scheduler,
+                stats=stats,
+                jobs=self._jobs,
+                snapshot=self._snapshot,
+            )
+            if model.kv_unified
+            else None
+        )
+        self._request_ctx = config.request_ctx
+        #: Draft tokens one sequence may carry: the configured most, and for recurrent
+        #: memory what it can roll back.
+        self._draft_max = spec_draft_limit(model, config)
+        self._make_drafter = drafter or (lambda tokens: NgramDrafter(tokens))
+        self._costs = StepCosts()
+        self._plan = plan
+        self._admissions = 0
         #: Sequences in the last step's batch.
         self.decoding = 0
 
@@ -182,8 +118,13 @@ class EngineCore:
         """Whether any request is waiting or running."""
         return bool(self._jobs)
 
+    @property
+    def request_ctx(self) -> int:
+        """The most positions one request may use."""
+        return self._request_ctx
+
     def add(self, request: CoreRequest) -> None:
-        self._jobs[request.key] = _Job(request)
+        self._jobs[request.key] = Job(request)
         self._scheduler.add(request.key, len(request.prompt))
 
     def cancel(self, key: int) -> None:
@@ -202,23 +143,34 @@ class EngineCore:
         return outputs
 
     def step(self) -> list[StepOutput]:
-        """Admit, ingest and decode one step; what happened to each request."""
+        """Admit, ingest, draft and decode one step; what happened to each request."""
         started = time.perf_counter()
-        plan = self._scheduler.schedule(self._start)
+        pool = self._pool
+        plan = self._scheduler.schedule(self._start, pool.fits if pool else None)
         for key in plan.admitted:
             job = self._jobs[key]
-            job.admitted_at = started
-            job.sampler = self._sampler(job.request.request, job.request.grammar)
+            if job.sampler is None:
+                job.admitted_at = started
+                job.sampler = slot_sampler(self._model, job.request.request, job.request.grammar)
         if plan.empty:
             self.decoding = 0
             self._count_running()
             return []
-        parts = [_Part(self._jobs[key], None, 0, 0) for key in plan.decode]
-        parts += [_Part(self._jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
+        parts = [Part(self._jobs[key], None, 0, 0) for key in plan.decode]
+        prefill = [Part(self._jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
+        prefill_tokens = sum(p.count for p in prefill)
+        if self._draft_max:
+            self._draft(parts, prefill_tokens)
+        parts += prefill
+        if pool:
+            parts = pool.make_room(parts)
         parts.sort(key=lambda part: part.job.seq)
         self.decoding = len(parts)
-        decode_s, sampled, failed = self._decode(parts)
         outputs: list[StepOutput] = []
+        if not parts:
+            self._count_running()
+            return outputs
+        decode_s, sampled, failed = self._decode(parts)
         for job, error in failed:
             self._release(job, clear=True)
             outputs.append(job.output([], error=error, released=True))
@@ -229,8 +181,8 @@ class EngineCore:
                 if job.pos in job.snapshot_at:
                     self._snapshot(job.seq, job.prompt[: job.pos])
         now = time.perf_counter()
-        for job, token in sampled:
-            outputs.append(self._advance(job, token, now))
+        for job, tokens, logprobs in sampled:
+            outputs.append(self._advance(job, tokens, logprobs, now))
         stats = self._stats
         # Counted before the hand-off, so whoever sees a request end sees its tokens.
         stats.busy_slots += len(parts)
@@ -240,7 +192,14 @@ class EngineCore:
         stats.steps += 1
         stats.decode_s += decode_s
         stats.python_s += step_s - decode_s
-        self._scheduler.measured(step_s * 1000, decode_only=not plan.prefill)
+        decode_only = not any(part.start is not None for part in parts)
+        self._scheduler.measured(step_s * 1000, decode_only=decode_only)
+        if not failed:
+            self._costs.measured(
+                step_s * 1000,
+                outputs=sum(part.tokens for part in parts if part.start is None),
+                prefill=sum(part.tokens for part in parts if part.start is not None),
+            )
         return outputs
 
     def close(self, error: Exception) -> list[StepOutput]:
@@ -256,9 +215,16 @@ class EngineCore:
     # -- prompt reuse --------------------------------------------------------------------
 
     def _start(self, key: int) -> Start:
-        """Carry out the prompt cache's decision for a sequence admitted now."""
+        """Carry out the prompt cache's decision for a sequence admitted now (or bring a
+        preempted one back: its state restored into a free slot)."""
         job = self._jobs[key]
         model, cache = self._model, self._cache
+        if job.preempted:
+            assert self._pool is not None
+            self._pool.resume(job)
+            return Start(min(job.pos, len(job.prompt)))
+        job.order = self._admissions
+        self._admissions += 1
         plan = cache.assign(
             job.prompt, hints=job.request.hints, reuse=job.request.request.cache_prompt
         )
@@ -266,9 +232,13 @@ class EngineCore:
         keep = plan.keep
         if plan.save is not None:
             self._snapshot(seq, plan.save)
-        if plan.restore is not None and not model.restore_state(seq, self._snapshots[plan.restore]):
-            cache.restore_failed(seq)
-            keep = 0
+        if plan.restore is not None:
+            model.forget(seq)
+            if self._pool:
+                self._pool.room_for(keep)
+            if not model.restore_state(seq, self._snapshots[plan.restore]):
+                cache.restore_failed(seq)
+                keep = 0
         if keep == 0 or not model.forget(seq, keep):
             model.forget(seq)
             keep = 0
@@ -290,8 +260,11 @@ class EngineCore:
 
     def _count_running(self) -> None:
         running = [job for job in self._jobs.values() if job.seq >= 0]
-        self._stats.running = len(running)
-        self._stats.kv_tokens = sum(job.pos for job in running)
+        stats = self._stats
+        stats.running = len(running)
+        stats.kv_tokens = sum(job.pos for job in running)
+        if self._pool:
+            stats.kv_cells_used = stats.kv_tokens + self._cache.idle_cells()
 
     def _count_cache(self) -> None:
         stats, cache = self._stats, self._cache
@@ -302,7 +275,7 @@ class EngineCore:
         stats.prompt_cache_snapshots = cache.snapshots
         stats.prompt_cache_evictions = cache.evictions
 
-    def _release(self, job: _Job, *, clear: bool = False) -> None:
+    def _release(self, job: Job, *, clear: bool = False) -> None:
         """Free ``job``'s slot; its memory stays for the prompt cache unless ``clear`` (a
         failed decode may have left it inconsistent)."""
         self._scheduler.remove(job.key)
@@ -317,45 +290,59 @@ class EngineCore:
                     held = np.concatenate([held, np.asarray(job.fed, dtype=np.int32)])
                 self._cache.released(job.seq, held)
             job.seq = -1
+        if job.preempted and self._pool:
+            self._pool.unswap(job)
         if job.sampler is not None:
             job.sampler.close()
             job.sampler = None
 
+    # -- speculative decoding ----------------------------------------------------------------
+
+    def _draft(self, parts: list[Part], prefill_tokens: int) -> None:
+        """Give each decoding part the draft tokens the budget allows this step."""
+        offers: list[tuple[Part, list[int], int]] = []
+        room = self._batch.capacity - len(parts) - prefill_tokens
+        for part in parts:
+            job = part.job
+            limit = min(
+                self._draft_max,
+                job.request.max_tokens - job.generated - 1,
+                self._request_ctx - job.pos - 2,
+                max(0, room),
+            )
+            if job.drafter is None or limit <= 0:
+                continue
+            draft, match = job.drafter.propose(limit)
+            if draft:
+                offers.append((part, draft, match))
+        counts = self._plan(
+            [Candidate(len(d), part.job.acceptance.rate(m)) for part, d, m in offers],
+            self._costs,
+            outputs=len(parts),
+            prefill=prefill_tokens,
+            target_ms=self._config.target_step_ms,
+        )
+        total = 0
+        for (part, draft, match), count in zip(offers, counts, strict=True):
+            count = min(count, room - total)
+            if count > 0:
+                part.draft, part.match = draft[:count], match
+                total += count
+        for part in parts:
+            if not part.draft:
+                part.job.acceptance.idle()
+
     # -- one step ------------------------------------------------------------------------
 
-    def _sampler(self, request: GenerateRequest, grammar: Grammar | None) -> SlotSampler:
-        sampling = request.sampling
-        bias = dict(request.logit_bias)
-        if request.ignore_eos:
-            bias.update(dict.fromkeys(self._model.eog, float("-inf")))
-        penalties = (
-            Penalties(
-                presence=sampling.presence_penalty,
-                frequency=sampling.frequency_penalty,
-                repeat=sampling.repeat_penalty,
-                repeat_last_n=sampling.repeat_last_n,
-            )
-            if sampling.penalized
-            else None
-        )
-        return SlotSampler(
-            self._model,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            min_p=sampling.min_p,
-            seed=(sampling.seed if sampling.seed is not None else random.getrandbits(32))
-            & 0xFFFFFFFF,
-            bias=bias,
-            grammar=grammar,
-            penalties=penalties,
-            logprobs=request.logprobs,
-        )
-
     def _decode(
-        self, parts: list[_Part]
-    ) -> tuple[float, list[tuple[_Job, int]], list[tuple[_Job, Exception]]]:
-        """Decode ``parts`` in one batch and sample each part that ends with an output.
+        self, parts: list[Part]
+    ) -> tuple[
+        float,
+        list[tuple[Job, list[int], list[RawLogprob] | None]],
+        list[tuple[Job, Exception]],
+    ]:
+        """Decode ``parts`` in one batch and sample each part that ends with an output
+        (verifying its drafts).
 
         When llama_decode fails for a batch of several sequences, each sequence's part of
         this step is rolled back and retried alone, so only the sequences that fail alone are
@@ -366,7 +353,16 @@ class EngineCore:
         for part in parts:
             job = part.job
             if part.start is None:
-                part.index = batch.add_one(job.last_token, job.pos, job.seq)
+                if part.draft:
+                    part.index = batch.add(
+                        [job.last_token, *part.draft],
+                        job.pos,
+                        job.seq,
+                        output_last=True,
+                        output_all=True,
+                    ) - len(part.draft)
+                else:
+                    part.index = batch.add_one(job.last_token, job.pos, job.seq)
             else:
                 last = part.start + part.count == len(job.prompt)
                 chunk = job.prompt[part.start : part.start + part.count]
@@ -375,19 +371,21 @@ class EngineCore:
         t0 = time.perf_counter()
         rc = self._model.decode(batch)
         decode_s = time.perf_counter() - t0
+        failed: list[tuple[Job, Exception]] = []
         if rc == 0:
             sampled = []
             for part in parts:
                 if part.start is None:
-                    part.job.pos += 1
-                    part.job.fed.append(part.job.last_token)
-                else:
-                    part.job.pos = part.start + part.count
+                    try:
+                        sampled.append(self._verify(part))
+                    except DecodeError as exc:  # this sequence's memory only
+                        failed.append((part.job, exc))
+                    continue
+                part.job.pos = part.start + part.count
                 if part.outputs and part.job.sampler is not None:
-                    sampled.append((part.job, part.job.sampler.sample(part.index)))
-            return decode_s, sampled, []
-        failed: list[tuple[_Job, Exception]] = []
-        retry: list[_Part] = []
+                    sampled.append(self._sample_one(part.job, part.index))
+            return decode_s, sampled, failed
+        retry: list[Part] = []
         for part in parts:
             start = part.job.pos if part.start is None else part.start
             if len(parts) > 1 and self._model.forget(part.job.seq, start):
@@ -402,21 +400,66 @@ class EngineCore:
             failed += bad
         return decode_s, sampled, failed
 
-    def _advance(self, job: _Job, token: int, now: float) -> StepOutput:
+    def _sample_one(self, job: Job, index: int) -> tuple[Job, list[int], list[RawLogprob] | None]:
+        assert job.sampler is not None
+        token = job.sampler.sample(index)
+        raw = job.sampler.last_logprob if job.request.request.logprobs is not None else None
+        return job, [token], ([raw] if raw is not None else None)
+
+    def _verify(self, part: Part) -> tuple[Job, list[int], list[RawLogprob] | None]:
+        """Sample a decoding part's positions (its drafts verified), cut the rejected drafts
+        from memory, and move the sequence on by what was accepted."""
+        job, draft = part.job, part.draft
+        sampler = job.sampler
+        assert sampler is not None
+        want_logprobs = job.request.request.logprobs is not None
+        logprobs: list[RawLogprob] = []
+
+        def sample(index: int) -> int:
+            token = sampler.sample(index)
+            if want_logprobs and sampler.last_logprob is not None:
+                logprobs.append(sampler.last_logprob)
+            return token
+
+        tokens = verify(sample, part.index, draft, self._ends(job))
+        accepted = len(tokens) - 1  # the draft tokens that are now in memory for good
+        if accepted < len(draft) and not self._model.forget(job.seq, job.pos + 1 + accepted):
+            # Not expected (drafts never exceed what the memory can roll back): the
+            # sequence's memory is wrong now, so it fails (and its memory is cleared).
+            raise DecodeError("rejected draft tokens could not be removed from memory")
+        job.fed.append(job.last_token)
+        job.fed += draft[:accepted]
+        job.pos += 1 + accepted
+        if draft:
+            job.drafted += len(draft)
+            job.accepted += accepted
+            job.acceptance.verified(part.match, len(draft), accepted)
+            stats = self._stats
+            stats.spec_steps += 1
+            stats.spec_draft_tokens += len(draft)
+            stats.spec_accepted_tokens += accepted
+        return job, tokens, (logprobs if want_logprobs else None)
+
+    def _ends(self, job: Job) -> Callable[[int], bool]:
+        eog = self._model.eog
+        ignore_eos = job.request.request.ignore_eos
+        return lambda token: token < 0 or (token in eog and not ignore_eos)
+
+    def _advance(
+        self, job: Job, sampled: list[int], logprobs: list[RawLogprob] | None, now: float
+    ) -> StepOutput:
         if not job.first_token_at:
             job.first_token_at = now
         request = job.request.request
         stop: StopReason | None = None
         tokens: list[int] = []
-        logprobs = None
-        if token < 0 or (token in self._model.eog and not request.ignore_eos):
-            # An end-of-generation token, or a grammar that allows nothing more.
-            stop = StopReason.END_OF_GENERATION
-        else:
+        ends = self._ends(job)
+        for token in sampled:
+            if ends(token):
+                # An end-of-generation token, or a grammar that allows nothing more.
+                stop = StopReason.END_OF_GENERATION
+                break
             tokens.append(token)
-            if request.logprobs is not None and job.sampler is not None:
-                raw = job.sampler.last_logprob
-                logprobs = [raw] if raw is not None else None
             job.generated += 1
             job.last_token = token
             if job.generated >= job.request.max_tokens:
@@ -425,8 +468,19 @@ class EngineCore:
                     if request.max_tokens is not None and job.generated >= request.max_tokens
                     else StopReason.CONTEXT_END
                 )
-            elif job.pos >= self._config.ctx_size:
-                stop = StopReason.CONTEXT_END
+                break
+        if stop is None and job.pos >= self._request_ctx:
+            stop = StopReason.CONTEXT_END
+        if job.drafter is not None:
+            job.drafter.extend(tokens)
+        elif self._draft_max and stop is None:
+            # Made at the first token: the index of the prompt is built once, off the
+            # admission step, and only for sequences that decode.
+            history = job.prompt.tolist()
+            history += tokens
+            job.drafter = self._make_drafter(history)
+        if logprobs is not None:
+            logprobs = logprobs[: len(tokens)] or None
         if stop is not None:
             self._release(job)
         return job.output(tokens, stop=stop, released=stop is not None, logprobs=logprobs)
@@ -437,6 +491,16 @@ def cut_anywhere(model: LlamaModel) -> bool:
     full-size sliding-window cache."""
     recurrent = model.is_recurrent or model.is_hybrid
     return not recurrent and (model.n_swa == 0 or model.swa_full)
+
+
+def spec_draft_limit(model: LlamaModel, config: EngineConfig) -> int:
+    """The most draft tokens a sequence may carry: 0 when speculation is off, or when the
+    memory cannot take rejected drafts back (recurrent state without snapshots)."""
+    if config.spec is None:
+        return 0
+    if cut_anywhere(model):
+        return config.spec_draft_max
+    return min(config.spec_draft_max, model.n_rs_seq)
 
 
 def _decode_error(rc: int) -> str:

@@ -134,7 +134,9 @@ class Engine:
         # An abandoned download finishes into the cache in its thread (or dies with the
         # process); an abandoned load is closed by its thread (``_abandonable_load``).
         resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
-        n_batch = max(config.prefill_chunk + config.max_inflight, 64)
+        # A step holds the prefill chunk and every sequence's token and drafts.
+        drafts = config.spec_draft_max if config.spec is not None else 0
+        n_batch = max(config.prefill_chunk + config.max_inflight * (1 + drafts), 64)
         model = await _abandonable_load(
             lambda: LlamaModel(
                 resolved.path,
@@ -142,18 +144,21 @@ class Engine:
                 ctx_size=config.ctx_size,
                 threads=config.threads,
                 n_batch=n_batch,
+                kv_unified=config.kv_unified,
+                n_rs_seq=drafts,
             )
         )
         try:
             engine = cls(config, model, resolved)
             logger.info(
-                "loaded %s (%s, %s memory, chat template: %s), %d slots x %d tokens",
+                "loaded %s (%s, %s memory, chat template: %s), %d slots x %d tokens%s",
                 resolved.name,
                 model.architecture,
                 "hybrid" if model.is_hybrid else "recurrent" if model.is_recurrent else "attention",
                 engine._inputs.template.source,
                 config.max_inflight,
                 config.ctx_size,
+                " in one pool" if config.kv_unified else "",
             )
             # The caller's exception (or cancellation) is held while the nursery closes and
             # raised after it, so it leaves this block as it was raised, not in a group.
@@ -219,7 +224,9 @@ class Engine:
             cached_tokens=self.stats.prompt_cache_reused_tokens,
             cache_bytes=self.stats.prompt_cache_bytes,
             kv_used=self.stats.kv_tokens,
-            kv_total=self.config.max_inflight * self.config.ctx_size,
+            kv_total=self.config.pool_cells,
+            spec_drafted=self.stats.spec_draft_tokens,
+            spec_accepted=self.stats.spec_accepted_tokens,
         )
 
     async def wait_idle(self) -> None:
@@ -273,7 +280,7 @@ class Engine:
         generation = Generation(
             prompt_tokens=len(prompt), output=output, scope=scope, end=lambda: self._end(key)
         )
-        budget = self.config.ctx_size - len(prompt) + 1
+        budget = self.config.request_ctx - len(prompt) + 1
         core_request = CoreRequest(
             key,
             np.asarray(prompt, dtype=np.int32),

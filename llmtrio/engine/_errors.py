@@ -43,13 +43,14 @@ class RequestError(EngineError):
 
 
 class PromptTooLongError(RequestError):
-    """The prompt needs more tokens than one slot's context holds."""
+    """The prompt needs more tokens than one request's context holds (a slot's, or the
+    shared pool's)."""
 
     def __init__(self, prompt_tokens: int, ctx_size: int, *, at_least: bool = False) -> None:
         super().__init__(
             f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens, but a "
-            f"slot's context holds {ctx_size} (at least one token must be left to generate); "
-            "shorten the prompt or raise --ctx-size",
+            f"request's context holds {ctx_size} (at least one token must be left to "
+            "generate); shorten the prompt or raise --ctx-size",
             param="messages",
         )
         self.prompt_tokens = prompt_tokens

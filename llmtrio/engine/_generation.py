@@ -119,6 +119,8 @@ class Generation:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self._output.tokens,
             cached_tokens=output.cached,
+            draft_tokens=output.drafted,
+            accepted_tokens=output.accepted,
             timings=Timings(
                 queue_s=max(0.0, admitted - self._submitted_at),
                 prefill_s=max(0.0, first - admitted),

@@ -62,8 +62,8 @@ class InputProcessor:
         else:
             assert request.tokens is not None
             at_least = len(request.tokens)
-        if at_least >= self._config.ctx_size:
-            raise PromptTooLongError(at_least, self._config.ctx_size, at_least=True)
+        if at_least >= self._config.request_ctx:
+            raise PromptTooLongError(at_least, self._config.request_ctx, at_least=True)
 
     def prepare(self, request: GenerateRequest) -> Prepared:
         """The request's prompt, checked, and its grammar (from ``grammar``, ``json_schema``
@@ -104,8 +104,8 @@ class InputProcessor:
             if self._config.prompt_cache and not cut_anywhere(self._model):
                 hints = self._hints(rendered.text, request.messages[-1].content, tokens)
             prepared = Prepared(tokens, rendered.opens_think, hints)
-        if len(prepared.tokens) >= self._config.ctx_size:
-            raise PromptTooLongError(len(prepared.tokens), self._config.ctx_size)
+        if len(prepared.tokens) >= self._config.request_ctx:
+            raise PromptTooLongError(len(prepared.tokens), self._config.request_ctx)
         return prepared
 
     def _hints(self, text: str, last: str, prompt: list[int]) -> tuple[int, ...]:

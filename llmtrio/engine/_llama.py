@@ -39,6 +39,8 @@ class LlamaModel:
         threads: int,
         n_batch: int,
         swa_full: bool = True,
+        kv_unified: bool = False,
+        n_rs_seq: int = 0,
     ) -> None:
         recent_log()
         params = llama_cpp.llama_model_default_params()
@@ -55,6 +57,8 @@ class LlamaModel:
                 threads=threads,
                 n_batch=n_batch,
                 swa_full=swa_full,
+                kv_unified=kv_unified,
+                n_rs_seq=n_rs_seq,
             )
         except BaseException:
             llama_cpp.llama_model_free(self._model)
@@ -90,7 +94,15 @@ class LlamaModel:
         self.grammars = GrammarCache(self.vocab)
 
     def _init_context(
-        self, *, slots: int, ctx_size: int, threads: int, n_batch: int, swa_full: bool
+        self,
+        *,
+        slots: int,
+        ctx_size: int,
+        threads: int,
+        n_batch: int,
+        swa_full: bool,
+        kv_unified: bool,
+        n_rs_seq: int,
     ) -> None:
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = ctx_size * slots
@@ -99,8 +111,16 @@ class LlamaModel:
         cparams.n_ubatch = n_batch
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        # Each slot gets its own ctx_size cells: one long sequence cannot starve the others.
-        cparams.kv_unified = False
+        # Per slot (the default), each sequence gets its own ctx_size cells: one long
+        # sequence cannot starve the others. Unified, all share one pool of slots x ctx_size
+        # cells (llama.cpp then attends over the whole pool, masked, for every sequence).
+        cparams.kv_unified = kv_unified
+        self.kv_unified = kv_unified
+        # Recurrent-state snapshots per sequence (llama.cpp's n_rs_seq, for the
+        # architectures that support it; clamped to 0 for the others): a recurrent state can
+        # then be rolled back by up to that many tokens once, which speculative decoding's
+        # rejected drafts need.
+        cparams.n_rs_seq = n_rs_seq
         # A full-size sliding-window cache (llama.cpp's default for a context; llama-server's
         # is off) keeps every cell, so a sequence can be cut back to any position (prompt
         # reuse); a window-size one drops cells older than the window.
@@ -113,6 +133,10 @@ class LlamaModel:
             raise ModelLoadError(
                 f"cannot create a context of {slots} slots x {ctx_size} tokens: {why}"
             )
+        #: How many tokens a recurrent state can be rolled back by (0: not at all).
+        self.n_rs_seq: int = int(llama_cpp.llama_n_rs_seq(self.ctx))
+        #: Cells in the whole context (the pool, when unified).
+        self.n_ctx: int = int(llama_cpp.llama_n_ctx(self.ctx))
         n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)
         if n_ctx_seq < ctx_size:
             llama_cpp.llama_free(self.ctx)
@@ -200,7 +224,8 @@ class LlamaModel:
 
     def forget(self, seq: int, start: int = -1) -> bool:
         """Drop ``seq``'s memory from position ``start`` on (all of it by default). Returns
-        false when the memory cannot be cut there (recurrent state: only all of it)."""
+        false when the memory cannot be cut there (recurrent state: only all of it, or back
+        by up to ``n_rs_seq`` tokens once between two decodes of the sequence)."""
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq, start, -1))
 
     def save_state(self, seq: int) -> ctypes.Array[ctypes.c_uint8] | None:
@@ -267,15 +292,17 @@ class Batch:
         seq: int,
         *,
         output_last: bool,
+        output_all: bool = False,
     ) -> int:
         """Append ``tokens`` of ``seq`` at positions ``start_pos...``; returns the batch index
-        of the last one (whose logits are output when ``output_last``)."""
+        of the last one (whose logits are output when ``output_last``; every token's are
+        when ``output_all``)."""
         n = len(tokens)
         i = self.n
         self.token[i : i + n] = tokens
         self.pos[i : i + n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
         self.seq[i : i + n] = seq
-        self.logits[i : i + n] = 0
+        self.logits[i : i + n] = 1 if output_all else 0
         if output_last:
             self.logits[i + n - 1] = 1
         self.n = i + n

@@ -47,9 +47,11 @@ class OutputProcessor:
         """The events for ``tokens``, and whether a stop string matched (then the tokens
         after the match were not counted and the generation is over)."""
         events: list[Token] = []
-        if logprobs:
-            self._logprobs += [self._token_logprob(raw) for raw in logprobs]
-        for token in tokens:
+        for i, token in enumerate(tokens):
+            # Each token's log-probability goes with the text it releases (several tokens
+            # come at once when drafts were accepted: each its own event).
+            if logprobs and i < len(logprobs):
+                self._logprobs.append(self._token_logprob(logprobs[i]))
             self.tokens += 1
             if self._emit(self._utf8.feed(self._piece(token)), events):
                 return events, True

@@ -143,6 +143,23 @@ class PromptCache:
     def free_slots(self) -> list[int]:
         return [seq for seq, slot in enumerate(self._slots) if not slot.busy]
 
+    def idle_cells(self) -> int:
+        """Cells the idle slots' memory holds (what a shared pool can take back)."""
+        return sum(len(slot.tokens) for slot in self._slots if not slot.busy)
+
+    def evictable(self) -> list[int]:
+        """Idle slots holding memory, least recently used first."""
+        idle = [s for s, slot in enumerate(self._slots) if not slot.busy and len(slot.tokens)]
+        return sorted(idle, key=lambda s: self._slots[s].used)
+
+    def evict(self, seq: int) -> Tokens | None:
+        """Idle ``seq`` gives its memory up (a shared pool needs the cells): the tokens to
+        snapshot first, when worth it (report it with :meth:`stored`); the slot then holds
+        nothing."""
+        slot = self._slots[seq]
+        held, slot.tokens = slot.tokens, _EMPTY
+        return held if self._worth_saving(held) else None
+
     def assign(
         self, prompt: Sequence[int] | Tokens, *, hints: Sequence[int] = (), reuse: bool = True
     ) -> Assignment:

@@ -61,6 +61,9 @@ class Scheduler:
     - Each step decodes one token for every sequence past its prompt, and spends up to
       ``prefill_chunk`` prompt tokens on sequences still ingesting, oldest first. A chunk
       never runs past one of its sequence's ``stops``.
+    - A shared memory pool can refuse a request (``fits``): admission then waits, in
+      arrival order, for room. A running sequence :meth:`preempt` ed for room goes back to
+      the head of the queue with its progress kept, and is admitted again before any other.
     """
 
     max_inflight: int
@@ -68,6 +71,8 @@ class Scheduler:
     target_step_ms: float = 0.0
     _waiting: deque[tuple[int, int]] = attrs.field(factory=deque)
     _slots: dict[int, _Slot] = attrs.field(factory=dict)
+    #: Preempted sequences, by key, with their progress (also at the head of ``_waiting``).
+    _paused: dict[int, _Slot] = attrs.field(factory=dict)
     _decode_step_ms: float | None = None
     _measured_since_admit: bool = True
 
@@ -76,8 +81,21 @@ class Scheduler:
 
     def remove(self, key: int) -> None:
         """Forget ``key``, waiting or running (finished or cancelled)."""
+        self._paused.pop(key, None)
         if self._slots.pop(key, None) is None:
             self._waiting = deque(item for item in self._waiting if item[0] != key)
+
+    def preempt(self, key: int, *, prefilled: int) -> None:
+        """Take running ``key`` out of the batch until it is admitted again (first of all
+        waiting requests, preempted ones in the order they were preempted), with
+        ``prefilled`` prompt tokens in its memory (a chunk planned for this step and not
+        decoded is planned again)."""
+        slot = self._slots.pop(key)
+        slot.prefilled = prefilled
+        self._paused[key] = slot
+        paused = [item for item in self._waiting if item[0] in self._paused]
+        rest = [item for item in self._waiting if item[0] not in self._paused]
+        self._waiting = deque([*paused, (key, slot.prompt_len), *rest])
 
     def measured(self, step_ms: float, *, decode_only: bool) -> None:
         """Record a step's cost; only steps with no prompt ingestion steer admission."""
@@ -93,10 +111,15 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def schedule(self, start: Callable[[int], Start] | None = None) -> StepPlan:
+    def schedule(
+        self,
+        start: Callable[[int], Start] | None = None,
+        fits: Callable[[int], bool] | None = None,
+    ) -> StepPlan:
         """Plan the next step; ``start(key)`` is asked, for each sequence admitted now, how
-        much of its prompt is already in memory and where its chunks must end."""
-        admitted = self._admit(start)
+        much of its prompt is already in memory and where its chunks must end; ``fits(key)``
+        whether the memory has room to admit it now."""
+        admitted = self._admit(start, fits)
         decode = tuple(
             key for key, slot in self._slots.items() if slot.prefilled >= slot.prompt_len
         )
@@ -117,14 +140,27 @@ class Scheduler:
                 budget -= count
         return StepPlan(admitted, decode, tuple(prefill))
 
-    def _admit(self, start: Callable[[int], Start] | None) -> tuple[int, ...]:
+    def _admit(
+        self, start: Callable[[int], Start] | None, fits: Callable[[int], bool] | None
+    ) -> tuple[int, ...]:
         admitted: list[int] = []
         while self._waiting and len(self._slots) < self.max_inflight:
-            if self.target_step_ms > 0 and self._slots:
+            key, prompt_len = self._waiting[0]
+            resumed = self._paused.get(key)
+            if self.target_step_ms > 0 and self._slots and resumed is None:
                 over = (self._decode_step_ms or 0.0) > self.target_step_ms
                 if admitted or not self._measured_since_admit or over:
                     break
-            key, prompt_len = self._waiting.popleft()
+            if fits is not None and not fits(key):
+                break
+            self._waiting.popleft()
+            if resumed is not None:
+                del self._paused[key]
+                if start is not None:
+                    start(key)
+                self._slots[key] = resumed
+                admitted.append(key)
+                continue
             self._measured_since_admit = False
             slot = _Slot(prompt_len)
             if start is not None:

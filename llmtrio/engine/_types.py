@@ -31,6 +31,10 @@ __all__ = [
 
 DEFAULT_REPO = "unsloth/Qwen3.5-0.8B-GGUF"
 DEFAULT_QUANT = "Q4_K_M"
+#: The speculative decoding methods (``None``: off).
+SPEC_KINDS: tuple[str | None, ...] = ("ngram", None)
+#: The most draft tokens one sequence may carry into a step.
+MAX_DRAFT = 16
 
 
 @attrs.frozen
@@ -54,6 +58,18 @@ class EngineConfig:
 
     ``chat_template``: a Jinja chat template used instead of the model's own (llama-server's
     ``--chat-template-file``).
+
+    ``spec`` is speculative decoding: ``"ngram"`` drafts up to ``spec_draft_max`` tokens per
+    decoding sequence by looking its last tokens up in its own prompt and output, and
+    verifies them in the same batch (exact: every token emitted is the one the model picks
+    at its position); ``None`` (the default) is off. How many drafts a step carries follows
+    the measured step costs (and ``target_step_ms``).
+
+    ``kv_unified`` puts every slot's memory in one pool of ``max_inflight * ctx_size`` cells:
+    one request may use up to the pool (or ``max_request_ctx``, when set), admission waits
+    for free cells, and when the pool runs out idle slots give up their reusable cells, then
+    the youngest running sequence is swapped out to host memory until there is room again.
+    Off, each slot has its own ``ctx_size`` cells.
     """
 
     model: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
@@ -70,6 +86,12 @@ class EngineConfig:
     prompt_cache: bool = True
     cache_ram_mib: int = 1024
     chat_template: str | None = None
+    #: Off by default: on a compute-bound batch (8 streams on 2 cores) the free-chat
+    #: workload ran slower with drafts (PERFORMANCE.md, "Speculative decoding").
+    spec: str | None = None
+    spec_draft_max: int = 8
+    kv_unified: bool = False
+    max_request_ctx: int = 0
 
     def __attrs_post_init__(self) -> None:
         if self.max_inflight < 1:
@@ -84,6 +106,33 @@ class EngineConfig:
             raise ValueError("threads must be at least 1")
         if self.cache_ram_mib < 0:
             raise ValueError("cache_ram_mib must be 0 or more")
+        if self.spec not in SPEC_KINDS:
+            kinds = ", ".join(repr(k) for k in SPEC_KINDS)
+            raise ValueError(f"spec must be one of {kinds}, not {self.spec!r}")
+        if not 1 <= self.spec_draft_max <= MAX_DRAFT:
+            raise ValueError(f"spec_draft_max must be between 1 and {MAX_DRAFT}")
+        if self.max_request_ctx < 0:
+            raise ValueError("max_request_ctx must be 0 (the whole context) or more")
+        if self.max_request_ctx:
+            room = self.max_inflight * self.ctx_size if self.kv_unified else self.ctx_size
+            if not 16 <= self.max_request_ctx <= room:
+                where = "the pool" if self.kv_unified else "a slot's context"
+                raise ValueError(
+                    f"max_request_ctx must be between 16 and {room} ({where}), "
+                    f"not {self.max_request_ctx}"
+                )
+
+    @property
+    def pool_cells(self) -> int:
+        """The context cells of all slots together."""
+        return self.max_inflight * self.ctx_size
+
+    @property
+    def request_ctx(self) -> int:
+        """The most context one request may use: a slot's, or with ``kv_unified`` the
+        pool's (either bounded by ``max_request_ctx`` when set)."""
+        room = self.pool_cells if self.kv_unified else self.ctx_size
+        return min(room, self.max_request_ctx or room)
 
 
 @attrs.frozen
@@ -361,13 +410,17 @@ class Token:
 @attrs.frozen
 class Done:
     """The end of a generation. ``cached_tokens`` of the ``prompt_tokens`` were not
-    ingested: the slot's memory held them already (prompt reuse)."""
+    ingested: the slot's memory held them already (prompt reuse). ``draft_tokens`` draft
+    tokens were verified for it (speculative decoding), ``accepted_tokens`` of them were
+    right."""
 
     stop: StopReason
     prompt_tokens: int
     completion_tokens: int
     timings: Timings
     cached_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @attrs.frozen
@@ -395,6 +448,10 @@ class Capacity:
     cache_hits: int = 0
     cached_tokens: int = 0
     cache_bytes: int = 0
-    #: Context cells the running sequences hold, and all the slots' cells.
+    #: Context cells the running sequences hold, and all the slots' cells (the shared
+    #: pool's, when unified).
     kv_used: int = 0
     kv_total: int = 0
+    #: Speculative decoding so far: draft tokens verified, and those that were right.
+    spec_drafted: int = 0
+    spec_accepted: int = 0

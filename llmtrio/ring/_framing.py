@@ -58,7 +58,15 @@ _PREFIX: Final = struct.Struct(">I")
 _FRAME_HEAD: Final = struct.Struct(">IBI")  # length, type, json_len
 _MIN_LENGTH: Final = 1 + 4  # type + json_len
 #: A heartbeat's optional fields, sent only when not 0 (an older peer ignores them).
-_OPTIONAL_BEAT_FIELDS: Final = ("cache_hits", "cached_tokens", "cache_bytes", "kv_used", "kv_total")
+_OPTIONAL_BEAT_FIELDS: Final = (
+    "cache_hits",
+    "cached_tokens",
+    "cache_bytes",
+    "kv_used",
+    "kv_total",
+    "spec_drafted",
+    "spec_accepted",
+)
 
 _OUTCOME_FIELDS: Final = tuple(field.name for field in attrs.fields(Outcome))
 

@@ -157,6 +157,10 @@ class Heartbeat:
     (slots times context), for the ingress's ``vllm:kv_cache_usage_perc`` (optional on the
     wire: a ``kv_total`` of 0 means not reported, as from a worker older than these fields)."""
     kv_total: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    spec_drafted: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    """Speculative decoding, for health pages (optional on the wire): draft tokens verified,
+    and those that were right."""
+    spec_accepted: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
 
 
 @attrs.frozen

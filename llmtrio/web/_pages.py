@@ -96,6 +96,9 @@ def pages_app(
             "cached_tokens": sum(b.cached_tokens for b in beats),
             "bytes": sum(b.cache_bytes for b in beats),
         }
+        speculation = _speculation(
+            sum(b.spec_drafted for b in beats), sum(b.spec_accepted for b in beats)
+        )
         status = "ok" if stats.workers else "no_workers"
         if drain.draining:
             status = "draining"
@@ -104,6 +107,7 @@ def pages_app(
             "model": model_name or next(iter(_models(ring)), ""),
             "capacity": capacity,
             "prompt_cache": prompt_cache,
+            "speculation": speculation,
             "ring": {
                 "parked": stats.parked,
                 "serving": stats.assigned + stats.responding,
@@ -160,6 +164,15 @@ def _models(ring: Ring) -> list[str]:
     return list(dict.fromkeys(m for w in ring.stats().workers for m in w.models))
 
 
+def _speculation(drafted: int, accepted: int) -> dict[str, Any]:
+    """Speculative decoding's record: draft tokens verified, those right, and the rate."""
+    return {
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance": round(accepted / drafted, 4) if drafted else None,
+    }
+
+
 def _worker_health(worker: WorkerStats, now: float) -> dict[str, Any]:
     beat = worker.capacity
     return {
@@ -179,6 +192,7 @@ def _worker_health(worker: WorkerStats, now: float) -> dict[str, Any]:
                 "cached_tokens": beat.cached_tokens,
                 "bytes": beat.cache_bytes,
             },
+            "speculation": _speculation(beat.spec_drafted, beat.spec_accepted),
         },
         "last_heartbeat_s_ago": None
         if worker.last_heartbeat is None

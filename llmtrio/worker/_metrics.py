@@ -127,6 +127,28 @@ class EngineCollector(Collector):
             "Host memory held by prompt-state snapshots.",
             stats.prompt_cache_bytes,
         )
+        # Speculative decoding, in vLLM's names (one "draft" is one sequence-step's drafts).
+        yield CounterMetricFamily(
+            "vllm:spec_decode_num_drafts",
+            "Number of spec decoding drafts (sequence-steps that carried draft tokens).",
+            stats.spec_steps,
+        )
+        yield CounterMetricFamily(
+            "vllm:spec_decode_num_draft_tokens",
+            "Number of draft tokens verified.",
+            stats.spec_draft_tokens,
+        )
+        yield CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens",
+            "Number of draft tokens accepted (emitted without a step of their own).",
+            stats.spec_accepted_tokens,
+        )
+        # The shared KV pool (--kv-unified): sequences swapped out to make room.
+        yield CounterMetricFamily(
+            "vllm:num_preemptions",
+            "Cumulative number of preemptions (sequences swapped out of a full pool).",
+            stats.preemptions,
+        )
 
 
 class WorkerMetrics:

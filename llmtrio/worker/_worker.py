@@ -70,6 +70,8 @@ async def serve_link(
                 cache_bytes=capacity.cache_bytes,
                 kv_used=capacity.kv_used,
                 kv_total=capacity.kv_total,
+                spec_drafted=capacity.spec_drafted,
+                spec_accepted=capacity.spec_accepted,
             )
         )
 
