@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from llmtrio.engine import EngineConfig, EngineStats, GenerateRequest, StopReason
 from llmtrio.engine._core import CoreRequest, Drafter, EngineCore, StepOutput
+from llmtrio.engine._grammar import Grammar
 from llmtrio.engine._llama import LlamaModel
 from llmtrio.engine._spec import Candidate
 
@@ -85,7 +86,9 @@ def open_core(
 def core_request(key: int, prompt: Sequence[int], max_tokens: int, **kwargs: Any) -> CoreRequest:
     tokens = np.asarray(prompt, dtype=np.int32)
     request = GenerateRequest(tokens=list(prompt), max_tokens=max_tokens, **kwargs)
-    return CoreRequest(key, tokens, request, max_tokens)
+    # The engine compiles a request's grammar before the core sees it; GBNF is compiled as is.
+    grammar = Grammar(request.grammar) if request.grammar is not None else None
+    return CoreRequest(key, tokens, request, max_tokens, grammar=grammar)
 
 
 class Run:
