@@ -29,8 +29,10 @@ __all__ = [
     "GGUFArray",
     "GGUFFormatError",
     "GGUFInfo",
+    "POOLING_NAMES",
     "MetadataValue",
     "check_gguf",
+    "model_kind",
     "parse_gguf",
 ]
 
@@ -396,3 +398,17 @@ def check_gguf(path: Path) -> GGUFInfo:
         raise ModelLoadError(f"cannot read {path}: permission denied") from None
     except OSError as e:
         raise ModelLoadError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+#: llama.cpp's ``enum llama_pooling_type`` values that make a sentence embedding.
+POOLING_NAMES: Mapping[int, str] = {1: "mean", 2: "cls", 3: "last"}
+
+
+def model_kind(info: GGUFInfo) -> str:
+    """``"embedding"`` for a model whose GGUF names a sentence pooling (``{arch}.pooling_type``
+    mean, CLS or last: BERT and its kin, embedding fine-tunes of decoders such as
+    Qwen3-Embedding), ``"chat"`` for any other (a generating model). Pure."""
+    pooling = info.metadata.get(f"{info.architecture}.pooling_type")
+    if isinstance(pooling, int) and not isinstance(pooling, bool) and pooling in POOLING_NAMES:
+        return "embedding"
+    return "chat"
