@@ -4,9 +4,15 @@ async with Engine.open(EngineConfig(model=path, max_inflight=8)) as engine:
     async with engine.submit(GenerateRequest.user("Say hi.")) as generation:
         async for event in generation:
             ...   # Token, then Done or Failed
+
+async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
+    vectors = (await engine.embed(["a text", "another"])).vectors   # L2-normalized rows
 """
 
 from ._core import EngineStats as EngineStats
+from ._embedding import EMBEDDING_SEQUENCES as EMBEDDING_SEQUENCES
+from ._embedding import EmbeddingEngine as EmbeddingEngine
+from ._embedding import Embeddings as Embeddings
 from ._engine import Engine as Engine
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
@@ -18,6 +24,7 @@ from ._errors import ModelLoadError as ModelLoadError
 from ._errors import PromptTooLongError as PromptTooLongError
 from ._errors import RequestError as RequestError
 from ._generation import Generation as Generation
+from ._gguf import model_kind_of as model_kind_of
 from ._grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
 from ._grammar import json_schema_grammar as json_schema_grammar
 from ._grammar import tool_call_grammar as tool_call_grammar
@@ -47,12 +54,15 @@ from ._types import ToolCall as ToolCall
 __all__ = [
     "DEFAULT_QUANT",
     "DEFAULT_REPO",
+    "EMBEDDING_SEQUENCES",
     "JSON_OBJECT_GRAMMAR",
     "MAX_TOP_LOGPROBS",
     "Capacity",
     "ChatMessage",
     "DecodeError",
     "Done",
+    "EmbeddingEngine",
+    "Embeddings",
     "Engine",
     "EngineClosedError",
     "EngineConfig",
@@ -79,6 +89,7 @@ __all__ = [
     "ToolCallParser",
     "demo_model_path",
     "json_schema_grammar",
+    "model_kind_of",
     "new_tool_call_id",
     "resolve_model",
     "tool_call_grammar",

@@ -15,6 +15,7 @@ The shape follows the chat engine's:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -374,9 +375,5 @@ class EmbeddingEngine:
         return results
 
     def _post(self, results: list[tuple[Packed, npt.NDArray[np.float32] | Exception]]) -> None:
-        try:
+        with contextlib.suppress(trio.RunFinishedError):
             self._trio_token.run_sync_soon(self._deliver, results)
-        except trio.RunFinishedError:
-            pass
-
-

@@ -26,13 +26,14 @@ from ._errors import ModelLoadError
 
 __all__ = [
     "GGML_BLOCK_SIZES",
+    "POOLING_NAMES",
     "GGUFArray",
     "GGUFFormatError",
     "GGUFInfo",
-    "POOLING_NAMES",
     "MetadataValue",
     "check_gguf",
     "model_kind",
+    "model_kind_of",
     "parse_gguf",
 ]
 
@@ -412,3 +413,10 @@ def model_kind(info: GGUFInfo) -> str:
     if isinstance(pooling, int) and not isinstance(pooling, bool) and pooling in POOLING_NAMES:
         return "embedding"
     return "chat"
+
+
+def model_kind_of(path: Path) -> str:
+    """:func:`model_kind` of the GGUF file at ``path`` (its header only).
+
+    Error handling: :class:`ModelLoadError` as :func:`check_gguf` raises it."""
+    return model_kind(check_gguf(path))
