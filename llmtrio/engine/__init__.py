@@ -13,6 +13,7 @@ from ._core import EngineStats as EngineStats
 from ._embedding import EMBEDDING_SEQUENCES as EMBEDDING_SEQUENCES
 from ._embedding import EmbeddingEngine as EmbeddingEngine
 from ._embedding import Embeddings as Embeddings
+from ._embedding import open_engine as open_engine
 from ._engine import Engine as Engine
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
@@ -91,6 +92,7 @@ __all__ = [
     "json_schema_grammar",
     "model_kind_of",
     "new_tool_call_id",
+    "open_engine",
     "resolve_model",
     "tool_call_grammar",
 ]

@@ -28,7 +28,7 @@ import trio
 
 from ._core import EngineStats
 from ._embed_pack import EmbedPacker, Packed
-from ._engine import _abandonable_load
+from ._engine import Engine, _abandonable_load
 from ._errors import (
     DecodeError,
     EngineClosedError,
@@ -36,12 +36,18 @@ from ._errors import (
     InvalidRequestError,
     ModelLoadError,
 )
-from ._gguf import POOLING_NAMES
+from ._gguf import POOLING_NAMES, model_kind_of
 from ._llama import Batch, LlamaModel
 from ._model_source import ResolvedModel, resolve_model
 from ._types import Capacity, EngineConfig
 
-__all__ = ["EMBEDDING_BATCH_TOKENS", "EMBEDDING_SEQUENCES", "EmbeddingEngine", "Embeddings"]
+__all__ = [
+    "EMBEDDING_BATCH_TOKENS",
+    "EMBEDDING_SEQUENCES",
+    "EmbeddingEngine",
+    "Embeddings",
+    "open_engine",
+]
 
 logger = logging.getLogger("llmtrio.engine")
 
@@ -232,10 +238,12 @@ class EmbeddingEngine:
 
         Error handling and resource handling: as :meth:`embed_tokens`.
         """
+        if self._closed:  # the model may be freed: not even its tokenizer is there
+            raise self._failure or EngineClosedError("the engine is closed")
         texts = list(inputs)
         tokens = await trio.to_thread.run_sync(
-            lambda: [self.tokenize(text) for text in texts], abandon_on_cancel=True
-        )
+            lambda: [self.tokenize(text) for text in texts]
+        )  # not abandoned on cancel: the model must outlive the thread that reads it
         return await self.embed_tokens(tokens)
 
     async def embed_tokens(self, inputs: Sequence[Sequence[int]]) -> Embeddings:
@@ -377,3 +385,19 @@ class EmbeddingEngine:
     def _post(self, results: list[tuple[Packed, npt.NDArray[np.float32] | Exception]]) -> None:
         with contextlib.suppress(trio.RunFinishedError):
             self._trio_token.run_sync_soon(self._deliver, results)
+
+
+@asynccontextmanager
+async def open_engine(config: EngineConfig) -> AsyncIterator[Engine | EmbeddingEngine]:
+    """The engine ``config``'s model needs, opened: an :class:`EmbeddingEngine` for a model
+    whose GGUF names a sentence pooling, an :class:`Engine` for any other (``.kind`` says
+    which).
+
+    Error handling and resource handling: as the engine's ``open``."""
+    resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
+    if await trio.to_thread.run_sync(model_kind_of, resolved.path) == "embedding":
+        async with EmbeddingEngine.open(config) as embedding:
+            yield embedding
+    else:
+        async with Engine.open(config) as engine:
+            yield engine

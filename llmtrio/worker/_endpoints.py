@@ -96,8 +96,8 @@ class _Embeddings:
             texts = [str(item) for item in request.inputs]
             # Tokenizing 2048 long texts takes a while: never on the event loop.
             tokens = await trio.to_thread.run_sync(
-                lambda: [engine.tokenize(text) for text in texts], abandon_on_cancel=True
-            )
+                lambda: [engine.tokenize(text) for text in texts]
+            )  # not abandoned on cancel: the model must outlive the thread that reads it
         else:
             tokens = [list(item) for item in request.inputs if not isinstance(item, str)]
         for index, ids in enumerate(tokens):
