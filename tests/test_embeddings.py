@@ -287,10 +287,12 @@ async def test_closing_the_engine_fails_waiting_callers(minilm_path: Path) -> No
         except EngineClosedError as exc:
             errors.append(exc)
 
-    async with trio.open_nursery() as nursery:
-        async with EmbeddingEngine.open(engine_config(minilm_path)) as engine:
-            nursery.start_soon(caller, engine)
-            await eventually(lambda: engine.capacity().inflight == 1)
+    async with (
+        trio.open_nursery() as nursery,
+        EmbeddingEngine.open(engine_config(minilm_path)) as engine,
+    ):
+        nursery.start_soon(caller, engine)
+        await eventually(lambda: engine.capacity().inflight == 1)
     assert len(errors) == 1
     with pytest.raises(EngineClosedError):
         await engine.embed(["after"])
