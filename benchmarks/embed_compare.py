@@ -16,7 +16,10 @@ server. The table prints each server's inputs/s and llmtrio's ratio to llama-ser
 llama-server runs with ``--embeddings --pooling mean -np 8 -c 8*512 -b 2048 -ub 2048``
 (``-ub`` at least one whole input, as a non-causal model needs; a batch as large as
 llmtrio's); llmtrio with its defaults for an embedding model (64 sequences per decode, 2048
-tokens). Both on ``--threads`` threads.
+tokens) and ``--idle-timeout 60`` (llama-server keeps an idle connection 600 s; with
+llmtrio's default 5 s, a client on a loaded machine that takes a while to send its next
+request on a kept-alive connection finds it closed: httpx then reports "Server disconnected
+without sending a response" and does not retry a POST). Both on ``--threads`` threads.
 
 Resource handling: each server is a child process stopped (SIGINT, then SIGTERM, SIGKILL)
 at the end, also on errors and Ctrl-C.
@@ -61,6 +64,7 @@ def llmtrio_argv(model: Path, port: int, threads: int) -> list[str]:
     return [
         sys.executable, "-m", "llmtrio", "serve", "--model", str(model), "--host", HOST,
         "--port", str(port), "--threads", str(threads), "--ring-streams", "1024",
+        "--idle-timeout", "60",
     ]  # fmt: skip
 
 

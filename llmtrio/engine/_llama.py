@@ -144,6 +144,11 @@ class LlamaModel:
         cparams.n_threads_batch = threads
         # Each slot gets its own ctx_size cells: one long sequence cannot starve the others.
         cparams.kv_unified = False
+        if embeddings:
+            # Every batch starts from empty memory, so one batch's worth of cells, shared,
+            # is all a decoder-based embedding model needs (BERT needs none).
+            cparams.n_ctx = n_batch
+            cparams.kv_unified = True
         # A full-size sliding-window cache (llama.cpp's default for a context; llama-server's
         # is off) keeps every cell, so a sequence can be cut back to any position (prompt
         # reuse); a window-size one drops cells older than the window.
