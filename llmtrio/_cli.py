@@ -1,8 +1,9 @@
-"""The ``llmtrio`` command: ``generate``, ``serve``, ``worker`` and ``pull``."""
+"""The ``llmtrio`` command: ``generate``, ``embed``, ``serve``, ``worker`` and ``pull``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -188,6 +189,12 @@ def _limit_flags(parser: argparse.ArgumentParser) -> None:
         default=Default(_LIMITS, "max_stop_chars"),
         help="characters per stop sequence (default %(default)s)",
     )
+    group.add_argument(
+        "--max-embedding-inputs",
+        type=int,
+        default=Default(_LIMITS, "max_embedding_inputs"),
+        help="inputs per embeddings request (default %(default)s)",
+    )
 
 
 _RING = "llmtrio.ring:RingConfig"
@@ -229,6 +236,12 @@ def _parser() -> argparse.ArgumentParser:
         )
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     _engine_flags(gen)
+
+    embed = sub.add_parser(
+        "embed", help="embed texts with an embedding model: one JSON array per line, in order"
+    )
+    embed.add_argument("texts", nargs="+", metavar="TEXT", help="a text to embed")
+    _engine_flags(embed)
 
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API and the chat page")
     serve.add_argument(
@@ -405,7 +418,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     pull.add_argument("--hf-file", help="the GGUF file in the repo (default: chosen by quant)")
     pull.add_argument("--quant", help="quantization to pick (default: the engine's, Q4_K_M)")
-    for command in (gen, serve, worker, pull):
+    for command in (gen, embed, serve, worker, pull):
         command.set_defaults(flags=flags_of(command))
     return parser
 
@@ -510,6 +523,21 @@ async def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _embed(args: argparse.Namespace) -> int:
+    from .engine import EmbeddingEngine
+
+    async with EmbeddingEngine.open(engine_config(args)) as engine:
+        result = await engine.embed(args.texts)
+    for vector in result.vectors:
+        print(json.dumps(vector.tolist()), flush=True)
+    print(
+        f"[{engine.model_name}] {len(args.texts)} inputs, {result.prompt_tokens} tokens, "
+        f"{engine.dimensions} dimensions ({engine.pooling} pooling, L2-normalized)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -521,6 +549,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return trio.run(_generate, args)
+        if args.command == "embed":
+            return trio.run(_embed, args)
         if args.command == "worker":
             return _worker(args)
         if args.command == "pull":

@@ -29,6 +29,7 @@ from ._openai_errors import OpenAIError, invalid_request
 __all__ = [
     "CHAT",
     "COMPLETIONS",
+    "EMBEDDINGS",
     "FIELDS",
     "INT32_MAX",
     "MAX_TOP_LOGPROBS",
@@ -46,6 +47,7 @@ __all__ = [
 
 CHAT: Final = "chat"
 COMPLETIONS: Final = "completions"
+EMBEDDINGS: Final = "embeddings"
 
 INT32_MAX: Final = 2**31 - 1  # values that reach llama.cpp as C ints
 INT64_MIN: Final = -(2**63)
@@ -61,8 +63,9 @@ class RequestLimits:
 
     ``max_messages`` bounds ``messages`` (OpenAI's own bound is 2048), ``max_tokens`` what a
     request may ask to generate (``max_tokens``/``max_completion_tokens``; ``None``: only the
-    context bounds it), ``max_stop`` the stop sequences (OpenAI's 4) and ``max_stop_chars``
-    each one's length.
+    context bounds it), ``max_stop`` the stop sequences (OpenAI's 4), ``max_stop_chars``
+    each one's length and ``max_embedding_inputs`` the inputs of one embeddings request
+    (OpenAI's 2048).
 
     Error handling: ``ValueError`` naming the field for a limit below 1.
     """
@@ -71,9 +74,11 @@ class RequestLimits:
     max_tokens: int | None = None
     max_stop: int = 4
     max_stop_chars: int = 256
+    max_embedding_inputs: int = 2048
 
     def __attrs_post_init__(self) -> None:
-        for name in ("max_messages", "max_tokens", "max_stop", "max_stop_chars"):
+        names = ("max_messages", "max_tokens", "max_stop", "max_stop_chars")
+        for name in (*names, "max_embedding_inputs"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")
@@ -175,6 +180,18 @@ _LOGIT_BIAS: Schema = {
 }
 
 
+def _embedding_input_shape(limits: RequestLimits) -> Schema:
+    many = {"minItems": 1, "maxItems": limits.max_embedding_inputs}
+    return {
+        "anyOf": [
+            _TEXT,
+            {"type": "array", "items": _TEXT, **many},
+            _TOKEN_IDS,
+            {"type": "array", "items": _TOKEN_IDS, **many},
+        ]
+    }
+
+
 def _fixed(schema: Schema) -> Callable[[RequestLimits], Schema]:
     return lambda limits: schema
 
@@ -251,6 +268,17 @@ FIELDS: Final[tuple[Field, ...]] = (
     _refused("reasoning_effort",
              "reasoning effort (use 'think' or 'chat_template_kwargs.enable_thinking')", CHAT),
     _refused("verbosity", "verbosity", CHAT),
+    Field("model", "string", _both(EMBEDDINGS), "The embedding model's name."),
+    Field("input", "custom", _both(EMBEDDINGS), required=True, shape=_embedding_input_shape,
+          description="A text, an array of texts, an array of token ids or an array of "
+          "arrays of token ids; one vector per text or token array, none of them empty, "
+          "none longer than the model's context."),
+    _custom("encoding_format", {"enum": ["float", "base64"]}, EMBEDDINGS,
+            description="``float`` (default): arrays of numbers; ``base64``: each vector's "
+            "little-endian float32 bytes, base64-encoded."),
+    _refused("dimensions", "shortened embeddings (no GGUF field says a model was trained for "
+             "truncated vectors)", EMBEDDINGS),
+    Field("user", "string", _both(EMBEDDINGS), "Accepted and ignored."),
 )  # fmt: skip
 
 _BY_KEY: Final = {(e, f.name): f for f in FIELDS for e in f.endpoints}

@@ -42,6 +42,7 @@ __all__ = [
     "server_error",
     "shutting_down",
     "worker_failed",
+    "wrong_model_kind",
 ]
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -110,6 +111,20 @@ def invalid_request(
 ) -> OpenAIError:
     """400 ``invalid_request_error``."""
     return OpenAIError(400, message, param=param, code=code)
+
+
+def wrong_model_kind(model: str, kind: str, path: str) -> OpenAIError:
+    """400: ``model`` is of ``kind`` (``"chat"`` or ``"embedding"``) and cannot serve
+    ``path`` (an embedding model asked for a chat or a text completion, or a chat model
+    asked for embeddings)."""
+    serves = "/v1/embeddings" if kind == "embedding" else "/v1/chat/completions and /v1/completions"
+    what = "an embedding model" if kind == "embedding" else "a chat and completion model"
+    return OpenAIError(
+        400,
+        f"The model '{model}' is {what}: it serves {serves}, not {path}.",
+        param="model",
+        code="model_not_supported",
+    )
 
 
 def request_too_large(limit: int) -> OpenAIError:

@@ -13,7 +13,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from ._metrics_server import serve_metrics
-from .engine import Engine, EngineConfig
+from .engine import EngineConfig, open_engine
 from .ring import DialConfig, RemoteLink, connect_ring
 from .worker import RequestLimits, WorkerMetrics, serve_link
 
@@ -68,14 +68,14 @@ async def run_worker(
                 partial(serve_metrics, registry, host=host, port=port, not_ready=not_ready)
             )
         try:
-            async with Engine.open(engine_config) as engine:
+            async with open_engine(engine_config) as engine:
                 metrics = WorkerMetrics(registry, engine)
                 async with (
                     connect_ring(
                         urls,
                         ssl_context,
                         worker_id=name or socket.gethostname(),
-                        max_inflight=engine_config.max_inflight,
+                        max_inflight=engine.capacity().max_inflight,
                         models=[engine.model_name],
                         config=dial,
                     ) as link,

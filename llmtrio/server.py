@@ -9,7 +9,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from ._ingress import serve_ring_ingress, until_signalled
-from .engine import Engine, EngineConfig, EngineFailedError
+from .engine import EngineConfig, EngineFailedError, open_engine
 from .ring import ControlConfig, Ring
 from .web import ServeConfig
 from .worker import RequestLimits, WorkerMetrics, serve_link
@@ -41,7 +41,7 @@ async def serve(
     worker detaches at once (``/health`` answers 503 with the reason), the server shuts down
     as on ``shutdown``, then this raises.
     """
-    async with Engine.open(engine_config) as engine:
+    async with open_engine(engine_config) as engine:
         ring = Ring.from_config(config.ring)
         registry = CollectorRegistry()
         # The ingress exports the picker's gauges for the whole ring, this engine included.
@@ -52,7 +52,7 @@ async def serve(
             nonlocal failure
             try:
                 async with ring.attach(
-                    "local", engine_config.max_inflight, models=[engine.model_name]
+                    "local", engine.capacity().max_inflight, models=[engine.model_name]
                 ) as link:
                     await serve_link(
                         engine, link, metrics=metrics, limits=limits, task_status=task_status

@@ -12,6 +12,7 @@ import trio
 from llmtrio.engine import EngineConfig
 from llmtrio.server import serve
 from llmtrio.web import ServeConfig
+from llmtrio.worker import RequestLimits
 
 __all__ = ["LiveServer", "start_server"]
 
@@ -46,7 +47,9 @@ class LiveServer:
             raise self.errors[0]
 
 
-def start_server(engine_config: EngineConfig, config: ServeConfig) -> LiveServer:
+def start_server(
+    engine_config: EngineConfig, config: ServeConfig, limits: RequestLimits | None = None
+) -> LiveServer:
     ready = threading.Event()
     found: dict[str, object] = {}
     errors: list[BaseException] = []
@@ -58,7 +61,7 @@ def start_server(engine_config: EngineConfig, config: ServeConfig) -> LiveServer
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(
                 lambda task_status: serve(
-                    engine_config, config, shutdown=shutdown, task_status=task_status
+                    engine_config, config, shutdown=shutdown, limits=limits, task_status=task_status
                 )
             )
             found["url"] = binds[0]

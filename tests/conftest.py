@@ -1,9 +1,12 @@
-"""Fixtures shared by the tests: the two real test models, and a live server."""
+"""Fixtures shared by the tests: the real test models (and the embedding reference), and a
+live server."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +20,11 @@ from ._server import LiveServer, start_server
 # A copy of shared/test-models/qwen35-tiny-random.gguf (see data/README-qwen35.md).
 QWEN35_TINY = Path(__file__).resolve().parent / "data" / "qwen35-tiny-random.gguf"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+# The embedding test model and its reference vectors, where CI has them: ../shared beside the
+# clone (see shared/test-models/README.md).
+TEST_MODELS = Path(__file__).resolve().parents[2] / "shared" / "test-models"
+MINILM = TEST_MODELS / "all-MiniLM-L6-v2-Q8_0.gguf"
+MINILM_REFERENCE = TEST_MODELS / "minilm-reference.json"
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +37,19 @@ def gemma_path() -> Path:
 def qwen35_path() -> Path:
     """A 5 MB random-weight model of the qwen35 architecture (the default model's)."""
     return QWEN35_TINY
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """sentence-transformers/all-MiniLM-L6-v2 (BERT, mean pooling, 384 dimensions), Q8_0."""
+    return MINILM
+
+
+@pytest.fixture(scope="session")
+def minilm_reference() -> dict[str, Any]:
+    """The inputs and the vectors sentence-transformers gives for them (normalized)."""
+    data: dict[str, Any] = json.loads(MINILM_REFERENCE.read_text())
+    return data
 
 
 @pytest.fixture(scope="session")

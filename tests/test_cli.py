@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -10,11 +11,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from llmtrio._routes import CHAT_PATH
+
+from .test_embeddings import assert_matches
 
 LLMTRIO = [sys.executable, "-m", "llmtrio._cli"]
 
@@ -37,6 +42,33 @@ def test_generate_with_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "nope.gguf" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_embed_prints_one_vector_a_line_matching_the_reference(
+    minilm_path: Path, minilm_reference: dict[str, Any]
+) -> None:
+    texts = minilm_reference["inputs"][:3]
+    result = subprocess.run(
+        [*LLMTRIO, "embed", "--model", str(minilm_path), "--threads", "2", *texts],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3
+    assert_matches(
+        np.array([json.loads(line) for line in lines]), minilm_reference["embeddings"][:3]
+    )
+    assert "3 inputs" in result.stderr and "384 dimensions" in result.stderr
+
+
+def test_embed_with_a_chat_model_is_a_clear_error(qwen35_path: Path) -> None:
+    result = subprocess.run(
+        [*LLMTRIO, "embed", "--model", str(qwen35_path), "--threads", "2", "hi"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "not an embedding model" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -4,9 +4,16 @@ async with Engine.open(EngineConfig(model=path, max_inflight=8)) as engine:
     async with engine.submit(GenerateRequest.user("Say hi.")) as generation:
         async for event in generation:
             ...   # Token, then Done or Failed
+
+async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
+    vectors = (await engine.embed(["a text", "another"])).vectors   # L2-normalized rows
 """
 
 from ._core import EngineStats as EngineStats
+from ._embedding import EMBEDDING_SEQUENCES as EMBEDDING_SEQUENCES
+from ._embedding import EmbeddingEngine as EmbeddingEngine
+from ._embedding import Embeddings as Embeddings
+from ._embedding import open_engine as open_engine
 from ._engine import Engine as Engine
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
@@ -18,6 +25,7 @@ from ._errors import ModelLoadError as ModelLoadError
 from ._errors import PromptTooLongError as PromptTooLongError
 from ._errors import RequestError as RequestError
 from ._generation import Generation as Generation
+from ._gguf import model_kind_of as model_kind_of
 from ._grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
 from ._grammar import Grammar as Grammar
 from ._grammar import json_schema_grammar as json_schema_grammar
@@ -53,12 +61,15 @@ from ._types import ToolCall as ToolCall
 __all__ = [
     "DEFAULT_QUANT",
     "DEFAULT_REPO",
+    "EMBEDDING_SEQUENCES",
     "JSON_OBJECT_GRAMMAR",
     "MAX_TOP_LOGPROBS",
     "Capacity",
     "ChatMessage",
     "DecodeError",
     "Done",
+    "EmbeddingEngine",
+    "Embeddings",
     "Engine",
     "EngineClosedError",
     "EngineConfig",
@@ -91,7 +102,9 @@ __all__ = [
     "ToolCallStream",
     "demo_model_path",
     "json_schema_grammar",
+    "model_kind_of",
     "new_tool_call_id",
+    "open_engine",
     "resolve_model",
     "tool_call_grammar",
 ]

@@ -84,6 +84,9 @@ class Engine:
     Open it with :meth:`open`; submit with :meth:`submit`.
     """
 
+    #: What it serves: chat and text completions (an embedding model: ``EmbeddingEngine``).
+    kind = "chat"
+
     def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:
         self.config = config
         self.model_name = resolved.name

@@ -26,11 +26,14 @@ from ._errors import ModelLoadError
 
 __all__ = [
     "GGML_BLOCK_SIZES",
+    "POOLING_NAMES",
     "GGUFArray",
     "GGUFFormatError",
     "GGUFInfo",
     "MetadataValue",
     "check_gguf",
+    "model_kind",
+    "model_kind_of",
     "parse_gguf",
 ]
 
@@ -396,3 +399,24 @@ def check_gguf(path: Path) -> GGUFInfo:
         raise ModelLoadError(f"cannot read {path}: permission denied") from None
     except OSError as e:
         raise ModelLoadError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+#: llama.cpp's ``enum llama_pooling_type`` values that make a sentence embedding.
+POOLING_NAMES: Mapping[int, str] = {1: "mean", 2: "cls", 3: "last"}
+
+
+def model_kind(info: GGUFInfo) -> str:
+    """``"embedding"`` for a model whose GGUF names a sentence pooling (``{arch}.pooling_type``
+    mean, CLS or last: BERT and its kin, embedding fine-tunes of decoders such as
+    Qwen3-Embedding), ``"chat"`` for any other (a generating model). Pure."""
+    pooling = info.metadata.get(f"{info.architecture}.pooling_type")
+    if isinstance(pooling, int) and not isinstance(pooling, bool) and pooling in POOLING_NAMES:
+        return "embedding"
+    return "chat"
+
+
+def model_kind_of(path: Path) -> str:
+    """:func:`model_kind` of the GGUF file at ``path`` (its header only).
+
+    Error handling: :class:`ModelLoadError` as :func:`check_gguf` raises it."""
+    return model_kind(check_gguf(path))

@@ -41,6 +41,7 @@ class LlamaModel:
         swa_full: bool = True,
         kv_unified: bool = False,
         n_rs_seq: int = 0,
+        embeddings: bool = False,
     ) -> None:
         recent_log()
         params = llama_cpp.llama_model_default_params()
@@ -51,7 +52,10 @@ class LlamaModel:
         try:
             #: The sliding window's size (0: no sliding-window attention).
             self.n_swa: int = llama_cpp.llama_model_n_swa(self._model)
+            if embeddings:  # a sentence never outgrows the window the model was trained on
+                ctx_size = min(ctx_size, llama_cpp.llama_model_n_ctx_train(self._model))
             self._init_context(
+                embeddings=embeddings,
                 slots=slots,
                 ctx_size=ctx_size,
                 threads=threads,
@@ -103,8 +107,12 @@ class LlamaModel:
         swa_full: bool,
         kv_unified: bool,
         n_rs_seq: int,
+        embeddings: bool,
     ) -> None:
         cparams = llama_cpp.llama_context_default_params()
+        # An embedding context pools each sequence as its GGUF says (unspecified: the
+        # model's own pooling type); a generating one outputs logits.
+        cparams.embeddings = embeddings
         cparams.n_ctx = ctx_size * slots
         cparams.n_seq_max = slots
         cparams.n_batch = n_batch
@@ -121,6 +129,11 @@ class LlamaModel:
         # then be rolled back by up to that many tokens once, which speculative decoding's
         # rejected drafts need.
         cparams.n_rs_seq = n_rs_seq
+        if embeddings:
+            # Every batch starts from empty memory, so one batch's worth of cells, shared,
+            # is all a decoder-based embedding model needs (BERT needs none).
+            cparams.n_ctx = n_batch
+            cparams.kv_unified = True
         # A full-size sliding-window cache (llama.cpp's default for a context; llama-server's
         # is off) keeps every cell, so a sequence can be cut back to any position (prompt
         # reuse); a window-size one drops cells older than the window.
@@ -245,6 +258,28 @@ class LlamaModel:
             return True
         self.forget(seq)
         return False
+
+    def clear_memory(self) -> None:
+        """Forget every sequence (an embedding batch starts from nothing)."""
+        if self.memory:
+            llama_cpp.llama_memory_clear(self.memory, True)
+
+    @property
+    def pooling(self) -> int:
+        """The context's ``llama_pooling_type`` (0: none, 1 mean, 2 CLS, 3 last, 4 rank)."""
+        return int(llama_cpp.llama_pooling_type(self.ctx))
+
+    @property
+    def n_embd(self) -> int:
+        return int(llama_cpp.llama_model_n_embd(self._model))
+
+    def pooled(self, seq: int) -> npt.NDArray[np.float32] | None:
+        """A copy of sequence ``seq``'s pooled embedding after the last decode (``None``
+        when llama.cpp has none for it)."""
+        ptr = llama_cpp.llama_get_embeddings_seq(self.ctx, seq)
+        if not ptr:
+            return None
+        return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
 
     def logits(self, index: int) -> npt.NDArray[np.float32]:
         ptr = llama_cpp.llama_get_logits_ith(self.ctx, index)

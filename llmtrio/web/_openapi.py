@@ -13,7 +13,7 @@ import copy
 from typing import Any
 
 from .. import __version__
-from .._fields import CHAT, COMPLETIONS, RequestLimits, request_schema
+from .._fields import CHAT, COMPLETIONS, EMBEDDINGS, RequestLimits, request_schema
 
 __all__ = ["openapi"]
 
@@ -394,6 +394,62 @@ def _completion_operation(
     }
 
 
+_EMBEDDING_LIST: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "data", "model", "usage"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["object", "index", "embedding"],
+                "properties": {
+                    "object": {"const": "embedding"},
+                    "index": {"type": "integer", "minimum": 0},
+                    "embedding": {
+                        "anyOf": [
+                            {"type": "array", "items": {"type": "number"}},
+                            {"type": "string"},
+                        ],
+                        "description": (
+                            "L2-normalized; a base64 string with ``encoding_format: base64``."
+                        ),
+                    },
+                },
+            },
+        },
+        "model": {"type": "string"},
+        "usage": {
+            "type": "object",
+            "required": ["prompt_tokens", "total_tokens"],
+            "properties": {
+                "prompt_tokens": {"type": "integer", "minimum": 0},
+                "total_tokens": {"type": "integer", "minimum": 0},
+            },
+        },
+    },
+}
+
+
+def _embeddings_operation() -> dict[str, Any]:
+    return {
+        "operationId": "createEmbedding",
+        "summary": "Create embeddings (on a worker serving an embedding model).",
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _ref("EmbeddingRequest")}},
+        },
+        "responses": {
+            "200": {
+                "description": "One vector per input, in the order of the inputs.",
+                "content": {"application/json": {"schema": _ref("EmbeddingList")}},
+            },
+            **_RING_ERRORS,
+        },
+    }
+
+
 def _request(endpoint: str, limits: RequestLimits) -> dict[str, Any]:
     """A completion request's schema: the field table's, with OpenAI's one rule across fields
     (``stream_options`` only on a request that streams)."""
@@ -408,6 +464,8 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
     schemas = copy.deepcopy(_SCHEMAS)
     schemas["ChatCompletionRequest"] = _request(CHAT, limits)
     schemas["CompletionRequest"] = _request(COMPLETIONS, limits)
+    schemas["EmbeddingRequest"] = request_schema(EMBEDDINGS, limits)
+    schemas["EmbeddingList"] = copy.deepcopy(_EMBEDDING_LIST)
     open_to_all: list[dict[str, list[str]]] = [{}]
     return {
         "openapi": "3.1.0",
@@ -415,9 +473,9 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
             "title": "llmtrio",
             "version": __version__,
             "description": (
-                "OpenAI-compatible chat and text completions served by llama.cpp workers "
-                "through an upload-response ring. An API key, when the server is started "
-                "with one (``--api-key``), goes in ``Authorization: Bearer`` or "
+                "OpenAI-compatible chat and text completions and embeddings served by "
+                "llama.cpp workers through an upload-response ring. An API key, when the "
+                "server is started with one (``--api-key``), goes in ``Authorization: Bearer`` or "
                 "``X-Api-Key``; without one, no key is needed."
             ),
         },
@@ -440,6 +498,7 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
                     "createCompletion",
                 )
             },
+            "/v1/embeddings": {"post": _embeddings_operation()},
             "/v1/models": {
                 "get": {
                     "operationId": "listModels",

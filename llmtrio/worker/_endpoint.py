@@ -35,13 +35,22 @@ import attrs
 import trio
 
 from .._fields import RequestLimits
-from .._openai_errors import OpenAIError, server_error
-from ..engine import Done, Engine, EngineError, Event, Failed, PromptTooLongError, Token
+from .._openai_errors import OpenAIError, server_error, wrong_model_kind
+from ..engine import (
+    Done,
+    EmbeddingEngine,
+    Engine,
+    EngineError,
+    Event,
+    Failed,
+    PromptTooLongError,
+    Token,
+)
 from ..ring import ClaimedStream, Outcome, StreamCancelledError
 from ._metrics import WorkerMetrics
 from ._responses import ResponseMeta, from_engine_error, new_id
 
-__all__ = ["Encoder", "Endpoint", "Events", "serve_request"]
+__all__ = ["Encoder", "Endpoint", "Events", "ModelEngine", "serve_request"]
 
 logger = logging.getLogger("llmtrio.worker")
 
@@ -53,6 +62,9 @@ SSE_HEADERS = (
 JSON_HEADERS = (("content-type", "application/json"),)
 
 Request = TypeVar("Request")
+#: The engine a worker serves one model with: a generating one or an embedding one
+#: (``.kind`` says which: ``"chat"`` or ``"embedding"``).
+ModelEngine = Engine | EmbeddingEngine
 
 
 class Events(Protocol):
@@ -95,7 +107,8 @@ class Endpoint(Protocol[Request]):
 
     @property
     def model_kind(self) -> str:
-        """The kind of model it needs: ``"chat"`` (a generating model)."""
+        """The kind of model it needs: ``"chat"`` (a generating model) or ``"embedding"``;
+        another kind's engine answers a 400 naming the model and what it serves."""
 
     @property
     def id_prefix(self) -> str:
@@ -104,8 +117,9 @@ class Endpoint(Protocol[Request]):
     def parse(self, body: bytes, limits: RequestLimits) -> Request:
         """The request, parsed and validated. Error handling: :class:`OpenAIError`."""
 
-    def run(self, engine: Engine, request: Request) -> AbstractAsyncContextManager[Events]:
-        """Start the work on ``engine``; leaving the block ends it.
+    def run(self, engine: Any, request: Request) -> AbstractAsyncContextManager[Events]:
+        """Start the work on ``engine`` (a :data:`ModelEngine` of :attr:`model_kind`);
+        leaving the block ends it.
 
         Error handling: :class:`OpenAIError` or :class:`EngineError` when the work cannot
         start."""
@@ -174,7 +188,7 @@ class _Response:
 
 async def serve_request(
     endpoint: Endpoint[Any],
-    engine: Engine,
+    engine: ModelEngine,
     claimed: ClaimedStream,
     *,
     limits: RequestLimits,
@@ -204,8 +218,11 @@ async def serve_request(
 
 
 async def _respond(
-    endpoint: Endpoint[Any], engine: Engine, response: _Response, limits: RequestLimits
+    endpoint: Endpoint[Any], engine: ModelEngine, response: _Response, limits: RequestLimits
 ) -> None:
+    if endpoint.model_kind != engine.kind:
+        await response.error(wrong_model_kind(engine.model_name, engine.kind, endpoint.route))
+        return
     try:
         request = endpoint.parse(response.claimed.body, limits)
     except OpenAIError as error:

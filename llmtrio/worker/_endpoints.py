@@ -9,15 +9,23 @@ import attrs
 import trio
 
 from .._fields import RequestLimits
-from .._routes import CHAT_PATH, COMPLETIONS_PATH
-from ..engine import Engine, Generation
+from .._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from ..engine import EmbeddingEngine, Engine, Generation
 from ._chat_request import ChatCompletionRequest, parse_chat_request
 from ._chat_response import ChatBody, ChatStream
 from ._completions import CompletionRequest, TextBody, TextStream, parse_completion_request
+from ._embeddings import (
+    EmbeddingsBody,
+    EmbeddingsRequest,
+    Finished,
+    embeddings_done,
+    parse_embeddings_request,
+    too_long,
+)
 from ._endpoint import Encoder, Endpoint
 from ._responses import ResponseMeta
 
-__all__ = ["CHAT", "COMPLETIONS", "ENDPOINTS"]
+__all__ = ["CHAT", "COMPLETIONS", "EMBEDDINGS", "ENDPOINTS"]
 
 
 @attrs.frozen
@@ -66,7 +74,46 @@ class _Completions:
         return TextStream(request, meta) if request.stream else TextBody(request, meta)
 
 
+@attrs.frozen
+class _Embeddings:
+    """``POST /v1/embeddings``: texts (tokenized with the model's special tokens) or token
+    ids, one vector each, decoded in batches with other requests' inputs."""
+
+    route: str = EMBEDDINGS_PATH
+    model_kind: str = "embedding"
+    id_prefix: str = "embd"
+
+    def parse(self, body: bytes, limits: RequestLimits) -> EmbeddingsRequest:
+        return parse_embeddings_request(body, limits)
+
+    @asynccontextmanager
+    async def run(
+        self, engine: EmbeddingEngine, request: EmbeddingsRequest
+    ) -> AsyncIterator[Finished]:
+        started = trio.current_time()
+        tokens: list[list[int]]
+        if request.inputs and isinstance(request.inputs[0], str):
+            texts = [str(item) for item in request.inputs]
+            # Tokenizing 2048 long texts takes a while: never on the event loop.
+            tokens = await trio.to_thread.run_sync(
+                lambda: [engine.tokenize(text) for text in texts]
+            )  # not abandoned on cancel: the model must outlive the thread that reads it
+        else:
+            tokens = [list(item) for item in request.inputs if not isinstance(item, str)]
+        for index, ids in enumerate(tokens):
+            if len(ids) > engine.ctx_size:
+                raise too_long(index, len(ids), engine.ctx_size)
+        result = await engine.embed_tokens(tokens)
+        yield Finished(
+            embeddings_done(result.vectors, result.prompt_tokens, trio.current_time() - started)
+        )
+
+    def encoder(self, request: EmbeddingsRequest, meta: ResponseMeta) -> Encoder:
+        return EmbeddingsBody(request, meta.model)
+
+
 CHAT: Endpoint[ChatCompletionRequest] = _Chat()
 COMPLETIONS: Endpoint[CompletionRequest] = _Completions()
+EMBEDDINGS: Endpoint[EmbeddingsRequest] = _Embeddings()
 #: Every endpoint the worker serves, by route.
-ENDPOINTS: dict[str, Endpoint[object]] = {e.route: e for e in (CHAT, COMPLETIONS)}  # type: ignore[misc]
+ENDPOINTS: dict[str, Endpoint[object]] = {e.route: e for e in (CHAT, COMPLETIONS, EMBEDDINGS)}  # type: ignore[misc]

@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..engine import Done, Engine
+from ..engine import Done, EmbeddingEngine, Engine
+from ._embeddings import EmbeddingsDone
 
 __all__ = ["EngineCollector", "WorkerMetrics"]
 
@@ -57,7 +58,7 @@ class EngineCollector(Collector):
     ``picker_gauges`` is false, the Inference Extension's three gauges (false where an
     ingress in the same registry exports them for its whole ring, this engine included)."""
 
-    def __init__(self, engine: Engine, *, picker_gauges: bool = True) -> None:
+    def __init__(self, engine: Engine | EmbeddingEngine, *, picker_gauges: bool = True) -> None:
         self._engine = engine
         self._picker_gauges = picker_gauges
 
@@ -158,7 +159,7 @@ class WorkerMetrics:
     def __init__(
         self,
         registry: CollectorRegistry,
-        engine: Engine,
+        engine: Engine | EmbeddingEngine,
         *,
         picker_gauges: bool = True,
     ) -> None:
@@ -206,9 +207,34 @@ class WorkerMetrics:
             ["finished_reason"],
             registry=registry,
         )
+        self._prompt_total = Counter(
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed (embedding inputs included).",
+            registry=registry,
+        )
+        self._embedding_requests = Counter(
+            "llmtrio_embedding_requests",
+            "Embedding requests answered.",
+            registry=registry,
+        )
+        self._embedding_inputs = Counter(
+            "llmtrio_embedding_inputs",
+            "Inputs (texts or token arrays) embedded.",
+            registry=registry,
+        )
 
     def finished(self, done: Done) -> None:
-        """One request ended with ``done`` (cancelled ones are not observed)."""
+        """One request ended with ``done`` (cancelled ones are not observed). An embeddings
+        request counts its request, inputs, prompt tokens and latency (it has no first
+        token and no output tokens)."""
+        self._prompt_total.inc(done.prompt_tokens)
+        if isinstance(done, EmbeddingsDone):
+            self._embedding_requests.inc()
+            self._embedding_inputs.inc(len(done.vectors))
+            self._e2e.observe(done.timings.prefill_s)
+            self._prompt.observe(done.prompt_tokens)
+            self._success.labels(done.stop.finish_reason).inc()
+            return
         timings = done.timings
         self._ttft.observe(timings.queue_s + timings.prefill_s)
         if done.completion_tokens > 1:

@@ -19,9 +19,9 @@ import logging
 import trio
 
 from .._fields import RequestLimits
-from ..engine import Engine, EngineFailedError
+from ..engine import EngineFailedError
 from ..ring import ClaimedStream, Heartbeat, RingLink
-from ._endpoint import serve_request
+from ._endpoint import ModelEngine, serve_request
 from ._endpoints import ENDPOINTS
 from ._metrics import WorkerMetrics
 
@@ -33,7 +33,7 @@ HEARTBEAT_INTERVAL_S = 0.5
 
 
 async def serve_link(
-    engine: Engine,
+    engine: ModelEngine,
     link: RingLink,
     *,
     metrics: WorkerMetrics | None = None,
@@ -121,7 +121,7 @@ def _request_id(claimed: ClaimedStream) -> str:
 
 
 async def _serve_stream(
-    engine: Engine,
+    engine: ModelEngine,
     claimed: ClaimedStream,
     metrics: WorkerMetrics | None,
     limits: RequestLimits,

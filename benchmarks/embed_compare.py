@@ -1,0 +1,193 @@
+"""Embedding throughput side by side: ``llmtrio serve`` and llama.cpp's ``llama-server
+--embeddings -np 8`` on the same GGUF, one after the other in one run.
+
+    ./benchmarks/build_llama_server.sh       # once: builds and caches llama-server
+    .venv/bin/python benchmarks/embed_compare.py --threads 2
+
+For each server, for each point (concurrent requests x inputs per request: 1, 8 and 64
+concurrent requests of 1 and of 32 inputs each), ``--requests`` requests per client are sent
+back to back by each of the concurrent clients (a closed loop), after one warm-up request; the
+figure is inputs embedded per second over the point's wall time. Both servers run at once
+(an idle one costs no CPU) and take turns at each point, ``--rounds`` times; the median is
+the figure, so a load that drifts during the run weighs on both alike. Inputs are distinct short
+sentences (8-16 words, as retrieval queries and chunks' titles are), so no cache helps either
+server. The table prints each server's inputs/s and llmtrio's ratio to llama-server.
+
+llama-server runs with ``--embeddings --pooling mean -np 8 -c 8*512 -b 2048 -ub 2048``
+(``-ub`` at least one whole input, as a non-causal model needs; a batch as large as
+llmtrio's); llmtrio with its defaults for an embedding model (64 sequences per decode, 2048
+tokens) and ``--idle-timeout 60`` (llama-server keeps an idle connection 600 s; with
+llmtrio's default 5 s, a client on a loaded machine that takes a while to send its next
+request on a kept-alive connection finds it closed: httpx then reports "Server disconnected
+without sending a response" and does not retry a POST). Both on ``--threads`` threads.
+
+Resource handling: each server is a child process stopped (SIGINT, then SIGTERM, SIGKILL)
+at the end, also on errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import HOST, find_llama_server, free_port, stop_process, tail
+
+MINILM = Path(__file__).resolve().parents[2] / "shared/test-models/all-MiniLM-L6-v2-Q8_0.gguf"
+POINTS = ((1, 1), (8, 1), (64, 1), (1, 32), (8, 32), (64, 32))
+WORDS = (
+    "river", "lamp", "quiet", "orange", "engine", "market", "winter", "letter", "garden",
+    "silver", "window", "travel", "paper", "forest", "music", "harbour", "bright", "stone",
+    "careful", "yellow", "morning", "castle", "simple", "broken", "ocean", "number",
+)  # fmt: skip
+
+
+def sentence(i: int) -> str:
+    """A distinct sentence of 8 to 16 words for each ``i``."""
+    n = 8 + i % 9
+    words = [WORDS[(i * 7 + k * (i % 5 + 1)) % len(WORDS)] for k in range(n)]
+    return f"{i} " + " ".join(words) + "."
+
+
+def llmtrio_argv(model: Path, port: int, threads: int) -> list[str]:
+    return [
+        sys.executable, "-m", "llmtrio", "serve", "--model", str(model), "--host", HOST,
+        "--port", str(port), "--threads", str(threads), "--ring-streams", "1024",
+        "--idle-timeout", "60",
+    ]  # fmt: skip
+
+
+def llama_server_argv(binary: Path, model: Path, port: int, threads: int) -> list[str]:
+    return [
+        str(binary), "-m", str(model), "--host", HOST, "--port", str(port), "--embeddings",
+        "--pooling", "mean", "-np", "8", "-c", str(8 * 512), "-b", "2048", "-ub", "2048",
+        "--threads", str(threads), "--threads-batch", str(threads), "--no-webui",
+    ]  # fmt: skip
+
+
+@asynccontextmanager
+async def running(argv: list[str], base: str, log: Path) -> AsyncIterator[None]:
+    with log.open("wb") as out:
+        process = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            async with httpx.AsyncClient(timeout=5) as client:
+                with trio.move_on_after(120):
+                    while process.returncode is None:
+                        try:
+                            response = await client.post(
+                                base + "/v1/embeddings", json={"input": "warm up"}
+                            )
+                            if response.status_code == 200:
+                                break
+                        except httpx.HTTPError:
+                            pass
+                        await trio.sleep(0.2)
+                if process.returncode is not None or response.status_code != 200:
+                    raise RuntimeError(f"{argv[0]} did not start:\n{tail(log)}")
+            yield
+        finally:
+            with trio.move_on_after(35, shield=True):
+                await stop_process(process)
+
+
+async def measure(base: str, concurrency: int, per_request: int, requests: int) -> float:
+    """Inputs per second with ``concurrency`` clients each sending ``requests`` requests of
+    ``per_request`` inputs, back to back."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
+    counter = iter(range(10**9))
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def one_client() -> None:
+            for _ in range(requests):
+                inputs = [sentence(next(counter)) for _ in range(per_request)]
+                body = {"input": inputs, "model": "m", "encoding_format": "float"}
+                response = await client.post(base + "/v1/embeddings", json=body)
+                response.raise_for_status()
+                assert len(response.json()["data"]) == per_request
+
+        # warm-up: one request of the point's shape
+        await client.post(base + "/v1/embeddings", json={"input": ["warm"] * per_request})
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(one_client)
+        elapsed = time.perf_counter() - started
+    return concurrency * per_request * requests / elapsed
+
+
+async def main(args: argparse.Namespace) -> int:
+    binary = find_llama_server(args.llama_server)
+    if binary is None:
+        print("no llama-server: run benchmarks/build_llama_server.sh first", file=sys.stderr)
+        return 2
+    logdir = Path(args.logdir or tempfile.mkdtemp(prefix="embed-compare-"))
+    await trio.to_thread.run_sync(lambda: logdir.mkdir(parents=True, exist_ok=True))
+    print(f"model {args.model.name}, {args.threads} threads, load {os.getloadavg()[0]:.2f}")
+    results: dict[str, dict[tuple[int, int], float]] = {"llmtrio": {}, "llama-server": {}}
+    ports = {"llmtrio": free_port(), "llama-server": free_port()}
+    argvs = {
+        "llmtrio": llmtrio_argv(args.model, ports["llmtrio"], args.threads),
+        "llama-server": llama_server_argv(binary, args.model, ports["llama-server"], args.threads),
+    }
+    bases = {name: f"http://{HOST}:{port}" for name, port in ports.items()}
+    # Both servers up at once (an idle one takes no CPU), measured in turns at each point, so
+    # the machine's load drifts over both alike; the median of the rounds is the figure.
+    async with (
+        running(argvs["llmtrio"], bases["llmtrio"], logdir / "llmtrio.log"),
+        running(argvs["llama-server"], bases["llama-server"], logdir / "llama-server.log"),
+    ):
+        for concurrency, per_request in POINTS:
+            requests = args.requests if per_request == 1 else max(1, args.requests // 4)
+            rates: dict[str, list[float]] = {"llmtrio": [], "llama-server": []}
+            for _ in range(args.rounds):
+                for name in rates:
+                    rates[name].append(
+                        await measure(bases[name], concurrency, per_request, requests)
+                    )
+            for name, measured in rates.items():
+                rate = statistics.median(measured)
+                results[name][concurrency, per_request] = rate
+                shown = ", ".join(f"{r:.1f}" for r in measured)
+                print(
+                    f"  {name:12} {concurrency:3} x {per_request:2}: {rate:8.1f} inputs/s ({shown})"
+                )
+    print(f"\nload {os.getloadavg()[0]:.2f} at the end")
+    print("| concurrent requests x inputs | llmtrio inputs/s | llama-server inputs/s | ratio |")
+    print("|---|---|---|---|")
+    for point in POINTS:
+        ours, theirs = results["llmtrio"][point], results["llama-server"][point]
+        print(f"| {point[0]} x {point[1]} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}x |")
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=MINILM, help="an embedding GGUF")
+    parser.add_argument("--llama-server", type=Path, help="the binary (default: the cached one)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=8,
+        help="requests per client at 1 input a request (at 32 inputs: a quarter, at least 1)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="turns per point (median)")
+    parser.add_argument("--logdir", type=Path, help="where the servers' logs go")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(trio.run(main, parse_args(None)))

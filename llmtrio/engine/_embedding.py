@@ -1,0 +1,403 @@
+"""The embedding engine: :meth:`EmbeddingEngine.open` and :meth:`EmbeddingEngine.embed`.
+
+An embedding model (BERT and kin, or a decoder fine-tuned for embeddings) gets its own
+llama.cpp context with ``embeddings=True`` and the pooling its GGUF names (mean, CLS, last).
+The shape follows the chat engine's:
+
+- the Trio side checks and tokenizes a caller's inputs (in a worker thread), queues them for
+  the decode thread and waits for their vectors; a caller that is cancelled asks for its
+  queued inputs to be dropped;
+- the decode thread (one ``trio.to_thread`` worker) moves queued inputs into the pure packer
+  (``_embed_pack.py``), decodes one batch at a time, many sequences per ``llama_decode``,
+  inputs of any number of callers side by side, and posts each input's pooled vector back;
+- the vectors are L2-normalized, as OpenAI's are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from ._core import EngineStats
+from ._embed_pack import EmbedPacker, Packed
+from ._engine import Engine, _abandonable_load
+from ._errors import (
+    DecodeError,
+    EngineClosedError,
+    EngineFailedError,
+    InvalidRequestError,
+    ModelLoadError,
+)
+from ._gguf import POOLING_NAMES, model_kind_of
+from ._llama import Batch, LlamaModel
+from ._model_source import ResolvedModel, resolve_model
+from ._types import Capacity, EngineConfig
+
+__all__ = [
+    "EMBEDDING_BATCH_TOKENS",
+    "EMBEDDING_SEQUENCES",
+    "EmbeddingEngine",
+    "Embeddings",
+    "open_engine",
+]
+
+logger = logging.getLogger("llmtrio.engine")
+
+#: The most sequences (inputs) one decode carries, and the least number of requests an
+#: embedding engine takes at once (its ``capacity().max_inflight``).
+EMBEDDING_SEQUENCES = 64
+#: The most tokens one decode carries (at least one whole input of the model's window).
+EMBEDDING_BATCH_TOKENS = 2048
+
+
+@attrs.frozen
+class Embeddings:
+    """What :meth:`EmbeddingEngine.embed` returns: one L2-normalized ``float32`` vector per
+    input (``vectors[i]`` for input ``i``) and each input's length in tokens."""
+
+    vectors: npt.NDArray[np.float32] = attrs.field(eq=False)
+    token_counts: tuple[int, ...]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.token_counts)
+
+
+class _Call:
+    """One caller's inputs while they are decoded (Trio side only)."""
+
+    def __init__(self, n: int, dim: int) -> None:
+        self.vectors = np.zeros((n, dim), dtype=np.float32)
+        self.left = n
+        self.error: Exception | None = None
+        self.done = trio.Event()
+
+
+class EmbeddingEngine:
+    """Batched embeddings of one llama.cpp embedding model. Open it with :meth:`open`;
+    embed with :meth:`embed`.
+
+    ``ctx_size`` is the longest input in tokens: the configured ``ctx_size``, at most the
+    window the model was trained on. ``pooling`` names the GGUF's pooling.
+    """
+
+    kind = "embedding"
+
+    def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:
+        pooling = POOLING_NAMES.get(model.pooling)
+        if pooling is None:
+            raise ModelLoadError(
+                f"{resolved.name} is not an embedding model: its GGUF names no mean, CLS or "
+                f"last pooling (llama.cpp pooling type {model.pooling})"
+            )
+        self.config = config
+        self.model_name = resolved.name
+        self.model_path = resolved.path
+        self.pooling = pooling
+        self.ctx_size = model.ctx_size
+        self.dimensions = model.n_embd
+        self._model = model
+        self._trio_token = trio.lowlevel.current_trio_token()
+        self._cond = threading.Condition()
+        self._inbox: list[tuple[int, list[npt.NDArray[np.int32]]]] = []
+        self._cancels: set[int] = set()
+        self._calls: dict[int, _Call] = {}
+        self._next_key = 0
+        self._closing = False
+        self._closed = False
+        self._failure: EngineFailedError | None = None
+        self._stopped = trio.Event()
+        self._capacity_lot = trio.lowlevel.ParkingLot()
+        self._decoding = 0
+        self.stats = EngineStats()
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, config: EngineConfig) -> AsyncIterator[EmbeddingEngine]:
+        """Resolve and load the model (in a thread) with an embedding context, start the
+        decode loop, and yield the engine once the model is resident.
+
+        Error handling: :class:`ModelLoadError` when the model cannot be found or loaded, or
+        names no sentence pooling (a generating model: open it with ``Engine``).
+        Resource handling: on exit, callers still waiting get :class:`EngineClosedError`,
+        the decode thread stops and the model is freed.
+        """
+        resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
+        model = await _abandonable_load(
+            lambda: LlamaModel(
+                resolved.path,
+                slots=EMBEDDING_SEQUENCES,
+                ctx_size=config.ctx_size,
+                threads=config.threads,
+                n_batch=max(EMBEDDING_BATCH_TOKENS, config.ctx_size),
+                embeddings=True,
+            )
+        )
+        try:
+            engine = cls(config, model, resolved)
+            logger.info(
+                "loaded %s (%s, embeddings: %d dimensions, %s pooling, %d tokens per input)",
+                resolved.name,
+                model.architecture,
+                engine.dimensions,
+                engine.pooling,
+                engine.ctx_size,
+            )
+            error: BaseException | None = None
+            async with trio.open_nursery() as nursery:
+                await nursery.start(engine._run_loop)
+                try:
+                    yield engine
+                except BaseException as exc:
+                    error = exc
+                finally:
+                    engine._close()
+            if error is not None:
+                raise error
+        finally:
+            model.close()
+
+    async def _run_loop(self, *, task_status: trio.TaskStatus[None]) -> None:
+        task_status.started()
+        try:
+            await trio.to_thread.run_sync(self._loop, thread_name="llmtrio embedding loop")
+        except Exception as exc:
+            logger.error("the embedding loop failed", exc_info=exc)
+            self._failure = EngineFailedError(f"the embedding loop failed: {exc!r}")
+        finally:
+            self._closed = True
+            self._stopped.set()
+            for call in self._calls.values():
+                call.error = call.error or self._failure or EngineClosedError("the engine closed")
+                call.done.set()
+
+    def _close(self) -> None:
+        self._closed = True
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+
+    # -- public API ----------------------------------------------------------------------
+
+    @property
+    def failure(self) -> EngineFailedError | None:
+        """Why the decode loop died, once it has; ``None`` while it runs."""
+        return self._failure
+
+    async def wait_failed(self) -> EngineFailedError:
+        """Return the failure once the decode loop has died; waits forever otherwise."""
+        await self._stopped.wait()
+        if self._failure is None:
+            await trio.sleep_forever()
+        assert self._failure is not None
+        return self._failure
+
+    @property
+    def max_inflight(self) -> int:
+        """How many requests it takes at once (the ring's claims): at least the sequences
+        one decode carries, so concurrent requests fill a batch."""
+        return max(self.config.max_inflight, EMBEDDING_SEQUENCES)
+
+    def capacity(self) -> Capacity:
+        inflight = len(self._calls)
+        return Capacity(
+            inflight=inflight,
+            decoding=self._decoding,
+            max_inflight=self.max_inflight,
+            available_slots=max(0, self.max_inflight - inflight),
+        )
+
+    async def capacity_changed(self) -> None:
+        """Return at the next change of :meth:`capacity`'s ``inflight``."""
+        await self._capacity_lot.park()
+
+    async def wait_idle(self) -> None:
+        """Return once no call is in flight."""
+        while self._calls:
+            await self._capacity_lot.park()
+
+    def tokenize(self, text: str) -> list[int]:
+        """``text``'s tokens as the model embeds it (with its special tokens: BERT's
+        ``[CLS] ... [SEP]``)."""
+        return self._model.tokenize(text, add_special=True, parse_special=False)
+
+    @property
+    def n_vocab(self) -> int:
+        return self._model.n_vocab
+
+    async def embed(self, inputs: Sequence[str]) -> Embeddings:
+        """The embeddings of ``inputs`` (texts), tokenized in a worker thread.
+
+        Error handling and resource handling: as :meth:`embed_tokens`.
+        """
+        if self._closed:  # the model may be freed: not even its tokenizer is there
+            raise self._failure or EngineClosedError("the engine is closed")
+        texts = list(inputs)
+        tokens = await trio.to_thread.run_sync(
+            lambda: [self.tokenize(text) for text in texts]
+        )  # not abandoned on cancel: the model must outlive the thread that reads it
+        return await self.embed_tokens(tokens)
+
+    async def embed_tokens(self, inputs: Sequence[Sequence[int]]) -> Embeddings:
+        """The embeddings of ``inputs`` (token ids each), decoded in batches with any other
+        caller's inputs.
+
+        Error handling: :class:`InvalidRequestError` (``param`` ``input[i]``) for an empty
+        input, a token id outside the vocabulary or an input longer than ``ctx_size``, raised
+        before anything is queued; :class:`DecodeError` when llama.cpp fails on one of these
+        inputs (the other callers' inputs are decoded again without it);
+        :class:`EngineClosedError` when the engine is closed or closes meanwhile.
+        Resource handling: cancelling the caller drops its inputs that are still queued at
+        the next batch boundary; a batch being decoded finishes, and its vectors for this
+        caller are discarded.
+        """
+        if self._closed:
+            raise self._failure or EngineClosedError("the engine is closed")
+        arrays = [self._checked(i, tokens) for i, tokens in enumerate(inputs)]
+        if not arrays:
+            raise InvalidRequestError("no inputs to embed", param="input")
+        key = self._next_key
+        self._next_key += 1
+        call = _Call(len(arrays), self.dimensions)
+        with self._cond:
+            if self._closed:
+                raise self._failure or EngineClosedError("the engine is closed")
+            self._inbox.append((key, arrays))
+            self._cond.notify()
+        self._calls[key] = call
+        self._capacity_lot.unpark_all()
+        try:
+            await call.done.wait()
+        finally:
+            if self._calls.pop(key, None) is not None:
+                self._capacity_lot.unpark_all()
+            if not call.done.is_set():
+                with self._cond:
+                    self._cancels.add(key)
+                    self._cond.notify()
+        if call.error is not None:
+            raise call.error
+        return Embeddings(call.vectors, tuple(len(a) for a in arrays))
+
+    def _checked(self, index: int, tokens: Sequence[int]) -> npt.NDArray[np.int32]:
+        param = f"input[{index}]"
+        if len(tokens) == 0:
+            raise InvalidRequestError(f"input {index} is empty", param=param)
+        if len(tokens) > self.ctx_size:
+            raise InvalidRequestError(
+                f"input {index} is {len(tokens)} tokens, more than the {self.ctx_size} this "
+                f"model embeds at once (its context); shorten it",
+                param=param,
+            )
+        array = np.asarray(tokens, dtype=np.int64)
+        bad = (array < 0) | (array >= self.n_vocab)
+        if bad.any():
+            token = int(array[int(np.argmax(bad))])
+            raise InvalidRequestError(
+                f"input {index} holds token id {token}, outside the vocabulary "
+                f"(0 to {self.n_vocab - 1})",
+                param=param,
+            )
+        return array.astype(np.int32)
+
+    # -- Trio side: results --------------------------------------------------------------
+
+    def _deliver(self, results: list[tuple[Packed, npt.NDArray[np.float32] | Exception]]) -> None:
+        for item, result in results:
+            call = self._calls.get(item.key)
+            if call is None or call.done.is_set():
+                continue  # cancelled, or already failed
+            if isinstance(result, Exception):
+                call.error = result
+                call.done.set()
+                continue
+            call.vectors[item.index] = result
+            call.left -= 1
+            if call.left == 0:
+                call.done.set()
+
+    # -- the decode thread ---------------------------------------------------------------
+
+    def _loop(self) -> None:
+        model = self._model
+        packer = EmbedPacker(max_tokens=model.n_batch, max_seqs=model.slots)
+        batch = Batch(model.n_batch)
+        try:
+            while True:
+                with self._cond:
+                    while not (self._closing or self._inbox or self._cancels or packer.pending):
+                        self._decoding = 0
+                        self._cond.wait()
+                    if self._closing:
+                        return
+                    new, self._inbox = self._inbox, []
+                    cancels, self._cancels = self._cancels, set()
+                for key, arrays in new:
+                    packer.add(key, arrays)
+                for key in cancels:
+                    packer.cancel(key)
+                items = packer.next_batch()
+                if items:
+                    self._decoding = len(items)
+                    self._post(self._decode(batch, items))
+        finally:
+            self._decoding = 0
+
+    def _decode(
+        self, batch: Batch, items: list[Packed]
+    ) -> list[tuple[Packed, npt.NDArray[np.float32] | Exception]]:
+        """Each item's normalized vector; when the decode fails, each item is decoded on its
+        own, so only the input llama.cpp cannot take fails."""
+        model = self._model
+        model.clear_memory()
+        batch.clear()
+        for seq, item in enumerate(items):
+            start = batch.n
+            batch.add(item.tokens, 0, seq, output_last=True)
+            batch.logits[start : batch.n] = 1  # pooling reads every token's output
+        status = model.decode(batch)
+        self.stats.steps += 1
+        self.stats.busy_slots += len(items)
+        if status != 0:
+            if len(items) > 1:
+                return [result for item in items for result in self._decode(batch, [item])]
+            error = DecodeError(f"llama_decode failed (status {status}) on this input")
+            return [(items[0], error)]
+        self.stats.prompt_tokens_ingested += batch.n
+        results: list[tuple[Packed, npt.NDArray[np.float32] | Exception]] = []
+        for seq, item in enumerate(items):
+            vector = model.pooled(seq)
+            if vector is None:
+                results.append((item, DecodeError("llama.cpp returned no embedding")))
+                continue
+            norm = float(np.linalg.norm(vector))
+            results.append((item, vector / norm if norm > 0 else vector))
+        return results
+
+    def _post(self, results: list[tuple[Packed, npt.NDArray[np.float32] | Exception]]) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            self._trio_token.run_sync_soon(self._deliver, results)
+
+
+@asynccontextmanager
+async def open_engine(config: EngineConfig) -> AsyncIterator[Engine | EmbeddingEngine]:
+    """The engine ``config``'s model needs, opened: an :class:`EmbeddingEngine` for a model
+    whose GGUF names a sentence pooling, an :class:`Engine` for any other (``.kind`` says
+    which).
+
+    Error handling and resource handling: as the engine's ``open``."""
+    resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
+    if await trio.to_thread.run_sync(model_kind_of, resolved.path) == "embedding":
+        async with EmbeddingEngine.open(config) as embedding:
+            yield embedding
+    else:
+        async with Engine.open(config) as engine:
+            yield engine

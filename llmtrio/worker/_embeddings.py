@@ -1,0 +1,216 @@
+"""OpenAI's embeddings (``POST /v1/embeddings``): request and response. Pure.
+
+``input`` is a text, an array of texts, an array of token ids or an array of arrays of token
+ids; each text or token array is one input and gets one vector. ``encoding_format`` is
+``float`` (arrays of numbers) or ``base64`` (each vector's little-endian float32 bytes);
+``dimensions`` is refused (no GGUF field says a model was trained for truncated vectors).
+An empty input, more inputs than the server's ``max_embedding_inputs`` or an input longer
+than the model's context is a 400 naming the input's index (``input[3]``).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from .._fields import (
+    EMBEDDINGS,
+    RequestLimits,
+    checked_text,
+    describe,
+    invalid_type,
+    invalid_value,
+    missing,
+    read,
+)
+from .._openai_errors import OpenAIError, dumps, invalid_request
+from ..engine import Done, Event, StopReason, Timings
+from ._requests import json_body, reject_refused
+
+__all__ = [
+    "EmbeddingsBody",
+    "EmbeddingsDone",
+    "EmbeddingsRequest",
+    "Finished",
+    "embeddings_done",
+    "parse_embeddings_request",
+    "too_long",
+]
+
+_NO_LIMITS = RequestLimits()
+
+
+@attrs.frozen
+class EmbeddingsRequest:
+    """A parsed ``POST /v1/embeddings``: ``inputs`` are texts or token-id tuples, never
+    empty, at most the server's ``max_embedding_inputs``."""
+
+    model: str | None
+    inputs: tuple[str, ...] | tuple[tuple[int, ...], ...]
+    encoding_format: str = "float"
+
+
+@attrs.frozen
+class EmbeddingsDone(Done):
+    """The end of an embeddings request: a :class:`~llmtrio.engine.Done` (its
+    ``prompt_tokens``, no completion tokens) with the vectors, row ``i`` for input ``i``."""
+
+    vectors: npt.NDArray[np.float32] = attrs.field(kw_only=True, eq=False)
+
+
+class Finished:
+    """Work that finished before it was handed over (an embeddings request's one event):
+    the endpoint pipeline's ``Events`` shape, already ended."""
+
+    def __init__(self, event: Event) -> None:
+        self._events = [event]
+        self.ended = trio.Event()
+        self.ended.set()
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while self._events:
+            yield self._events.pop(0)
+
+    def drain(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+
+def parse_embeddings_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> EmbeddingsRequest:
+    """Parse and validate an embeddings request body.
+
+    Error handling: :class:`OpenAIError` 400 naming the field, or the input (``input[i]``)
+    that is empty, of the wrong type or beyond ``limits.max_embedding_inputs``.
+    """
+    data = json_body(body)
+    reject_refused(data, EMBEDDINGS, limits)
+    model = read(data, EMBEDDINGS, "model", limits)
+    read(data, EMBEDDINGS, "user", limits)
+    encoding = data.get("encoding_format")
+    if encoding is None:
+        encoding = "float"
+    elif encoding not in ("float", "base64"):
+        raise invalid_value(
+            "encoding_format", f"expected 'float' or 'base64', but got {describe(encoding)}."
+        )
+    return EmbeddingsRequest(model, _parse_inputs(data.get("input"), limits), encoding)
+
+
+def _parse_inputs(
+    value: object, limits: RequestLimits
+) -> tuple[str, ...] | tuple[tuple[int, ...], ...]:
+    if value is None:
+        raise missing("input")
+    if isinstance(value, str):
+        return (_text(value, "input"),)
+    if not isinstance(value, list):
+        raise invalid_type("input", "a string or an array", value)
+    if not value:
+        raise invalid_value("input", "it must not be an empty array.")
+    if all(_is_token(item) for item in value):
+        return (tuple(value),)  # one input of token ids
+    if len(value) > limits.max_embedding_inputs:
+        raise invalid_request(
+            f"Invalid 'input': {len(value)} inputs, more than this server takes in one request "
+            f"({limits.max_embedding_inputs}); 'input[{limits.max_embedding_inputs}]' is the "
+            f"first one over.",
+            param=f"input[{limits.max_embedding_inputs}]",
+            code="array_above_max_length",
+        )
+    if isinstance(value[0], str):
+        return tuple(_text(item, f"input[{i}]") for i, item in enumerate(value))
+    return tuple(_tokens(item, f"input[{i}]") for i, item in enumerate(value))
+
+
+def _is_token(item: object) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool)
+
+
+def _text(value: object, param: str) -> str:
+    if not isinstance(value, str):
+        raise invalid_type(param, "a string, as the first input is", value)
+    if not value:
+        raise invalid_value(param, "an input must not be empty.")
+    return checked_text(value, param)
+
+
+def _tokens(value: object, param: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise invalid_type(param, "an array of token ids, as the first input is", value)
+    if not value:
+        raise invalid_value(param, "an input must not be empty.")
+    for token in value:
+        if not _is_token(token):
+            raise invalid_type(param, "an array of token ids (integers)", token)
+        if token < 0:
+            raise invalid_value(param, f"token ids are at least 0, but got {token}.")
+    return tuple(value)
+
+
+def too_long(index: int, tokens: int, ctx_size: int) -> OpenAIError:
+    """400 ``context_length_exceeded`` for input ``index`` (OpenAI's wording, which clients
+    match: "maximum context length")."""
+    return invalid_request(
+        f"This model's maximum context length is {ctx_size} tokens, however input {index} "
+        f"resulted in {tokens} tokens. Please reduce the length of input[{index}].",
+        param=f"input[{index}]",
+        code="context_length_exceeded",
+    )
+
+
+def embeddings_done(
+    vectors: npt.NDArray[np.float32], prompt_tokens: int, seconds: float
+) -> EmbeddingsDone:
+    """The one event of a finished embeddings request."""
+    return EmbeddingsDone(
+        StopReason.END_OF_GENERATION,
+        prompt_tokens,
+        0,
+        Timings(0.0, seconds, 0.0),
+        vectors=vectors,
+    )
+
+
+@attrs.define
+class EmbeddingsBody:
+    """The JSON body: ``{"object": "list", "data": [...], "model", "usage"}``."""
+
+    request: EmbeddingsRequest
+    model: str
+    streaming: bool = False
+
+    def start(self) -> bytes:
+        return b""
+
+    def event(self, token: Any) -> bytes:
+        return b""
+
+    def finish(self, done: Done) -> bytes:
+        assert isinstance(done, EmbeddingsDone)
+        if self.request.encoding_format == "base64":
+            data: list[Any] = [
+                base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
+                for row in done.vectors
+            ]
+        else:
+            data = done.vectors.tolist()
+        return dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": vector}
+                    for i, vector in enumerate(data)
+                ],
+                "model": self.model,
+                "usage": {"prompt_tokens": done.prompt_tokens, "total_tokens": done.prompt_tokens},
+            }
+        )
+
+    def finish_reason(self, done: Done) -> str:
+        return "stop"
