@@ -56,12 +56,12 @@ def kv_unified(request: pytest.FixtureRequest) -> bool:
 
 
 def config(path: Path, kv_unified: bool, **changes: Any) -> EngineConfig:
-    """This file's engines: 4 slots of 2048 tokens unless a test says otherwise. Runs are
-    compared token for token where the batches match: on gemma, drafts (whose number
-    follows measured step times) would change batch shapes, so it reuses prompts without
-    them; the hybrid model reuses prompts with speculation on."""
-    changes.setdefault("spec", "ngram" if path.name.startswith("qwen35") else None)
-    return engine_config(path, max_inflight=4, ctx_size=2048, kv_unified=kv_unified, **changes)
+    """This file's engines: 4 slots of 2048 tokens, in the given layout, without drafts,
+    unless a test says otherwise. Runs are compared bit for bit where the batches match,
+    and drafts (whose number follows measured step times) change batch shapes; reuse
+    after speculation is tested in tests/test_engine_spec.py."""
+    values: dict[str, Any] = {"max_inflight": 4, "ctx_size": 2048, "spec": None}
+    return engine_config(path, kv_unified=kv_unified, **(values | changes))
 
 
 def chat(*messages: tuple[str, str]) -> GenerateRequest:
