@@ -43,6 +43,7 @@ import attrs
 from ._config import default
 from ._errors import ProtocolError, RingFullError
 from ._messages import (
+    CHAT,
     Assign,
     Attach,
     Cancel,
@@ -63,6 +64,7 @@ from ._messages import (
 __all__ = [
     "TRANSITIONS",
     "Effect",
+    "ModelStats",
     "RingCore",
     "RingStats",
     "StreamState",
@@ -143,6 +145,24 @@ class WorkerStats:
     """Its last heartbeat, if any."""
     last_heartbeat: float | None = None
     """When its last heartbeat came, on the clock the caller passed to ``heartbeat``."""
+    kinds: tuple[str, ...] = ()
+    """Each model's kind, in the order of ``models`` (empty: all chat), as it attached."""
+
+    def kind(self, model: str) -> str:
+        """The kind of ``model``, one of ``models``: ``"chat"`` unless ``kinds`` says else."""
+        if self.kinds and model in self.models:
+            return self.kinds[self.models.index(model)]
+        return CHAT
+
+
+@attrs.frozen
+class ModelStats:
+    """One model the ring routes to: its name, its kind and how many workers serve it now."""
+
+    name: str
+    kind: str
+    """``"chat"`` (chat and text completions) or ``"embedding"``."""
+    workers: int
 
 
 @attrs.frozen
@@ -178,10 +198,15 @@ class _Stream:
     stream_id: int
     head: RequestHead
     body: bytes
-    key: str = ""  # the routing key (the request's model); nothing routes on it yet
+    key: str = ""  # the routing key (the request's model); "" for any worker
     state: StreamState = StreamState.PARKED
     worker_id: str | None = None
     assignments: int = 0
+
+
+ANY_MODEL: Final = None
+"""A claim's model when it names none (a worker of the previous version): any model the
+worker listed, or any at all when it listed none."""
 
 
 @attrs.define
@@ -189,10 +214,73 @@ class _Worker:
     worker_id: str
     max_inflight: int
     models: tuple[str, ...] = ()
-    credits: int = 0
+    kinds: tuple[str, ...] = ()
+    credits: dict[str | None, int] = attrs.field(factory=dict)  # claim model -> unfilled claims
+    standing: tuple[str, ...] = ()  # the lines of claimants it stands in
     held: dict[int, None] = attrs.field(factory=dict)  # an ordered set of stream ids
     capacity: Heartbeat | None = None
     last_heartbeat: float | None = None
+
+    @property
+    def waiting(self) -> int:
+        return sum(self.credits.values())
+
+    def serves(self, key: str) -> bool:
+        """Whether a claim without a model may take a stream parked under ``key``."""
+        return not key or not self.models or key in self.models
+
+    def spend(self, key: str) -> None:
+        """Fill one claim with a stream parked under ``key``: one for ``key`` itself first,
+        then one without a model, then (for a stream with no key) any."""
+        for model in (key or ANY_MODEL, ANY_MODEL, *self.credits):
+            if self.credits.get(model, 0) and (model is ANY_MODEL or not key or model == key):
+                self.credits[model] -= 1
+                if not self.credits[model]:
+                    del self.credits[model]
+                return
+        raise AssertionError(f"worker {self.worker_id!r} has no claim for {key!r}")
+
+    def lines(self) -> tuple[str, ...]:
+        """The routing keys whose line of claimants this worker stands in."""
+        keys = dict.fromkeys(model for model in self.credits if model is not ANY_MODEL)
+        if self.credits.get(ANY_MODEL):
+            keys.update(dict.fromkeys(self.models or (_ANY_LINE,)))
+        return tuple(keys)
+
+
+_ANY_LINE: Final = ""
+"""The line of the claimants that take any key: workers that listed no model."""
+
+
+@attrs.define
+class _Queue:
+    """The streams parked under one routing key: requeued ones (sorted) before fresh ones
+    (in arrival order). Stream ids grow with arrival, so both are oldest first."""
+
+    fresh: dict[int, None] = attrs.field(factory=dict)
+    requeued: list[int] = attrs.field(factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.fresh or self.requeued)
+
+    def head(self) -> tuple[bool, int]:
+        """(fresh?, stream id) of the stream to go first: sorts requeued before fresh."""
+        if self.requeued:
+            return False, self.requeued[0]
+        return True, next(iter(self.fresh))
+
+    def pop(self) -> int:
+        if self.requeued:
+            return self.requeued.pop(0)
+        stream_id = next(iter(self.fresh))
+        del self.fresh[stream_id]
+        return stream_id
+
+    def remove(self, stream_id: int) -> None:
+        if stream_id in self.fresh:
+            del self.fresh[stream_id]
+        else:
+            self.requeued.remove(stream_id)
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -228,10 +316,12 @@ class RingCore:
     )
     _streams: dict[int, _Stream] = attrs.field(init=False, factory=dict)
     _counts: Counter[StreamState] = attrs.field(init=False, factory=Counter)
-    _fresh: dict[int, None] = attrs.field(init=False, factory=dict)  # parked, in arrival order
-    _requeued: list[int] = attrs.field(init=False, factory=list)  # parked again, sorted, first
+    _queues: dict[str, _Queue] = attrs.field(init=False, factory=dict)  # routing key -> parked
     _workers: dict[str, _Worker] = attrs.field(init=False, factory=dict)
-    _claimants: dict[str, None] = attrs.field(init=False, factory=dict)  # round-robin order
+    # Routing key -> the workers with a claim a stream of that key may fill, in round-robin
+    # order, each with the turn it took its place at (to merge two lines in one order).
+    _lines: dict[str, dict[str, int]] = attrs.field(init=False, factory=dict)
+    _turn: int = attrs.field(init=False, default=0)
     _next_id: int = attrs.field(init=False, default=1)
 
     # -- queries -------------------------------------------------------------------------------
@@ -261,6 +351,18 @@ class RingCore:
         stream = self._streams.get(stream_id)
         return None if stream is None else stream.key
 
+    def models(self) -> dict[str, ModelStats]:
+        """Every model an attached worker listed, by name, in attach order: its kind (as its
+        first worker said) and how many workers serve it."""
+        models: dict[str, ModelStats] = {}
+        for worker in self._workers.values():
+            for index, name in enumerate(worker.models):
+                known = models.get(name)
+                kind = worker.kinds[index] if worker.kinds else CHAT
+                workers = 1 if known is None else known.workers + 1
+                models[name] = ModelStats(name, kind if known is None else known.kind, workers)
+        return models
+
     def stats(self) -> RingStats:
         """A snapshot of stream counts and workers."""
         return RingStats(
@@ -274,7 +376,8 @@ class RingCore:
                     worker_id=worker.worker_id,
                     max_inflight=worker.max_inflight,
                     models=worker.models,
-                    waiting_claims=worker.credits,
+                    kinds=worker.kinds,
+                    waiting_claims=worker.waiting,
                     held=tuple(worker.held),
                     capacity=worker.capacity,
                     last_heartbeat=worker.last_heartbeat,
@@ -290,8 +393,9 @@ class RingCore:
     ) -> tuple[int, list[Effect]]:
         """Park a new request; returns its stream id and the effects (maybe its ``Assign``).
 
-        ``key`` is the request's routing key (the ingress passes its ``model``): kept with the
-        stream (``key()``); streams are not routed on it yet.
+        ``key`` is the request's routing key (the ingress passes its resolved ``model``): only
+        a claim for that model, or a claim without a model from a worker that listed it (or
+        listed none), takes the stream. An empty key is taken by any claim.
 
         Error handling: raises ``RingFullError`` when ``max_streams`` streams are open.
         """
@@ -303,8 +407,7 @@ class RingCore:
         self._next_id += 1
         self._streams[stream.stream_id] = stream
         self._counts[StreamState.PARKED] += 1
-        self._fresh[stream.stream_id] = None
-        return stream.stream_id, self._dispatch()
+        return stream.stream_id, self._offer([stream], fresh=True)
 
     def cancel(self, stream_id: int) -> list[Effect]:
         """The client went away. Idempotent; a finished or unknown stream is ignored.
@@ -316,7 +419,7 @@ class RingCore:
         if stream is None or stream.state is StreamState.CANCELLED:
             return []
         if stream.state is StreamState.PARKED:
-            self._unqueue(stream_id)
+            self._unqueue(stream)
             self._forget(stream)
             return []
         assert stream.worker_id is not None
@@ -331,7 +434,7 @@ class RingCore:
         if message.worker_id in self._workers:
             raise ProtocolError(f"worker {message.worker_id!r} is already attached", message)
         self._workers[message.worker_id] = _Worker(
-            message.worker_id, message.max_inflight, message.models
+            message.worker_id, message.max_inflight, message.models, message.kinds
         )
 
     def receive(self, worker_id: str, message: Message) -> list[Effect]:
@@ -364,31 +467,62 @@ class RingCore:
         worker.last_heartbeat = at
 
     def claim(self, worker_id: str, message: Claim) -> list[Effect]:
-        """The worker has ``message.count`` more free slots; returns the ``Assign`` effects.
+        """The worker has ``message.count`` more free slots (for ``message.model``, or for any
+        model it listed when the claim names none); returns the ``Assign`` effects: the oldest
+        parked streams the claims may take, requeued ones first.
 
         Error handling: ``ProtocolError`` when the worker would then hold or wait for more
-        streams than the ``max_inflight`` it attached with.
+        streams than the ``max_inflight`` it attached with, or the claim names a model the
+        worker did not list.
         """
         worker = self._worker(worker_id, message)
-        wanted = worker.credits + len(worker.held) + message.count
+        model = message.model
+        if model is not None and model not in worker.models:
+            raise ProtocolError(
+                f"worker {worker_id!r} claims for model {model!r}, which it did not list "
+                f"(it serves {list(worker.models)})",
+                message,
+            )
+        wanted = worker.waiting + len(worker.held) + message.count
         if wanted > worker.max_inflight:
             raise ProtocolError(
                 f"worker {worker_id!r} claims {message.count} more streams, holding "
-                f"{len(worker.held)} and waiting for {worker.credits}, beyond its "
+                f"{len(worker.held)} and waiting for {worker.waiting}, beyond its "
                 f"max_inflight of {worker.max_inflight}",
                 message,
             )
-        worker.credits += message.count
-        self._claimants.setdefault(worker_id, None)
-        return self._dispatch()
+        worker.credits[model] = worker.credits.get(model, 0) + message.count
+        effects: list[Effect] = []
+        # Nobody else waits for these keys while streams are parked under them (streams go
+        # to a waiting claimant at once), so the new claims take the oldest parked at once.
+        keys = self._keys_for(worker, model)
+        for _ in range(message.count):
+            queue = min(
+                (queue for key in keys if (queue := self._queues.get(key))),
+                key=_Queue.head,
+                default=None,
+            )
+            if queue is None:
+                break
+            stream = self._streams[queue.pop()]
+            self._drop_if_empty(stream.key)
+            effects.append(self._assign(stream, worker))
+        self._relist(worker, back=False)
+        return effects
 
-    def withdraw(self, worker_id: str, count: int = 1) -> int:
-        """Take back up to ``count`` unfilled claims; returns how many were still unfilled."""
+    def withdraw(self, worker_id: str, count: int = 1, model: str | None = None) -> int:
+        """Take back up to ``count`` unfilled claims (those for ``model`` when given, else
+        claims without a model first, then any); returns how many were still unfilled."""
         worker = self._worker(worker_id, None)
-        taken = min(count, worker.credits)
-        worker.credits -= taken
-        if not worker.credits:
-            self._claimants.pop(worker_id, None)
+        taken = 0
+        for claim in (model,) if model is not None else (ANY_MODEL, *worker.credits):
+            take = min(count - taken, worker.credits.get(claim, 0))
+            if take:
+                taken += take
+                worker.credits[claim] -= take
+                if not worker.credits[claim]:
+                    del worker.credits[claim]
+        self._relist(worker, back=False)
         return taken
 
     def release(self, worker_id: str, stream_id: int) -> list[Effect]:
@@ -405,7 +539,7 @@ class RingCore:
             return []
         stream.assignments -= 1
         self._requeue(stream)
-        return self._dispatch()
+        return self._offer([stream], fresh=False)
 
     def respond(self, worker_id: str, message: ResponseMessage) -> list[Effect]:
         """A response message from the worker holding the stream.
@@ -436,10 +570,12 @@ class RingCore:
         Cancelled streams it had not acknowledged are forgotten.
         """
         worker = self._worker(worker_id, Detach(reason))
+        worker.credits.clear()
+        self._relist(worker, back=False)
         del self._workers[worker_id]
-        self._claimants.pop(worker_id, None)
         because = f": {reason}" if reason else ""
         effects: list[Effect] = []
+        requeued: list[_Stream] = []
         for stream_id in worker.held:
             stream = self._streams[stream_id]
             stream.worker_id = None
@@ -447,6 +583,7 @@ class RingCore:
                 self._forget(stream)
             elif stream.state is StreamState.ASSIGNED and stream.assignments < self.max_assignments:
                 self._requeue(stream)
+                requeued.append(stream)
             else:
                 if stream.state is StreamState.RESPONDING:
                     text = f"worker {worker_id!r} detached mid-response{because}"
@@ -458,7 +595,7 @@ class RingCore:
                 self._forget(stream)
                 effects.append(ToClient(stream_id, ResponseError(stream_id, text)))
         worker.held.clear()
-        effects += self._dispatch()
+        effects += self._offer(requeued, fresh=False)
         return effects
 
     # -- internals -----------------------------------------------------------------------------
@@ -506,40 +643,79 @@ class RingCore:
         if stream.worker_id is not None:
             self._workers[stream.worker_id].held.pop(stream.stream_id, None)
 
-    def _unqueue(self, stream_id: int) -> None:
-        if stream_id in self._fresh:
-            del self._fresh[stream_id]
-        else:
-            self._requeued.remove(stream_id)
+    def _unqueue(self, stream: _Stream) -> None:
+        self._queues[stream.key].remove(stream.stream_id)
+        self._drop_if_empty(stream.key)
+
+    def _drop_if_empty(self, key: str) -> None:
+        if not self._queues[key]:
+            del self._queues[key]
 
     def _requeue(self, stream: _Stream) -> None:
+        """Park ``stream`` again (``_offer`` then queues it at the front of its key's line)."""
         if stream.worker_id is not None:
             self._workers[stream.worker_id].held.pop(stream.stream_id, None)
             stream.worker_id = None
         self._set_state(stream, StreamState.PARKED)
-        # Stream ids grow with arrival and assignment is FIFO, so every requeued stream
-        # arrived before every fresh one: keeping the requeued sorted keeps the queue FIFO.
-        bisect.insort(self._requeued, stream.stream_id)
 
-    def _dispatch(self) -> list[Effect]:
-        """Assign parked streams, oldest first, to claimants in round-robin order."""
+    def _keys_for(self, worker: _Worker, model: str | None) -> tuple[str, ...]:
+        """The routing keys whose parked streams a claim of ``worker`` for ``model`` takes."""
+        if model is not None:
+            return (model, "")
+        if worker.models:
+            return (*worker.models, "")
+        return tuple(self._queues)
+
+    def _claimant(self, key: str) -> _Worker | None:
+        """The worker whose turn it is among those with a claim a stream of ``key`` fills."""
+        lines = (self._lines.get(key), self._lines.get(_ANY_LINE)) if key else self._lines.values()
+        first: tuple[int, str] | None = None
+        for line in lines:
+            if line:
+                worker_id, turn = next(iter(line.items()))
+                if first is None or turn < first[0]:
+                    first = (turn, worker_id)
+        return None if first is None else self._workers[first[1]]
+
+    def _relist(self, worker: _Worker, *, back: bool) -> None:
+        """Put ``worker`` in the lines its claims now stand in (``back``: at their backs,
+        after it took a stream; else it keeps its place where it already stood)."""
+        wanted = worker.lines()
+        for key in worker.standing:
+            if back or key not in wanted:
+                line = self._lines[key]
+                del line[worker.worker_id]
+                if not line:
+                    del self._lines[key]
+        turn = self._turn
+        self._turn += 1
+        for key in wanted:
+            self._lines.setdefault(key, {}).setdefault(worker.worker_id, turn)
+        worker.standing = wanted
+
+    def _assign(self, stream: _Stream, worker: _Worker) -> Effect:
+        self._set_state(stream, StreamState.ASSIGNED)
+        stream.worker_id = worker.worker_id
+        stream.assignments += 1
+        worker.spend(stream.key)
+        worker.held[stream.stream_id] = None
+        self._relist(worker, back=True)  # to the back of the line
+        return ToWorker(worker.worker_id, Assign(stream.stream_id, stream.head, stream.body))
+
+    def _offer(self, streams: list[_Stream], *, fresh: bool) -> list[Effect]:
+        """Give each parked stream (oldest first) to the claimant whose turn it is for its
+        key, or queue it: fresh ones at the back, requeued ones before every fresh one."""
         effects: list[Effect] = []
-        while self._claimants and (self._requeued or self._fresh):
-            worker_id = next(iter(self._claimants))
-            worker = self._workers[worker_id]
-            if self._requeued:
-                stream_id = self._requeued.pop(0)
+        for stream in sorted(streams, key=lambda stream: stream.stream_id):
+            worker = self._claimant(stream.key)
+            if worker is not None:
+                effects.append(self._assign(stream, worker))
+                continue
+            queue = self._queues.setdefault(stream.key, _Queue())
+            if fresh:
+                queue.fresh[stream.stream_id] = None
             else:
-                stream_id = next(iter(self._fresh))
-                del self._fresh[stream_id]
-            stream = self._streams[stream_id]
-            self._set_state(stream, StreamState.ASSIGNED)
-            stream.worker_id = worker_id
-            stream.assignments += 1
-            worker.credits -= 1
-            worker.held[stream_id] = None
-            del self._claimants[worker_id]
-            if worker.credits:
-                self._claimants[worker_id] = None  # to the back of the line
-            effects.append(ToWorker(worker_id, Assign(stream_id, stream.head, stream.body)))
+                # Stream ids grow with arrival and assignment is FIFO, so every requeued stream
+                # arrived before every fresh one: keeping the requeued sorted keeps it FIFO.
+                bisect.insort(queue.requeued, stream.stream_id)
         return effects
