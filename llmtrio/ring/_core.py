@@ -147,6 +147,8 @@ class WorkerStats:
     """When its last heartbeat came, on the clock the caller passed to ``heartbeat``."""
     kinds: tuple[str, ...] = ()
     """Each model's kind, in the order of ``models`` (empty: all chat), as it attached."""
+    claims: tuple[tuple[str | None, int], ...] = ()
+    """Its unfilled claims by the model they name (``None``: any model it listed)."""
 
     def kind(self, model: str) -> str:
         """The kind of ``model``, one of ``models``: ``"chat"`` unless ``kinds`` says else."""
@@ -377,6 +379,7 @@ class RingCore:
                     max_inflight=worker.max_inflight,
                     models=worker.models,
                     kinds=worker.kinds,
+                    claims=tuple(worker.credits.items()),
                     waiting_claims=worker.waiting,
                     held=tuple(worker.held),
                     capacity=worker.capacity,
