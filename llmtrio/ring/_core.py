@@ -353,6 +353,11 @@ class RingCore:
         stream = self._streams.get(stream_id)
         return None if stream is None else stream.key
 
+    @property
+    def takes_any_model(self) -> bool:
+        """Whether an attached worker listed no model (its claims take a stream of any key)."""
+        return any(not worker.models for worker in self._workers.values())
+
     def models(self) -> dict[str, ModelStats]:
         """Every model an attached worker listed, by name, in attach order: its kind (as its
         first worker said) and how many workers serve it."""

@@ -169,6 +169,11 @@ class Ring:
         """Stream counts by state, and every attached worker with what it holds."""
         return self._router.core.stats()
 
+    @property
+    def takes_any_model(self) -> bool:
+        """Whether an attached worker listed no model, and so takes a request for any."""
+        return self._router.core.takes_any_model
+
     def models(self) -> dict[str, ModelStats]:
         """Every model an attached worker serves, and every model whose last worker left
         within ``park_timeout`` (with ``workers`` 0: its requests park, as its workers may be
