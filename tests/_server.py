@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Sequence
 
 import attrs
 import httpx
@@ -46,7 +47,9 @@ class LiveServer:
             raise self.errors[0]
 
 
-def start_server(engine_config: EngineConfig, config: ServeConfig) -> LiveServer:
+def start_server(
+    engine_config: EngineConfig | Sequence[EngineConfig], config: ServeConfig
+) -> LiveServer:
     ready = threading.Event()
     found: dict[str, object] = {}
     errors: list[BaseException] = []
