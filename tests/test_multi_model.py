@@ -4,6 +4,7 @@ with its own engine and local worker claiming for its own model: requests route 
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
@@ -17,6 +18,7 @@ from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 
 from ._helpers import engine_config
+from ._procs import Ring
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +34,17 @@ async def two_models(gemma_path: Path, qwen35_path: Path) -> AsyncIterator[str]:
         binds = await nursery.start(partial(serve, configs, ServeConfig(port=0), shutdown=shutdown))
         yield binds[0]
         shutdown.set()
+
+
+def wait_models(client: httpx.Client, workers: dict[str, int]) -> list[dict[str, object]]:
+    """``/v1/models`` once it lists ``workers`` (model -> workers serving it)."""
+    deadline = time.monotonic() + 120
+    while True:
+        listed: list[dict[str, object]] = client.get("/v1/models").json()["data"]
+        if {str(m["id"]): m["workers"] for m in listed} == workers:
+            return listed
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.2)
 
 
 def chat(model: str | None, *, max_tokens: int = 4, stream: bool = False) -> dict[str, object]:
@@ -101,3 +114,30 @@ async def test_one_models_full_slots_never_hold_up_the_other(
             # gemma's second request is still parked behind its one busy slot
             assert (await client.get("/health")).json()["ring"]["parked"] == 1
             nursery.cancel_scope.cancel()
+
+
+def test_two_workers_serving_different_models_over_the_ring(
+    tmp_path: Path, gemma_path: Path, qwen35_path: Path
+) -> None:
+    """Real processes: an ingress, a worker serving gemma, and one worker process serving
+    gemma and qwen35 (two engines, ``--model`` twice). Requests for qwen35 go to that one
+    only; gemma's go to both; an unknown model is a 404 at once."""
+    qwen = qwen35_path.stem
+    with Ring.opened(tmp_path, gemma_path) as ring:
+        ingress = ring.ingress("ingress")
+        ring.worker("w-gemma", [ingress])
+        ring.worker("w-both", [ingress], None, f"--model={qwen35_path}")
+        with httpx.Client(base_url=ingress.url, timeout=120) as client:
+            listed = wait_models(client, {gemma_path.stem: 2, qwen: 1})
+            assert {m["id"]: m["kind"] for m in listed} == {gemma_path.stem: "chat", qwen: "chat"}
+            served = set()
+            for _ in range(4):
+                answer = client.post(CHAT_PATH, json=chat(qwen))
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["model"] == qwen
+                served.add(answer.headers["x-llmtrio-worker"].split("#")[0])
+            assert served == {"w-both"}
+            answer = client.post(CHAT_PATH, json=chat(gemma_path.stem))
+            assert answer.status_code == 200 and answer.json()["model"] == gemma_path.stem
+            assert client.post(CHAT_PATH, json=chat("nope")).status_code == 404
+            assert client.post(CHAT_PATH, json=chat(None)).status_code == 400  # two models

@@ -348,6 +348,11 @@ class RingCore:
         stream = self._streams.get(stream_id)
         return None if stream is None else stream.worker_id
 
+    def held(self, worker_id: str) -> tuple[int, ...]:
+        """The streams ``worker_id`` holds (none for a worker not attached)."""
+        worker = self._workers.get(worker_id)
+        return () if worker is None else tuple(worker.held)
+
     def key(self, stream_id: int) -> str | None:
         """The routing key ``stream_id`` was parked with; ``None`` once it is forgotten."""
         stream = self._streams.get(stream_id)

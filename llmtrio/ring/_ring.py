@@ -202,8 +202,6 @@ class Router:
     relays: dict[str, Relay] = attrs.field(factory=dict)  # the relayed workers
     gone: dict[str, tuple[str, float]] = attrs.field(factory=dict)
     """Models no attached worker serves any more: their kind, and when their last one left."""
-    moved: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    """Unparked after every change of the core (streams watching their park time wait here)."""
 
     def park(self, head: RequestHead, body: bytes, key: str) -> tuple[int, ResponseState]:
         stream_id, effects = self.core.park(head, body, key=key)
@@ -223,7 +221,9 @@ class Router:
         if deliver is not None:
             deliver(Detach(reason))
             before = self.core.models()
+            held = self.core.held(worker_id)
             self.apply(self.core.detach(worker_id, reason))
+            self.moved(held)  # requeued ones watch their park time again
             after = self.core.models()
             now = trio.current_time()
             for name, model in before.items():
@@ -243,14 +243,18 @@ class Router:
         if relay is not None:
             relay(Credit(stream_id, 1))
 
-    def apply(self, effects: Iterable[Effect], *, moved: bool = True) -> None:
+    def moved(self, stream_ids: Iterable[int]) -> None:
+        """These streams were assigned or parked again: wake their park-time watches."""
+        for stream_id in stream_ids:
+            response = self.responses.get(stream_id)
+            if response is not None:
+                response.moved.unpark_all()
+
+    def apply(self, effects: Iterable[Effect]) -> None:
         """Deliver the core's effects; none waits. A chunk past the client's buffer bound
         waits beyond it (a worker in this process waited for room before the core saw it,
         unless it is its last; a relayed worker's credits bound it): it is credited when it
-        enters the buffer. ``moved=False``: no stream changed its state (a body chunk), so
-        the streams watching their park time need not look."""
-        if moved:
-            self.moved.unpark_all()
+        enters the buffer. An assigned stream's park-time watch is woken (that one only)."""
         for effect in effects:
             match effect:
                 case ToClient(stream_id=stream_id, message=ResponseData() as data):
@@ -259,6 +263,8 @@ class Router:
                     if len(response.chunks) <= response.bound:
                         self.credit(stream_id)
                 case ToWorker(worker_id=worker_id, message=message):
+                    if isinstance(message, Assign):
+                        self.moved((message.stream_id,))
                     self.workers[worker_id](message)
                 case ToClient(stream_id=stream_id, message=ResponseEnd() | ResponseError() as end):
                     self.responses.pop(stream_id).deliver(end, None)
@@ -341,7 +347,7 @@ class WorkerLink:
         """
         core, worker_id = self._router.core, self.worker_id
         if isinstance(message, ResponseData):  # the most frequent, and it moves no stream
-            self._router.apply(core.respond(worker_id, message), moved=False)
+            self._router.apply(core.respond(worker_id, message))
             return
         match message:
             case Heartbeat():
@@ -356,6 +362,8 @@ class WorkerLink:
         if isinstance(message, ResponseEnd | ResponseError | Release):
             self._claimed.pop(message.stream_id, None)
         self._router.apply(effects)
+        if isinstance(message, Release):
+            self._router.moved((message.stream_id,))  # parked again
 
     async def send_data(self, message: ResponseData) -> None:
         """Post a body chunk once its client's buffer has room (back-pressure on this stream
