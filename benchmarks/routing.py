@@ -11,7 +11,8 @@
 2. **isolation**: over the real control channel (mutual TLS on loopback, ``serve_link`` over
    ``ring_sim``'s fake engines, so the figure measures routing, not CPU contention), the TTFT of
    model B's requests (one every ``--interval-ms``) while model A's queue is long
-   (``--backlog`` requests parked for A's worker), against B alone; rounds alternate. Target:
+   (``--backlog`` requests parked for A's worker, whose slots are held by slow generations),
+   against B alone; rounds alternate. Target:
    B's TTFT with A's queue long within 10% of B alone.
 """
 
@@ -78,9 +79,12 @@ async def isolation_round(args: argparse.Namespace, backlog: int) -> list[float]
     runs: Counter[str] = Counter()
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_control, ring, ControlConfig(pki.server, port=0))
-        for name, model in (("worker-a", "A"), ("worker-b", "B")):
+        for name, model, token_ms in (
+            ("worker-a", "A", args.a_token_ms),
+            ("worker-b", "B", args.token_ms),
+        ):
             engine = FakeEngine(
-                args.slots, args.token_ms / 1000, runs, models=(model,), misrouted=stats.misrouted
+                args.slots, token_ms / 1000, runs, models=(model,), misrouted=stats.misrouted
             )
 
             async def work(
@@ -99,6 +103,9 @@ async def isolation_round(args: argparse.Namespace, backlog: int) -> list[float]
                 load.start_soon(
                     lambda n=n: client(ring, 0, n, stats, slow=False, leave=False, model="A")
                 )
+            # A's queue is in place (its slots taken, the rest parked) before B's first request.
+            while ring.stats().parked < backlog - args.slots:  # noqa: ASYNC110
+                await trio.sleep(0.01)
             async with trio.open_nursery() as bees:
                 for n in range(args.requests):
                     bees.start_soon(
@@ -132,7 +139,7 @@ async def isolation(args: argparse.Namespace) -> None:
     print(
         f"isolation: B's TTFT, {args.requests} requests x {args.rounds} rounds, one every "
         f"{args.interval_ms:g} ms; fake engines of {args.slots} slots, a token every "
-        f"{args.token_ms:g} ms"
+        f"{args.token_ms:g} ms (A's: {args.a_token_ms:g} ms)"
     )
     print(
         f"  B alone                         p50 {a[0]:6.1f} ms  mean {a[1]:6.1f}  p90 {a[2]:6.1f}"
@@ -154,7 +161,14 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=400, help="A's requests parked")
     parser.add_argument("--interval-ms", type=float, default=50)
     parser.add_argument("--slots", type=int, default=2)
-    parser.add_argument("--token-ms", type=float, default=10)
+    parser.add_argument("--token-ms", type=float, default=10, help="B's engine")
+    parser.add_argument(
+        "--a-token-ms",
+        type=float,
+        default=500,
+        help="A's engine: slow, so that A's queue stays long and A's own streaming adds little "
+        "work to this one process (the figure is routing, not A's traffic)",
+    )
     args = parser.parse_args()
     if args.part in ("dispatch", "both"):
         print(f"dispatch: RingCore time per request, {args.workers} workers")
