@@ -3,10 +3,14 @@ rules and the rule for an omitted or empty model, in OpenAI's error shapes."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from llmtrio._openai_errors import OpenAIError
 from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from llmtrio._settings import ModelSpec, engine_configs, split_threads
 from llmtrio.ring import ModelStats
 from llmtrio.web._models import requested_model, resolve_model
 
@@ -89,3 +93,49 @@ def test_requested_model_reads_the_body_and_nothing_else() -> None:
     assert requested_model(b"not json") is None
     assert requested_model(b"[1, 2]") is None
     assert requested_model(b'{"model": 3}') == 3
+
+
+def test_a_hub_model_is_found_without_its_quant_while_one_quant_is_served() -> None:
+    hub = {"org/model-GGUF:Q4_K_M": ModelStats("org/model-GGUF:Q4_K_M", "chat", 1)}
+    assert resolve_model("org/model-GGUF", CHAT_PATH, hub, None) == "org/model-GGUF:Q4_K_M"
+    two = hub | {"org/model-GGUF:Q8_0": ModelStats("org/model-GGUF:Q8_0", "chat", 1)}
+    assert refused("org/model-GGUF", CHAT_PATH, two, default=None)["status"] == 404
+
+
+def test_model_specs_from_the_command_line(tmp_path: Path) -> None:
+    gguf = tmp_path / "tiny-Q8_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert ModelSpec.parse(str(gguf)) == ModelSpec(None, path=gguf)
+    assert ModelSpec.parse(f"tiny={gguf}") == ModelSpec("tiny", path=gguf)
+    assert ModelSpec.parse("org/repo") == ModelSpec(None, hf_repo="org/repo")
+    assert ModelSpec.parse("org/repo:Q4_K_M") == ModelSpec(None, hf_repo="org/repo", quant="Q4_K_M")
+    assert ModelSpec.parse("x=org/repo:Q8_0") == ModelSpec("x", hf_repo="org/repo", quant="Q8_0")
+    assert ModelSpec.parse("missing.gguf").path == Path("missing.gguf")  # a path: never a repo
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        ModelSpec.parse("=x.gguf")
+
+
+def test_the_default_threads_split_the_cores_between_the_engines() -> None:
+    assert [split_threads(8, n) for n in (1, 2, 3, 8, 20)] == [8, 4, 2, 1, 1]
+    assert split_threads(2, 2) == 1
+
+
+def test_engine_configs_one_per_model(tmp_path: Path) -> None:
+    from llmtrio._cli import _parser
+
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+
+    def configs(*argv: str) -> list[tuple[object, ...]]:
+        args = _parser().parse_args(["serve", *argv])
+        return [(c.model, c.model_name, c.threads) for c in engine_configs(args)]
+
+    cores = os.cpu_count() or 1
+    assert configs(f"--model={a}", f"--model=bee={b}") == [
+        (a, None, split_threads(cores, 2)),
+        (b, "bee", split_threads(cores, 2)),
+    ]
+    assert configs(f"--model={a}", "--model-name=x", "--threads=3") == [(a, "x", 3)]
+    with pytest.raises(SystemExit, match="--model-name names one model"):
+        configs(f"--model={a}", f"--model={b}", "--model-name=x")
+    with pytest.raises(SystemExit, match="two models served under one name"):
+        configs(f"--model={a}", f"--model=a={b}")

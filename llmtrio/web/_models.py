@@ -5,7 +5,8 @@ and the configured default in; a routing key or an :class:`OpenAIError` out).
 The rules, in order, for a named model:
 
 1. a model some attached worker serves now (or served within ``--park-timeout``:
-   ``Ring.models`` keeps it), of the endpoint's kind: that model;
+   ``Ring.models`` keeps it), of the endpoint's kind: that model (a Hugging Face model served
+   as ``owner/repo:QUANT`` is also found as ``owner/repo`` while one quant of it is served);
 2. a model of the other kind (a chat model asked for embeddings, an embedding model asked for
    a chat or text completion): 400 ``model_not_supported`` naming the model and what it serves;
 3. ``--default-model`` is set (and is not known as a model of the other kind): that model;
@@ -79,8 +80,9 @@ def resolve_model(
         )
     default_fits = default is not None and (default not in models or models[default].kind == kind)
     if requested:
-        known = models.get(requested)
+        known = models.get(requested) or _without_quant(requested, models)
         if known is not None:
+            requested = known.name
             if known.kind != kind:
                 raise wrong_model_kind(requested, known.kind, path)
             return requested
@@ -99,3 +101,10 @@ def resolve_model(
     if not models or (takes_any and not served):
         return ""  # nothing routed yet: any worker
     raise missing_model(served)
+
+
+def _without_quant(requested: str, models: Mapping[str, ModelStats]) -> ModelStats | None:
+    """The one model served as ``requested:QUANT`` (``owner/repo`` for ``owner/repo:Q4_K_M``),
+    if exactly one is."""
+    found = [model for name, model in models.items() if name.startswith(requested + ":")]
+    return found[0] if len(found) == 1 else None
