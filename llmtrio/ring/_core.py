@@ -32,7 +32,6 @@ until the worker acknowledges.
 
 from __future__ import annotations
 
-import bisect
 import enum
 from collections import Counter
 from collections.abc import Mapping
@@ -60,6 +59,7 @@ from ._messages import (
     ResponseMessage,
     _to_bytes,
 )
+from ._routing import ANY_MODEL, Routes, Worker
 
 __all__ = [
     "TRANSITIONS",
@@ -206,85 +206,6 @@ class _Stream:
     assignments: int = 0
 
 
-ANY_MODEL: Final = None
-"""A claim's model when it names none (a worker of the previous version): any model the
-worker listed, or any at all when it listed none."""
-
-
-@attrs.define
-class _Worker:
-    worker_id: str
-    max_inflight: int
-    models: tuple[str, ...] = ()
-    kinds: tuple[str, ...] = ()
-    credits: dict[str | None, int] = attrs.field(factory=dict)  # claim model -> unfilled claims
-    standing: tuple[str, ...] = ()  # the lines of claimants it stands in
-    held: dict[int, None] = attrs.field(factory=dict)  # an ordered set of stream ids
-    capacity: Heartbeat | None = None
-    last_heartbeat: float | None = None
-
-    @property
-    def waiting(self) -> int:
-        return sum(self.credits.values())
-
-    def serves(self, key: str) -> bool:
-        """Whether a claim without a model may take a stream parked under ``key``."""
-        return not key or not self.models or key in self.models
-
-    def spend(self, key: str) -> None:
-        """Fill one claim with a stream parked under ``key``: one for ``key`` itself first,
-        then one without a model, then (for a stream with no key) any."""
-        for model in (key or ANY_MODEL, ANY_MODEL, *self.credits):
-            if self.credits.get(model, 0) and (model is ANY_MODEL or not key or model == key):
-                self.credits[model] -= 1
-                if not self.credits[model]:
-                    del self.credits[model]
-                return
-        raise AssertionError(f"worker {self.worker_id!r} has no claim for {key!r}")
-
-    def lines(self) -> tuple[str, ...]:
-        """The routing keys whose line of claimants this worker stands in."""
-        keys = dict.fromkeys(model for model in self.credits if model is not ANY_MODEL)
-        if self.credits.get(ANY_MODEL):
-            keys.update(dict.fromkeys(self.models or (_ANY_LINE,)))
-        return tuple(keys)
-
-
-_ANY_LINE: Final = ""
-"""The line of the claimants that take any key: workers that listed no model."""
-
-
-@attrs.define
-class _Queue:
-    """The streams parked under one routing key: requeued ones (sorted) before fresh ones
-    (in arrival order). Stream ids grow with arrival, so both are oldest first."""
-
-    fresh: dict[int, None] = attrs.field(factory=dict)
-    requeued: list[int] = attrs.field(factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.fresh or self.requeued)
-
-    def head(self) -> tuple[bool, int]:
-        """(fresh?, stream id) of the stream to go first: sorts requeued before fresh."""
-        if self.requeued:
-            return False, self.requeued[0]
-        return True, next(iter(self.fresh))
-
-    def pop(self) -> int:
-        if self.requeued:
-            return self.requeued.pop(0)
-        stream_id = next(iter(self.fresh))
-        del self.fresh[stream_id]
-        return stream_id
-
-    def remove(self, stream_id: int) -> None:
-        if stream_id in self.fresh:
-            del self.fresh[stream_id]
-        else:
-            self.requeued.remove(stream_id)
-
-
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value <= 0:
         raise ValueError(f"{attribute.name} must be positive, not {value}")
@@ -318,12 +239,8 @@ class RingCore:
     )
     _streams: dict[int, _Stream] = attrs.field(init=False, factory=dict)
     _counts: Counter[StreamState] = attrs.field(init=False, factory=Counter)
-    _queues: dict[str, _Queue] = attrs.field(init=False, factory=dict)  # routing key -> parked
-    _workers: dict[str, _Worker] = attrs.field(init=False, factory=dict)
-    # Routing key -> the workers with a claim a stream of that key may fill, in round-robin
-    # order, each with the turn it took its place at (to merge two lines in one order).
-    _lines: dict[str, dict[str, int]] = attrs.field(init=False, factory=dict)
-    _turn: int = attrs.field(init=False, default=0)
+    _workers: dict[str, Worker] = attrs.field(init=False, factory=dict)
+    _routes: Routes = attrs.field(init=False, factory=Routes)  # parked streams, waiting claims
     _next_id: int = attrs.field(init=False, default=1)
 
     # -- queries -------------------------------------------------------------------------------
@@ -446,7 +363,7 @@ class RingCore:
         """A worker arrives. Error handling: ``ProtocolError`` if its id is already attached."""
         if message.worker_id in self._workers:
             raise ProtocolError(f"worker {message.worker_id!r} is already attached", message)
-        self._workers[message.worker_id] = _Worker(
+        self._workers[message.worker_id] = Worker(
             message.worker_id, message.max_inflight, message.models, message.kinds
         )
 
@@ -508,19 +425,13 @@ class RingCore:
         effects: list[Effect] = []
         # Nobody else waits for these keys while streams are parked under them (streams go
         # to a waiting claimant at once), so the new claims take the oldest parked at once.
-        keys = self._keys_for(worker, model)
+        keys = self._routes.keys_for(worker, model)
         for _ in range(message.count):
-            queue = min(
-                (queue for key in keys if (queue := self._queues.get(key))),
-                key=_Queue.head,
-                default=None,
-            )
-            if queue is None:
+            stream_id = self._routes.take_oldest(keys)
+            if stream_id is None:
                 break
-            stream = self._streams[queue.pop()]
-            self._drop_if_empty(stream.key)
-            effects.append(self._assign(stream, worker))
-        self._relist(worker, back=False)
+            effects.append(self._assign(self._streams[stream_id], worker))
+        self._routes.relist(worker, back=False)
         return effects
 
     def withdraw(self, worker_id: str, count: int = 1, model: str | None = None) -> int:
@@ -535,7 +446,7 @@ class RingCore:
                 worker.credits[claim] -= take
                 if not worker.credits[claim]:
                     del worker.credits[claim]
-        self._relist(worker, back=False)
+        self._routes.relist(worker, back=False)
         return taken
 
     def release(self, worker_id: str, stream_id: int) -> list[Effect]:
@@ -584,7 +495,7 @@ class RingCore:
         """
         worker = self._worker(worker_id, Detach(reason))
         worker.credits.clear()
-        self._relist(worker, back=False)
+        self._routes.relist(worker, back=False)
         del self._workers[worker_id]
         because = f": {reason}" if reason else ""
         effects: list[Effect] = []
@@ -613,7 +524,7 @@ class RingCore:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _worker(self, worker_id: str, message: Message | None) -> _Worker:
+    def _worker(self, worker_id: str, message: Message | None) -> Worker:
         worker = self._workers.get(worker_id)
         if worker is None:
             raise ProtocolError(f"worker {worker_id!r} is not attached", message)
@@ -657,12 +568,7 @@ class RingCore:
             self._workers[stream.worker_id].held.pop(stream.stream_id, None)
 
     def _unqueue(self, stream: _Stream) -> None:
-        self._queues[stream.key].remove(stream.stream_id)
-        self._drop_if_empty(stream.key)
-
-    def _drop_if_empty(self, key: str) -> None:
-        if not self._queues[key]:
-            del self._queues[key]
+        self._routes.remove(stream.stream_id, stream.key)
 
     def _requeue(self, stream: _Stream) -> None:
         """Park ``stream`` again (``_offer`` then queues it at the front of its key's line)."""
@@ -671,48 +577,13 @@ class RingCore:
             stream.worker_id = None
         self._set_state(stream, StreamState.PARKED)
 
-    def _keys_for(self, worker: _Worker, model: str | None) -> tuple[str, ...]:
-        """The routing keys whose parked streams a claim of ``worker`` for ``model`` takes."""
-        if model is not None:
-            return (model, "")
-        if worker.models:
-            return (*worker.models, "")
-        return tuple(self._queues)
-
-    def _claimant(self, key: str) -> _Worker | None:
-        """The worker whose turn it is among those with a claim a stream of ``key`` fills."""
-        lines = (self._lines.get(key), self._lines.get(_ANY_LINE)) if key else self._lines.values()
-        first: tuple[int, str] | None = None
-        for line in lines:
-            if line:
-                worker_id, turn = next(iter(line.items()))
-                if first is None or turn < first[0]:
-                    first = (turn, worker_id)
-        return None if first is None else self._workers[first[1]]
-
-    def _relist(self, worker: _Worker, *, back: bool) -> None:
-        """Put ``worker`` in the lines its claims now stand in (``back``: at their backs,
-        after it took a stream; else it keeps its place where it already stood)."""
-        wanted = worker.lines()
-        for key in worker.standing:
-            if back or key not in wanted:
-                line = self._lines[key]
-                del line[worker.worker_id]
-                if not line:
-                    del self._lines[key]
-        turn = self._turn
-        self._turn += 1
-        for key in wanted:
-            self._lines.setdefault(key, {}).setdefault(worker.worker_id, turn)
-        worker.standing = wanted
-
-    def _assign(self, stream: _Stream, worker: _Worker) -> Effect:
+    def _assign(self, stream: _Stream, worker: Worker) -> Effect:
         self._set_state(stream, StreamState.ASSIGNED)
         stream.worker_id = worker.worker_id
         stream.assignments += 1
         worker.spend(stream.key)
         worker.held[stream.stream_id] = None
-        self._relist(worker, back=True)  # to the back of the line
+        self._routes.relist(worker, back=True)  # to the back of the line
         return ToWorker(worker.worker_id, Assign(stream.stream_id, stream.head, stream.body))
 
     def _offer(self, streams: list[_Stream], *, fresh: bool) -> list[Effect]:
@@ -720,15 +591,9 @@ class RingCore:
         key, or queue it: fresh ones at the back, requeued ones before every fresh one."""
         effects: list[Effect] = []
         for stream in sorted(streams, key=lambda stream: stream.stream_id):
-            worker = self._claimant(stream.key)
-            if worker is not None:
-                effects.append(self._assign(stream, worker))
-                continue
-            queue = self._queues.setdefault(stream.key, _Queue())
-            if fresh:
-                queue.fresh[stream.stream_id] = None
+            worker_id = self._routes.claimant(stream.key)
+            if worker_id is not None:
+                effects.append(self._assign(stream, self._workers[worker_id]))
             else:
-                # Stream ids grow with arrival and assignment is FIFO, so every requeued stream
-                # arrived before every fresh one: keeping the requeued sorted keeps it FIFO.
-                bisect.insort(queue.requeued, stream.stream_id)
+                self._routes.enqueue(stream.stream_id, stream.key, fresh=fresh)
         return effects
