@@ -1,6 +1,7 @@
 """Routing by model in the ring's sans-IO core: a stream parks under its routing key (the
 request's model) and only a claim for that model takes it; a claim without a model (a worker
-of the previous version) takes any model its worker listed. No trio, no sockets.
+of the previous version) takes any model its worker listed. The core's tests use no trio and no
+sockets; the last few run the in-process ``Ring`` on a fake clock.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import struct
 
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,9 +18,11 @@ from llmtrio.ring import (
     Assign,
     Attach,
     Claim,
+    ParkTimeoutError,
     ProtocolError,
     ResponseEnd,
     ResponseHead,
+    Ring,
     RingCore,
     StreamState,
     ToClient,
@@ -305,3 +309,55 @@ def test_each_model_is_served_in_arrival_order(arrivals: list[str], data: st.Dat
     for model in MODELS:
         mine = [sid for sid in served if keys[sid] == model]
         assert mine == sorted(mine)
+
+
+# -- the in-process ring: the park timeout and model memory per model ----------------------
+
+
+async def test_a_model_nobody_serves_times_out_while_another_is_served(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A's worker waits with a claim; B's request parks (no claim fits it) and times out after
+    the park timeout, untouched by A's traffic, which is served meanwhile."""
+    ring = Ring(max_streams=8, park_timeout=5.0)
+    for_b = ring.park(HEAD, b"b", key="B")
+    served: list[bytes] = []
+
+    async def worker_a(task_status: trio.TaskStatus[None]) -> None:
+        async with ring.attach("a", 1, models=["A"]) as link:
+            task_status.started()
+            while True:
+                with await link.claim() as claimed:
+                    served.append(claimed.body)
+                    await claimed.send_head(200)
+                    await claimed.end()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker_a)
+        for n in range(3):
+            stream = ring.park(HEAD, f"a{n}".encode(), key="A")
+            assert (await stream.response_head()).status == 200
+            await trio.sleep(1)
+        start = trio.current_time()  # the park time counts from the wait for the head
+        with pytest.raises(ParkTimeoutError):
+            await for_b.response_head()
+        assert trio.current_time() - start == pytest.approx(5.0)
+        assert served == [b"a0", b"a1", b"a2"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_ring_remembers_a_model_for_the_park_timeout_after_its_last_worker(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    ring = Ring(max_streams=8, park_timeout=5.0)
+    async with ring.attach("e", 1, models=["E", "C"], kinds=["embedding", "chat"]):
+        assert [(m.name, m.kind, m.workers) for m in ring.models().values()] == [
+            ("E", "embedding", 1),
+            ("C", "chat", 1),
+        ]
+    assert [(m.name, m.kind, m.workers) for m in ring.models().values()] == [
+        ("E", "embedding", 0),
+        ("C", "chat", 0),
+    ]
+    await trio.sleep(5.5)
+    assert ring.models() == {}
