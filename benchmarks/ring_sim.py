@@ -10,14 +10,18 @@
   one is cancelled mid-work (its connections close at once; its streams are requeued or fail)
   and a new one joins; every ``--restart`` seconds one ingress's control listener restarts
   (its ring, and its waiting clients, stay);
-- clients: a third are slow readers (a pause after each chunk), a few leave mid-stream.
+- clients: a third are slow readers (a pause after each chunk), a few leave mid-stream;
+- models: ``--models N`` routing keys; with ``--layout disjoint`` each worker serves one
+  (claims naming it), with ``--layout overlap`` each serves two (claims naming none, as a
+  worker of the previous version: any model it listed); every request names one at random.
 
 Prints: requests sent, completed, failed with an error event after their first token (allowed:
 their worker died mid-stream), failed after their response head but before any token (the
 worker sends the head of a stream before its first token today; issue 7 holds it back, and
 then these are requeued instead), *lost* (no answer, or an error before the response head:
 must be 0), cancelled by their client, generations run more than once (a worker died before its
-response head and the request was served again), and per-ingress TTFT p50/p90 (fairness: the
+response head and the request was served again), generations run by a worker that does not
+serve the request's model (*misrouted*: must be 0), and per-ingress TTFT p50/p90 (fairness: the
 quiet ingresses' requests must not wait behind the busy one's).
 """
 
@@ -101,6 +105,9 @@ class FakeEngine:
     token_s: float
     runs: Counter[str]
     model_name: str = "fake"
+    models: tuple[str, ...] = ()
+    """The models the worker serves; a request for another is counted in ``misrouted``."""
+    misrouted: list[str] = attrs.field(factory=list)
     _inflight: int = 0
     _slots: trio.Semaphore = attrs.field(init=False)
     _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -139,8 +146,11 @@ class FakeEngine:
             self._lot.unpark_all()
 
     async def _generate(self, request: GenerateRequest) -> AsyncIterator[object]:
-        found = re.search(r"req-\d+-\d+", repr(request.messages))
+        found = re.search(r"req-\d+-\d+(?:@(\S+?)')?", repr(request.messages))
         self.runs[found.group(0) if found else "?"] += 1
+        model = found.group(1) if found else None
+        if self.models and model not in self.models:
+            self.misrouted.append(f"{found.group(0) if found else '?'} on {self.models}")
         tokens = request.max_tokens or 16
         async with self._slots:
             for i in range(tokens):
@@ -159,17 +169,34 @@ class Stats:
     cancelled: int = 0
     full: int = 0
     ttft: dict[int, list[float]] = attrs.field(factory=dict)
+    by_model: dict[str, list[float]] = attrs.field(factory=dict)  # TTFT per model
+    misrouted: list[str] = attrs.field(factory=list)
 
 
-async def client(ring: Ring, index: int, n: int, stats: Stats, *, slow: bool, leave: bool) -> None:
-    rid = f"req-{index}-{n}"
+async def client(
+    ring: Ring,
+    index: int,
+    n: int,
+    stats: Stats,
+    *,
+    slow: bool,
+    leave: bool,
+    model: str = "",
+    max_tokens: int = 12,
+) -> None:
+    rid = f"req-{index}-{n}" + (f"@{model}" if model else "")
     body = json.dumps(
-        {"messages": [{"role": "user", "content": rid}], "max_tokens": 12, "stream": True}
+        {
+            "messages": [{"role": "user", "content": rid}],
+            "max_tokens": max_tokens,
+            "stream": True,
+            **({"model": model} if model else {}),
+        }
     ).encode()
     stats.sent += 1
     start = trio.current_time()
     try:
-        stream = ring.park(HEAD, body)
+        stream = ring.park(HEAD, body, key=model)
     except RingFullError:
         stats.full += 1
         return
@@ -182,7 +209,9 @@ async def client(ring: Ring, index: int, n: int, stats: Stats, *, slow: bool, le
                 async for chunk in stream.body():
                     if b'"content"' in chunk and not first:
                         first = True
-                        stats.ttft.setdefault(index, []).append(trio.current_time() - start)
+                        took = trio.current_time() - start
+                        stats.ttft.setdefault(index, []).append(took)
+                        stats.by_model.setdefault(model, []).append(took)
                         if leave:
                             stats.cancelled += 1
                             return
@@ -226,6 +255,22 @@ def make_pki() -> Pki:
     return Pki(server, worker_ca, tmp)
 
 
+def model_names(args: argparse.Namespace) -> list[str]:
+    """The routing keys of the run (none: every request and worker unrouted, as before)."""
+    return [f"m{k}" for k in range(getattr(args, "models", 0))]
+
+
+def worker_models(n: int, args: argparse.Namespace) -> tuple[str, ...]:
+    """The models the ``n``-th worker serves: one (disjoint sets) or two (overlapping sets)."""
+    models = model_names(args)
+    if not models:
+        return ()
+    first = n % len(models)
+    if getattr(args, "layout", "disjoint") == "disjoint" or len(models) == 1:
+        return (models[first],)
+    return (models[first], models[(first + 1) % len(models)])
+
+
 async def simulate(args: argparse.Namespace) -> tuple[Stats, Counter[str]]:
     rng = random.Random(args.seed)
     pki = make_pki()
@@ -253,29 +298,36 @@ async def simulate(args: argparse.Namespace) -> tuple[Stats, Counter[str]]:
             ports.append(int(url.rsplit(":", 1)[1]))
         urls = [f"wss://127.0.0.1:{port}" for port in ports]
 
-        workers: list[trio.CancelScope] = []
+        workers: list[tuple[trio.CancelScope, tuple[str, ...]]] = []
         serial = 0
 
-        async def worker(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        async def worker(
+            served: tuple[str, ...], task_status: trio.TaskStatus[trio.CancelScope]
+        ) -> None:
             nonlocal serial
             serial += 1
             name = f"worker-{serial}"
-            engine = FakeEngine(args.slots, args.token_ms / 1000, runs)
+            engine = FakeEngine(
+                args.slots, args.token_ms / 1000, runs, models=served, misrouted=stats.misrouted
+            )
             with trio.CancelScope() as scope:
                 task_status.started(scope)
                 async with connect_ring(
-                    urls, pki.worker(name), worker_id=name, max_inflight=args.slots
+                    urls, pki.worker(name), worker_id=name, max_inflight=args.slots, models=served
                 ) as link:
                     await serve_link(engine, link)  # type: ignore[arg-type]
 
-        for _ in range(args.workers):
-            workers.append(await nursery.start(worker))
+        for n in range(args.workers):
+            served = worker_models(n, args)
+            workers.append((await nursery.start(worker, served), served))
 
         async def churn() -> None:
             while True:
                 await trio.sleep(args.churn)
-                workers.pop(rng.randrange(len(workers))).cancel()
-                workers.append(await nursery.start(worker))
+                # The one that joins serves what the one that left served.
+                scope, served = workers.pop(rng.randrange(len(workers)))
+                scope.cancel()
+                workers.append((await nursery.start(worker, served), served))
 
         async def restarts() -> None:
             while True:
@@ -298,7 +350,9 @@ async def simulate(args: argparse.Namespace) -> tuple[Stats, Counter[str]]:
                     await trio.sleep(rng.uniform(0.05, 0.3) if i == 0 else rng.uniform(0.2, 1))
 
         async def partial_client(i: int, n: int, slow: bool, leave: bool) -> None:
-            await client(rings[i], i, n, stats, slow=slow, leave=leave)
+            models = model_names(args)
+            model = models[rng.randrange(len(models))] if models else ""
+            await client(rings[i], i, n, stats, slow=slow, leave=leave, model=model)
 
         end = trio.current_time() + args.seconds
         background = trio.CancelScope()
@@ -329,6 +383,8 @@ def main() -> None:
     parser.add_argument("--churn", type=float, default=2.0)
     parser.add_argument("--restart", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--models", type=int, default=0, help="routing keys (0: unrouted)")
+    parser.add_argument("--layout", choices=["disjoint", "overlap"], default="disjoint")
     args = parser.parse_args()
     stats, runs = trio.run(simulate, args)
     twice = sum(1 for count in runs.values() if count > 1)
@@ -347,6 +403,11 @@ def main() -> None:
     for line in stats.lost[:10]:
         print(f"    {line}")
     print(f"  generations run more than once  {twice} (of {len(runs)})")
+    if args.models:
+        print(f"  models                          {args.models} ({args.layout} worker sets)")
+        print(f"  MISROUTED                       {len(stats.misrouted)}")
+        for line in stats.misrouted[:10]:
+            print(f"    {line}")
     for i, ttfts in sorted(stats.ttft.items()):
         ttfts.sort()
         kind = "busy" if i == 0 else "quiet"

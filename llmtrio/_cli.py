@@ -19,6 +19,7 @@ from ._settings import (
     control_config,
     dial_config,
     engine_config,
+    engine_configs,
     flags_of,
     given,
     mib,
@@ -47,7 +48,14 @@ def _template_file(path: str) -> str:
 
 def _engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model and engine")
-    group.add_argument("--model", type=Path, help="a local GGUF file (never falls back)")
+    group.add_argument(
+        "--model",
+        action="append",
+        metavar="[NAME=]PATH|OWNER/REPO[:QUANT]",
+        help="a model to serve: a local GGUF file (served under its stem; never falls back), "
+        "NAME=PATH (under NAME), or a Hugging Face repo (under owner/repo:QUANT); give it "
+        "again to serve several models, one engine each",
+    )
     group.add_argument(
         "--hf-repo", default=_engine("hf_repo"), help="Hugging Face repo (default %(default)s)"
     )
@@ -139,9 +147,12 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=_engine("threads"),
-        help="llama.cpp threads (default: all cores)",
+        help="llama.cpp threads of each model's engine (default: the cores split evenly "
+        "between the models, at least 1 each)",
     )
-    group.add_argument("--model-name", help="the name /v1/models shows")
+    group.add_argument(
+        "--model-name", help="the name /v1/models shows and requests route by (one model)"
+    )
     group.add_argument(
         "--chat-template-file",
         type=_template_file,
@@ -358,6 +369,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run no engine here (llama.cpp is not loaded): only remote workers serve",
     )
+    ring.add_argument(
+        "--default-model",
+        default=Default("llmtrio.web:ServeConfig", "default_model"),
+        metavar="NAME",
+        help="the model a request naming an unknown model, or none, goes to (default: the "
+        "model, when one --model is served here; else none: an unknown model is a 404)",
+    )
     _engine_flags(serve)
 
     worker = sub.add_parser(
@@ -432,7 +450,7 @@ def _worker(args: argparse.Namespace) -> int:
         context = client_ssl_context(args.tls_cert, args.tls_key, args.ca)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"llmtrio worker: cannot load the certificates: {exc}") from None
-    config = engine_config(args)
+    config = engine_configs(args)
     limits = request_limits(args)
     dial = dial_config(args)
     metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
@@ -479,7 +497,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     from .server import serve_until_signalled
 
-    trio.run(serve_until_signalled, engine_config(args), config, control, limits)
+    trio.run(serve_until_signalled, engine_configs(args), config, control, limits)
     return 0
 
 

@@ -8,7 +8,10 @@ its own body.
       400 context_length_exceeded (code) the prompt does not fit a slot's context
       401 invalid_api_key (code) a missing or wrong API key
       403 forbidden             a browser origin or host this server does not serve
+      400 model_not_supported (code) the model is of the other kind (chat / embedding)
+      400 missing_required_parameter (code) no model named, and none to default to
       404 / 405                 unknown path / wrong method
+      404 model_not_found (code) no worker serves the model named, and no default is set
       408 request_timeout (code) the body did not arrive in time
       413 request_too_large     the body is over the size limit
       429 rate_limit_exceeded (code) over the requests-per-minute limit (Retry-After)
@@ -34,6 +37,8 @@ __all__ = [
     "invalid_api_key",
     "invalid_request",
     "method_not_allowed",
+    "missing_model",
+    "model_not_found",
     "not_found",
     "rate_limited",
     "request_timeout",
@@ -111,6 +116,29 @@ def invalid_request(
 ) -> OpenAIError:
     """400 ``invalid_request_error``."""
     return OpenAIError(400, message, param=param, code=code)
+
+
+def model_not_found(model: str) -> OpenAIError:
+    """404 ``model_not_found``: no worker serves ``model`` and no default model is set
+    (OpenAI's words, as vLLM and Ollama answer)."""
+    return OpenAIError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def missing_model(served: Sequence[str]) -> OpenAIError:
+    """400 ``missing_required_parameter``: the request names no model, and there is no
+    single model (nor a default) to route it to; ``served`` are the models it may name."""
+    choices = ", ".join(f"'{name}'" for name in served) or "none is attached now"
+    return OpenAIError(
+        400,
+        f"you must provide a model parameter (this server serves {choices})",
+        param="model",
+        code="missing_required_parameter",
+    )
 
 
 def wrong_model_kind(model: str, kind: str, path: str) -> OpenAIError:

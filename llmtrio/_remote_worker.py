@@ -7,6 +7,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from functools import partial
 
 import trio
@@ -23,7 +24,7 @@ logger = logging.getLogger("llmtrio.worker")
 
 
 async def run_worker(
-    engine_config: EngineConfig,
+    engine_config: EngineConfig | Sequence[EngineConfig],
     urls: Sequence[str],
     ssl_context: ssl.SSLContext,
     *,
@@ -35,7 +36,8 @@ async def run_worker(
     dial: DialConfig | None = None,
     task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Load the model, attach to every ingress in ``urls`` (a URL whose host is a name: to
+    """Load each model (one engine per config; each attaches on its own links and claims for
+    its own model only), attach to every ingress in ``urls`` (a URL whose host is a name: to
     every address it resolves to, see ``dial``) and serve until ``shutdown``; request bodies
     are checked against ``limits``. With ``metrics_address`` (host, port), the engine's metrics
     are served at ``http://host:port/metrics``, with the probes ``/livez`` and ``/readyz``
@@ -47,6 +49,7 @@ async def run_worker(
     holds finish (up to ``graceful_timeout`` seconds; then they are cancelled and their
     ingresses fail them), detaches from every ingress and frees the model.
     """
+    configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
     registry = CollectorRegistry()
     link: RemoteLink | None = None
 
@@ -68,36 +71,50 @@ async def run_worker(
                 partial(serve_metrics, registry, host=host, port=port, not_ready=not_ready)
             )
         try:
-            async with open_engine(engine_config) as engine:
-                metrics = WorkerMetrics(registry, engine)
-                async with (
-                    connect_ring(
-                        urls,
-                        ssl_context,
-                        worker_id=name or socket.gethostname(),
-                        max_inflight=engine.capacity().max_inflight,
-                        models=[engine.model_name],
-                        config=dial,
-                    ) as link,
-                    trio.open_nursery() as nursery,
-                ):
-                    await nursery.start(
-                        partial(serve_link, engine, link, metrics=metrics, limits=limits)
-                    )
-                    logger.info(
-                        "worker ready: %s, pulling from %s", engine.model_name, ", ".join(urls)
-                    )
-                    task_status.started(url)
-                    await shutdown.wait()
-                    link.drain()
-                    with trio.move_on_after(graceful_timeout) as scope:
-                        await link.wait_idle()
-                    if scope.cancelled_caught:
-                        logger.warning(
-                            "streams still running after %gs: cancelling", graceful_timeout
+            async with AsyncExitStack() as stack:
+                engines = [await stack.enter_async_context(open_engine(each)) for each in configs]
+                links: list[RemoteLink] = []
+                base = name or socket.gethostname()
+                for engine in engines:
+                    several = len(engines) > 1
+                    links.append(
+                        await stack.enter_async_context(
+                            connect_ring(
+                                urls,
+                                ssl_context,
+                                worker_id=f"{base}/{engine.model_name}" if several else base,
+                                max_inflight=engine.capacity().max_inflight,
+                                models=[engine.model_name],
+                                kinds=[engine.kind],
+                                config=dial,
+                            )
                         )
-                    nursery.cancel_scope.cancel()
-                logger.info("worker detached from every ingress")
+                    )
+                # Entered last, left first: the streams end before the links close.
+                nursery = await stack.enter_async_context(trio.open_nursery())
+                for index, (engine, one) in enumerate(zip(engines, links, strict=True)):
+                    # Only the first engine's figures go to the exported registry (TODO.md).
+                    metrics = WorkerMetrics(registry if index == 0 else CollectorRegistry(), engine)
+                    await nursery.start(
+                        partial(serve_link, engine, one, metrics=metrics, limits=limits)
+                    )
+                link = links[0]
+                logger.info(
+                    "worker ready: %s, pulling from %s",
+                    ", ".join(engine.model_name for engine in engines),
+                    ", ".join(urls),
+                )
+                task_status.started(url)
+                await shutdown.wait()
+                for each in links:
+                    each.drain()
+                with trio.move_on_after(graceful_timeout) as scope:
+                    for each in links:
+                        await each.wait_idle()
+                if scope.cancelled_caught:
+                    logger.warning("streams still running after %gs: cancelling", graceful_timeout)
+                nursery.cancel_scope.cancel()
+            logger.info("worker detached from every ingress")
         except Exception as exc:  # raised below as it is, not inside this nursery's group
             failure = exc
         probes.cancel_scope.cancel()

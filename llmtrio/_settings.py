@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -135,10 +137,84 @@ def mib(text: str) -> int:
     return value
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
+_HF_REPO = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?::(?P<quant>[\w.-]+))?$")
+
+
+@attrs.frozen
+class ModelSpec:
+    """One ``--model`` value: ``PATH`` (served under the file's stem), ``NAME=PATH`` (under
+    NAME), or a Hugging Face repo ``owner/repo`` or ``owner/repo:QUANT`` (under
+    ``owner/repo:QUANT``, the form llama.cpp's ``-hf`` and Ollama take). A value that is an
+    existing file, or ends in ``.gguf``, is a path; else one shaped ``owner/repo[:QUANT]`` is
+    a repo."""
+
+    name: str | None
+    path: Path | None = None
+    hf_repo: str | None = None
+    quant: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        name, sep, rest = text.partition("=")
+        if not sep:
+            name, rest = "", text
+        elif not name or not rest:
+            raise ValueError(f"--model {text!r}: give NAME=PATH with both parts")
+        source = Path(rest).expanduser()
+        found = _HF_REPO.match(rest)
+        if source.is_file() or rest.endswith(".gguf") or found is None:
+            return cls(name or None, path=source)
+        return cls(name or None, hf_repo=found["repo"], quant=found["quant"])
+
+
+def split_threads(cores: int, engines: int) -> int:
+    """The default llama.cpp threads of each of ``engines`` engines in one process: the cores
+    shared evenly (rounded down, at least 1), so that together they never run more compute
+    threads than the machine has cores."""
+    return max(1, cores // max(1, engines))
+
+
+def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
+    """One engine config per ``--model`` (the flags shared by all; ``--threads`` per model,
+    else the cores split between them); the default model's alone without ``--model``.
+    ``--model-name`` names a single model. A refusal exits naming the flag."""
     from .engine import EngineConfig
 
-    return build(EngineConfig, args)
+    values = [ModelSpec.parse(text) for text in (args.model or [])]
+    command = f"llmtrio {args.command}"
+    if len(values) > 1 and args.model_name:
+        raise SystemExit(f"{command}: --model-name names one model; use --model NAME=PATH")
+    threads = getattr(args, "threads", None)
+    if isinstance(threads, Default) or threads is None:
+        threads = split_threads(os.cpu_count() or 1, max(1, len(values)))
+    if not values:
+        return [build(EngineConfig, args, model=None, threads=threads)]
+    configs = []
+    for spec in values:
+        fields: dict[str, Any] = {"model": spec.path, "threads": threads}
+        if spec.name or len(values) > 1:
+            fields["model_name"] = spec.name
+        if spec.hf_repo is not None:
+            fields["hf_repo"] = spec.hf_repo
+            fields["model"] = None
+            if spec.quant is not None:
+                fields["quant"] = spec.quant
+        configs.append(build(EngineConfig, args, **fields))
+    names = [
+        c.model_name or (c.model.stem if c.model else f"{c.hf_repo}:{c.quant}") for c in configs
+    ]
+    doubled = {name for name in names if names.count(name) > 1}
+    if doubled:
+        raise SystemExit(f"{command}: two models served under one name: {sorted(doubled)}")
+    return configs
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine config of a command that runs one model (``generate``)."""
+    configs = engine_configs(args)
+    if len(configs) > 1:
+        raise SystemExit(f"llmtrio {args.command}: give one --model")
+    return configs[0]
 
 
 def request_limits(args: argparse.Namespace) -> RequestLimits:

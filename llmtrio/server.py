@@ -1,15 +1,18 @@
-"""The composition root of ``llmtrio serve``: the ingress's bring-up (``_ingress``) with one
-local worker (an engine attached to the in-process ring) started in it."""
+"""The composition root of ``llmtrio serve``: the ingress's bring-up (``_ingress``) with a
+local worker per model (an engine attached to the in-process ring) started in it."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
 
+import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
 from ._ingress import serve_ring_ingress, until_signalled
-from .engine import EngineConfig, EngineFailedError, open_engine
+from .engine import EmbeddingEngine, Engine, EngineConfig, EngineFailedError, open_engine
 from .ring import ControlConfig, Ring
 from .web import ServeConfig
 from .worker import RequestLimits, WorkerMetrics, serve_link
@@ -20,7 +23,7 @@ logger = logging.getLogger("llmtrio.serve")
 
 
 async def serve(
-    engine_config: EngineConfig,
+    engine_config: EngineConfig | Sequence[EngineConfig],
     config: ServeConfig,
     *,
     shutdown: trio.Event,
@@ -28,31 +31,47 @@ async def serve(
     limits: RequestLimits | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Load the model, attach a local worker to a new ring, and serve HTTP until ``shutdown``
-    is set; ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``).
-    The ingress's ``/metrics`` shows the local engine's figures too; request bodies are
-    checked against ``limits``.
+    """Load each model (one engine per config, each with its own slots), attach a local
+    worker per engine to a new ring, and serve HTTP until ``shutdown`` is set;
+    ``task_status.started`` gets the bound addresses (``http://127.0.0.1:PORT``). Each local
+    worker claims for its own model only, so one model's full queue or failed request never
+    touches another's. With one model and no ``config.default_model``, that model is the
+    default (a client naming any model, as clients of llama.cpp's server do, is served by it).
+    The ingress's ``/metrics`` shows the first engine's figures (see TODO.md); request
+    bodies are checked against ``limits``.
 
     Resource handling: after ``shutdown``, no new connection is accepted; in-flight
     responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
-    their generations); then the worker stops and the model is freed.
+    their generations); then the workers stop and the models are freed.
 
-    Error handling: :class:`EngineFailedError` when the engine's decode loop dies: the local
+    Error handling: :class:`EngineFailedError` when an engine's decode loop dies: its local
     worker detaches at once (``/health`` answers 503 with the reason), the server shuts down
-    as on ``shutdown``, then this raises.
+    as on ``shutdown``, then this raises. A llama.cpp abort takes the whole process down.
     """
-    async with open_engine(engine_config) as engine:
+    configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
+    async with AsyncExitStack() as stack:
+        engines = [await stack.enter_async_context(open_engine(each)) for each in configs]
+        if len(engines) == 1 and config.default_model is None:
+            config = attrs.evolve(config, default_model=engines[0].model_name)
         ring = Ring.from_config(config.ring)
         registry = CollectorRegistry()
-        # The ingress exports the picker's gauges for the whole ring, this engine included.
-        metrics = WorkerMetrics(registry, engine, picker_gauges=False)
         failure: EngineFailedError | None = None
 
-        async def local_worker(*, task_status: trio.TaskStatus[None]) -> None:
+        async def local_worker(
+            engine: Engine | EmbeddingEngine, index: int, *, task_status: trio.TaskStatus[None]
+        ) -> None:
             nonlocal failure
+            # The ingress exports the picker's gauges for the whole ring, these engines
+            # included; only the first engine's figures go to the exported registry.
+            where = registry if index == 0 else CollectorRegistry()
+            metrics = WorkerMetrics(where, engine, picker_gauges=False)
+            worker_id = "local" if len(engines) == 1 else f"local-{engine.model_name}"
             try:
                 async with ring.attach(
-                    "local", engine.capacity().max_inflight, models=[engine.model_name]
+                    worker_id,
+                    engine.capacity().max_inflight,
+                    models=[engine.model_name],
+                    kinds=[engine.kind],
                 ) as link:
                     await serve_link(
                         engine, link, metrics=metrics, limits=limits, task_status=task_status
@@ -62,18 +81,19 @@ async def serve(
                 logger.critical("%s: the server stops", exc)
                 shutdown.set()
 
-        async def start_local_worker(ring: Ring, nursery: trio.Nursery) -> None:
-            await nursery.start(local_worker)
+        async def start_local_workers(ring: Ring, nursery: trio.Nursery) -> None:
+            for index, engine in enumerate(engines):
+                await nursery.start(local_worker, engine, index)
 
         await serve_ring_ingress(
             config,
             control,
-            model_name=engine.model_name,
+            model_name=engines[0].model_name if len(engines) == 1 else "",
             shutdown=shutdown,
             ring=ring,
             registry=registry,
             limits=limits,
-            workers=start_local_worker,
+            workers=start_local_workers,
             task_status=task_status,
         )
     if failure is not None:
@@ -81,7 +101,7 @@ async def serve(
 
 
 async def serve_until_signalled(
-    engine_config: EngineConfig,
+    engine_config: EngineConfig | Sequence[EngineConfig],
     config: ServeConfig,
     control: ControlConfig | None = None,
     limits: RequestLimits | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Sequence
 
 import attrs
 import httpx
@@ -48,7 +49,9 @@ class LiveServer:
 
 
 def start_server(
-    engine_config: EngineConfig, config: ServeConfig, limits: RequestLimits | None = None
+    engine_config: EngineConfig | Sequence[EngineConfig],
+    config: ServeConfig,
+    limits: RequestLimits | None = None,
 ) -> LiveServer:
     ready = threading.Event()
     found: dict[str, object] = {}

@@ -76,6 +76,17 @@ def test_old_workers_on_new_ingresses_and_new_workers_on_old_ingresses(
     old_ingress.wait_workers({"new-worker"})
     assert serves(new_ingress) == "old-worker"
     assert serves(old_ingress) == "new-worker"
+    # The new ingress routes by model: the old worker's claims name no model, so they take
+    # the model its Attach listed; an unknown model is a 404 there, before any worker sees it.
+    # (The new worker's claims name its model; the old ingress ignores the field.)
+    gemma = ring.gemma.stem
+    for ingress, worker in ((new_ingress, "old-worker"), (old_ingress, "new-worker")):
+        body = {"model": gemma, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        named = httpx.post(ingress.url + CHAT_PATH, json=body, timeout=120)
+        assert named.status_code == 200, named.text
+        assert named.headers["x-llmtrio-worker"].split("#")[0] == worker
+    unknown = httpx.post(new_ingress.url + CHAT_PATH, json={**body, "model": "nope"}, timeout=30)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     # The new ingress reads the old worker's heartbeats, KV fields missing, as reporting no
     # KV cache (a new worker's 2 slots of 2048 cells would be 256 blocks of 16).
     metrics = httpx.get(new_ingress.url + "/metrics", timeout=10).text

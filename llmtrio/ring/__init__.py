@@ -15,6 +15,7 @@ from ._control import ControlConfig as ControlConfig
 from ._control import serve_control as serve_control
 from ._core import TRANSITIONS as TRANSITIONS
 from ._core import Effect as Effect
+from ._core import ModelStats as ModelStats
 from ._core import RingCore as RingCore
 from ._core import RingStats as RingStats
 from ._core import StreamState as StreamState
@@ -37,6 +38,9 @@ from ._link import Claimed as Claimed
 from ._link import ClaimedStream as ClaimedStream
 from ._link import Lane as Lane
 from ._link import RingLink as RingLink
+from ._messages import CHAT as CHAT
+from ._messages import EMBEDDING as EMBEDDING
+from ._messages import KINDS as KINDS
 from ._messages import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._messages import Assign as Assign
 from ._messages import Attach as Attach
@@ -76,6 +80,9 @@ from ._tls import client_ssl_context as client_ssl_context
 from ._tls import server_ssl_context as server_ssl_context
 
 __all__ = [
+    "CHAT",
+    "EMBEDDING",
+    "KINDS",
     "MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
     "SESSION_TRANSITIONS",
@@ -98,6 +105,7 @@ __all__ = [
     "Heartbeat",
     "Lane",
     "Message",
+    "ModelStats",
     "Outcome",
     "ParkTimeoutError",
     "ProtocolError",

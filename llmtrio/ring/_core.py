@@ -32,7 +32,6 @@ until the worker acknowledges.
 
 from __future__ import annotations
 
-import bisect
 import enum
 from collections import Counter
 from collections.abc import Mapping
@@ -43,6 +42,7 @@ import attrs
 from ._config import default
 from ._errors import ProtocolError, RingFullError
 from ._messages import (
+    CHAT,
     Assign,
     Attach,
     Cancel,
@@ -59,10 +59,12 @@ from ._messages import (
     ResponseMessage,
     _to_bytes,
 )
+from ._routing import ANY_MODEL, Routes, Worker
 
 __all__ = [
     "TRANSITIONS",
     "Effect",
+    "ModelStats",
     "RingCore",
     "RingStats",
     "StreamState",
@@ -143,6 +145,26 @@ class WorkerStats:
     """Its last heartbeat, if any."""
     last_heartbeat: float | None = None
     """When its last heartbeat came, on the clock the caller passed to ``heartbeat``."""
+    kinds: tuple[str, ...] = ()
+    """Each model's kind, in the order of ``models`` (empty: all chat), as it attached."""
+    claims: tuple[tuple[str | None, int], ...] = ()
+    """Its unfilled claims by the model they name (``None``: any model it listed)."""
+
+    def kind(self, model: str) -> str:
+        """The kind of ``model``, one of ``models``: ``"chat"`` unless ``kinds`` says else."""
+        if self.kinds and model in self.models:
+            return self.kinds[self.models.index(model)]
+        return CHAT
+
+
+@attrs.frozen
+class ModelStats:
+    """One model the ring routes to: its name, its kind and how many workers serve it now."""
+
+    name: str
+    kind: str
+    """``"chat"`` (chat and text completions) or ``"embedding"``."""
+    workers: int
 
 
 @attrs.frozen
@@ -178,21 +200,10 @@ class _Stream:
     stream_id: int
     head: RequestHead
     body: bytes
-    key: str = ""  # the routing key (the request's model); nothing routes on it yet
+    key: str = ""  # the routing key (the request's model); "" for any worker
     state: StreamState = StreamState.PARKED
     worker_id: str | None = None
     assignments: int = 0
-
-
-@attrs.define
-class _Worker:
-    worker_id: str
-    max_inflight: int
-    models: tuple[str, ...] = ()
-    credits: int = 0
-    held: dict[int, None] = attrs.field(factory=dict)  # an ordered set of stream ids
-    capacity: Heartbeat | None = None
-    last_heartbeat: float | None = None
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -228,10 +239,8 @@ class RingCore:
     )
     _streams: dict[int, _Stream] = attrs.field(init=False, factory=dict)
     _counts: Counter[StreamState] = attrs.field(init=False, factory=Counter)
-    _fresh: dict[int, None] = attrs.field(init=False, factory=dict)  # parked, in arrival order
-    _requeued: list[int] = attrs.field(init=False, factory=list)  # parked again, sorted, first
-    _workers: dict[str, _Worker] = attrs.field(init=False, factory=dict)
-    _claimants: dict[str, None] = attrs.field(init=False, factory=dict)  # round-robin order
+    _workers: dict[str, Worker] = attrs.field(init=False, factory=dict)
+    _routes: Routes = attrs.field(init=False, factory=Routes)  # parked streams, waiting claims
     _next_id: int = attrs.field(init=False, default=1)
 
     # -- queries -------------------------------------------------------------------------------
@@ -256,10 +265,32 @@ class RingCore:
         stream = self._streams.get(stream_id)
         return None if stream is None else stream.worker_id
 
+    def held(self, worker_id: str) -> tuple[int, ...]:
+        """The streams ``worker_id`` holds (none for a worker not attached)."""
+        worker = self._workers.get(worker_id)
+        return () if worker is None else tuple(worker.held)
+
     def key(self, stream_id: int) -> str | None:
         """The routing key ``stream_id`` was parked with; ``None`` once it is forgotten."""
         stream = self._streams.get(stream_id)
         return None if stream is None else stream.key
+
+    @property
+    def takes_any_model(self) -> bool:
+        """Whether an attached worker listed no model (its claims take a stream of any key)."""
+        return any(not worker.models for worker in self._workers.values())
+
+    def models(self) -> dict[str, ModelStats]:
+        """Every model an attached worker listed, by name, in attach order: its kind (as its
+        first worker said) and how many workers serve it."""
+        models: dict[str, ModelStats] = {}
+        for worker in self._workers.values():
+            for index, name in enumerate(worker.models):
+                known = models.get(name)
+                kind = worker.kinds[index] if worker.kinds else CHAT
+                workers = 1 if known is None else known.workers + 1
+                models[name] = ModelStats(name, kind if known is None else known.kind, workers)
+        return models
 
     def stats(self) -> RingStats:
         """A snapshot of stream counts and workers."""
@@ -274,7 +305,9 @@ class RingCore:
                     worker_id=worker.worker_id,
                     max_inflight=worker.max_inflight,
                     models=worker.models,
-                    waiting_claims=worker.credits,
+                    kinds=worker.kinds,
+                    claims=tuple(worker.credits.items()),
+                    waiting_claims=worker.waiting,
                     held=tuple(worker.held),
                     capacity=worker.capacity,
                     last_heartbeat=worker.last_heartbeat,
@@ -290,8 +323,9 @@ class RingCore:
     ) -> tuple[int, list[Effect]]:
         """Park a new request; returns its stream id and the effects (maybe its ``Assign``).
 
-        ``key`` is the request's routing key (the ingress passes its ``model``): kept with the
-        stream (``key()``); streams are not routed on it yet.
+        ``key`` is the request's routing key (the ingress passes its resolved ``model``): only
+        a claim for that model, or a claim without a model from a worker that listed it (or
+        listed none), takes the stream. An empty key is taken by any claim.
 
         Error handling: raises ``RingFullError`` when ``max_streams`` streams are open.
         """
@@ -303,8 +337,7 @@ class RingCore:
         self._next_id += 1
         self._streams[stream.stream_id] = stream
         self._counts[StreamState.PARKED] += 1
-        self._fresh[stream.stream_id] = None
-        return stream.stream_id, self._dispatch()
+        return stream.stream_id, self._offer([stream], fresh=True)
 
     def cancel(self, stream_id: int) -> list[Effect]:
         """The client went away. Idempotent; a finished or unknown stream is ignored.
@@ -316,7 +349,7 @@ class RingCore:
         if stream is None or stream.state is StreamState.CANCELLED:
             return []
         if stream.state is StreamState.PARKED:
-            self._unqueue(stream_id)
+            self._unqueue(stream)
             self._forget(stream)
             return []
         assert stream.worker_id is not None
@@ -330,8 +363,8 @@ class RingCore:
         """A worker arrives. Error handling: ``ProtocolError`` if its id is already attached."""
         if message.worker_id in self._workers:
             raise ProtocolError(f"worker {message.worker_id!r} is already attached", message)
-        self._workers[message.worker_id] = _Worker(
-            message.worker_id, message.max_inflight, message.models
+        self._workers[message.worker_id] = Worker(
+            message.worker_id, message.max_inflight, message.models, message.kinds
         )
 
     def receive(self, worker_id: str, message: Message) -> list[Effect]:
@@ -364,31 +397,56 @@ class RingCore:
         worker.last_heartbeat = at
 
     def claim(self, worker_id: str, message: Claim) -> list[Effect]:
-        """The worker has ``message.count`` more free slots; returns the ``Assign`` effects.
+        """The worker has ``message.count`` more free slots (for ``message.model``, or for any
+        model it listed when the claim names none); returns the ``Assign`` effects: the oldest
+        parked streams the claims may take, requeued ones first.
 
         Error handling: ``ProtocolError`` when the worker would then hold or wait for more
-        streams than the ``max_inflight`` it attached with.
+        streams than the ``max_inflight`` it attached with, or the claim names a model the
+        worker did not list.
         """
         worker = self._worker(worker_id, message)
-        wanted = worker.credits + len(worker.held) + message.count
+        model = message.model
+        if model is not None and model not in worker.models:
+            raise ProtocolError(
+                f"worker {worker_id!r} claims for model {model!r}, which it did not list "
+                f"(it serves {list(worker.models)})",
+                message,
+            )
+        wanted = worker.waiting + len(worker.held) + message.count
         if wanted > worker.max_inflight:
             raise ProtocolError(
                 f"worker {worker_id!r} claims {message.count} more streams, holding "
-                f"{len(worker.held)} and waiting for {worker.credits}, beyond its "
+                f"{len(worker.held)} and waiting for {worker.waiting}, beyond its "
                 f"max_inflight of {worker.max_inflight}",
                 message,
             )
-        worker.credits += message.count
-        self._claimants.setdefault(worker_id, None)
-        return self._dispatch()
+        worker.credits[model] = worker.credits.get(model, 0) + message.count
+        effects: list[Effect] = []
+        # Nobody else waits for these keys while streams are parked under them (streams go
+        # to a waiting claimant at once), so the new claims take the oldest parked at once.
+        keys = self._routes.keys_for(worker, model)
+        for _ in range(message.count):
+            stream_id = self._routes.take_oldest(keys)
+            if stream_id is None:
+                break
+            effects.append(self._assign(self._streams[stream_id], worker))
+        self._routes.relist(worker, back=False)
+        return effects
 
-    def withdraw(self, worker_id: str, count: int = 1) -> int:
-        """Take back up to ``count`` unfilled claims; returns how many were still unfilled."""
+    def withdraw(self, worker_id: str, count: int = 1, model: str | None = None) -> int:
+        """Take back up to ``count`` unfilled claims (those for ``model`` when given, else
+        claims without a model first, then any); returns how many were still unfilled."""
         worker = self._worker(worker_id, None)
-        taken = min(count, worker.credits)
-        worker.credits -= taken
-        if not worker.credits:
-            self._claimants.pop(worker_id, None)
+        taken = 0
+        for claim in (model,) if model is not None else (ANY_MODEL, *worker.credits):
+            take = min(count - taken, worker.credits.get(claim, 0))
+            if take:
+                taken += take
+                worker.credits[claim] -= take
+                if not worker.credits[claim]:
+                    del worker.credits[claim]
+        self._routes.relist(worker, back=False)
         return taken
 
     def release(self, worker_id: str, stream_id: int) -> list[Effect]:
@@ -405,7 +463,7 @@ class RingCore:
             return []
         stream.assignments -= 1
         self._requeue(stream)
-        return self._dispatch()
+        return self._offer([stream], fresh=False)
 
     def respond(self, worker_id: str, message: ResponseMessage) -> list[Effect]:
         """A response message from the worker holding the stream.
@@ -436,10 +494,12 @@ class RingCore:
         Cancelled streams it had not acknowledged are forgotten.
         """
         worker = self._worker(worker_id, Detach(reason))
+        worker.credits.clear()
+        self._routes.relist(worker, back=False)
         del self._workers[worker_id]
-        self._claimants.pop(worker_id, None)
         because = f": {reason}" if reason else ""
         effects: list[Effect] = []
+        requeued: list[_Stream] = []
         for stream_id in worker.held:
             stream = self._streams[stream_id]
             stream.worker_id = None
@@ -447,6 +507,7 @@ class RingCore:
                 self._forget(stream)
             elif stream.state is StreamState.ASSIGNED and stream.assignments < self.max_assignments:
                 self._requeue(stream)
+                requeued.append(stream)
             else:
                 if stream.state is StreamState.RESPONDING:
                     text = f"worker {worker_id!r} detached mid-response{because}"
@@ -458,12 +519,12 @@ class RingCore:
                 self._forget(stream)
                 effects.append(ToClient(stream_id, ResponseError(stream_id, text)))
         worker.held.clear()
-        effects += self._dispatch()
+        effects += self._offer(requeued, fresh=False)
         return effects
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _worker(self, worker_id: str, message: Message | None) -> _Worker:
+    def _worker(self, worker_id: str, message: Message | None) -> Worker:
         worker = self._workers.get(worker_id)
         if worker is None:
             raise ProtocolError(f"worker {worker_id!r} is not attached", message)
@@ -506,40 +567,33 @@ class RingCore:
         if stream.worker_id is not None:
             self._workers[stream.worker_id].held.pop(stream.stream_id, None)
 
-    def _unqueue(self, stream_id: int) -> None:
-        if stream_id in self._fresh:
-            del self._fresh[stream_id]
-        else:
-            self._requeued.remove(stream_id)
+    def _unqueue(self, stream: _Stream) -> None:
+        self._routes.remove(stream.stream_id, stream.key)
 
     def _requeue(self, stream: _Stream) -> None:
+        """Park ``stream`` again (``_offer`` then queues it at the front of its key's line)."""
         if stream.worker_id is not None:
             self._workers[stream.worker_id].held.pop(stream.stream_id, None)
             stream.worker_id = None
         self._set_state(stream, StreamState.PARKED)
-        # Stream ids grow with arrival and assignment is FIFO, so every requeued stream
-        # arrived before every fresh one: keeping the requeued sorted keeps the queue FIFO.
-        bisect.insort(self._requeued, stream.stream_id)
 
-    def _dispatch(self) -> list[Effect]:
-        """Assign parked streams, oldest first, to claimants in round-robin order."""
+    def _assign(self, stream: _Stream, worker: Worker) -> Effect:
+        self._set_state(stream, StreamState.ASSIGNED)
+        stream.worker_id = worker.worker_id
+        stream.assignments += 1
+        worker.spend(stream.key)
+        worker.held[stream.stream_id] = None
+        self._routes.relist(worker, back=True)  # to the back of the line
+        return ToWorker(worker.worker_id, Assign(stream.stream_id, stream.head, stream.body))
+
+    def _offer(self, streams: list[_Stream], *, fresh: bool) -> list[Effect]:
+        """Give each parked stream (oldest first) to the claimant whose turn it is for its
+        key, or queue it: fresh ones at the back, requeued ones before every fresh one."""
         effects: list[Effect] = []
-        while self._claimants and (self._requeued or self._fresh):
-            worker_id = next(iter(self._claimants))
-            worker = self._workers[worker_id]
-            if self._requeued:
-                stream_id = self._requeued.pop(0)
+        for stream in sorted(streams, key=lambda stream: stream.stream_id):
+            worker_id = self._routes.claimant(stream.key)
+            if worker_id is not None:
+                effects.append(self._assign(stream, self._workers[worker_id]))
             else:
-                stream_id = next(iter(self._fresh))
-                del self._fresh[stream_id]
-            stream = self._streams[stream_id]
-            self._set_state(stream, StreamState.ASSIGNED)
-            stream.worker_id = worker_id
-            stream.assignments += 1
-            worker.credits -= 1
-            worker.held[stream_id] = None
-            del self._claimants[worker_id]
-            if worker.credits:
-                self._claimants[worker_id] = None  # to the back of the line
-            effects.append(ToWorker(worker_id, Assign(stream_id, stream.head, stream.body)))
+                self._routes.enqueue(stream.stream_id, stream.key, fresh=fresh)
         return effects

@@ -27,6 +27,7 @@ import trio
 
 from ._errors import ProtocolError
 from ._messages import (
+    CHAT,
     Assign,
     Attach,
     Cancel,
@@ -93,12 +94,15 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
     """The JSON header fields and the raw payload of ``message``."""
     match message:
         case Attach(worker_id=worker_id, max_inflight=max_inflight, models=models, version=v):
-            return {
+            attach: dict[str, Any] = {
                 "version": v,
                 "worker_id": worker_id,
                 "max_inflight": max_inflight,
                 "models": list(models),
-            }, b""
+            }
+            if any(kind != CHAT for kind in message.kinds):  # all chat: as the previous version
+                attach["kinds"] = list(message.kinds)
+            return attach, b""
         case Heartbeat(
             inflight=inflight,
             max_inflight=max_inflight,
@@ -115,7 +119,10 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                 if value := getattr(message, name):
                     beat[name] = value
             return beat, b""
-        case Claim(count=count) | Withdraw(count=count) | Withdrawn(count=count):
+        case Claim(count=count, model=model) | Withdraw(count=count, model=model):
+            # No model: byte for byte what a worker of the previous version writes.
+            return {"count": count} | ({} if model is None else {"model": model}), b""
+        case Withdrawn(count=count):
             return {"count": count}, b""
         case Credit(stream_id=stream_id, count=count):
             return {"stream_id": stream_id, "count": count}, b""
@@ -226,6 +233,11 @@ class _Fields:
         return Outcome(**{name: value[name] for name in _OUTCOME_FIELDS if name in value})
 
 
+def _model(fields: _Fields) -> str | None:
+    """A claim's optional ``model`` (absent, as from a worker of the previous version: None)."""
+    return fields.string("model") if "model" in fields else None
+
+
 def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
     if cls is Attach:
         return Attach(
@@ -233,6 +245,7 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
             fields.integer("max_inflight"),
             models=fields.strings("models") if "models" in fields else (),
             version=fields.integer("version") if "version" in fields else 0,
+            kinds=fields.strings("kinds") if "kinds" in fields else (),
         )
     if cls is Heartbeat:
         inflight, available = fields.integer("inflight"), fields.integer("available_slots")
@@ -240,9 +253,9 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
         extra = {name: fields.integer(name) for name in _OPTIONAL_BEAT_FIELDS if name in fields}
         return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **extra)
     if cls is Claim:
-        return Claim(fields.integer("count"))
+        return Claim(fields.integer("count"), model=_model(fields))
     if cls is Withdraw:
-        return Withdraw(fields.integer("count"))
+        return Withdraw(fields.integer("count"), model=_model(fields))
     if cls is Withdrawn:
         return Withdrawn(fields.integer("count"))
     if cls is Release:

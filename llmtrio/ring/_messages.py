@@ -15,6 +15,9 @@ from typing import Any, Final, TypeAlias
 import attrs
 
 __all__ = [
+    "CHAT",
+    "EMBEDDING",
+    "KINDS",
     "PROTOCOL_VERSION",
     "Assign",
     "Attach",
@@ -39,6 +42,12 @@ __all__ = [
 
 PROTOCOL_VERSION: Final = 1
 """The wire protocol's version; an ingress refuses an ``Attach`` carrying another."""
+
+CHAT: Final = "chat"
+"""A model's kind: chat and text completions."""
+EMBEDDING: Final = "embedding"
+"""A model's kind: embeddings."""
+KINDS: Final = (CHAT, EMBEDDING)
 
 
 Headers: TypeAlias = tuple[tuple[str, str], ...]
@@ -135,6 +144,25 @@ class Attach:
     max_inflight: int = attrs.field(validator=_int_at_least(1))
     models: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     version: int = attrs.field(default=PROTOCOL_VERSION, kw_only=True, validator=_int_at_least(0))
+    kinds: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
+    """Each model's kind (``"chat"`` or ``"embedding"``), in the order of ``models``; empty
+    (optional on the wire, as from a worker of the previous version) means all chat."""
+
+    @kinds.validator
+    def _check_kinds(
+        self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+    ) -> None:
+        if value and len(value) != len(self.models):
+            raise ValueError(f"kinds must name one kind per model, not {value!r}")
+        for kind in value:
+            if kind not in KINDS:
+                raise ValueError(f"a model's kind is one of {KINDS}, not {kind!r}")
+
+    def kind(self, model: str) -> str:
+        """The kind of ``model`` (one of ``models``): ``"chat"`` unless ``kinds`` says else."""
+        if self.kinds and model in self.models:
+            return self.kinds[self.models.index(model)]
+        return CHAT
 
 
 @attrs.frozen
@@ -165,9 +193,14 @@ class Heartbeat:
 
 @attrs.frozen
 class Claim:
-    """Worker → ring: "I have ``count`` more free slots; assign me up to that many streams"."""
+    """Worker → ring: "I have ``count`` more free slots; assign me up to that many streams"
+    (for ``model`` only, when it names one: a stream parked under that routing key).
+
+    ``model`` is optional on the wire: a claim without one (a worker of the previous version)
+    is for any model the worker listed in its ``Attach``."""
 
     count: int = attrs.field(default=1, validator=_int_at_least(1))
+    model: str | None = attrs.field(default=None, kw_only=True, validator=_optional(_nonempty_str))
 
 
 @attrs.frozen
@@ -184,9 +217,11 @@ class Assign:
 
 @attrs.frozen
 class Withdraw:
-    """Worker → ring: take back up to ``count`` of my claims that no stream has filled yet."""
+    """Worker → ring: take back up to ``count`` of my claims that no stream has filled yet:
+    those for ``model`` when it names one, else any (claims without a model first)."""
 
     count: int = attrs.field(default=1, validator=_int_at_least(1))
+    model: str | None = attrs.field(default=None, kw_only=True, validator=_optional(_nonempty_str))
 
 
 @attrs.frozen

@@ -67,11 +67,13 @@ async def connect_ring(
     worker_id: str,
     max_inflight: int,
     models: Iterable[str] = (),
+    kinds: Iterable[str] = (),
     config: DialConfig | None = None,
 ) -> AsyncIterator[RemoteLink]:
     """Attach to every ingress in ``urls`` (``wss://HOST:PORT``) and yield the link. A HOST
     that is a name is resolved, and every address it stands for is an ingress (see
-    ``DialConfig``).
+    ``DialConfig``). ``models`` and their ``kinds`` go in the ``Attach``; a link serving
+    exactly one model claims for that model (``Claim.model``).
 
     Connections are made and remade in the background: the link is usable at once, and
     streams come from whichever ingresses are attached. Refusals (TLS, protocol version)
@@ -86,7 +88,14 @@ async def connect_ring(
     targets = list(dict.fromkeys(IngressURL.parse(url) for url in urls))
     if not targets:
         raise ValueError("give at least one ingress URL")
-    link = RemoteLink(worker_id, max_inflight, tuple(models), ssl_context, config or DialConfig())
+    link = RemoteLink(
+        worker_id,
+        max_inflight,
+        tuple(models),
+        ssl_context,
+        config or DialConfig(),
+        kinds=tuple(kinds),
+    )
     async with trio.open_nursery() as nursery:
         for target in targets:
             nursery.start_soon(follow, target, link._config, link._session, link._is_closing)
@@ -194,6 +203,7 @@ class RemoteLink:
     models: tuple[str, ...]
     _ssl_context: ssl.SSLContext
     _config: DialConfig = attrs.field(factory=DialConfig)
+    kinds: tuple[str, ...] = attrs.field(default=(), kw_only=True)
     _connections: list[_Connection] = attrs.field(init=False, factory=list)
     _wanted: int = attrs.field(init=False, default=0)  # claim() calls waiting
     _ready: deque[tuple[_Connection, Claimed]] = attrs.field(init=False, factory=deque)
@@ -201,6 +211,12 @@ class RemoteLink:
     _capacity: Heartbeat | None = attrs.field(init=False, default=None)
     _draining: bool = attrs.field(init=False, default=False)
     _closing: bool = attrs.field(init=False, default=False)
+
+    @property
+    def _model(self) -> str | None:
+        """What its claims name: its one model, or none (any it listed) when it lists several.
+        An ingress of the previous version ignores the name: the claim is for any model."""
+        return self.models[0] if len(self.models) == 1 else None
 
     @property
     def attached(self) -> int:
@@ -268,12 +284,12 @@ class RemoteLink:
                 count = min(target - effective, room)
                 if count > 0:
                     connection.outstanding += count
-                    connection.send(Claim(count))
+                    connection.send(Claim(count, model=self._model))
             elif effective > target:
                 count = effective - target
                 connection.withdrawing += count
                 connection.withdraws.append(count)
-                connection.send(Withdraw(count))
+                connection.send(Withdraw(count, model=self._model))
 
     def _assigned(self, connection: _Connection, message: Assign) -> None:
         connection.outstanding -= 1
@@ -319,7 +335,8 @@ class RemoteLink:
         async with trio.open_nursery() as nursery:
             send, sending = trio.open_memory_channel[Message](math.inf)
             connection = _Connection(name, send, self._stream_finished)
-            connection.send(Attach(self.worker_id, self.max_inflight, models=self.models))
+            attach = Attach(self.worker_id, self.max_inflight, models=self.models, kinds=self.kinds)
+            connection.send(attach)
             if self._capacity is not None:
                 connection.send(self._capacity)
             self._connections.append(connection)

@@ -19,6 +19,7 @@ them): each chunk that enters its client's buffer is a ``Credit`` for its relay.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import TypeAlias
@@ -27,7 +28,7 @@ import attrs
 import trio
 
 from ._config import RingConfig, default
-from ._core import Effect, RingCore, RingStats, ToClient, ToWorker
+from ._core import Effect, ModelStats, RingCore, RingStats, ToClient, ToWorker
 from ._errors import ProtocolError, StreamCancelledError
 from ._link import Claimed
 from ._messages import (
@@ -128,10 +129,13 @@ class Ring:
         max_inflight: int,
         *,
         models: Iterable[str] = (),
+        kinds: Iterable[str] = (),
         relay: Relay | None = None,
     ) -> AsyncIterator[WorkerLink]:
         """Attach a worker that will hold at most ``max_inflight`` streams at once, serving
-        ``models`` (listed by ``stats``).
+        ``models`` (listed by ``stats``), each of the kind ``kinds`` says (empty: all chat).
+        A worker serving exactly one model claims streams for that model only; one that lists
+        several or none claims for any it listed (or any at all).
 
         Without ``relay``, the worker claims streams with ``WorkerLink.claim``. With it, the
         ring's messages for the worker go to ``relay`` and the worker's own go to
@@ -146,7 +150,8 @@ class Ring:
         Error handling: ``ProtocolError`` if ``worker_id`` is already attached.
         """
         await trio.lowlevel.checkpoint()
-        link = WorkerLink(self._router, Attach(worker_id, max_inflight, models=models), relay)
+        attach = Attach(worker_id, max_inflight, models=models, kinds=kinds)
+        link = WorkerLink(self._router, attach, relay)
         reason = "the worker left"
         try:
             yield link
@@ -164,6 +169,25 @@ class Ring:
         """Stream counts by state, and every attached worker with what it holds."""
         return self._router.core.stats()
 
+    @property
+    def takes_any_model(self) -> bool:
+        """Whether an attached worker listed no model, and so takes a request for any."""
+        return self._router.core.takes_any_model
+
+    def models(self) -> dict[str, ModelStats]:
+        """Every model an attached worker serves, and every model whose last worker left
+        within ``park_timeout`` (with ``workers`` 0: its requests park, as its workers may be
+        briefly away), by name in attach order."""
+        served = self._router.core.models()
+        now = trio.current_time()
+        window = math.inf if self.park_timeout is None else self.park_timeout
+        for name, (kind, since) in list(self._router.gone.items()):
+            if name in served or now - since > window:
+                del self._router.gone[name]
+            else:
+                served[name] = ModelStats(name, kind, workers=0)
+        return served
+
 
 @attrs.define(eq=False)
 class Router:
@@ -176,8 +200,8 @@ class Router:
     responses: dict[int, ResponseState] = attrs.field(factory=dict)
     workers: dict[str, _Delivery] = attrs.field(factory=dict)
     relays: dict[str, Relay] = attrs.field(factory=dict)  # the relayed workers
-    moved: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    """Unparked after every change of the core (streams watching their park time wait here)."""
+    gone: dict[str, tuple[str, float]] = attrs.field(factory=dict)
+    """Models no attached worker serves any more: their kind, and when their last one left."""
 
     def park(self, head: RequestHead, body: bytes, key: str) -> tuple[int, ResponseState]:
         stream_id, effects = self.core.park(head, body, key=key)
@@ -196,7 +220,15 @@ class Router:
         self.relays.pop(worker_id, None)
         if deliver is not None:
             deliver(Detach(reason))
+            before = self.core.models()
+            held = self.core.held(worker_id)
             self.apply(self.core.detach(worker_id, reason))
+            self.moved(held)  # requeued ones watch their park time again
+            after = self.core.models()
+            now = trio.current_time()
+            for name, model in before.items():
+                if name not in after:
+                    self.gone[name] = (model.kind, now)
 
     def cancel(self, stream_id: int) -> None:
         self.responses.pop(stream_id, None)
@@ -211,14 +243,18 @@ class Router:
         if relay is not None:
             relay(Credit(stream_id, 1))
 
-    def apply(self, effects: Iterable[Effect], *, moved: bool = True) -> None:
+    def moved(self, stream_ids: Iterable[int]) -> None:
+        """These streams were assigned or parked again: wake their park-time watches."""
+        for stream_id in stream_ids:
+            response = self.responses.get(stream_id)
+            if response is not None:
+                response.moved.unpark_all()
+
+    def apply(self, effects: Iterable[Effect]) -> None:
         """Deliver the core's effects; none waits. A chunk past the client's buffer bound
         waits beyond it (a worker in this process waited for room before the core saw it,
         unless it is its last; a relayed worker's credits bound it): it is credited when it
-        enters the buffer. ``moved=False``: no stream changed its state (a body chunk), so
-        the streams watching their park time need not look."""
-        if moved:
-            self.moved.unpark_all()
+        enters the buffer. An assigned stream's park-time watch is woken (that one only)."""
         for effect in effects:
             match effect:
                 case ToClient(stream_id=stream_id, message=ResponseData() as data):
@@ -227,6 +263,8 @@ class Router:
                     if len(response.chunks) <= response.bound:
                         self.credit(stream_id)
                 case ToWorker(worker_id=worker_id, message=message):
+                    if isinstance(message, Assign):
+                        self.moved((message.stream_id,))
                     self.workers[worker_id](message)
                 case ToClient(stream_id=stream_id, message=ResponseEnd() | ResponseError() as end):
                     self.responses.pop(stream_id).deliver(end, None)
@@ -261,6 +299,12 @@ class WorkerLink:
     def max_inflight(self) -> int:
         return self._attach.max_inflight
 
+    @property
+    def _model(self) -> str | None:
+        """What its claims name: its one model, or none (any it listed) when it lists several."""
+        models = self._attach.models
+        return models[0] if len(models) == 1 else None
+
     def heartbeat(self, beat: Heartbeat) -> None:
         """Report the engine's capacity (shown by ``Ring.stats``)."""
         self.post(beat)
@@ -281,14 +325,14 @@ class WorkerLink:
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._relay is not None:
             raise ProtocolError("a relayed worker's streams go to its relay, not to claim()")
-        self.post(Claim(1))
+        self.post(Claim(1, model=self._model))
         while True:
             claimed = await self._take()
             if not claimed.cancelled.is_set():
                 return claimed
             # Its client went away before the worker saw it: acknowledge, and claim again.
             claimed.release()
-            self.post(Claim(1))
+            self.post(Claim(1, model=self._model))
 
     def post(self, message: Message) -> None:
         """Hand the ring one of this worker's messages, as it is, without waiting.
@@ -303,14 +347,14 @@ class WorkerLink:
         """
         core, worker_id = self._router.core, self.worker_id
         if isinstance(message, ResponseData):  # the most frequent, and it moves no stream
-            self._router.apply(core.respond(worker_id, message), moved=False)
+            self._router.apply(core.respond(worker_id, message))
             return
         match message:
             case Heartbeat():
                 core.heartbeat(worker_id, message, at=trio.current_time())
                 return
-            case Withdraw(count=count):
-                self._deliver(Withdrawn(core.withdraw(worker_id, count)))
+            case Withdraw(count=count, model=model):
+                self._deliver(Withdrawn(core.withdraw(worker_id, count, model)))
                 return
             case Detach():
                 raise ProtocolError("a worker detaches by leaving Ring.attach's block", message)
@@ -318,6 +362,8 @@ class WorkerLink:
         if isinstance(message, ResponseEnd | ResponseError | Release):
             self._claimed.pop(message.stream_id, None)
         self._router.apply(effects)
+        if isinstance(message, Release):
+            self._router.moved((message.stream_id,))  # parked again
 
     async def send_data(self, message: ResponseData) -> None:
         """Post a body chunk once its client's buffer has room (back-pressure on this stream
@@ -356,7 +402,7 @@ class WorkerLink:
                 self._give_back_claim()
 
     def _give_back_claim(self) -> None:
-        if self._router.core.withdraw(self.worker_id, 1):
+        if self._router.core.withdraw(self.worker_id, 1, self._model):
             return
         # The claim was filled already: its assignment sits in the inbox; park it again.
         self._outbox.receive_nowait().release()

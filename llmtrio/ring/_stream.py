@@ -53,6 +53,9 @@ class ResponseState:
     """The client went away: nothing more is read."""
     settled: trio.Event = attrs.field(factory=trio.Event)  # the head came, or it is over
     changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    moved: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    """Unparked when the stream is assigned or parked again (its park-time watch waits here:
+    one stream's move wakes that stream only, however many others are parked)."""
 
     def deliver(self, message: ResponseMessage, worker_id: str | None) -> None:
         match message:
@@ -60,6 +63,7 @@ class ResponseState:
                 self.head = message
                 self.worker_id = worker_id
                 self.settled.set()
+                self.moved.unpark_all()
             case ResponseData(data=data):
                 self.chunks.append(data)
                 self.changed.unpark_all()
@@ -71,6 +75,7 @@ class ResponseState:
     def finish(self, over: StreamState, error: str = "", outcome: Outcome | None = None) -> None:
         self.over, self.error, self.outcome = over, error, outcome
         self.settled.set()
+        self.moved.unpark_all()
         self.changed.unpark_all()
 
     def close(self) -> None:
@@ -178,7 +183,7 @@ class RingStream:
 
     async def _watch_park(self, limit_s: float) -> None:
         parked_at = trio.current_time()
-        moved = self._router.moved
+        moved = self._response.moved
         while not self._response.settled.is_set():
             if self._is_parked():
                 with trio.move_on_at(parked_at + limit_s):

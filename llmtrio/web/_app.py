@@ -63,10 +63,13 @@ def create_app(
     metrics: IngressMetrics | None = None,
     drain: Drain | None = None,
     limits: RequestLimits | None = None,
+    default_model: str | None = None,
 ) -> Ingress:
     """The ASGI app serving the ring's routes, ``/health``, ``/v1/models``, ``/metrics``,
     ``/openapi.json`` and ``/``. ``metrics`` (its own registry unless given) counts what it
-    answers; ``limits`` are the workers' request limits, which ``/openapi.json`` states.
+    answers; ``limits`` are the workers' request limits, which ``/openapi.json`` states;
+    ``default_model`` is where a request for an unknown model, or for none, goes (see
+    ``_models``).
 
     ``drain`` is the server's shutdown state: once it drains, ring requests are refused with
     503 and ``/health`` answers 503 ``draining``; once it is cut, requests still running end
@@ -82,7 +85,7 @@ def create_app(
         limits=limits or RequestLimits(),
     )
     checks = Checks(policy or OriginPolicy(), gate or Gate(), drain)
-    return Ingress(pages, ring, checks, max_body_bytes, metrics)
+    return Ingress(pages, ring, checks, max_body_bytes, metrics, default_model)
 
 
 class Ingress:
@@ -95,8 +98,10 @@ class Ingress:
         checks: Checks,
         max_body_bytes: int,
         metrics: IngressMetrics,
+        default_model: str | None = None,
     ) -> None:
         self.app: Any = app  # called with plain ASGI dicts
+        self._default_model = default_model
         self._ring = ring
         self._checks = checks
         self._max_body_bytes = max_body_bytes
@@ -182,7 +187,9 @@ class Ingress:
             return
         drain = checks.drain
         with drain.track():
-            request = RingRequest(self._ring, scope, headers, extra, exchange, checks.gate)
+            request = RingRequest(
+                self._ring, scope, headers, extra, exchange, checks.gate, self._default_model
+            )
             await request.serve(receive, send, self._max_body_bytes, drain)
 
 

@@ -300,6 +300,16 @@ _SCHEMAS: dict[str, Any] = {
             "object": {"const": "model"},
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
+            "kind": {
+                "enum": ["chat", "embedding"],
+                "description": "``chat``: chat and text completions; ``embedding``: embeddings.",
+            },
+            "workers": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Workers serving it now (0: its last one left within the park "
+                "timeout; its requests park).",
+            },
         },
     },
     "ModelList": {

@@ -23,7 +23,7 @@ from .._openai_errors import (
     request_too_large,
 )
 from .._routes import RING_PATHS
-from ..ring import Ring, WorkerStats
+from ..ring import CHAT, ModelStats, Ring, WorkerStats
 from ._access import exchange_of
 from ._drain import Drain
 from ._metrics import CONTENT_TYPE, IngressMetrics
@@ -105,6 +105,10 @@ def pages_app(
         body: dict[str, Any] = {
             "status": status,
             "model": model_name or next(iter(_models(ring)), ""),
+            "models": {
+                model.name: {"kind": model.kind, "workers": model.workers}
+                for model in ring.models().values()
+            },
             "capacity": capacity,
             "prompt_cache": prompt_cache,
             "speculation": speculation,
@@ -127,13 +131,22 @@ def pages_app(
 
     @app.get("/v1/models")
     async def models() -> Response:
-        names = _models(ring) or ([model_name] if model_name else [])
+        known = ring.models()
+        if not known and model_name:
+            known = {model_name: ModelStats(model_name, CHAT, workers=0)}
         return _json(
             {
                 "object": "list",
                 "data": [
-                    {"id": name, "object": "model", "created": 0, "owned_by": "llmtrio"}
-                    for name in names
+                    {
+                        "id": model.name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "llmtrio",
+                        "kind": model.kind,
+                        "workers": model.workers,
+                    }
+                    for model in known.values()
                 ],
             }
         )
@@ -178,6 +191,7 @@ def _worker_health(worker: WorkerStats, now: float) -> dict[str, Any]:
     return {
         "id": worker.worker_id,
         "models": list(worker.models),
+        "kinds": [worker.kind(model) for model in worker.models],
         "max_inflight": worker.max_inflight,
         "held": len(worker.held),
         "capacity": None

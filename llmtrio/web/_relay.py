@@ -1,7 +1,8 @@
 """One request served through the ring, from its body to its last byte (``RingRequest``).
 
 The body is read (within the body timeout, up to the size limit), parked on the ring under
-the request's routing key, and the response lane is relayed to the client: a JSON body whole
+the request's routing key (its ``model``, resolved by ``_models``: an unknown or unfit model
+is refused before it parks), and the response lane is relayed to the client: a JSON body whole
 (so a failure is still an error status), an event stream chunk by chunk. The ring stream is
 cancelled however the request ends, unless its response ended.
 
@@ -41,6 +42,7 @@ from ..ring import (
 from ._access import CLIENT_CLOSED, Exchange
 from ._checks import Gate
 from ._drain import Drain
+from ._models import requested_model, resolve_model
 
 __all__ = ["ClientGone", "RingRequest", "encode_headers", "read_body", "send_error"]
 
@@ -92,8 +94,10 @@ class RingRequest:
         extra: list[tuple[str, str]],
         exchange: Exchange,
         gate: Gate,
+        default_model: str | None = None,
     ) -> None:
         self._ring = ring
+        self._default_model = default_model
         self._scope = scope
         self._headers = headers
         self._exchange = exchange
@@ -160,7 +164,18 @@ class RingRequest:
             ],
         )
         try:
-            stream = self._ring.park(head, body)
+            key = resolve_model(
+                requested_model(body),
+                self._scope["path"],
+                self._ring.models(),
+                self._default_model,
+                takes_any=self._ring.takes_any_model,
+            )
+        except OpenAIError as error:
+            await self._send_error(send, error)
+            return
+        try:
+            stream = self._ring.park(head, body, key=key)
         except RingFullError as exc:
             await self._send_error(send, ring_full(max(1, round(exc.retry_after))))
             return

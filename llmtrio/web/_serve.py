@@ -95,6 +95,9 @@ class ServeConfig:
     request_timeout: float | None = 600.0
     body_timeout: float = 60.0
     idle_timeout: float = 5.0
+    default_model: str | None = None
+    """Where a request naming an unknown model, or none, goes (``--default-model``; ``llmtrio
+    serve`` with one ``--model`` sets it to that model's name)."""
 
     def __attrs_post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -167,6 +170,7 @@ async def serve_ingress(
         metrics=IngressMetrics(ring, registry),
         drain=drain,
         limits=limits,
+        default_model=config.default_model,
     )
     hypercorn = HypercornConfig()
     hypercorn.bind = [config.bind()]

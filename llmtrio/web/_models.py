@@ -1,0 +1,110 @@
+"""Which model a request goes to: the ingress's resolution of a request's ``model``, the same
+on every replica (pure: the request's field, the endpoint's kind, the models the ring knows
+and the configured default in; a routing key or an :class:`OpenAIError` out).
+
+The rules, in order, for a named model:
+
+1. a model some attached worker serves now (or served within ``--park-timeout``:
+   ``Ring.models`` keeps it), of the endpoint's kind: that model (a Hugging Face model served
+   as ``owner/repo:QUANT`` is also found as ``owner/repo`` while one quant of it is served);
+2. a model of the other kind (a chat model asked for embeddings, an embedding model asked for
+   a chat or text completion): 400 ``model_not_supported`` naming the model and what it serves;
+3. ``--default-model`` is set (and is not known as a model of the other kind): that model;
+4. otherwise 404 ``model_not_found``.
+
+``model`` omitted or empty: the default model if one is set (as in rule 3); else, while the
+attached workers serve exactly one model of the endpoint's kind, that model; else 400
+``missing_required_parameter``.
+
+Two cases keep the ring's behaviour from before models were routed: while no model is known
+at all, a request that names none parks unrouted (taken by the first worker to attach, or 503
+``no_worker`` after ``--park-timeout``, as an ingress started before its workers answered);
+and while an attached worker lists no model (a library user's worker, which takes any), an
+unknown name is routed as it is, to that worker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Final
+
+from .._openai_errors import (
+    invalid_request,
+    missing_model,
+    model_not_found,
+    wrong_model_kind,
+)
+from .._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from ..ring import CHAT, EMBEDDING, ModelStats
+
+__all__ = ["ENDPOINT_KINDS", "requested_model", "resolve_model"]
+
+ENDPOINT_KINDS: Final[Mapping[str, str]] = {
+    CHAT_PATH: CHAT,
+    COMPLETIONS_PATH: CHAT,
+    EMBEDDINGS_PATH: EMBEDDING,
+}
+"""The kind of model each of the ring's routes needs."""
+
+
+def requested_model(body: bytes) -> object:
+    """The ``model`` field of a request body; ``None`` when it has none, or when the body is
+    not a JSON object (the worker answers that body's own error)."""
+    try:
+        fields = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return fields.get("model") if isinstance(fields, dict) else None
+
+
+def resolve_model(
+    requested: object,
+    path: str,
+    models: Mapping[str, ModelStats],
+    default: str | None,
+    *,
+    takes_any: bool = False,
+) -> str:
+    """The routing key of a request for ``requested`` (its ``model`` field) on ``path``, given
+    the ``models`` the ring knows (``Ring.models()``) and the ``default`` model (if any); see
+    the module's rules.
+
+    Error handling: :class:`OpenAIError` (400 for a ``model`` that is not a string or is of
+    the other kind, or when none is named and none can be chosen; 404 for an unknown one).
+    """
+    kind = ENDPOINT_KINDS.get(path, CHAT)
+    if requested is not None and not isinstance(requested, str):
+        raise invalid_request(
+            f"'model' must be a string, not {type(requested).__name__}", param="model"
+        )
+    default_fits = default is not None and (default not in models or models[default].kind == kind)
+    if requested:
+        known = models.get(requested) or _without_quant(requested, models)
+        if known is not None:
+            requested = known.name
+            if known.kind != kind:
+                raise wrong_model_kind(requested, known.kind, path)
+            return requested
+        if default_fits:
+            assert default is not None
+            return default
+        if takes_any:
+            return requested
+        raise model_not_found(requested)
+    if default_fits:
+        assert default is not None
+        return default
+    served = [m.name for m in models.values() if m.kind == kind]
+    if len(served) == 1:
+        return served[0]
+    if not models or (takes_any and not served):
+        return ""  # nothing routed yet: any worker
+    raise missing_model(served)
+
+
+def _without_quant(requested: str, models: Mapping[str, ModelStats]) -> ModelStats | None:
+    """The one model served as ``requested:QUANT`` (``owner/repo`` for ``owner/repo:Q4_K_M``),
+    if exactly one is."""
+    found = [model for name, model in models.items() if name.startswith(requested + ":")]
+    return found[0] if len(found) == 1 else None
