@@ -203,6 +203,6 @@ def test_a_call_malformed_after_it_started_keeps_what_was_sent() -> None:
     broken = events_of('<tool_call>{"name": "lookup", "arguments": {"q": "x"</tool_call> after')
     assert [type(e) for e in broken] == [ToolCallStart, ToolCallArguments, ToolCallEnd, str]
     assert arguments_of(broken, 0) == '{"q": "x"'
-    assert broken[2] == ToolCallEnd(0, True) and broken[3] == " after"
+    assert broken[2] == ToolCallEnd(0, False) and broken[3] == " after"  # not whole
     cut = events_of("<tool_call>\n<function=lookup>\n<parameter=q>\nPar")
     assert arguments_of(cut, 0) == '{"q": "Par' and cut[-1] == ToolCallEnd(0, False)

@@ -77,7 +77,7 @@ class ToolCallArguments:
 @attrs.frozen
 class ToolCallEnd:
     """Call ``index`` is over; ``complete``: its arguments were whole (false when the reply
-    ended inside them)."""
+    ended inside them, or they broke off: malformed)."""
 
     index: int
     complete: bool
@@ -291,7 +291,7 @@ class ToolCallStream:
         at = self._buf.find(TOOL_CALL_CLOSE)
         if at >= 0:
             self._buf = self._buf[at + len(TOOL_CALL_CLOSE) :]
-            self._end_call(complete=True)
+            self._end_call(complete=self._whole)  # not whole when they broke off
             self._state = "text"
         else:
             self._buf = self._buf[len(self._buf) - _held(self._buf, TOOL_CALL_CLOSE) :]
