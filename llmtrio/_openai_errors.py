@@ -29,6 +29,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from ._routes import EMBEDDINGS_PATH
+
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "OpenAIError",
@@ -129,13 +131,22 @@ def model_not_found(model: str) -> OpenAIError:
     )
 
 
-def missing_model(served: Sequence[str]) -> OpenAIError:
+def missing_model(served: Sequence[str], others: Sequence[str] = (), path: str = "") -> OpenAIError:
     """400 ``missing_required_parameter``: the request names no model, and there is no
-    single model (nor a default) to route it to; ``served`` are the models it may name."""
-    choices = ", ".join(f"'{name}'" for name in served) or "none is attached now"
+    single model (nor a default) to route it to; ``served`` are the models it may name,
+    ``others`` the models attached that serve only the other kind of endpoint than ``path``."""
+    if served:
+        choices = "this server serves " + ", ".join(f"'{name}'" for name in served)
+    elif others:
+        listed = ", ".join(f"'{name}'" for name in others)
+        what = "chat and completion" if path == EMBEDDINGS_PATH else "embedding"
+        plural = "s" if len(others) > 1 else ""
+        choices = f"none serves {path}: {listed} serve{'' if plural else 's'} {what} only"
+    else:
+        choices = "none is attached now"
     return OpenAIError(
         400,
-        f"you must provide a model parameter (this server serves {choices})",
+        f"you must provide a model parameter ({choices})",
         param="model",
         code="missing_required_parameter",
     )

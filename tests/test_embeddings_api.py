@@ -202,7 +202,7 @@ async def test_a_remote_worker_serves_embeddings_over_the_ring(
 
         async def one(i: int) -> None:
             response = await post(embed_url, EMBEDDINGS_PATH, {"input": inputs[i % 7]})
-            assert response.status_code == 200
+            assert response.status_code == 200, response.text
             results[i] = response.json()["data"][0]["embedding"]
 
         async with trio.open_nursery() as requests:
@@ -212,14 +212,21 @@ async def test_a_remote_worker_serves_embeddings_over_the_ring(
             np.array([results[i] for i in range(16)]),
             [minilm_reference["embeddings"][i % 7] for i in range(16)],
         )
-        wrong = await post(embed_url, CHAT_PATH, {"messages": [{"role": "user", "content": "hi"}]})
+        # no model named, and no default: the one model attached serves the other kind
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        wrong = await post(embed_url, CHAT_PATH, chat)
+        assert wrong.status_code == 400
+        error = wrong.json()["error"]
+        assert error["code"] == "missing_required_parameter"
+        assert "'all-MiniLM-L6-v2-Q8_0' serves embedding only" in error["message"]
+        wrong = await post(embed_url, CHAT_PATH, chat | {"model": "all-MiniLM-L6-v2-Q8_0"})
         assert wrong.status_code == 400
         assert "embedding model" in wrong.json()["error"]["message"]
         wrong = await post(chat_url, EMBEDDINGS_PATH, {"input": "hi"})
         assert wrong.status_code == 400
         error = wrong.json()["error"]
         assert error["param"] == "model"
-        assert "qwen35-tiny-random" in error["message"] and "chat" in error["message"]
+        assert "'qwen35-tiny-random' serves chat and completion only" in error["message"]
         ok = await post(chat_url, COMPLETIONS_PATH, {"prompt": "hi", "max_tokens": 2})
         assert ok.status_code == 200
         shutdown.set()

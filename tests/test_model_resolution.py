@@ -139,3 +139,15 @@ def test_engine_configs_one_per_model(tmp_path: Path) -> None:
         configs(f"--model={a}", f"--model={b}", "--model-name=x")
     with pytest.raises(SystemExit, match="two models served under one name"):
         configs(f"--model={a}", f"--model=a={b}")
+
+
+@pytest.mark.parametrize("requested", ["gpt-4o", "", None])
+def test_a_default_of_the_other_kind_is_named_where_no_model_fits(requested: object) -> None:
+    """One embedding model behind the endpoint (its default): a chat request, whatever model
+    it names, is told what the server serves, not that some name does not exist."""
+    error = refused(requested, CHAT_PATH, MINILM, default="minilm")
+    assert (error["status"], error["code"]) == (400, "model_not_supported")
+    assert "'minilm' is an embedding model" in error["message"]
+    # where a model of the endpoint's kind is served, an unknown name is still a 404
+    if requested:
+        assert refused(requested, EMBEDDINGS_PATH, BOTH, default="gemma")["status"] == 404

@@ -181,7 +181,11 @@ async def _serve_worker(
     reason = "the connection closed"
     session = _Session(core, ws)
     async with ring.attach(
-        worker_id, attach.max_inflight, models=attach.models, relay=session.relay
+        worker_id,
+        attach.max_inflight,
+        models=attach.models,
+        kinds=attach.kinds,
+        relay=session.relay,
     ) as link:
         try:
             reason = await session.run(link, decoder)

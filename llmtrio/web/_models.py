@@ -10,11 +10,14 @@ The rules, in order, for a named model:
 2. a model of the other kind (a chat model asked for embeddings, an embedding model asked for
    a chat or text completion): 400 ``model_not_supported`` naming the model and what it serves;
 3. ``--default-model`` is set (and is not known as a model of the other kind): that model;
-4. otherwise 404 ``model_not_found``.
+4. otherwise 404 ``model_not_found``; but where the default model is of the other kind and no
+   model of the endpoint's kind is served at all, 400 ``model_not_supported`` naming the
+   default (a chat request to a server of one embedding model is told what it serves).
 
 ``model`` omitted or empty: the default model if one is set (as in rule 3); else, while the
 attached workers serve exactly one model of the endpoint's kind, that model; else 400
-``missing_required_parameter``.
+(``model_not_supported`` naming a default of the other kind, as in rule 4, or
+``missing_required_parameter``).
 
 Two cases keep the ring's behaviour from before models were routed: while no model is known
 at all, a request that names none parks unrouted (taken by the first worker to attach, or 503
@@ -91,16 +94,30 @@ def resolve_model(
             return default
         if takes_any:
             return requested
+        _refuse_for_the_default(default, kind, path, models)
         raise model_not_found(requested)
     if default_fits:
         assert default is not None
         return default
+    _refuse_for_the_default(default, kind, path, models)
     served = [m.name for m in models.values() if m.kind == kind]
     if len(served) == 1:
         return served[0]
     if not models or (takes_any and not served):
         return ""  # nothing routed yet: any worker
-    raise missing_model(served)
+    raise missing_model(served, [m.name for m in models.values() if m.kind != kind], path)
+
+
+def _refuse_for_the_default(
+    default: str | None, kind: str, path: str, models: Mapping[str, ModelStats]
+) -> None:
+    """A request the default model would take but for its kind, where no model of the
+    endpoint's kind is served at all: 400 naming the default and what it serves (a chat
+    request to a server of one embedding model says so, rather than "not found")."""
+    if default is None or default not in models or models[default].kind == kind:
+        return
+    if not any(model.kind == kind for model in models.values()):
+        raise wrong_model_kind(default, models[default].kind, path)
 
 
 def _without_quant(requested: str, models: Mapping[str, ModelStats]) -> ModelStats | None:
