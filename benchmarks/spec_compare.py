@@ -46,8 +46,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import compare
-from compare import HOST, Kind, Running, ServerSpec, Setup
-from spec_texts import (
+from _spec_texts import (
     EXTRACT_RECORDS,
     EXTRACT_SCHEMA,
     REWRITE_TEXTS,
@@ -55,6 +54,7 @@ from spec_texts import (
     extract_prompt,
     rewrite_prompt,
 )
+from compare import HOST, Kind, Running, ServerSpec, Setup
 
 SLOTS = 8
 CTX = 1024

@@ -13,7 +13,11 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-@pytest.mark.parametrize("script", sorted(BENCHMARKS.glob("*.py")), ids=lambda p: p.name)
+# A module whose name starts with "_" is a script's helper (data, shared code), not a script.
+SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_each_benchmark_answers_help(script: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
