@@ -105,6 +105,7 @@ class FakeEngine:
     token_s: float
     runs: Counter[str]
     model_name: str = "fake"
+    kind: str = "chat"
     models: tuple[str, ...] = ()
     """The models the worker serves; a request for another is counted in ``misrouted``."""
     misrouted: list[str] = attrs.field(factory=list)

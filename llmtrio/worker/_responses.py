@@ -137,12 +137,13 @@ def timings_json(done: Done) -> dict[str, float | int | None]:
     ``prompt_ms`` runs until the first token was sampled, so the decode rate counts the
     tokens after the first over ``predicted_ms``. As in llama.cpp's server, ``cache_n``
     prompt tokens were reused from memory and ``prompt_n`` were ingested, and ``draft_n``
-    draft tokens were verified (speculative decoding), ``draft_n_accepted`` of them right.
+    draft tokens were verified (speculative decoding), ``draft_n_accepted`` of them right
+    (sent only where there were drafts, as llama.cpp's server does).
     """
     t = done.timings
     decoded_after_first = max(done.completion_tokens - 1, 0)
     ingested = done.prompt_tokens - done.cached_tokens
-    return {
+    timings: dict[str, float | int | None] = {
         "queue_ms": _ms(t.queue_s),
         "cache_n": done.cached_tokens,
         "prompt_n": ingested,
@@ -151,9 +152,11 @@ def timings_json(done: Done) -> dict[str, float | int | None]:
         "predicted_n": done.completion_tokens,
         "predicted_ms": _ms(t.decode_s),
         "predicted_per_second": _rate(decoded_after_first, t.decode_s),
-        "draft_n": done.draft_tokens,
-        "draft_n_accepted": done.accepted_tokens,
     }
+    if done.draft_tokens:
+        timings["draft_n"] = done.draft_tokens
+        timings["draft_n_accepted"] = done.accepted_tokens
+    return timings
 
 
 def _ms(seconds: float) -> float | None:
