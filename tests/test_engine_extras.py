@@ -31,11 +31,13 @@ from llmtrio.engine._sampling import Penalties, logprob_of
 
 from ._helpers import assert_greedy_agrees, collect, collect_logprobs, engine_config, run
 
+#: Bounded, so that every reply fits in its tokens: bounded strings, arrays and numbers, and no
+#: properties beyond those listed (JSON Schema allows any others unless told).
 PERSON = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "role": {"enum": ["admin", "user", "guest"]},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
         "address": {
@@ -45,10 +47,12 @@ PERSON = {
                 "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
             },
             "required": ["city", "zip"],
+            "additionalProperties": False,
         },
         "nickname": {"type": "string", "maxLength": 10},
     },
     "required": ["name", "age", "role", "tags", "address"],
+    "additionalProperties": False,
 }
 PROMPTS = [
     "Give me a JSON record of a person.",
