@@ -208,9 +208,13 @@ async def serve_request(
 
         nursery.start_soon(watch)
         try:
-            await _respond(endpoint, engine, response, limits)
-        except StreamCancelledError:
-            pass
+            try:
+                await _respond(endpoint, engine, response, limits)
+            except* StreamCancelledError:
+                # The client went away. except*: the send that found it gone may raise in a
+                # nursery that the watcher is cancelling, so it comes out grouped with a
+                # Cancelled (which this nursery's scope absorbs).
+                pass
         except Exception:
             logger.exception("request %s failed", request_id)
             await response.fail(server_error())
