@@ -99,7 +99,13 @@ def test_a_full_pool_preempts_the_youngest_and_it_comes_back_unchanged(
     assert stats.swapped == 0 and stats.swapped_bytes == 0  # all came back, all ended
     for request in requests:
         assert together.stop(request.key) is StopReason.MAX_TOKENS
-        assert together.tokens[request.key] == alone[request.key], request.key
+        assert len(together.tokens[request.key]) == len(alone[request.key]) == 100
+        if spec is None:
+            # Without drafts each sequence's batches have the same shapes alone and together,
+            # so its output is defined equal. With drafts they do not (how many drafts a step
+            # verifies depends on the neighbours), and this model's top choices lie within
+            # 0.005-0.2 nats of each other: a sampled token flipped there once (CI, AVX2).
+            assert together.tokens[request.key] == alone[request.key], request.key
     # The oldest was never preempted: it always fits.
     assert all(o.error is None for outputs in together.outputs.values() for o in outputs)
 
