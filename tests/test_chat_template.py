@@ -6,9 +6,11 @@ string methods, ``enable_thinking``, ``raise_exception``), written for this test
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from llmtrio.engine import ChatMessage, InvalidRequestError
+from llmtrio.engine import ChatMessage, GenerateRequest, InvalidRequestError
 from llmtrio.engine._chat import ChatTemplate
 
 QWEN_STYLE = """
@@ -120,3 +122,36 @@ def test_think_tags_in_the_messages_are_text(think: bool | None) -> None:
     assert rendered.opens_think is (think is not False)
     unclosed = template().render([ChatMessage("user", "</think> then <think>")], think=False)
     assert not unclosed.opens_think
+
+
+def _user() -> list[ChatMessage]:
+    return [ChatMessage("user", "hi")]
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (
+            lambda: GenerateRequest(messages=[{"role": "user", "content": "hi"}]),
+            r"messages\[0\] is a dict",
+        ),
+        (
+            lambda: GenerateRequest(messages=[*_user(), ("assistant", "yes")]),
+            r"messages\[1\] is a tuple",
+        ),
+        (lambda: GenerateRequest(messages="hello"), "messages is a str"),
+        (
+            lambda: GenerateRequest(messages=_user(), tools=[{"type": "function"}]),
+            r"tools\[0\] is a dict",
+        ),
+        (
+            lambda: ChatMessage("assistant", "", tool_calls=[{"id": "c"}]),
+            r"tool_calls\[0\] is a dict",
+        ),
+    ],
+)
+def test_a_library_request_with_dicts_for_messages_is_refused_by_name(
+    make: Callable[[], object], words: str
+) -> None:
+    with pytest.raises(InvalidRequestError, match=words):
+        make()

@@ -6,7 +6,7 @@ import enum
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -161,8 +161,28 @@ class ToolCall:
     arguments: str
 
 
-def _tuple_of_calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
+_Item = TypeVar("_Item")
+
+
+def _tuple_of(value: Sequence[_Item], kind: type[_Item], param: str) -> tuple[_Item, ...]:
+    """``value`` as a tuple, every item a ``kind``: a library caller who passes OpenAI-style
+    dicts (or one string) learns so by name here, not from an AttributeError later."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise InvalidRequestError(
+            f"{param} is a {type(value).__name__}; give a sequence of {kind.__name__}", param=param
+        )
+    for index, item in enumerate(value):
+        if not isinstance(item, kind):
+            raise InvalidRequestError(
+                f"{param}[{index}] is a {type(item).__name__}; give {kind.__name__} values "
+                f"(llmtrio.engine.{kind.__name__})",
+                param=param,
+            )
     return tuple(value)
+
+
+def _tuple_of_calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
+    return _tuple_of(value, ToolCall, "tool_calls")
 
 
 @attrs.frozen
@@ -242,7 +262,7 @@ GREEDY = Sampling(temperature=0.0)
 
 
 def _tuple_of_messages(value: Sequence[ChatMessage] | None) -> tuple[ChatMessage, ...] | None:
-    return None if value is None else tuple(value)
+    return None if value is None else _tuple_of(value, ChatMessage, "messages")
 
 
 def _tuple_of_ints(value: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -258,7 +278,7 @@ def _tuple_of_biases(value: Sequence[tuple[int, float]]) -> tuple[tuple[int, flo
 
 
 def _tuple_of_tools(value: Sequence[Tool]) -> tuple[Tool, ...]:
-    return tuple(value)
+    return _tuple_of(value, Tool, "tools")
 
 
 MAX_TOP_LOGPROBS = 20
