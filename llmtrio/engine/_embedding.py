@@ -9,7 +9,8 @@ The shape follows the chat engine's:
   queued inputs to be dropped;
 - the decode thread (one ``trio.to_thread`` worker) moves queued inputs into the pure packer
   (``_embed_pack.py``), decodes one batch at a time, many sequences per ``llama_decode``,
-  inputs of any number of callers side by side, and posts each input's pooled vector back;
+  inputs of any number of callers side by side, on the thread count that measured faster
+  (``ThreadChooser``: the configured threads or 1), and posts each input's pooled vector back;
 - the vectors are L2-normalized, as OpenAI's are.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -27,7 +29,7 @@ import numpy.typing as npt
 import trio
 
 from ._core import EngineStats
-from ._embed_pack import EmbedPacker, Packed
+from ._embed_pack import EmbedPacker, Packed, ThreadChooser
 from ._engine import Engine, _abandonable_load
 from ._errors import (
     DecodeError,
@@ -117,6 +119,10 @@ class EmbeddingEngine:
         self._stopped = trio.Event()
         self._capacity_lot = trio.lowlevel.ParkingLot()
         self._decoding = 0
+        self._threads = ThreadChooser(config.threads)
+        self._threads_now = config.threads
+        #: How many decodes ran on each thread count (see ``ThreadChooser``).
+        self.decodes_by_threads: dict[int, int] = {}
         self.stats = EngineStats()
 
     @classmethod
@@ -363,7 +369,14 @@ class EmbeddingEngine:
             start = batch.n
             batch.add(item.tokens, 0, seq, output_last=True)
             batch.logits[start : batch.n] = 1  # pooling reads every token's output
+        threads = self._threads.choose()
+        if threads != self._threads_now:
+            model.set_threads(threads)
+            self._threads_now = threads
+        started = time.perf_counter()
         status = model.decode(batch)
+        self._threads.observe(threads, batch.n, time.perf_counter() - started)
+        self.decodes_by_threads[threads] = self.decodes_by_threads.get(threads, 0) + 1
         self.stats.steps += 1
         self.stats.busy_slots += len(items)
         if status != 0:
