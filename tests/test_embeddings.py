@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ def test_the_thread_chooser_tries_both_counts_then_keeps_the_faster() -> None:
     assert picked[:2] == [2, 1]
     assert chooser.best == 1
     probes = [i for i, threads in enumerate(picked) if i >= 2 and threads == 2]
-    gaps = [b - a - 1 for a, b in zip(probes, probes[1:], strict=False)]
+    gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
     assert gaps[:3] == [8, 16, 32]  # each losing probe doubles the gap, up to 32
     assert set(gaps[3:]) == {32}
     # the load goes away: the next probe finds 2 threads faster and keeps them
