@@ -157,9 +157,10 @@ def test_metrics_count_embedding_requests_inputs_and_tokens(
     def moved(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    assert moved("llmtrio_embedding_requests_total") == 1
-    assert moved("llmtrio_embedding_inputs_total") == 3
-    assert moved("vllm:prompt_tokens_total") == response.usage.prompt_tokens
+    model = '{model_name="all-MiniLM-L6-v2-Q8_0"}'  # the engine's figures name their model
+    assert moved("llmtrio_embedding_requests_total" + model) == 1
+    assert moved("llmtrio_embedding_inputs_total" + model) == 3
+    assert moved("vllm:prompt_tokens_total" + model) == response.usage.prompt_tokens
     assert moved(http) == 1
 
 
