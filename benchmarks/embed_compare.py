@@ -85,7 +85,12 @@ def llama_server_argv(binary: Path, model: Path, port: int, threads: int) -> lis
 
 
 @asynccontextmanager
-async def running(argv: list[str], base: str, log: Path) -> AsyncIterator[None]:
+async def running(
+    argv: list[str], base: str, log: Path, *, model: str | None = None
+) -> AsyncIterator[None]:
+    """The server ``argv`` runs while the block does, up once it has answered an embeddings
+    request (for ``model``, when given)."""
+    warm: dict[str, str] = {"input": "warm up"} | ({"model": model} if model else {})
     with log.open("wb") as out:
         process = await trio.lowlevel.open_process(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
@@ -95,9 +100,7 @@ async def running(argv: list[str], base: str, log: Path) -> AsyncIterator[None]:
                 with trio.move_on_after(120):
                     while process.returncode is None:
                         try:
-                            response = await client.post(
-                                base + "/v1/embeddings", json={"input": "warm up"}
-                            )
+                            response = await client.post(base + "/v1/embeddings", json=warm)
                             if response.status_code == 200:
                                 break
                         except httpx.HTTPError:
