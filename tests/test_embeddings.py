@@ -26,7 +26,7 @@ from llmtrio.engine import (
     open_engine,
 )
 from llmtrio.engine._embed_pack import EmbedPacker, ThreadChooser
-from llmtrio.worker._embeddings import parse_embeddings_request
+from llmtrio.worker._embeddings import float_array, parse_embeddings_request
 
 from ._helpers import engine_config, eventually
 
@@ -183,6 +183,15 @@ def test_a_bad_request_is_a_400_naming_the_field_or_the_input(
 
 
 # -- the model's kind, from its GGUF ---------------------------------------------------------
+
+
+@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), max_size=400))
+def test_a_vector_as_json_reads_back_as_the_same_float32_numbers(values: list[float]) -> None:
+    vector = np.asarray(values, dtype=np.float32)
+    back = np.asarray(json.loads(float_array(vector)), dtype=np.float64)
+    assert np.array_equal(back.astype(np.float32), vector)  # (JSON's -0 reads back as 0)
+    with pytest.raises(ValueError, match="NaN"):
+        float_array(np.asarray([0.5, np.nan], dtype=np.float32))
 
 
 def test_the_gguf_says_which_kind_of_model_it_is(minilm_path: Path, qwen35_path: Path) -> None:
