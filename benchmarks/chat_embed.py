@@ -102,11 +102,17 @@ async def phase(
     record = Record()
     started = time.perf_counter()
     until = started + args.seconds
-    async with trio.open_nursery() as nursery:
-        for _ in range(args.chat_clients if chat else 0):
-            nursery.start_soon(chat_client, base, until, args.max_tokens, record)
-        for _ in range(args.embed_clients if embed else 0):
-            nursery.start_soon(embed_client, base, until, record, counter)
+    # the clients are cut at the phase's end (their requests cancelled mid-way), so only
+    # what finished within the phase counts
+    with trio.move_on_after(args.seconds):
+        async with trio.open_nursery() as nursery:
+            for _ in range(args.chat_clients if chat else 0):
+                nursery.start_soon(chat_client, base, until, args.max_tokens, record)
+            for _ in range(args.embed_clients if embed else 0):
+                nursery.start_soon(embed_client, base, until, record, counter)
+    record.chat_tokens = [t for t in record.chat_tokens if t <= until]
+    record.inputs = [t for t in record.inputs if t <= until]
+    await trio.sleep(1)  # the server frees the cut requests' slots
     return record, started, until
 
 
