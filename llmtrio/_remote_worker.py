@@ -39,11 +39,11 @@ async def run_worker(
     """Load each model (one engine per config; each attaches on its own links and claims for
     its own model only), attach to every ingress in ``urls`` (a URL whose host is a name: to
     every address it resolves to, see ``dial``) and serve until ``shutdown``; request bodies
-    are checked against ``limits``. With ``metrics_address`` (host, port), the engine's metrics
-    are served at ``http://host:port/metrics``, with the probes ``/livez`` and ``/readyz``
-    beside them from the start (ready once the model is loaded and an ingress attached, until
-    ``shutdown``); ``task_status.started`` gets that URL (``None`` without) once the worker
-    is connecting.
+    are checked against ``limits``. With ``metrics_address`` (host, port), the engines' metrics
+    (each family labelled ``model_name``) are served at ``http://host:port/metrics``, with the
+    probes ``/livez`` and ``/readyz`` beside them from the start (ready once the model is
+    loaded and an ingress attached, until ``shutdown``); ``task_status.started`` gets that
+    URL (``None`` without) once the worker is connecting.
 
     Resource handling: after ``shutdown`` the worker stops claiming, lets the streams it
     holds finish (up to ``graceful_timeout`` seconds; then they are cancelled and their
@@ -92,9 +92,9 @@ async def run_worker(
                     )
                 # Entered last, left first: the streams end before the links close.
                 nursery = await stack.enter_async_context(trio.open_nursery())
-                for index, (engine, one) in enumerate(zip(engines, links, strict=True)):
-                    # Only the first engine's figures go to the exported registry (TODO.md).
-                    metrics = WorkerMetrics(registry if index == 0 else CollectorRegistry(), engine)
+                # Every engine's figures, labelled with its model's name.
+                metrics = WorkerMetrics(registry, engines)
+                for engine, one in zip(engines, links, strict=True):
                     await nursery.start(
                         partial(serve_link, engine, one, metrics=metrics, limits=limits)
                     )

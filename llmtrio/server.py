@@ -37,8 +37,8 @@ async def serve(
     worker claims for its own model only, so one model's full queue or failed request never
     touches another's. With one model and no ``config.default_model``, that model is the
     default (a client naming any model, as clients of llama.cpp's server do, is served by it).
-    The ingress's ``/metrics`` shows the first engine's figures (see TODO.md); request
-    bodies are checked against ``limits``.
+    The ingress's ``/metrics`` shows every engine's figures, each labelled with its
+    ``model_name``; request bodies are checked against ``limits``.
 
     Resource handling: after ``shutdown``, no new connection is accepted; in-flight
     responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
@@ -55,16 +55,15 @@ async def serve(
             config = attrs.evolve(config, default_model=engines[0].model_name)
         ring = Ring.from_config(config.ring)
         registry = CollectorRegistry()
+        # Every engine's figures, labelled with its model's name; the ingress exports the
+        # picker's gauges for the whole ring, these engines included.
+        metrics = WorkerMetrics(registry, engines, picker_gauges=False)
         failure: EngineFailedError | None = None
 
         async def local_worker(
-            engine: Engine | EmbeddingEngine, index: int, *, task_status: trio.TaskStatus[None]
+            engine: Engine | EmbeddingEngine, *, task_status: trio.TaskStatus[None]
         ) -> None:
             nonlocal failure
-            # The ingress exports the picker's gauges for the whole ring, these engines
-            # included; only the first engine's figures go to the exported registry.
-            where = registry if index == 0 else CollectorRegistry()
-            metrics = WorkerMetrics(where, engine, picker_gauges=False)
             worker_id = "local" if len(engines) == 1 else f"local-{engine.model_name}"
             try:
                 async with ring.attach(
@@ -82,8 +81,8 @@ async def serve(
                 shutdown.set()
 
         async def start_local_workers(ring: Ring, nursery: trio.Nursery) -> None:
-            for index, engine in enumerate(engines):
-                await nursery.start(local_worker, engine, index)
+            for engine in engines:
+                await nursery.start(local_worker, engine)
 
         await serve_ring_ingress(
             config,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,8 @@ from llmtrio.engine import (
     model_kind_of,
     open_engine,
 )
-from llmtrio.engine._embed_pack import EmbedPacker
-from llmtrio.worker._embeddings import parse_embeddings_request
+from llmtrio.engine._embed_pack import EmbedPacker, ThreadChooser
+from llmtrio.worker._embeddings import float_array, parse_embeddings_request
 
 from ._helpers import engine_config, eventually
 
@@ -101,6 +102,43 @@ def test_every_input_not_cancelled_is_packed_once_within_the_limits(
     assert seen == expected  # each once, in arrival order
 
 
+def run_chooser(chooser: ThreadChooser, cost: dict[int, float], decodes: int) -> list[int]:
+    """The thread counts ``chooser`` picks over ``decodes`` decodes of 10 tokens, each count
+    costing ``cost[threads]`` seconds a token."""
+    picked = []
+    for _ in range(decodes):
+        threads = chooser.choose()
+        chooser.observe(threads, 10, 10 * cost[threads])
+        picked.append(threads)
+    return picked
+
+
+def test_the_thread_chooser_tries_both_counts_then_keeps_the_faster() -> None:
+    chooser = ThreadChooser(2, first_probe=4, longest_probe=32)
+    # a loaded machine: 2 threads spin at their barriers
+    picked = run_chooser(chooser, {2: 0.05, 1: 0.001}, 300)
+    assert picked[:2] == [2, 1]
+    assert chooser.best == 1
+    probes = [i for i, threads in enumerate(picked) if i >= 2 and threads == 2]
+    gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
+    assert gaps[:3] == [8, 16, 32]  # each losing probe doubles the gap, up to 32
+    assert set(gaps[3:]) == {32}
+    # the load goes away: the next probe finds 2 threads faster and keeps them
+    picked = run_chooser(chooser, {2: 0.0005, 1: 0.001}, 40)
+    assert picked[-5:] == [2] * 5
+    assert chooser.best == 2
+
+
+def test_the_thread_chooser_settles_on_a_steady_winner_and_one_thread_is_one() -> None:
+    chooser = ThreadChooser(4)
+    picked = run_chooser(chooser, {4: 0.0002, 1: 0.001}, 50)
+    assert picked[:2] == [4, 1]
+    assert picked.count(1) < 10  # 1 thread only when probed
+    assert run_chooser(ThreadChooser(1), {1: 0.001}, 5) == [1] * 5
+    with pytest.raises(ValueError, match="most"):
+        ThreadChooser(0)
+
+
 # -- the request (pure) ----------------------------------------------------------------------
 
 
@@ -145,6 +183,15 @@ def test_a_bad_request_is_a_400_naming_the_field_or_the_input(
 
 
 # -- the model's kind, from its GGUF ---------------------------------------------------------
+
+
+@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), max_size=400))
+def test_a_vector_as_json_reads_back_as_the_same_float32_numbers(values: list[float]) -> None:
+    vector = np.asarray(values, dtype=np.float32)
+    back = np.asarray(json.loads(float_array(vector)), dtype=np.float64)
+    assert np.array_equal(back.astype(np.float32), vector)  # (JSON's -0 reads back as 0)
+    with pytest.raises(ValueError, match="NaN"):
+        float_array(np.asarray([0.5, np.nan], dtype=np.float32))
 
 
 def test_the_gguf_says_which_kind_of_model_it_is(minilm_path: Path, qwen35_path: Path) -> None:
@@ -203,6 +250,9 @@ async def test_embed_matches_sentence_transformers(
         alone = await engine.embed([minilm_reference["inputs"][2]])
         assert float(alone.vectors[0] @ result.vectors[2]) > 0.999
         assert engine.stats.steps == steps + 1
+        # the first decode ran on the configured threads, the second on 1 (the chooser
+        # measures both; the vectors above do not depend on it)
+        assert engine.decodes_by_threads == {2: 1, 1: 1}
 
 
 async def test_concurrent_callers_share_decodes(

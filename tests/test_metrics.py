@@ -52,7 +52,14 @@ async def scrape(http: httpx.AsyncClient, url: str) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The sample ``name`` with exactly ``labels``, but for an engine's ``model_name``
+    label, which matches any model unless given (these stacks serve one model)."""
+    found = 0.0
+    for (sample, have), measured in samples.items():
+        rest = {k: v for k, v in have if k != "model_name" or "model_name" in labels}
+        if sample == name and rest == labels:
+            found += measured
+    return found
 
 
 def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:

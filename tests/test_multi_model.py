@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
 from llmtrio.server import serve
@@ -74,12 +75,28 @@ async def test_requests_route_by_model_and_answer_with_its_name(
             "gemma": {"kind": "chat", "workers": 1},
             qwen: {"kind": "chat", "workers": 1},
         }
+        generated = {}
         for model in ("gemma", qwen):
             answer = await client.post(CHAT_PATH, json=chat(model))
             assert answer.status_code == 200, answer.text
             assert answer.json()["model"] == model
             text = await client.post(COMPLETIONS_PATH, json={"model": model, "prompt": "a"})
             assert text.status_code == 200 and text.json()["model"] == model
+            generated[model] = sum(r.json()["usage"]["completion_tokens"] for r in (answer, text))
+        # /metrics: each engine's figures, labelled with its model (vLLM's model_name)
+        samples = [
+            sample
+            for family in text_string_to_metric_families((await client.get("/metrics")).text)
+            for sample in family.samples
+        ]
+        for model in ("gemma", qwen):
+            mine = [s for s in samples if s.labels.get("model_name") == model]
+            by_name = {s.name: s.value for s in mine if set(s.labels) == {"model_name"}}
+            assert by_name["llamacpp:tokens_predicted_total"] == generated[model]
+            assert by_name["llamacpp:n_decode_total"] > 0
+            assert by_name["vllm:e2e_request_latency_seconds_count"] == 2
+            successes = [s.value for s in mine if s.name == "vllm:request_success_total"]
+            assert sum(successes) == 2
 
         unknown = await client.post(CHAT_PATH, json=chat("gpt-4o"))
         assert unknown.status_code == 404

@@ -233,7 +233,9 @@ def test_keys_limits_and_metrics_flags_reach_the_ingress_and_the_worker(ring: Ri
     done = httpx.post(url, json=chat(8), headers=key, timeout=60)
     assert done.status_code == 200, done.text
     scraped = httpx.get(metrics, timeout=10).text
-    predicted = re.search(r"^llamacpp:tokens_predicted_total (\S+)$", scraped, re.M)
+    predicted = re.search(
+        r"^llamacpp:tokens_predicted_total\{model_name=\"[^\"]+\"\} (\S+)$", scraped, re.M
+    )
     assert predicted is not None
     assert float(predicted.group(1)) == done.json()["usage"]["completion_tokens"]
     ingress_metrics = httpx.get(ingress.url + "/metrics", headers=key, timeout=10).text

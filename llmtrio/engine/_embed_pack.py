@@ -1,7 +1,9 @@
-"""The embedding engine's packer: which queued inputs go into the next ``llama_decode``.
+"""The embedding engine's policies: which queued inputs go into the next ``llama_decode``
+(:class:`EmbedPacker`), and on how many threads it runs (:class:`ThreadChooser`).
 
-Pure (no llama.cpp, no Trio, no threads): the decode thread feeds it callers' inputs and
-cancellations and asks it for one batch at a time, so its policy is tested on its own.
+Pure (no llama.cpp, no Trio, no threads): the decode thread feeds them callers' inputs,
+cancellations and measured decode times and asks for one batch at a time, so their policies
+are tested on their own.
 
 Policy: first come, first packed, one input per sequence, whole inputs only (an embedding
 model attends over a whole sequence at once, so an input is never split across decodes).
@@ -20,7 +22,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EmbedPacker", "Packed"]
+__all__ = ["EmbedPacker", "Packed", "ThreadChooser"]
 
 
 @attrs.frozen
@@ -87,3 +89,76 @@ class EmbedPacker:
         if self._cancelled:
             self._queue = deque(item for item in self._queue if item.key not in self._cancelled)
             self._cancelled.clear()
+
+
+@attrs.define
+class ThreadChooser:
+    """Picks each decode's compute threads: ``most`` (the configured ``--threads``) or 1,
+    whichever measured fewer seconds per token.
+
+    Why: llama.cpp's threads meet at a barrier after every operation of the graph (a small
+    BERT has hundreds per decode), and a thread waiting there spins. When the machine has
+    fewer free cores than threads (other processes, or this server's own HTTP thread, which
+    is busy exactly when many requests arrive), a waiting thread spins while the one it waits
+    for is descheduled: a 16-token decode of all-MiniLM-L6-v2 on 2 threads took 770 ms on a
+    loaded 2-core machine and 12.5 ms on 1 thread (PERFORMANCE.md). On a quiet machine, more
+    threads are faster. So both are measured, and the faster one is used.
+
+    Policy: each count is tried once (``most`` first); then the one with the lower
+    seconds-per-token average (exponential, ``alpha``) runs, and the other is probed once
+    after ``first_probe`` decodes. A probe's figure replaces that count's old one (it is
+    stale); a probe that wins makes its count the one used; one that loses doubles the gap to
+    the next probe, up to ``longest_probe`` decodes, so a slow count costs at most one decode
+    in that many once the load is steady, and a change of load is found within that many.
+    """
+
+    most: int
+    first_probe: int = 8
+    longest_probe: int = 1024
+    alpha: float = 0.3
+    _cost: dict[int, float] = attrs.field(factory=dict, init=False)
+    _since_probe: int = attrs.field(default=0, init=False)
+    _gap: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.most < 1:
+            raise ValueError("most must be at least 1")
+        self._gap = self.first_probe
+
+    @property
+    def options(self) -> tuple[int, ...]:
+        return (self.most, 1) if self.most > 1 else (1,)
+
+    @property
+    def best(self) -> int:
+        """The count that measured the fewest seconds per token so far (``most`` before any
+        measurement)."""
+        measured = [n for n in self.options if n in self._cost]
+        return min(measured, key=self._cost.__getitem__) if measured else self.most
+
+    def choose(self) -> int:
+        """The thread count for the next decode."""
+        for threads in self.options:
+            if threads not in self._cost:
+                return threads
+        if len(self.options) > 1 and self._since_probe >= self._gap:
+            return next(n for n in self.options if n != self.best)
+        return self.best
+
+    def observe(self, threads: int, tokens: int, seconds: float) -> None:
+        """A decode of ``tokens`` tokens on ``threads`` threads took ``seconds``."""
+        if tokens < 1 or threads not in self.options:
+            return
+        cost = seconds / tokens
+        best = self.best
+        previous = self._cost.get(threads)
+        if previous is None or threads != best:
+            self._cost[threads] = cost  # a first figure, or a probe: the old one is stale
+        else:
+            self._cost[threads] = previous + self.alpha * (cost - previous)
+        if previous is not None and threads != best:  # a probe
+            self._since_probe = 0
+            won = self.best == threads
+            self._gap = self.first_probe if won else min(self.longest_probe, 2 * self._gap)
+        else:
+            self._since_probe += 1

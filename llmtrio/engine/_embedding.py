@@ -9,15 +9,15 @@ The shape follows the chat engine's:
   queued inputs to be dropped;
 - the decode thread (one ``trio.to_thread`` worker) moves queued inputs into the pure packer
   (``_embed_pack.py``), decodes one batch at a time, many sequences per ``llama_decode``,
-  inputs of any number of callers side by side, and posts each input's pooled vector back;
+  inputs of any number of callers side by side, on the thread count that measured faster
+  (``ThreadChooser``: the configured threads or 1), and posts each input's pooled vector back;
 - the vectors are L2-normalized, as OpenAI's are.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -27,16 +27,16 @@ import numpy.typing as npt
 import trio
 
 from ._core import EngineStats
-from ._embed_pack import EmbedPacker, Packed
+from ._embed_pack import EmbedPacker, Packed, ThreadChooser
 from ._engine import Engine, _abandonable_load
 from ._errors import (
     DecodeError,
     EngineClosedError,
-    EngineFailedError,
     InvalidRequestError,
     ModelLoadError,
 )
 from ._gguf import POOLING_NAMES, model_kind_of
+from ._lifecycle import DecodeLoop
 from ._llama import Batch, LlamaModel
 from ._model_source import ResolvedModel, resolve_model
 from ._types import Capacity, EngineConfig
@@ -81,7 +81,7 @@ class _Call:
         self.done = trio.Event()
 
 
-class EmbeddingEngine:
+class EmbeddingEngine(DecodeLoop):
     """Batched embeddings of one llama.cpp embedding model. Open it with :meth:`open`;
     embed with :meth:`embed`.
 
@@ -90,6 +90,7 @@ class EmbeddingEngine:
     """
 
     kind = "embedding"
+    _loop_name = "embedding loop"
 
     def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:
         pooling = POOLING_NAMES.get(model.pooling)
@@ -105,18 +106,17 @@ class EmbeddingEngine:
         self.ctx_size = model.ctx_size
         self.dimensions = model.n_embd
         self._model = model
-        self._trio_token = trio.lowlevel.current_trio_token()
-        self._cond = threading.Condition()
+        super().__init__()
         self._inbox: list[tuple[int, list[npt.NDArray[np.int32]]]] = []
         self._cancels: set[int] = set()
         self._calls: dict[int, _Call] = {}
         self._next_key = 0
-        self._closing = False
-        self._closed = False
-        self._failure: EngineFailedError | None = None
-        self._stopped = trio.Event()
         self._capacity_lot = trio.lowlevel.ParkingLot()
         self._decoding = 0
+        self._threads = ThreadChooser(config.threads)
+        self._threads_now = config.threads
+        #: How many decodes ran on each thread count (see ``ThreadChooser``).
+        self.decodes_by_threads: dict[int, int] = {}
         self.stats = EngineStats()
 
     @classmethod
@@ -151,54 +151,17 @@ class EmbeddingEngine:
                 engine.pooling,
                 engine.ctx_size,
             )
-            error: BaseException | None = None
-            async with trio.open_nursery() as nursery:
-                await nursery.start(engine._run_loop)
-                try:
-                    yield engine
-                except BaseException as exc:
-                    error = exc
-                finally:
-                    engine._close()
-            if error is not None:
-                raise error
+            async with engine._running():
+                yield engine
         finally:
             model.close()
 
-    async def _run_loop(self, *, task_status: trio.TaskStatus[None]) -> None:
-        task_status.started()
-        try:
-            await trio.to_thread.run_sync(self._loop, thread_name="llmtrio embedding loop")
-        except Exception as exc:
-            logger.error("the embedding loop failed", exc_info=exc)
-            self._failure = EngineFailedError(f"the embedding loop failed: {exc!r}")
-        finally:
-            self._closed = True
-            self._stopped.set()
-            for call in self._calls.values():
-                call.error = call.error or self._failure or EngineClosedError("the engine closed")
-                call.done.set()
-
-    def _close(self) -> None:
-        self._closed = True
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
+    def _after_loop(self) -> None:
+        for call in self._calls.values():
+            call.error = call.error or self._failure or EngineClosedError("the engine closed")
+            call.done.set()
 
     # -- public API ----------------------------------------------------------------------
-
-    @property
-    def failure(self) -> EngineFailedError | None:
-        """Why the decode loop died, once it has; ``None`` while it runs."""
-        return self._failure
-
-    async def wait_failed(self) -> EngineFailedError:
-        """Return the failure once the decode loop has died; waits forever otherwise."""
-        await self._stopped.wait()
-        if self._failure is None:
-            await trio.sleep_forever()
-        assert self._failure is not None
-        return self._failure
 
     @property
     def max_inflight(self) -> int:
@@ -363,7 +326,14 @@ class EmbeddingEngine:
             start = batch.n
             batch.add(item.tokens, 0, seq, output_last=True)
             batch.logits[start : batch.n] = 1  # pooling reads every token's output
+        threads = self._threads.choose()
+        if threads != self._threads_now:
+            model.set_threads(threads)
+            self._threads_now = threads
+        started = time.perf_counter()
         status = model.decode(batch)
+        self._threads.observe(threads, batch.n, time.perf_counter() - started)
+        self.decodes_by_threads[threads] = self.decodes_by_threads.get(threads, 0) + 1
         self.stats.steps += 1
         self.stats.busy_slots += len(items)
         if status != 0:
@@ -383,8 +353,7 @@ class EmbeddingEngine:
         return results
 
     def _post(self, results: list[tuple[Packed, npt.NDArray[np.float32] | Exception]]) -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            self._trio_token.run_sync_soon(self._deliver, results)
+        self._post_soon(self._deliver, results)
 
 
 @asynccontextmanager

@@ -14,7 +14,6 @@ Three parts, with plain values and callables between them (vLLM v1's lines):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +30,7 @@ from ._errors import (
 )
 from ._generation import Generation
 from ._inputs import InputProcessor
+from ._lifecycle import DecodeLoop
 from ._llama import LlamaModel
 from ._model_source import ResolvedModel, resolve_model
 from ._output import OutputProcessor
@@ -78,7 +78,7 @@ async def _abandonable_load(load: Callable[[], LlamaModel]) -> LlamaModel:
     return loaded[0]
 
 
-class Engine:
+class Engine(DecodeLoop):
     """Continuous batching over ``config.max_inflight`` slots of one llama.cpp model.
 
     Open it with :meth:`open`; submit with :meth:`submit`.
@@ -105,16 +105,11 @@ class Engine:
         )
         self._think_ids = self._single_tokens((THINK_OPEN, THINK_CLOSE))
         self._pieces: dict[int, bytes] = {}
-        self._trio_token = trio.lowlevel.current_trio_token()
-        self._cond = threading.Condition()
+        super().__init__()
         self._inbox: list[CoreRequest] = []
         self._cancels: set[int] = set()
         #: The generations whose slot is not released yet, by key (Trio side only).
         self._generations: dict[int, Generation] = {}
-        self._closing = False
-        self._closed = False
-        self._failure: EngineFailedError | None = None
-        self._stopped = trio.Event()
         self._next_key = 0
         self._inflight = 0
         self._decoding = 0
@@ -163,58 +158,12 @@ class Engine:
                 config.ctx_size,
                 " in one pool" if config.kv_unified else "",
             )
-            # The caller's exception (or cancellation) is held while the nursery closes and
-            # raised after it, so it leaves this block as it was raised, not in a group.
-            error: BaseException | None = None
-            async with trio.open_nursery() as nursery:
-                await nursery.start(engine._run_loop)
-                try:
-                    yield engine
-                except BaseException as exc:
-                    error = exc
-                finally:
-                    engine._close()  # the loop stops within one decode step
-            if error is not None:
-                raise error
+            async with engine._running():
+                yield engine
         finally:
             model.close()
 
-    async def _run_loop(self, *, task_status: trio.TaskStatus[None]) -> None:
-        """Run the decode loop in a ``trio.to_thread.run_sync`` worker until it stops; a
-        loop that dies is recorded (``failure``), not raised: every generation it held has
-        already ended with ``Failed``, and the engine's owner decides what to do."""
-        task_status.started()
-        try:
-            await trio.to_thread.run_sync(self._loop, thread_name="llmtrio decode loop")
-        except Exception as exc:
-            logger.error("the decode loop failed", exc_info=exc)
-            self._failure = EngineFailedError(f"the decode loop failed: {exc!r}")
-        finally:
-            self._closed = True
-            self._stopped.set()
-
-    def _close(self) -> None:
-        self._closed = True
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-
     # -- public API ----------------------------------------------------------------------
-
-    @property
-    def failure(self) -> EngineFailedError | None:
-        """Why the decode loop died, once it has; ``None`` while it runs (or closed
-        normally)."""
-        return self._failure
-
-    async def wait_failed(self) -> EngineFailedError:
-        """Return the failure once the decode loop has died; waits forever on an engine
-        that runs or closes normally."""
-        await self._stopped.wait()
-        if self._failure is None:
-            await trio.sleep_forever()
-        assert self._failure is not None
-        return self._failure
 
     def capacity(self) -> Capacity:
         inflight = self._inflight
@@ -402,5 +351,4 @@ class Engine:
 
     def _post(self, outputs: list[StepOutput]) -> None:
         if outputs:
-            with contextlib.suppress(trio.RunFinishedError):
-                self._trio_token.run_sync_soon(self._deliver, outputs)
+            self._post_soon(self._deliver, outputs)

@@ -235,6 +235,11 @@ class LlamaModel:
     def decode(self, batch: Batch) -> int:
         return int(llama_cpp.llama_decode(self.ctx, batch.struct))
 
+    def set_threads(self, threads: int) -> None:
+        """Run the next decodes on ``threads`` compute threads (llama.cpp's
+        ``llama_set_n_threads``; the context starts with the ``threads`` it was made with)."""
+        llama_cpp.llama_set_n_threads(self.ctx, threads, threads)
+
     def forget(self, seq: int, start: int = -1) -> bool:
         """Drop ``seq``'s memory from position ``start`` on (all of it by default). Returns
         false when the memory cannot be cut there (recurrent state: only all of it, or back

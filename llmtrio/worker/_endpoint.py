@@ -133,9 +133,12 @@ class _Response:
     so a failure can still be told in the right form, and what the response ended with
     (``outcome``), which every end states."""
 
-    def __init__(self, claimed: ClaimedStream, metrics: WorkerMetrics | None) -> None:
+    def __init__(
+        self, claimed: ClaimedStream, metrics: WorkerMetrics | None, engine: ModelEngine
+    ) -> None:
         self.claimed = claimed
         self.metrics = metrics
+        self.engine = engine
         self.streaming = False  # the head of an event stream was sent
         self.sent_head = False
         self.outcome: Outcome | None = None
@@ -150,7 +153,7 @@ class _Response:
     def finished(self, done: Done, encoder: Encoder) -> None:
         """The work is done: its finish reason as the response gives it, and its counts."""
         if self.metrics is not None:
-            self.metrics.finished(done)
+            self.metrics.finished(done, self.engine.model_name)
         self.outcome = Outcome(
             finish_reason=encoder.finish_reason(done),
             prompt_tokens=done.prompt_tokens,
@@ -199,7 +202,7 @@ async def serve_request(
     response (and so the engine's work). A fault ends this stream with a 500 (or an error
     event once streaming); the caller's ``with claimed:`` acknowledges a cancellation or
     fails a stream left unfinished."""
-    response = _Response(claimed, metrics)
+    response = _Response(claimed, metrics, engine)
     async with trio.open_nursery() as nursery:
 
         async def watch() -> None:

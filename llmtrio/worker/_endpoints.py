@@ -74,6 +74,12 @@ class _Completions:
         return TextStream(request, meta) if request.stream else TextBody(request, meta)
 
 
+#: Texts up to this many characters in all are tokenized on the event loop (a 93-character
+#: sentence takes 23 us, 1024 characters at most about 0.25 ms), which costs less than the
+#: hand-off to a worker thread and back; longer ones in a worker thread.
+_INLINE_TOKENIZE_CHARS = 1024
+
+
 @attrs.frozen
 class _Embeddings:
     """``POST /v1/embeddings``: texts (tokenized with the model's special tokens) or token
@@ -94,10 +100,13 @@ class _Embeddings:
         tokens: list[list[int]]
         if request.inputs and isinstance(request.inputs[0], str):
             texts = [str(item) for item in request.inputs]
-            # Tokenizing 2048 long texts takes a while: never on the event loop.
-            tokens = await trio.to_thread.run_sync(
-                lambda: [engine.tokenize(text) for text in texts]
-            )  # not abandoned on cancel: the model must outlive the thread that reads it
+            if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
+                tokens = [engine.tokenize(text) for text in texts]
+            else:
+                # Tokenizing 2048 long texts takes a while: never on the event loop.
+                tokens = await trio.to_thread.run_sync(
+                    lambda: [engine.tokenize(text) for text in texts]
+                )  # not abandoned on cancel: the model must outlive the thread that reads it
         else:
             tokens = [list(item) for item in request.inputs if not isinstance(item, str)]
         for index, ids in enumerate(tokens):

@@ -6,6 +6,11 @@ is the same, vLLM's ``vllm:*`` for the per-request histograms and for the three 
 Kubernetes' Gateway API Inference Extension reads from a model server
 (``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``).
 
+Every family of an engine's figures carries a ``model_name`` label, as vLLM's do
+(``vllm:num_requests_running{model_name="..."}``), so a process serving several models
+(``llmtrio serve --model A --model B``) exports each one's figures side by side in one
+registry.
+
 Nothing here runs in the decode loop: the engine keeps plain counters
 (:class:`~llmtrio.engine.EngineStats`) and :class:`EngineCollector` turns them into samples
 when a scrape asks; the histograms are observed once per request, on the Trio side, from its
@@ -14,7 +19,8 @@ when a scrape asks; the histograms are observed once per request, on the Trio si
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -53,99 +59,150 @@ def _token_buckets(limit: int) -> tuple[float, ...]:
         exponent += 1
 
 
-class EngineCollector(Collector):
-    """The engine's live figures at scrape time: llama.cpp's counters and gauges and, unless
-    ``picker_gauges`` is false, the Inference Extension's three gauges (false where an
-    ingress in the same registry exports them for its whole ring, this engine included)."""
+class _Figure(NamedTuple):
+    """One engine's value of one family."""
 
-    def __init__(self, engine: Engine | EmbeddingEngine, *, picker_gauges: bool = True) -> None:
-        self._engine = engine
+    kind: type[CounterMetricFamily] | type[GaugeMetricFamily]
+    name: str
+    documentation: str
+    value: float
+
+
+class EngineCollector(Collector):
+    """The engines' live figures at scrape time, one sample per engine in each family
+    (labelled ``model_name``): llama.cpp's counters and gauges and, unless ``picker_gauges``
+    is false, the Inference Extension's three gauges (false where an ingress in the same
+    registry exports them for its whole ring, these engines included)."""
+
+    def __init__(
+        self,
+        engines: Engine | EmbeddingEngine | Sequence[Engine | EmbeddingEngine],
+        *,
+        picker_gauges: bool = True,
+    ) -> None:
+        self._engines = list(engines) if isinstance(engines, Sequence) else [engines]
         self._picker_gauges = picker_gauges
 
     def collect(self) -> Iterable[Metric]:
-        stats = self._engine.stats
-        capacity = self._engine.capacity()
-        config = self._engine.config
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for engine in self._engines:
+            for figure in self._figures(engine):
+                family = families.get(figure.name)
+                if family is None:
+                    family = figure.kind(figure.name, figure.documentation, labels=["model_name"])
+                    families[figure.name] = family
+                family.add_metric([engine.model_name], figure.value)
+        return families.values()
+
+    def _figures(self, engine: Engine | EmbeddingEngine) -> Iterable[_Figure]:
+        stats = engine.stats
+        capacity = engine.capacity()
+        config = engine.config
         running = min(stats.running, capacity.inflight)
         deferred = capacity.inflight - running
-        yield CounterMetricFamily(
+        yield _Figure(
+            CounterMetricFamily,
             "llamacpp:prompt_tokens",
             "Number of prompt tokens processed.",
             stats.prompt_tokens_ingested,
         )
-        yield CounterMetricFamily(
+        yield _Figure(
+            CounterMetricFamily,
             "llamacpp:tokens_predicted",
             "Number of generation tokens processed.",
             stats.tokens_predicted,
         )
-        yield CounterMetricFamily(
-            "llamacpp:n_decode", "Total number of llama_decode() calls.", stats.steps
+        yield _Figure(
+            CounterMetricFamily,
+            "llamacpp:n_decode",
+            "Total number of llama_decode() calls.",
+            stats.steps,
         )
-        yield GaugeMetricFamily(
+        yield _Figure(
+            GaugeMetricFamily,
             "llamacpp:n_busy_slots_per_decode",
             "Average number of busy slots per llama_decode() call.",
             stats.busy_slots / stats.steps if stats.steps else 0.0,
         )
-        yield GaugeMetricFamily(
-            "llamacpp:requests_processing", "Number of requests processing.", running
+        yield _Figure(
+            GaugeMetricFamily,
+            "llamacpp:requests_processing",
+            "Number of requests processing.",
+            running,
         )
-        yield GaugeMetricFamily(
-            "llamacpp:requests_deferred", "Number of requests deferred.", deferred
+        yield _Figure(
+            GaugeMetricFamily,
+            "llamacpp:requests_deferred",
+            "Number of requests deferred.",
+            deferred,
         )
         if self._picker_gauges:
-            yield GaugeMetricFamily(
+            yield _Figure(
+                GaugeMetricFamily,
                 "vllm:num_requests_running",
                 "Number of requests in model execution batches.",
                 running,
             )
-            yield GaugeMetricFamily(
-                "vllm:num_requests_waiting", "Number of requests waiting to be processed.", deferred
+            yield _Figure(
+                GaugeMetricFamily,
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                deferred,
             )
             cells = config.max_inflight * config.ctx_size
-            yield GaugeMetricFamily(
+            yield _Figure(
+                GaugeMetricFamily,
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
                 min(1.0, stats.kv_tokens / cells) if cells else 0.0,
             )
         # Prompt reuse, in tokens as vLLM counts its prefix cache, and in requests and bytes.
-        yield CounterMetricFamily(
+        yield _Figure(
+            CounterMetricFamily,
             "vllm:prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
             stats.prompt_tokens_ingested + stats.prompt_cache_reused_tokens,
         )
-        yield CounterMetricFamily(
+        yield _Figure(
+            CounterMetricFamily,
             "vllm:prefix_cache_hits",
             "Prompt tokens found in the prefix cache (not ingested again).",
             stats.prompt_cache_reused_tokens,
         )
-        yield CounterMetricFamily(
+        yield _Figure(
+            CounterMetricFamily,
             "llmtrio_prompt_cache_hits",
             "Requests that started with part of their prompt already in memory.",
             stats.prompt_cache_hits,
         )
-        yield GaugeMetricFamily(
+        yield _Figure(
+            GaugeMetricFamily,
             "llmtrio_prompt_cache_bytes",
             "Host memory held by prompt-state snapshots.",
             stats.prompt_cache_bytes,
         )
         # Speculative decoding, in vLLM's names (one "draft" is one sequence-step's drafts).
-        yield CounterMetricFamily(
+        yield _Figure(
+            CounterMetricFamily,
             "vllm:spec_decode_num_drafts",
             "Number of spec decoding drafts (sequence-steps that carried draft tokens).",
             stats.spec_steps,
         )
-        yield CounterMetricFamily(
+        yield _Figure(
+            CounterMetricFamily,
             "vllm:spec_decode_num_draft_tokens",
             "Number of draft tokens verified.",
             stats.spec_draft_tokens,
         )
-        yield CounterMetricFamily(
+        yield _Figure(
+            CounterMetricFamily,
             "vllm:spec_decode_num_accepted_tokens",
             "Number of draft tokens accepted (emitted without a step of their own).",
             stats.spec_accepted_tokens,
         )
         # The shared KV pool (--kv-unified): sequences swapped out to make room.
-        yield CounterMetricFamily(
+        yield _Figure(
+            CounterMetricFamily,
             "vllm:num_preemptions",
             "Cumulative number of preemptions (sequences swapped out of a full pool).",
             stats.preemptions,
@@ -153,94 +210,98 @@ class EngineCollector(Collector):
 
 
 class WorkerMetrics:
-    """A worker's metrics in ``registry``: the engine's live figures (``picker_gauges``: see
-    :class:`EngineCollector`), and the per-request histograms observed by :meth:`finished`."""
+    """A worker process's metrics in ``registry``, for each of its ``engines`` (one model
+    each): the engines' live figures (``picker_gauges``: see :class:`EngineCollector`) and
+    the per-request histograms and counters observed by :meth:`finished`, every family
+    labelled ``model_name``."""
 
     def __init__(
         self,
         registry: CollectorRegistry,
-        engine: Engine | EmbeddingEngine,
+        engines: Engine | EmbeddingEngine | Sequence[Engine | EmbeddingEngine],
         *,
         picker_gauges: bool = True,
     ) -> None:
-        registry.register(EngineCollector(engine, picker_gauges=picker_gauges))
-        tokens = _token_buckets(engine.config.ctx_size)
-        self._ttft = Histogram(
+        engines = list(engines) if isinstance(engines, Sequence) else [engines]
+        registry.register(EngineCollector(engines, picker_gauges=picker_gauges))
+        tokens = _token_buckets(max(engine.config.ctx_size for engine in engines))
+        model = ["model_name"]
+
+        def histogram(name: str, documentation: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, documentation, model, buckets=buckets, registry=registry)
+
+        def counter(name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(name, documentation, [*model, *labels], registry=registry)
+
+        self._ttft = histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds (queue and prefill).",
-            buckets=_TTFT_BUCKETS,
-            registry=registry,
+            _TTFT_BUCKETS,
         )
-        self._tpot = Histogram(
+        self._tpot = histogram(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of each request's mean time per output token after the first.",
-            buckets=_TPOT_BUCKETS,
-            registry=registry,
+            _TPOT_BUCKETS,
         )
-        self._e2e = Histogram(
+        self._e2e = histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of end to end request latency in seconds (in the engine).",
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+            _LATENCY_BUCKETS,
         )
-        self._queue = Histogram(
+        self._queue = histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent waiting for a slot in seconds.",
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+            _LATENCY_BUCKETS,
         )
-        self._prompt = Histogram(
-            "vllm:request_prompt_tokens",
-            "Number of prefill tokens processed.",
-            buckets=tokens,
-            registry=registry,
+        self._prompt = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
         )
-        self._generation = Histogram(
-            "vllm:request_generation_tokens",
-            "Number of generation tokens processed.",
-            buckets=tokens,
-            registry=registry,
+        self._generation = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
         )
-        self._success = Counter(
+        self._success = counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
             ["finished_reason"],
-            registry=registry,
         )
-        self._prompt_total = Counter(
+        self._prompt_total = counter(
             "vllm:prompt_tokens",
             "Number of prefill tokens processed (embedding inputs included).",
-            registry=registry,
         )
-        self._embedding_requests = Counter(
-            "llmtrio_embedding_requests",
-            "Embedding requests answered.",
-            registry=registry,
+        self._embedding_requests = counter(
+            "llmtrio_embedding_requests", "Embedding requests answered."
         )
-        self._embedding_inputs = Counter(
-            "llmtrio_embedding_inputs",
-            "Inputs (texts or token arrays) embedded.",
-            registry=registry,
+        self._embedding_inputs = counter(
+            "llmtrio_embedding_inputs", "Inputs (texts or token arrays) embedded."
         )
+        # Every model's series from the start (0 until its first request), as vLLM's.
+        for engine in engines:
+            for family in (self._ttft, self._tpot, self._e2e, self._queue, self._prompt):
+                family.labels(engine.model_name)
+            for counted in (
+                self._generation,
+                self._prompt_total,
+                self._embedding_requests,
+                self._embedding_inputs,
+            ):
+                counted.labels(engine.model_name)
 
-    def finished(self, done: Done) -> None:
-        """One request ended with ``done`` (cancelled ones are not observed). An embeddings
-        request counts its request, inputs, prompt tokens and latency (it has no first
-        token and no output tokens)."""
-        self._prompt_total.inc(done.prompt_tokens)
+    def finished(self, done: Done, model_name: str) -> None:
+        """One request to ``model_name`` ended with ``done`` (cancelled ones are not
+        observed). An embeddings request counts its request, inputs, prompt tokens and
+        latency (it has no first token and no output tokens)."""
+        self._prompt_total.labels(model_name).inc(done.prompt_tokens)
+        self._success.labels(model_name, done.stop.finish_reason).inc()
+        self._prompt.labels(model_name).observe(done.prompt_tokens)
         if isinstance(done, EmbeddingsDone):
-            self._embedding_requests.inc()
-            self._embedding_inputs.inc(len(done.vectors))
-            self._e2e.observe(done.timings.prefill_s)
-            self._prompt.observe(done.prompt_tokens)
-            self._success.labels(done.stop.finish_reason).inc()
+            self._embedding_requests.labels(model_name).inc()
+            self._embedding_inputs.labels(model_name).inc(len(done.vectors))
+            self._e2e.labels(model_name).observe(done.timings.prefill_s)
             return
         timings = done.timings
-        self._ttft.observe(timings.queue_s + timings.prefill_s)
+        self._ttft.labels(model_name).observe(timings.queue_s + timings.prefill_s)
         if done.completion_tokens > 1:
-            self._tpot.observe(timings.decode_s / (done.completion_tokens - 1))
-        self._e2e.observe(timings.queue_s + timings.prefill_s + timings.decode_s)
-        self._queue.observe(timings.queue_s)
-        self._prompt.observe(done.prompt_tokens)
-        self._generation.observe(done.completion_tokens)
-        self._success.labels(done.stop.finish_reason).inc()
+            self._tpot.labels(model_name).observe(timings.decode_s / (done.completion_tokens - 1))
+        self._e2e.labels(model_name).observe(timings.queue_s + timings.prefill_s + timings.decode_s)
+        self._queue.labels(model_name).observe(timings.queue_s)
+        self._generation.labels(model_name).observe(done.completion_tokens)
