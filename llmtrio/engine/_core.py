@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +38,7 @@ from ._pool import SharedPool
 from ._prompt_cache import PromptCache
 from ._sampling import RawLogprob
 from ._scheduler import Scheduler, Start
-from ._spec import Candidate, NgramDrafter, StepCosts, plan_drafts, verify
+from ._spec import Candidate, NgramDrafter, StepCosts, micro_batches, plan_drafts, verify
 from ._step import CoreRequest, EngineStats, StepOutput
 from ._types import EngineConfig, StopReason
 
@@ -158,9 +158,8 @@ class EngineCore:
             return []
         parts = [Part(self._jobs[key], None, 0, 0) for key in plan.decode]
         prefill = [Part(self._jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
-        prefill_tokens = sum(p.count for p in prefill)
         if self._draft_max:
-            self._draft(parts, prefill_tokens)
+            self._draft(parts, prefill)
         parts += prefill
         if pool:
             parts = pool.make_room(parts)
@@ -170,6 +169,7 @@ class EngineCore:
         if not parts:
             self._count_running()
             return outputs
+        batches = self._micro_batches([(part.job.seq, part.tokens) for part in parts])
         decode_s, sampled, failed = self._decode(parts)
         for job, error in failed:
             self._release(job, clear=True)
@@ -199,6 +199,7 @@ class EngineCore:
                 step_s * 1000,
                 outputs=sum(part.tokens for part in parts if part.start is None),
                 prefill=sum(part.tokens for part in parts if part.start is not None),
+                batches=batches,
             )
         return outputs
 
@@ -298,8 +299,9 @@ class EngineCore:
 
     # -- speculative decoding ----------------------------------------------------------------
 
-    def _draft(self, parts: list[Part], prefill_tokens: int) -> None:
+    def _draft(self, parts: list[Part], prefill: list[Part]) -> None:
         """Give each decoding part the draft tokens the budget allows this step."""
+        prefill_tokens = sum(part.count for part in prefill)
         offers: list[tuple[Part, list[int], int]] = []
         room = self._batch.capacity - len(parts) - prefill_tokens
         for part in parts:
@@ -315,12 +317,26 @@ class EngineCore:
             draft, match = job.drafter.propose(limit)
             if draft:
                 offers.append((part, draft, match))
+        # The batch's sequences in id order and their tokens without drafts; which offer
+        # each one's drafts come from (the micro-batches a plan runs in depend on both).
+        offered = {id(part): i for i, (part, _, _) in enumerate(offers)}
+        layout = sorted(
+            [(part.job.seq, 1, offered.get(id(part), -1)) for part in parts]
+            + [(part.job.seq, part.count, -1) for part in prefill]
+        )
+
+        def batches(counts: Sequence[int]) -> int:
+            return self._micro_batches(
+                [(seq, n + (counts[i] if i >= 0 else 0)) for seq, n, i in layout]
+            )
+
         counts = self._plan(
             [Candidate(len(d), part.job.acceptance.rate(m)) for part, d, m in offers],
             self._costs,
             outputs=len(parts),
             prefill=prefill_tokens,
             target_ms=self._config.target_step_ms,
+            batches=batches,
         )
         total = 0
         for (part, draft, match), count in zip(offers, counts, strict=True):
@@ -439,6 +455,12 @@ class EngineCore:
             stats.spec_draft_tokens += len(draft)
             stats.spec_accepted_tokens += accepted
         return job, tokens, (logprobs if want_logprobs else None)
+
+    def _micro_batches(self, tokens: list[tuple[int, int]]) -> int:
+        """How many micro-batches llama.cpp runs a batch of ``(seq, tokens)`` in."""
+        return micro_batches(
+            tokens, split=not self._model.kv_unified, n_ubatch=self._batch.capacity
+        )
 
     def _ends(self, job: Job) -> Callable[[int], bool]:
         eog = self._model.eog
