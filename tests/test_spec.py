@@ -163,6 +163,17 @@ def test_memory_bound_steps_draft_and_compute_bound_steps_do_not() -> None:
     assert plan_drafts([Candidate(8, 0.01)], cheap, outputs=1) == [0]
 
 
+def test_a_prompt_chunk_in_the_step_does_not_make_drafts_look_free() -> None:
+    # Compute-bound decoding beside a 512-token prompt chunk: the chunk is ingested either
+    # way, so drafts are judged against decoding's own rate, not the whole step's.
+    dear = linear(2.0, 10.0, [(1, 8), (1, 16), (1, 24)])
+    dear.measured(2000.0, outputs=0, prefill=512)
+    assert plan_drafts([Candidate(8, 0.9)] * 8, dear, outputs=8, prefill=512) == [0] * 8
+    cheap = linear(25.0, 0.6, [(1, 1), (1, 9)])
+    cheap.measured(2000.0, outputs=0, prefill=512)
+    assert plan_drafts([Candidate(8, 0.9)], cheap, outputs=1, prefill=512) == [8]
+
+
 def test_gemma_on_two_cores_drafts_for_one_sequence_and_not_for_eight() -> None:
     # The costs measured here (gemma-3-270m, 2 threads, per-slot): 12 ms a micro-batch,
     # 8.5 ms a position; drafts right 85% of the time (free chat's acceptance).

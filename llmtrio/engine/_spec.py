@@ -322,9 +322,10 @@ def plan_drafts(
     right), and one position to the step. Two families of plans are priced with the fitted
     costs: the ``m`` draft tokens of most expected gain (for every ``m``), and every
     candidate's worthwhile tokens up to a common length ``k`` (equal lengths keep per-slot
-    memory in one micro-batch); the plan with the most expected tokens per predicted ms wins,
-    so a compute-bound step, where a position costs about what a token is worth, drafts
-    nothing. With ``target_ms`` set, no plan whose predicted step exceeds it.
+    memory in one micro-batch); the plan with the most expected tokens per predicted ms of
+    decoding (the prompt tokens' cost left out: they are ingested either way) wins, so a
+    compute-bound step, where a position costs about what a token is worth, drafts nothing.
+    With ``target_ms`` set, no plan whose predicted step (prompt tokens included) exceeds it.
     """
     gains: list[tuple[float, int]] = []
     per: list[list[float]] = [[] for _ in candidates]
@@ -338,15 +339,17 @@ def plan_drafts(
             per[i].append(g)
     if not gains or not costs.known:
         return [0] * len(candidates)
+    # Prompt tokens are ingested with or without drafts: the rate compared is decoding's
+    # (a step mostly spent on a prompt chunk would make any draft look free beside it).
     extra = costs.predict(0, prefill)
     zero = [0] * len(candidates)
-    base_ms = costs.predict(outputs, batches=batches(zero)) + extra
+    base_ms = costs.predict(outputs, batches=batches(zero))
     best, best_rate = zero, outputs / base_ms if base_ms > 0 else math.inf
 
     def consider(counts: list[int], tokens: float) -> None:
         nonlocal best, best_rate
-        ms = costs.predict(outputs + sum(counts), batches=batches(counts)) + extra
-        if target_ms > 0 and ms > target_ms:
+        ms = costs.predict(outputs + sum(counts), batches=batches(counts))
+        if target_ms > 0 and ms + extra > target_ms:
             return
         rate = tokens / ms if ms > 0 else math.inf
         if rate > best_rate:
