@@ -113,10 +113,11 @@ def test_step_costs_fit_a_fixed_cost_per_micro_batch_and_a_cost_per_position() -
 
 
 def test_one_shape_is_split_by_the_prior() -> None:
-    # Eight sequences at 90 ms: the fixed cost is taken to be one position's (10 + 8 x 10).
-    c = costs({8: 90.0})
-    assert c.coefficients == (10.0, 10.0)
-    assert c.predict(12) == 130.0
+    # Eight sequences at 95 ms: a micro-batch's fixed cost is taken to be one and a half
+    # positions' (15 + 8 x 10).
+    c = costs({8: 95.0})
+    assert c.coefficients == (15.0, 10.0)
+    assert c.predict(12) == 135.0
 
 
 def test_a_stalled_step_moves_nothing() -> None:

@@ -206,7 +206,7 @@ class StepCosts:
 
     horizon: int = 200
     samples: int = 9
-    prior_ratio: float = 1.0
+    prior_ratio: float = 1.5
     weight: float = 0.25
     _shapes: dict[tuple[int, int], tuple[list[float], int]] = attrs.field(factory=dict)
     _prefill_ms: float | None = None
