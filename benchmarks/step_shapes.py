@@ -62,7 +62,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     batch = Batch(n_batch)
     times: dict[str, list[float]] = {name: [] for name in SHAPES}
     try:
-        prompt = np.asarray(model.tokenize("Question: what is the sea?\nAnswer:"), np.int32)
+        prompt = np.asarray(
+            model.tokenize("Question: what is the sea?\nAnswer:", add_special=True), np.int32
+        )
         for seq in range(8):
             batch.clear()
             batch.add(prompt, 0, seq, output_last=True)

@@ -183,6 +183,24 @@ def test_gemma_on_two_cores_drafts_for_one_sequence_and_not_for_eight() -> None:
     assert plan_drafts([Candidate(8, 0.85)] * 8, c, outputs=8) == [0] * 8
 
 
+def test_a_slow_sampler_prices_its_own_drafts_out() -> None:
+    # One stream, memory-bound: drafts pay with a greedy sampler (0.1 ms a position) but not
+    # with one that takes 12 ms a position (top-p over 262k tokens without top-k): the
+    # sampler runs at every position verified.
+    c = linear(10.0, 2.0, [(1, 1), (1, 5)])
+    fast = plan_drafts([Candidate(8, 0.5, sample_ms=0.1)], c, outputs=1, sampling_ms=0.1)
+    slow = plan_drafts([Candidate(8, 0.5, sample_ms=12.0)], c, outputs=1, sampling_ms=12.0)
+    assert fast[0] > 0 and slow == [0]
+    # Among several sequences, the ones with cheap samplers draft.
+    mixed = plan_drafts(
+        [Candidate(8, 0.8, sample_ms=12.0), Candidate(8, 0.8, sample_ms=0.1)],
+        linear(10.0, 2.0, [(1, 2), (1, 6)]),
+        outputs=2,
+        sampling_ms=12.1,
+    )
+    assert mixed[1] > mixed[0]
+
+
 def split_batches(counts: Sequence[int]) -> int:
     """Per-slot memory, every sequence decoding: ids 0, 1, ... with one token and drafts."""
     return micro_batches([(i, 1 + n) for i, n in enumerate(counts)], split=True, n_ubatch=584)

@@ -107,6 +107,8 @@ class EngineCore:
         self._drafts = DraftBudget(model, config, self._batch.capacity, plan)
         self._make_drafter = drafter or (lambda tokens: NgramDrafter(tokens))
         self._admissions = 0
+        #: Time spent sampling decoding sequences' positions in this step.
+        self._sample_s = 0.0
         #: Sequences in the last step's batch.
         self.decoding = 0
 
@@ -142,6 +144,7 @@ class EngineCore:
     def step(self) -> list[StepOutput]:
         """Admit, ingest, draft and decode one step; what happened to each request."""
         started = time.perf_counter()
+        self._sample_s = 0.0
         pool = self._pool
         plan = self._scheduler.schedule(self._start, pool.fits if pool else None)
         for key in plan.admitted:
@@ -192,8 +195,9 @@ class EngineCore:
         decode_only = not any(part.start is not None for part in parts)
         self._scheduler.measured(step_s * 1000, decode_only=decode_only)
         if not failed:
+            # Without the decoding sequences' sampling: the budget adds each one's own.
             self._drafts.costs.measured(
-                step_s * 1000,
+                (step_s - self._sample_s) * 1000,
                 outputs=sum(part.tokens for part in parts if part.start is None),
                 prefill=sum(part.tokens for part in parts if part.start is not None),
                 batches=batches,
@@ -383,7 +387,12 @@ class EngineCore:
                 logprobs.append(sampler.last_logprob)
             return token
 
+        t0 = time.perf_counter()
         tokens = verify(sample, part.index, draft, self._ends(job))
+        spent = time.perf_counter() - t0
+        self._sample_s += spent
+        ms = spent * 1000 / len(tokens)
+        job.sample_ms = ms if not job.sample_ms else job.sample_ms + (ms - job.sample_ms) / 4
         accepted = len(tokens) - 1  # the draft tokens that are now in memory for good
         if accepted < len(draft) and not self._model.forget(job.seq, job.pos + 1 + accepted):
             # Not expected (drafts never exceed what the memory can roll back): the

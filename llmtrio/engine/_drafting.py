@@ -79,12 +79,16 @@ class DraftBudget:
             )
 
         counts = self._plan(
-            [Candidate(len(d), part.job.acceptance.rate(m)) for part, d, m in offers],
+            [
+                Candidate(len(d), part.job.acceptance.rate(m), part.job.sample_ms)
+                for part, d, m in offers
+            ],
             self.costs,
             outputs=len(parts),
             prefill=prefill_tokens,
             target_ms=self._target_ms,
             batches=batches,
+            sampling_ms=sum(part.job.sample_ms for part in parts),
         )
         total = 0
         for (part, draft, match), count in zip(offers, counts, strict=True):
