@@ -169,7 +169,12 @@ class EngineCore:
         if not parts:
             self._count_running()
             return outputs
-        batches = self._drafts.micro_batches([(part.job.seq, part.tokens) for part in parts])
+        drafting = self._drafts.draft_max > 0
+        batches = (
+            self._drafts.micro_batches([(part.job.seq, part.tokens) for part in parts])
+            if drafting
+            else 1
+        )
         decode_s, sampled, failed = self._decode(parts)
         for job, error in failed:
             self._release(job, clear=True)
@@ -194,7 +199,7 @@ class EngineCore:
         stats.python_s += step_s - decode_s
         decode_only = not any(part.start is not None for part in parts)
         self._scheduler.measured(step_s * 1000, decode_only=decode_only)
-        if not failed:
+        if drafting and not failed:
             # Without the decoding sequences' sampling: the budget adds each one's own.
             self._drafts.costs.measured(
                 (step_s - self._sample_s) * 1000,
