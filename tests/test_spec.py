@@ -242,15 +242,25 @@ def test_nothing_measured_nothing_drafted() -> None:
 
 
 def test_a_cost_not_measured_for_a_while_is_forgotten() -> None:
-    # Drafts looked ruinous (a busy moment): 20 ms for one position, 25 more for each.
-    c = linear(0.0, 0.0, [])
-    for n in range(1, 10):
-        c.measured(20.0 + 25.0 * (n - 1), outputs=n)
+    # Drafts looked ruinous (a busy moment): 2 ms a micro-batch, 30 a position.
+    c = linear(2.0, 30.0, [(1, n) for n in range(1, 10)] * 3)
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [0]
     for _ in range(c.horizon + 1):
         c.measured(20.0, outputs=1)  # steps without drafts
     # The old figures are forgotten: the one shape left is split by the prior, drafts are
     # tried, and measured again.
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1)[0] > 0
-    c.measured(24.0, outputs=9)
+    for _ in range(3):
+        c.measured(24.0, outputs=9)
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [8]
+
+
+def test_a_shape_seen_once_or_twice_does_not_decide() -> None:
+    # One stall on the first step with drafts must not rule drafts out: a shape takes part
+    # in the fit from its third step (a median of three).
+    c = linear(12.0, 8.5, [(1, 1)] * 5)
+    c.measured(900.0, outputs=5)
+    assert plan_drafts([Candidate(8, 0.9)], c, outputs=1)[0] > 0
+    for ms in (54.0, 56.0):
+        c.measured(ms, outputs=5)
+    assert c.coefficients == pytest.approx((12.0, 8.5), rel=0.05)

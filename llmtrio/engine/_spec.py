@@ -197,15 +197,17 @@ class StepCosts:
     Measured per shape (``micro_batches``, ``outputs``): each shape keeps the median of its
     last ``samples`` steps, so a step stalled by another process (seconds, on a shared
     machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten (the load
-    changes). The two coefficients are the least-squares fit over the shapes' medians,
-    weighted by their samples; while the shapes cannot tell them apart (one shape, or shapes
-    all with the same positions per micro-batch) the fit assumes a micro-batch's fixed cost
-    is ``prior_ratio`` positions'. Measured here (gemma-3-270m, 2 threads, per-slot): about
-    12 ms a micro-batch and 8.5 a position.
+    changes). The two coefficients are the least-squares fit over the medians of the shapes
+    seen ``settled`` times or more, weighted by their samples; while those cannot tell them
+    apart (one shape, or shapes all with the same positions per micro-batch), or tell them
+    apart as something no machine does (a negative cost: noise), the fit assumes a
+    micro-batch's fixed cost is ``prior_ratio`` positions'. Measured here (gemma-3-270m,
+    2 threads, per-slot): about 12 ms a micro-batch and 8.5 a position.
     """
 
     horizon: int = 200
     samples: int = 9
+    settled: int = 3
     prior_ratio: float = 1.5
     weight: float = 0.25
     _shapes: dict[tuple[int, int], tuple[list[float], int]] = attrs.field(factory=dict)
@@ -249,6 +251,10 @@ class StepCosts:
         for (u, p), (recent, _) in self._shapes.items():
             ordered = sorted(recent)
             rows.append((float(u), float(p), ordered[len(ordered) // 2], float(len(recent))))
+        # A shape seen once or twice may be a stalled step: it takes part once it has a
+        # median of three (unless nothing has yet).
+        settled = [row for row in rows if row[3] >= self.settled]
+        rows = settled or rows
         suu = sum(w * u * u for u, _, _, w in rows)
         spp = sum(w * p * p for _, p, _, w in rows)
         sup = sum(w * u * p for u, p, _, w in rows)
@@ -261,9 +267,7 @@ class StepCosts:
             position = (spm * suu - sum_ * sup) / det
             if fixed >= 0 and position > 0:
                 fit = (fixed, position)
-            elif fixed < 0 and spp > 0:  # no fixed cost measurable: all per position
-                fit = (0.0, spm / spp)
-        if fit is None:  # one line through the shapes: split it by the prior
+        if fit is None:  # one line through the shapes, or noise: split it by the prior
             r = self.prior_ratio
             num = sum(w * (r * u + p) * m for u, p, m, w in rows)
             den = sum(w * (r * u + p) ** 2 for u, p, _, w in rows)
