@@ -340,6 +340,8 @@ async def part_pool(args: argparse.Namespace, setup: Setup) -> None:
                     b = await batch(running, server, setup, "chat", n, f"pool{rnd}-{n}")
                     results.setdefault((server.key, n), []).append(b)
                     print(f"  round {rnd + 1} {server.label:28} N={n:<3} {b.agg_tps:7.1f} tok/s")
+    if not args.rounds:
+        return
     print(f"\nchat, 16 slots x {POOL_CTX}, median of {args.rounds} round(s): agg tok/s")
     for n in args.pool_concurrency:
         per = statistics.median(b.agg_tps for b in results[("per-slot", n)])

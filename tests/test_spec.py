@@ -3,10 +3,20 @@ measured step costs and the draft budget built on them. No model."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio.engine._spec import Acceptance, Candidate, NgramDrafter, StepCosts, plan_drafts
+from llmtrio.engine._spec import (
+    Acceptance,
+    Candidate,
+    NgramDrafter,
+    StepCosts,
+    micro_batches,
+    plan_drafts,
+)
 
 
 def brute_force(tokens: list[int], limit: int, max_n: int) -> tuple[list[int], int]:
@@ -77,73 +87,149 @@ def test_only_tokens_up_to_the_first_wrong_one_count() -> None:
     assert a.rate(2) == b.rate(2)
 
 
-def costs(points: dict[int, float]) -> StepCosts:
+def costs(points: dict[int, float], *, batches: int = 1) -> StepCosts:
     c = StepCosts()
     for outputs, ms in points.items():
-        c.measured(ms, outputs=outputs)
+        c.measured(ms, outputs=outputs, batches=batches)
     return c
 
 
-def test_step_costs_are_measured_per_count_and_optimistic_between() -> None:
-    c = costs({1: 20.0, 5: 40.0})
-    assert c.predict(1) == 20.0 and c.predict(5) == 40.0
-    # Not measured: as cheap as it could plausibly be, so that the budget tries it: the
-    # count below plus a quarter of a position's cost a position, or the count above.
-    assert c.predict(2) == 25.0
-    assert c.predict(4) == 35.0
-    assert c.predict(9) == 60.0  # 40 + 4 x 5 (a quarter of one position's 20 ms each)
+def linear(fixed: float, position: float, shapes: list[tuple[int, int]]) -> StepCosts:
+    """Steps measured exactly at ``fixed`` ms a micro-batch plus ``position`` ms a position."""
+    c = StepCosts()
+    for batches, outputs in shapes:
+        c.measured(fixed * batches + position * outputs, outputs=outputs, batches=batches)
+    return c
+
+
+def test_step_costs_fit_a_fixed_cost_per_micro_batch_and_a_cost_per_position() -> None:
+    c = linear(12.0, 8.5, [(1, 1), (1, 8), (5, 12), (1, 16)])
+    fixed, position = c.coefficients
+    assert abs(fixed - 12.0) < 1e-6 and abs(position - 8.5) < 1e-6
+    assert abs(c.predict(24, batches=3) - (36.0 + 204.0)) < 1e-6
     c.measured(30.0, outputs=0, prefill=10)
-    assert c.predict(1, prefill=10) == 50.0
+    assert abs(c.predict(1, prefill=10, batches=1) - (20.5 + 30.0)) < 1e-6
     assert not StepCosts().known and StepCosts().predict(4) == 0.0
 
 
-def test_a_cheaper_count_above_bounds_the_ones_below_it() -> None:
-    # llama.cpp multiplies 1-3 columns one by one and 4 or more as a matrix: 4 positions
-    # cost about what 3 do. A count under a cheaper measured one is predicted no dearer.
-    c = costs({1: 20.0, 2: 40.0, 4: 26.0})
-    assert c.predict(3) == 26.0
-    c.measured(60.0, outputs=3)
-    assert c.predict(3) == 60.0 and c.predict(4) == 26.0
+def test_one_shape_is_split_by_the_prior() -> None:
+    # Eight sequences at 95 ms: a micro-batch's fixed cost is taken to be one and a half
+    # positions' (15 + 8 x 10).
+    c = costs({8: 95.0})
+    assert c.coefficients == (15.0, 10.0)
+    assert c.predict(12) == 135.0
 
 
-def test_one_measured_count_extrapolates_optimistically() -> None:
-    c = costs({8: 80.0})
-    # 10 ms a position at 8 outputs, a quarter of that for each one more.
-    assert c.predict(12) == 90.0
-    assert c.predict(4) == 40.0  # fewer sequences than measured: in proportion
+def test_a_stalled_step_moves_nothing() -> None:
+    # Another process took the cores for seconds: one step among many. Each shape keeps
+    # the median of its recent steps, so the fit does not see it.
+    c = linear(12.0, 8.5, [(1, 1), (1, 8)] * 4)
+    before = c.coefficients
+    c.measured(4000.0, outputs=8)
+    assert c.coefficients == before
+
+
+@pytest.mark.parametrize(
+    ("tokens", "split", "expected"),
+    [
+        ([1] * 8, True, 1),  # one token each: one micro-batch
+        ([2] * 8, True, 1),  # equal drafts: still one
+        ([1, 2] * 4, True, 5),  # the first tokens, then each drafting sequence alone
+        ([1, 2, 3, 4] * 2, True, 7),
+        ([1] * 7 + [9], True, 2),
+        ([1] * 8 + [512], True, 2),  # a prompt chunk beside eight decoding sequences
+        ([1, 2] * 4, False, 1),  # one pool: cut only at n_ubatch
+        ([1] * 8 + [600], False, 2),
+    ],
+)
+def test_micro_batches_follow_llama_cpp_split(
+    tokens: list[int], split: bool, expected: int
+) -> None:
+    assert micro_batches(list(enumerate(tokens)), split=split, n_ubatch=584) == expected
+
+
+def test_a_gap_in_sequence_ids_splits_a_micro_batch() -> None:
+    # llama.cpp takes consecutive ids only: 0, 1, 3 with two tokens each are two.
+    assert micro_batches([(0, 2), (1, 2), (3, 2)], split=True, n_ubatch=584) == 2
 
 
 def test_memory_bound_steps_draft_and_compute_bound_steps_do_not() -> None:
-    # One sequence, memory-bound: 25 ms with one position, 30 with nine.
-    cheap = costs({n: 25.0 + (n - 1) * 5 / 8 for n in range(1, 10)})
+    # One sequence, memory-bound: 25 ms a micro-batch, under 1 ms a position.
+    cheap = linear(25.0, 0.6, [(1, 1), (1, 9)])
     assert plan_drafts([Candidate(8, 0.9)], cheap, outputs=1) == [8]
     # Eight sequences, compute-bound: every position costs what a token is worth.
-    dear = costs({n: 10.0 * n for n in range(8, 80)})
+    dear = linear(2.0, 10.0, [(1, 8), (1, 16), (1, 24)])
     assert plan_drafts([Candidate(8, 0.9)] * 8, dear, outputs=8) == [0] * 8
     # A draft that is rarely right is not worth even a cheap position.
     assert plan_drafts([Candidate(8, 0.01)], cheap, outputs=1) == [0]
 
 
-def test_an_unmeasured_length_is_tried_when_it_might_be_best() -> None:
-    # Only one position measured: drafts are tried (optimistically cheap), never blindly
-    # at the most, and once measured dear they stop.
-    c = costs({8: 80.0})
-    tried = plan_drafts([Candidate(8, 0.9)] * 8, c, outputs=8)
-    assert sum(tried) > 0
-    c.measured(10.0 * (8 + sum(tried)), outputs=8 + sum(tried))
-    again = plan_drafts([Candidate(8, 0.9)] * 8, c, outputs=8)
-    assert sum(again) < sum(tried)
+def test_a_prompt_chunk_in_the_step_does_not_make_drafts_look_free() -> None:
+    # Compute-bound decoding beside a 512-token prompt chunk: the chunk is ingested either
+    # way, so drafts are judged against decoding's own rate, not the whole step's.
+    dear = linear(2.0, 10.0, [(1, 8), (1, 16), (1, 24)])
+    dear.measured(2000.0, outputs=0, prefill=512)
+    assert plan_drafts([Candidate(8, 0.9)] * 8, dear, outputs=8, prefill=512) == [0] * 8
+    cheap = linear(25.0, 0.6, [(1, 1), (1, 9)])
+    cheap.measured(2000.0, outputs=0, prefill=512)
+    assert plan_drafts([Candidate(8, 0.9)], cheap, outputs=1, prefill=512) == [8]
+
+
+def test_gemma_on_two_cores_drafts_for_one_sequence_and_not_for_eight() -> None:
+    # The costs measured here (gemma-3-270m, 2 threads, per-slot): 12 ms a micro-batch,
+    # 8.5 ms a position; drafts right 85% of the time (free chat's acceptance).
+    c = linear(12.0, 8.5, [(1, 1), (1, 8), (5, 12), (1, 16)])
+    assert sum(plan_drafts([Candidate(8, 0.85)], c, outputs=1)) >= 2
+    assert plan_drafts([Candidate(8, 0.85)] * 8, c, outputs=8) == [0] * 8
+
+
+def test_a_slow_sampler_prices_its_own_drafts_out() -> None:
+    # One stream, memory-bound: drafts pay with a greedy sampler (0.1 ms a position) but not
+    # with one that takes 12 ms a position (top-p over 262k tokens without top-k): the
+    # sampler runs at every position verified.
+    c = linear(10.0, 2.0, [(1, 1), (1, 5)])
+    fast = plan_drafts([Candidate(8, 0.5, sample_ms=0.1)], c, outputs=1, sampling_ms=0.1)
+    slow = plan_drafts([Candidate(8, 0.5, sample_ms=12.0)], c, outputs=1, sampling_ms=12.0)
+    assert fast[0] > 0 and slow == [0]
+    # Among several sequences, the ones with cheap samplers draft.
+    mixed = plan_drafts(
+        [Candidate(8, 0.8, sample_ms=12.0), Candidate(8, 0.8, sample_ms=0.1)],
+        linear(10.0, 2.0, [(1, 2), (1, 6)]),
+        outputs=2,
+        sampling_ms=12.1,
+    )
+    assert mixed[1] > mixed[0]
+
+
+def split_batches(counts: Sequence[int]) -> int:
+    """Per-slot memory, every sequence decoding: ids 0, 1, ... with one token and drafts."""
+    return micro_batches([(i, 1 + n) for i, n in enumerate(counts)], split=True, n_ubatch=584)
+
+
+def test_per_slot_memory_drafts_equal_lengths_or_none() -> None:
+    # Drafting pays for four sequences when they stay in one micro-batch; the greedy plan
+    # (the best sequences' tokens first) would split the batch into several, each reading
+    # all the weights again.
+    c = linear(40.0, 2.0, [(1, 4), (1, 12), (3, 8)])
+    offers = [Candidate(6, 0.95), Candidate(6, 0.8), Candidate(6, 0.95), Candidate(6, 0.8)]
+    counts = plan_drafts(offers, c, outputs=4, batches=split_batches)
+    assert sum(counts) > 0
+    assert split_batches(counts) == 1
+    # The same costs on one pool (never split): the best tokens first, and lengths that
+    # differ, which per-slot memory would run in several micro-batches.
+    pooled = plan_drafts(offers, c, outputs=4)
+    assert sum(pooled) > 0 and split_batches(pooled) > 1
 
 
 def test_drafts_go_to_the_sequences_most_likely_to_be_right() -> None:
-    c = costs({n: 28.0 + n for n in range(2, 19)})
+    c = linear(28.0, 1.0, [(1, 2), (1, 10), (1, 18)])
     counts = plan_drafts([Candidate(8, 0.3), Candidate(8, 0.95)], c, outputs=2)
     assert counts[1] > counts[0]
     assert sum(counts) < 16
 
 
 def test_target_step_ms_caps_the_drafts() -> None:
-    c = costs({n: 19.0 + n for n in range(1, 18)})  # 1 ms a position
+    c = linear(19.0, 1.0, [(1, 1), (1, 17)])  # 1 ms a position
     free = plan_drafts([Candidate(16, 0.99)], c, outputs=1)
     capped = plan_drafts([Candidate(16, 0.99)], c, outputs=1, target_ms=25.0)
     assert free == [16]
@@ -155,13 +241,26 @@ def test_nothing_measured_nothing_drafted() -> None:
     assert plan_drafts([Candidate(4, 0.9)], StepCosts(), outputs=1) == [0]
 
 
-def test_a_cost_not_measured_for_a_while_is_tried_again() -> None:
-    # Drafts looked ruinous at every length (a busy moment).
-    c = costs({n: 20.0 + 25.0 * (n - 1) for n in range(1, 10)})
+def test_a_cost_not_measured_for_a_while_is_forgotten() -> None:
+    # Drafts looked ruinous (a busy moment): 2 ms a micro-batch, 30 a position.
+    c = linear(2.0, 30.0, [(1, n) for n in range(1, 10)] * 3)
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [0]
     for _ in range(c.horizon + 1):
         c.measured(20.0, outputs=1)  # steps without drafts
-    # The old figures are forgotten: drafts are tried, and measured again.
+    # The old figures are forgotten: the one shape left is split by the prior, drafts are
+    # tried, and measured again.
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1)[0] > 0
-    c.measured(24.0, outputs=9)
+    for _ in range(3):
+        c.measured(24.0, outputs=9)
     assert plan_drafts([Candidate(8, 0.9)], c, outputs=1) == [8]
+
+
+def test_a_shape_seen_once_or_twice_does_not_decide() -> None:
+    # One stall on the first step with drafts must not rule drafts out: a shape takes part
+    # in the fit from its third step (a median of three).
+    c = linear(12.0, 8.5, [(1, 1)] * 5)
+    c.measured(900.0, outputs=5)
+    assert plan_drafts([Candidate(8, 0.9)], c, outputs=1)[0] > 0
+    for ms in (54.0, 56.0):
+        c.measured(ms, outputs=5)
+    assert c.coefficients == pytest.approx((12.0, 8.5), rel=0.05)

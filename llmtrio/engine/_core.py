@@ -7,7 +7,7 @@ Requests come in and results go out as plain values (:class:`CoreRequest`,
 :class:`StepOutput`); the policies it carries out are pure objects of their own: the
 :class:`Scheduler` (who runs, how many prompt tokens each), the :class:`PromptCache`
 (which slot, what of the prompt is already in memory, what to snapshot), and speculative
-decoding's drafter and draft budget (``_spec.py``).
+decoding's drafter and draft budget (``_spec.py``, carried out by ``_drafting.py``).
 
 Speculative decoding: a decoding sequence's step carries its last token and up to
 ``spec_draft_max`` draft tokens, every one with logits. Its sampler then samples the
@@ -31,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from ._drafting import DraftBudget, cut_anywhere
 from ._errors import DecodeError
 from ._jobs import Drafter, Job, Part, slot_sampler
 from ._llama import Batch, LlamaModel
@@ -38,7 +39,7 @@ from ._pool import SharedPool
 from ._prompt_cache import PromptCache
 from ._sampling import RawLogprob
 from ._scheduler import Scheduler, Start
-from ._spec import Candidate, NgramDrafter, StepCosts, plan_drafts, verify
+from ._spec import NgramDrafter, plan_drafts, verify
 from ._step import CoreRequest, EngineStats, StepOutput
 from ._types import EngineConfig, StopReason
 
@@ -103,13 +104,11 @@ class EngineCore:
             else None
         )
         self._request_ctx = config.request_ctx
-        #: Draft tokens one sequence may carry: the configured most, and for recurrent
-        #: memory what it can roll back.
-        self._draft_max = spec_draft_limit(model, config)
+        self._drafts = DraftBudget(model, config, self._batch.capacity, plan)
         self._make_drafter = drafter or (lambda tokens: NgramDrafter(tokens))
-        self._costs = StepCosts()
-        self._plan = plan
         self._admissions = 0
+        #: Time spent sampling decoding sequences' positions in this step.
+        self._sample_s = 0.0
         #: Sequences in the last step's batch.
         self.decoding = 0
 
@@ -145,6 +144,7 @@ class EngineCore:
     def step(self) -> list[StepOutput]:
         """Admit, ingest, draft and decode one step; what happened to each request."""
         started = time.perf_counter()
+        self._sample_s = 0.0
         pool = self._pool
         plan = self._scheduler.schedule(self._start, pool.fits if pool else None)
         for key in plan.admitted:
@@ -158,9 +158,8 @@ class EngineCore:
             return []
         parts = [Part(self._jobs[key], None, 0, 0) for key in plan.decode]
         prefill = [Part(self._jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
-        prefill_tokens = sum(p.count for p in prefill)
-        if self._draft_max:
-            self._draft(parts, prefill_tokens)
+        if self._drafts.draft_max:
+            self._drafts.draft(parts, prefill)
         parts += prefill
         if pool:
             parts = pool.make_room(parts)
@@ -170,6 +169,12 @@ class EngineCore:
         if not parts:
             self._count_running()
             return outputs
+        drafting = self._drafts.draft_max > 0
+        batches = (
+            self._drafts.micro_batches([(part.job.seq, part.tokens) for part in parts])
+            if drafting
+            else 1
+        )
         decode_s, sampled, failed = self._decode(parts)
         for job, error in failed:
             self._release(job, clear=True)
@@ -194,11 +199,13 @@ class EngineCore:
         stats.python_s += step_s - decode_s
         decode_only = not any(part.start is not None for part in parts)
         self._scheduler.measured(step_s * 1000, decode_only=decode_only)
-        if not failed:
-            self._costs.measured(
-                step_s * 1000,
+        if drafting and not failed:
+            # Without the decoding sequences' sampling: the budget adds each one's own.
+            self._drafts.costs.measured(
+                (step_s - self._sample_s) * 1000,
                 outputs=sum(part.tokens for part in parts if part.start is None),
                 prefill=sum(part.tokens for part in parts if part.start is not None),
+                batches=batches,
             )
         return outputs
 
@@ -296,42 +303,6 @@ class EngineCore:
             job.sampler.close()
             job.sampler = None
 
-    # -- speculative decoding ----------------------------------------------------------------
-
-    def _draft(self, parts: list[Part], prefill_tokens: int) -> None:
-        """Give each decoding part the draft tokens the budget allows this step."""
-        offers: list[tuple[Part, list[int], int]] = []
-        room = self._batch.capacity - len(parts) - prefill_tokens
-        for part in parts:
-            job = part.job
-            limit = min(
-                self._draft_max,
-                job.request.max_tokens - job.generated - 1,
-                self._request_ctx - job.pos - 2,
-                max(0, room),
-            )
-            if job.drafter is None or limit <= 0:
-                continue
-            draft, match = job.drafter.propose(limit)
-            if draft:
-                offers.append((part, draft, match))
-        counts = self._plan(
-            [Candidate(len(d), part.job.acceptance.rate(m)) for part, d, m in offers],
-            self._costs,
-            outputs=len(parts),
-            prefill=prefill_tokens,
-            target_ms=self._config.target_step_ms,
-        )
-        total = 0
-        for (part, draft, match), count in zip(offers, counts, strict=True):
-            count = min(count, room - total)
-            if count > 0:
-                part.draft, part.match = draft[:count], match
-                total += count
-        for part in parts:
-            if not part.draft:
-                part.job.acceptance.idle()
-
     # -- one step ------------------------------------------------------------------------
 
     def _decode(
@@ -421,7 +392,12 @@ class EngineCore:
                 logprobs.append(sampler.last_logprob)
             return token
 
+        t0 = time.perf_counter()
         tokens = verify(sample, part.index, draft, self._ends(job))
+        spent = time.perf_counter() - t0
+        self._sample_s += spent
+        ms = spent * 1000 / len(tokens)
+        job.sample_ms = ms if not job.sample_ms else job.sample_ms + (ms - job.sample_ms) / 4
         accepted = len(tokens) - 1  # the draft tokens that are now in memory for good
         if accepted < len(draft) and not self._model.forget(job.seq, job.pos + 1 + accepted):
             # Not expected (drafts never exceed what the memory can roll back): the
@@ -473,7 +449,7 @@ class EngineCore:
             stop = StopReason.CONTEXT_END
         if job.drafter is not None:
             job.drafter.extend(tokens)
-        elif self._draft_max and stop is None:
+        elif self._drafts.draft_max and stop is None:
             # Made at the first token: the index of the prompt is built once, off the
             # admission step, and only for sequences that decode.
             history = job.prompt.tolist()
@@ -484,23 +460,6 @@ class EngineCore:
         if stop is not None:
             self._release(job)
         return job.output(tokens, stop=stop, released=stop is not None, logprobs=logprobs)
-
-
-def cut_anywhere(model: LlamaModel) -> bool:
-    """Whether a sequence's memory can be cut back to any position: attention only, with a
-    full-size sliding-window cache."""
-    recurrent = model.is_recurrent or model.is_hybrid
-    return not recurrent and (model.n_swa == 0 or model.swa_full)
-
-
-def spec_draft_limit(model: LlamaModel, config: EngineConfig) -> int:
-    """The most draft tokens a sequence may carry: 0 when speculation is off, or when the
-    memory cannot take rejected drafts back (recurrent state without snapshots)."""
-    if config.spec is None:
-        return 0
-    if cut_anywhere(model):
-        return config.spec_draft_max
-    return min(config.spec_draft_max, model.n_rs_seq)
 
 
 def _decode_error(rc: int) -> str:

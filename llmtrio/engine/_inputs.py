@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 
 from ._chat import ChatTemplate
-from ._core import cut_anywhere
+from ._drafting import cut_anywhere
 from ._errors import InvalidRequestError, PromptTooLongError
 from ._grammar import Grammar, request_grammar
 from ._llama import LlamaModel

@@ -55,6 +55,8 @@ class Job:
     acceptance: Acceptance = attrs.field(factory=Acceptance)
     drafted: int = 0
     accepted: int = 0
+    #: What its sampler takes a position, in ms (a moving average, measured verifying).
+    sample_ms: float = 0.0
     #: Out of the batch to make room in the pool, until admitted again; its memory in
     #: host memory meanwhile (``swapped``; none when it held no cells).
     preempted: bool = False

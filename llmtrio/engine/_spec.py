@@ -15,9 +15,11 @@ Three parts:
   the n-gram they were found with; it forgets with every verified token, and drifts back to
   its prior while the sequence does not draft, so a sequence whose drafts kept failing stops
   drafting for a while and then tries again.
-- :class:`StepCosts` and :func:`plan_drafts`: a step's cost, measured, as a function of the
-  positions with logits in its batch, and the draft lengths that maximize the expected
-  tokens per second of the whole step (never over ``target_step_ms`` when it is set).
+- :class:`StepCosts`, :func:`micro_batches` and :func:`plan_drafts`: a step's cost, fitted
+  to measured steps as a fixed cost per micro-batch llama.cpp splits the batch into plus a
+  cost per position with logits, and the draft lengths that maximize the expected tokens per
+  second of the whole step (none when the step is compute-bound; never over
+  ``target_step_ms`` when it is set).
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-__all__ = ["Acceptance", "Candidate", "NgramDrafter", "StepCosts", "plan_drafts", "verify"]
+__all__ = [
+    "Acceptance",
+    "Candidate",
+    "NgramDrafter",
+    "StepCosts",
+    "micro_batches",
+    "plan_drafts",
+    "verify",
+]
 
 
 class NgramDrafter:
@@ -134,42 +144,85 @@ class Acceptance:
             self._hits[b] = rate * self._trials[b]
 
 
+def micro_batches(tokens: Sequence[tuple[int, int]], *, split: bool, n_ubatch: int) -> int:
+    """How many micro-batches llama.cpp runs a batch in: ``tokens`` is each sequence's
+    ``(id, tokens)`` in the batch's (ascending id) order.
+
+    One memory pool (``kv_unified``): the batch is cut into ``n_ubatch``-token pieces
+    (``split_simple``). Per-slot memory (``split``): ``split_equal(sequential=True)``, as in
+    llama.cpp's ``llama_batch_allocr``: each micro-batch takes the first sequence with tokens
+    left and the ones with the next consecutive ids that have tokens left, the same number of
+    tokens from each (the fewest any of them has left). Eight sequences with one token each
+    are one micro-batch; with drafts of 1 and 0 tokens alternating, five (one for the first
+    token of all eight, then one for each drafting sequence alone, its ids no longer
+    consecutive). Each micro-batch reads all the weights again.
+    """
+    total = sum(n for _, n in tokens)
+    if not split:
+        return max(1, -(-total // n_ubatch))
+    left = [n for _, n in tokens]
+    ids = [seq for seq, _ in tokens]
+    count, first = 0, 0
+    while first < len(left):
+        if left[first] == 0:
+            first += 1
+            continue
+        run = [first]
+        i = first + 1
+        while i < len(left) and left[i] > 0 and ids[i] == ids[run[-1]] + 1:
+            run.append(i)
+            i += 1
+        run = run[: max(1, n_ubatch)]
+        take = max(1, min(min(left[j] for j in run), n_ubatch // len(run)))
+        for j in run:
+            left[j] -= take
+        count += 1
+    return max(1, count)
+
+
 @attrs.define
 class StepCosts:
-    """A decode step's measured cost in ms as a function of the positions with logits in
-    its batch (``outputs``: one per decoding sequence, plus its drafts) and the prompt
-    tokens ingested with them (``prefill``).
+    """A decode step's cost in ms, fitted to measured steps:
+    ``fixed * micro_batches + position * outputs + prefill_ms * prefill``.
 
-    The cost is not smooth: llama.cpp's CPU kernels multiply one to three columns as that
-    many matrix-vector products (each reads all the weights) and four or more as a
-    matrix-matrix product, so on gemma-3 two positions cost about twice one and four about
-    as much as three. So it is measured per count: a table keeps, for each ``outputs``
-    count seen, a moving average of decode-only steps. A count not measured is predicted
-    optimistically, as cheap as it could plausibly be (the cheapest measured count below it
-    plus ``prior_slope`` of a position's cost for each position more, or a measured count
-    above it scaled down in proportion): the budget then tries it when it might be the
-    best, and the step measured puts the truth in the table. Prompt tokens add
-    ``prefill_ms`` each, a moving average of what steps with prefill cost beyond their
-    outputs.
+    ``outputs`` are the positions with logits (one per decoding sequence, plus its drafts),
+    ``micro_batches`` how many llama.cpp splits the batch into (:func:`micro_batches`), and
+    ``prefill`` the prompt tokens ingested with them. On a CPU every micro-batch reads all
+    the weights (``fixed``: what makes one sequence memory-bound) and every position
+    multiplies them (``position``: gemma-3's 262k-token output layer makes it dear, and the
+    samplers' time per position is in it too). When ``position * outputs`` dwarfs ``fixed``
+    the step is compute-bound, a draft position costs about what a token is worth, and the
+    budget drafts nothing; one sequence, or a machine with bandwidth to spare, drafts.
 
-    A count not measured in the last ``horizon`` steps is forgotten: the machine's load
-    changes, and a draft length ruled out on a busy moment is tried again.
+    Measured per shape (``micro_batches``, ``outputs``): each shape keeps the median of its
+    last ``samples`` steps, so a step stalled by another process (seconds, on a shared
+    machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten (the load
+    changes). The two coefficients are the least-squares fit over the medians of the shapes
+    seen ``settled`` times or more, weighted by their samples; while those cannot tell them
+    apart (one shape, or shapes all with the same positions per micro-batch), or tell them
+    apart as something no machine does (a negative cost: noise), the fit assumes a
+    micro-batch's fixed cost is ``prior_ratio`` positions'. Measured here (gemma-3-270m,
+    2 threads, per-slot): about 12 ms a micro-batch and 8.5 a position.
     """
 
-    weight: float = 0.25
-    prior_slope: float = 0.25
     horizon: int = 200
-    _table: dict[int, tuple[float, int]] = attrs.field(factory=dict)
+    samples: int = 9
+    settled: int = 3
+    prior_ratio: float = 1.5
+    weight: float = 0.25
+    _shapes: dict[tuple[int, int], tuple[list[float], int]] = attrs.field(factory=dict)
     _prefill_ms: float | None = None
     _clock: int = 0
+    _fit: tuple[float, float] | None = None
 
-    def measured(self, ms: float, *, outputs: int, prefill: int = 0) -> None:
+    def measured(self, ms: float, *, outputs: int, prefill: int = 0, batches: int = 1) -> None:
         if outputs <= 0 and prefill <= 0:
             return
         self._clock += 1
         if prefill:
-            if outputs and outputs in self._fresh():
-                per = max(0.0, ms - self.predict(outputs)) / prefill
+            fit = self._coefficients()
+            if outputs and fit is not None:
+                per = max(0.0, ms - fit[0] * batches - fit[1] * outputs) / prefill
             elif not outputs:
                 per = ms / prefill
             else:
@@ -177,69 +230,85 @@ class StepCosts:
             old = self._prefill_ms
             self._prefill_ms = per if old is None else old + (per - old) * self.weight
             return
-        entry = self._table.get(outputs)
-        if entry is not None and self._clock - entry[1] <= self.horizon:
-            ms = entry[0] + (ms - entry[0]) * self.weight
-        self._table[outputs] = (ms, self._clock)
+        key = (max(1, batches), outputs)
+        entry = self._shapes.get(key)
+        recent = entry[0] if entry is not None else []
+        recent.append(ms)
+        del recent[: -self.samples]
+        self._shapes[key] = (recent, self._clock)
+        self._fit = None
 
-    def _fresh(self) -> dict[int, float]:
-        """The counts measured within the horizon, and their cost."""
+    def _coefficients(self) -> tuple[float, float] | None:
+        """``(fixed, position)`` ms, fitted to the shapes measured within the horizon."""
         oldest = self._clock - self.horizon
-        stale = [n for n, (_, at) in self._table.items() if at < oldest]
-        for n in stale:
-            del self._table[n]
-        return {n: ms for n, (ms, _) in self._table.items()}
+        stale = [key for key, (_, at) in self._shapes.items() if at < oldest]
+        for key in stale:
+            del self._shapes[key]
+            self._fit = None
+        if self._fit is not None or not self._shapes:
+            return self._fit
+        rows = []
+        for (u, p), (recent, _) in self._shapes.items():
+            ordered = sorted(recent)
+            rows.append((float(u), float(p), ordered[len(ordered) // 2], float(len(recent))))
+        # A shape seen once or twice may be a stalled step: it takes part once it has a
+        # median of three (unless nothing has yet).
+        settled = [row for row in rows if row[3] >= self.settled]
+        rows = settled or rows
+        suu = sum(w * u * u for u, _, _, w in rows)
+        spp = sum(w * p * p for _, p, _, w in rows)
+        sup = sum(w * u * p for u, p, _, w in rows)
+        sum_ = sum(w * u * m for u, _, m, w in rows)
+        spm = sum(w * p * m for _, p, m, w in rows)
+        det = suu * spp - sup * sup
+        fit: tuple[float, float] | None = None
+        if det > 1e-6 * suu * spp:
+            fixed = (sum_ * spp - spm * sup) / det
+            position = (spm * suu - sum_ * sup) / det
+            if fixed >= 0 and position > 0:
+                fit = (fixed, position)
+        if fit is None:  # one line through the shapes, or noise: split it by the prior
+            r = self.prior_ratio
+            num = sum(w * (r * u + p) * m for u, p, m, w in rows)
+            den = sum(w * (r * u + p) ** 2 for u, p, _, w in rows)
+            position = num / den if den > 0 else 0.0
+            fit = (r * position, position)
+        self._fit = fit
+        return fit
 
     @property
     def known(self) -> bool:
-        return bool(self._fresh())
+        return self._coefficients() is not None
 
-    def predict(self, outputs: int, prefill: int = 0) -> float:
-        """The expected ms of a step with ``outputs`` positions with logits and ``prefill``
-        prompt tokens (optimistic for a count not measured; 0 when nothing was)."""
-        decode = self.table(outputs).get(outputs, 0.0) if outputs > 0 else 0.0
+    @property
+    def coefficients(self) -> tuple[float, float]:
+        """The fitted ``(fixed, position)`` ms (zeros while nothing was measured)."""
+        return self._coefficients() or (0.0, 0.0)
+
+    def predict(self, outputs: int, prefill: int = 0, batches: int = 1) -> float:
+        """The expected ms of a step with ``outputs`` positions with logits in ``batches``
+        micro-batches and ``prefill`` prompt tokens (0 when nothing was measured)."""
+        fit = self._coefficients()
+        if fit is None:
+            return 0.0
+        decode = fit[0] * max(1, batches) + fit[1] * outputs if outputs > 0 else 0.0
         return decode + prefill * (self._prefill_ms or 0.0)
-
-    def table(self, up_to: int = 0) -> dict[int, float]:
-        """The predicted ms of a decode-only step for every count from 1 to ``up_to`` (or
-        the largest measured): measured, or else the optimistic bound (the cheaper of the
-        cheapest count below plus ``prior_slope`` of a position's cost a position, and the
-        cheapest count above; below every measured count, the smallest scaled down)."""
-        fresh = self._fresh()
-        if not fresh:
-            return {}
-        counts = sorted(fresh)
-        smallest = counts[0]
-        slope = self.prior_slope * fresh[smallest] / smallest
-        # The cheapest measured count above each n: a suffix minimum, built backwards.
-        above: dict[int, float] = {}
-        cheapest = math.inf
-        top = max(up_to, counts[-1])
-        for n in range(top, 0, -1):
-            above[n] = cheapest
-            if n in fresh:
-                cheapest = min(cheapest, fresh[n])
-        out: dict[int, float] = {}
-        below = math.inf  # the cheapest bound from counts measured below
-        for n in range(1, top + 1):
-            below += slope
-            if n in fresh:
-                out[n] = fresh[n]
-                below = min(below, fresh[n])
-            elif n < smallest:
-                out[n] = fresh[smallest] * n / smallest
-            else:
-                out[n] = min(below, above[n])
-        return out
 
 
 @attrs.frozen
 class Candidate:
     """A decoding sequence's offer: ``tokens`` drafted, each right with ``rate`` given the
-    ones before it were."""
+    ones before it were; its sampler takes ``sample_ms`` a position (a sampled request runs
+    its whole chain at every position it verifies: 0.1 ms greedy on gemma's 262k
+    vocabulary, 0.3 with top-k 40, 12 with top-p and no top-k, here)."""
 
     tokens: int
     rate: float
+    sample_ms: float = 0.0
+
+
+def _one_batch(counts: Sequence[int]) -> int:
+    return 1
 
 
 def plan_drafts(
@@ -249,17 +318,27 @@ def plan_drafts(
     outputs: int,
     prefill: int = 0,
     target_ms: float = 0.0,
+    batches: Callable[[Sequence[int]], int] = _one_batch,
+    sampling_ms: float = 0.0,
 ) -> list[int]:
     """How many of each candidate's draft tokens to verify in the next step.
 
     The step already has ``outputs`` positions with logits (one per decoding sequence) and
-    ``prefill`` prompt tokens. A sequence's ``j``-th draft token adds an expected
-    ``rate ** j`` tokens (it counts only if all before it are right), and one position to the
-    step. Draft tokens are taken by expected gain, best first, and the count kept is the one
-    with the most expected tokens per predicted ms; with ``target_ms`` set, no count whose
-    predicted step exceeds it (unless no drafts already exceed it).
+    ``prefill`` prompt tokens; ``batches(counts)`` is how many micro-batches the step runs in
+    with ``counts`` draft tokens per candidate (:func:`micro_batches`), and ``sampling_ms``
+    what sampling one position of every decoding sequence takes (a draft position adds its
+    candidate's ``sample_ms``; ``costs`` are measured without sampling). A sequence's ``j``-th
+    draft token adds an expected ``rate ** j`` tokens (it counts only if all before it are
+    right), and one position to the step. Two families of plans are priced with the fitted
+    costs: the ``m`` draft tokens of most expected gain per ms (for every ``m``), and every
+    candidate's worthwhile tokens up to a common length ``k`` (equal lengths keep per-slot
+    memory in one micro-batch); the plan with the most expected tokens per predicted ms of
+    decoding (the prompt tokens' cost left out: they are ingested either way) wins, so a
+    compute-bound step, where a position costs about what a token is worth, drafts nothing.
+    With ``target_ms`` set, no plan whose predicted step (prompt tokens included) exceeds it.
     """
     gains: list[tuple[float, int]] = []
+    per: list[list[float]] = [[] for _ in candidates]
     for i, c in enumerate(candidates):
         g = 1.0
         for _ in range(c.tokens):
@@ -267,26 +346,51 @@ def plan_drafts(
             if g < 0.02:
                 break
             gains.append((g, i))
+            per[i].append(g)
     if not gains or not costs.known:
         return [0] * len(candidates)
-    gains.sort(key=lambda item: -item[0])
-    table = costs.table(outputs + len(gains))
+    # Prompt tokens are ingested with or without drafts: the rate compared is decoding's
+    # (a step mostly spent on a prompt chunk would make any draft look free beside it).
     extra = costs.predict(0, prefill)
-    base = table[outputs] + extra
-    tokens = float(outputs)
-    best_m, best_rate = 0, tokens / base if base > 0 else math.inf
-    for m, (g, _) in enumerate(gains, start=1):
-        tokens += g
-        ms = table[outputs + m] + extra
-        if target_ms > 0 and ms > target_ms:
-            break
+    zero = [0] * len(candidates)
+    base_ms = costs.predict(outputs, batches=batches(zero)) + sampling_ms
+    best, best_rate = zero, outputs / base_ms if base_ms > 0 else math.inf
+
+    def consider(counts: list[int], tokens: float) -> None:
+        nonlocal best, best_rate
+        ms = costs.predict(outputs + sum(counts), batches=batches(counts)) + sampling_ms
+        ms += sum(c.sample_ms * n for c, n in zip(candidates, counts, strict=True))
+        if target_ms > 0 and ms + extra > target_ms:
+            return
         rate = tokens / ms if ms > 0 else math.inf
         if rate > best_rate:
-            best_m, best_rate = m, rate
-    counts = [0] * len(candidates)
-    for _, i in gains[:best_m]:
+            best, best_rate = counts, rate
+
+    # Best first: expected tokens per ms the position adds (its sampler's time included).
+    position = costs.coefficients[1]
+
+    def worth(item: tuple[float, int]) -> float:
+        cost = position + candidates[item[1]].sample_ms
+        return item[0] / cost if cost > 0 else math.inf
+
+    gains.sort(key=worth, reverse=True)
+    # No plan beats the step without drafts when even the best token adds fewer tokens per
+    # ms than the step gives (a plan's added tokens over its added ms is at most its best
+    # token's ratio while drafts add micro-batches, never remove them: true but where a
+    # prompt chunk happens to match a drafting sequence's length): the compute-bound case,
+    # decided without pricing every plan (0.3 ms instead of 7 at eight sequences).
+    if worth(gains[0]) <= best_rate:
+        return best
+    counts = list(zero)
+    tokens = float(outputs)
+    for g, i in gains:
         counts[i] += 1
-    return counts
+        tokens += g
+        consider(list(counts), tokens)
+    for k in range(1, max(len(p) for p in per) + 1):
+        uniform = [min(k, len(p)) for p in per]
+        consider(uniform, outputs + sum(sum(p[:n]) for p, n in zip(per, uniform, strict=True)))
+    return best
 
 
 def verify(

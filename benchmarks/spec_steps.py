@@ -1,0 +1,130 @@
+"""Speculation's cost and gain, step by step, side by side in one process (issue 18): two
+decode-step cores on two copies of the model, one with ``spec="ngram"`` and one without,
+take the same requests, and their steps alternate, so a machine whose load swings (a
+shared one) slows both sides alike. Prints, per workload and concurrency, each side's
+tokens per second of its own step time, the ratio, and how many tokens the budget drafted.
+
+    .venv/bin/python benchmarks/spec_steps.py [--workloads chat rewrite] [--concurrency 1 8]
+        [--max-tokens 96] [--threads 2] [--kv-unified]
+
+Greedy, end of generation suppressed, 8 slots x 1024 tokens (per slot, or one pool with
+``--kv-unified``); prompts as ``spec_compare.py`` words them, each led by a number unique
+in the run. Tokens per second counts time inside each core's steps only (prefill, drafting,
+``llama_decode``, sampling), not HTTP: what the draft budget decides is what moves it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import compare
+from _spec_texts import REWRITE_TEXTS, chat_prompt, rewrite_prompt
+
+from llmtrio.engine import EngineConfig, EngineStats, GenerateRequest, demo_model_path
+from llmtrio.engine._core import EngineCore
+from llmtrio.engine._llama import LlamaModel
+from llmtrio.engine._step import CoreRequest
+
+SLOTS = 8
+CTX = 1024
+DRAFT_MAX = 8
+
+
+def prompt_text(workload: str, i: int) -> str:
+    if workload == "rewrite":
+        return rewrite_prompt(REWRITE_TEXTS[i % len(REWRITE_TEXTS)])
+    return chat_prompt(compare.PROMPTS[i % len(compare.PROMPTS)])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="a GGUF (default: the demo gemma-3-270m)")
+    parser.add_argument("--workloads", nargs="+", default=["chat", "rewrite"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kv-unified", action="store_true")
+    args = parser.parse_args(argv)
+    path = args.model or demo_model_path()
+    sides = {}
+    for name, spec in (("spec", "ngram"), ("no-spec", None)):
+        model = LlamaModel(
+            path,
+            slots=SLOTS,
+            ctx_size=CTX,
+            threads=args.threads,
+            n_batch=512 + SLOTS * (1 + DRAFT_MAX),
+            kv_unified=args.kv_unified,
+        )
+        config = EngineConfig(
+            model=path,
+            max_inflight=SLOTS,
+            ctx_size=CTX,
+            threads=args.threads,
+            spec=spec,
+            spec_draft_max=DRAFT_MAX,
+            kv_unified=args.kv_unified,
+        )
+        stats = EngineStats()
+        sides[name] = (model, EngineCore(model, config, stats), stats)
+    layout = "one pool" if args.kv_unified else "per slot"
+    print(f"{path.name}, {SLOTS} slots x {CTX} ({layout}), {args.threads} threads, greedy")
+    key = 0
+    try:
+        for workload in args.workloads:
+            for n in args.concurrency:
+                spent = dict.fromkeys(sides, 0.0)
+                tokens = dict.fromkeys(sides, 0)
+                before = {
+                    k: (s.spec_draft_tokens, s.spec_accepted_tokens) for k, (*_, s) in sides.items()
+                }
+                for model, core, _ in sides.values():
+                    for i in range(n):
+                        key += 1
+                        text = f"{key}. {prompt_text(workload, i)}"
+                        prompt = model.tokenize(text, add_special=True)
+                        request = GenerateRequest(
+                            tokens=list(prompt), max_tokens=args.max_tokens, ignore_eos=True
+                        )
+                        core.add(
+                            CoreRequest(key, np.asarray(prompt, np.int32), request, args.max_tokens)
+                        )
+                # Alternate the two cores' steps (which goes first alternates too).
+                turn = 0
+                while any(core.busy for _, core, _ in sides.values()):
+                    order = list(sides) if turn % 2 == 0 else list(sides)[::-1]
+                    turn += 1
+                    for name in order:
+                        _, core, _ = sides[name]
+                        if not core.busy:
+                            continue
+                        t0 = time.perf_counter()
+                        outputs = core.step()
+                        spent[name] += time.perf_counter() - t0
+                        tokens[name] += sum(len(o.tokens) for o in outputs)
+                rate = {k: tokens[k] / spent[k] for k in sides}
+                _, _, stats = sides["spec"]
+                drafted = stats.spec_draft_tokens - before["spec"][0]
+                accepted = stats.spec_accepted_tokens - before["spec"][1]
+                acceptance = f"{accepted / drafted:.2f}" if drafted else "-"
+                print(
+                    f"{workload:8} N={n:<2} spec {rate['spec']:7.1f} tok/s  "
+                    f"no-spec {rate['no-spec']:7.1f} tok/s  "
+                    f"spec/no-spec x{rate['spec'] / rate['no-spec']:.2f}"
+                    f"  drafted {drafted:5d} accepted {acceptance}"
+                )
+    finally:
+        for model, _, _ in sides.values():
+            model.close()
+
+
+if __name__ == "__main__":
+    main()

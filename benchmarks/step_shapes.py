@@ -1,0 +1,98 @@
+"""What a decode step costs by its shape (issue 18's draft budget): ``llama_decode`` of
+batches of one or eight sequences carrying drafts of equal or mixed lengths, every position
+with logits, medians of a few repetitions. Per-slot memory splits a batch whose sequences
+carry unequal tokens into several micro-batches (llama.cpp's ``split_equal`` with
+consecutive ids), each reading all the weights again; ``--kv-unified`` does not.
+
+    .venv/bin/python benchmarks/step_shapes.py [--threads 2] [--kv-unified] [--repeat 7]
+
+Each line: the tokens per sequence, the positions with logits, the micro-batches
+``llmtrio.engine._spec.micro_batches`` predicts, and the median ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from llmtrio.engine import demo_model_path
+from llmtrio.engine._llama import Batch, LlamaModel
+from llmtrio.engine._spec import micro_batches
+
+SHAPES: dict[str, list[int]] = {
+    "1 x 1": [1],
+    "1 x 2": [2],
+    "1 x 3": [3],
+    "1 x 4": [4],
+    "1 x 6": [6],
+    "1 x 9": [9],
+    "8 x 1": [1] * 8,
+    "8 x 2": [2] * 8,
+    "8 x 3": [3] * 8,
+    "8 x 4": [4] * 8,
+    "8 x (1, 2)": [1, 2] * 4,
+    "8 x (1..4)": [1, 2, 3, 4] * 2,
+    "8 x (1, 5)": [1, 5] * 4,
+    "7 x 1 + 9": [1] * 7 + [9],
+}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="a GGUF (default: the demo gemma-3-270m)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kv-unified", action="store_true")
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args(argv)
+    path = args.model or demo_model_path()
+    n_batch = 600
+    model = LlamaModel(
+        path,
+        slots=8,
+        ctx_size=1024,
+        threads=args.threads,
+        n_batch=n_batch,
+        kv_unified=args.kv_unified,
+    )
+    batch = Batch(n_batch)
+    times: dict[str, list[float]] = {name: [] for name in SHAPES}
+    try:
+        prompt = np.asarray(
+            model.tokenize("Question: what is the sea?\nAnswer:", add_special=True), np.int32
+        )
+        for seq in range(8):
+            batch.clear()
+            batch.add(prompt, 0, seq, output_last=True)
+            if model.decode(batch) != 0:
+                raise SystemExit("prompt decode failed")
+        for _ in range(args.repeat):
+            for name, shape in SHAPES.items():
+                batch.clear()
+                for seq, n in enumerate(shape):
+                    tokens = np.full(n, 100 + seq, np.int32)
+                    batch.add(tokens, len(prompt), seq, output_last=True, output_all=True)
+                t0 = time.perf_counter()
+                if model.decode(batch) != 0:
+                    raise SystemExit("decode failed")
+                times[name].append((time.perf_counter() - t0) * 1000)
+                for seq in range(len(shape)):
+                    model.forget(seq, len(prompt))
+    finally:
+        model.close()
+    layout = "one pool" if args.kv_unified else "per slot"
+    print(f"{path.name}, {layout}, {args.threads} threads, median of {args.repeat}")
+    for name, shape in SHAPES.items():
+        split = micro_batches(list(enumerate(shape)), split=not args.kv_unified, n_ubatch=n_batch)
+        print(
+            f"  {name:12} positions {sum(shape):3d}  micro-batches {split}  "
+            f"{statistics.median(times[name]):7.1f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Speculative decoding's part of a decode step: which decoding sequences carry drafts and
+how many (the draft budget), carried out for the core (``_core.py``) from the pure policy in
+``_spec.py``: each sequence's drafter proposes, :func:`plan_drafts` prices the plans with
+the step costs measured so far (:class:`StepCosts`) and the micro-batches llama.cpp would
+split the batch into (:func:`micro_batches`), and the plan with the most tokens per ms of
+decoding is kept. No llama.cpp calls: the model is read for its memory's layout only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ._jobs import Part
+from ._llama import LlamaModel
+from ._spec import Candidate, StepCosts, micro_batches
+from ._types import EngineConfig
+
+__all__ = ["DraftBudget", "cut_anywhere", "spec_draft_limit"]
+
+
+class DraftBudget:
+    """The draft budget of one core: its measured step costs and its plan.
+
+    ``draft_max`` is the most draft tokens one sequence may carry (0: speculation is off,
+    or the memory cannot take drafts back); ``capacity`` the batch's tokens.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        config: EngineConfig,
+        capacity: int,
+        plan: Callable[..., list[int]],
+    ) -> None:
+        #: Draft tokens one sequence may carry: the configured most, and for recurrent
+        #: memory what it can roll back.
+        self.draft_max = spec_draft_limit(model, config)
+        self.costs = StepCosts()
+        self._plan = plan
+        self._capacity = capacity
+        self._split = not model.kv_unified
+        self._request_ctx = config.request_ctx
+        self._target_ms = config.target_step_ms
+
+    def micro_batches(self, tokens: Sequence[tuple[int, int]]) -> int:
+        """How many micro-batches llama.cpp runs a batch of ``(seq, tokens)`` in (per-slot
+        memory splits one with unequal tokens per sequence; one pool does not)."""
+        return micro_batches(tokens, split=self._split, n_ubatch=self._capacity)
+
+    def draft(self, parts: list[Part], prefill: list[Part]) -> None:
+        """Give each decoding part the draft tokens the budget allows this step."""
+        prefill_tokens = sum(part.count for part in prefill)
+        offers: list[tuple[Part, list[int], int]] = []
+        room = self._capacity - len(parts) - prefill_tokens
+        for part in parts:
+            job = part.job
+            limit = min(
+                self.draft_max,
+                job.request.max_tokens - job.generated - 1,
+                self._request_ctx - job.pos - 2,
+                max(0, room),
+            )
+            if job.drafter is None or limit <= 0:
+                continue
+            draft, match = job.drafter.propose(limit)
+            if draft:
+                offers.append((part, draft, match))
+        # The batch's sequences in id order and their tokens without drafts; which offer
+        # each one's drafts come from (the micro-batches a plan runs in depend on both).
+        offered = {id(part): i for i, (part, _, _) in enumerate(offers)}
+        layout = sorted(
+            [(part.job.seq, 1, offered.get(id(part), -1)) for part in parts]
+            + [(part.job.seq, part.count, -1) for part in prefill]
+        )
+
+        def batches(counts: Sequence[int]) -> int:
+            return self.micro_batches(
+                [(seq, n + (counts[i] if i >= 0 else 0)) for seq, n, i in layout]
+            )
+
+        counts = self._plan(
+            [
+                Candidate(len(d), part.job.acceptance.rate(m), part.job.sample_ms)
+                for part, d, m in offers
+            ],
+            self.costs,
+            outputs=len(parts),
+            prefill=prefill_tokens,
+            target_ms=self._target_ms,
+            batches=batches,
+            sampling_ms=sum(part.job.sample_ms for part in parts),
+        )
+        total = 0
+        for (part, draft, match), count in zip(offers, counts, strict=True):
+            count = min(count, room - total)
+            if count > 0:
+                part.draft, part.match = draft[:count], match
+                total += count
+        for part in parts:
+            if not part.draft:
+                part.job.acceptance.idle()
+
+
+def cut_anywhere(model: LlamaModel) -> bool:
+    """Whether a sequence's memory can be cut back to any position: attention only, with a
+    full-size sliding-window cache."""
+    recurrent = model.is_recurrent or model.is_hybrid
+    return not recurrent and (model.n_swa == 0 or model.swa_full)
+
+
+def spec_draft_limit(model: LlamaModel, config: EngineConfig) -> int:
+    """The most draft tokens a sequence may carry: 0 when speculation is off, or when the
+    memory cannot take rejected drafts back (recurrent state without snapshots)."""
+    if config.spec is None:
+        return 0
+    if cut_anywhere(model):
+        return config.spec_draft_max
+    return min(config.spec_draft_max, model.n_rs_seq)
