@@ -7,7 +7,11 @@ grammar allows; a chain that starts with top-k needs the k best it allows, since
 exactly those and every later sampler (top-p, min-p, temperature, the draw) sees only them.
 :meth:`GrammarSearch.best_allowed` finds them by checking candidates in descending logit order
 (ties by token id), in growing blocks, and stops at the block that holds them: the same
-tokens as the whole-vocabulary pass, at the cost of the blocks checked.
+tokens as the whole-vocabulary pass, at the cost of the blocks checked. Past the first block
+it skips the tokens whose first byte the grammar refuses (and, for a byte that starts many
+tokens, whose second byte it refuses after that one), asked of the grammar with the tokens
+that spell one byte (:meth:`GrammarSearch.possible`): a token the grammar allows has every
+prefix allowed, so none it allows is skipped.
 
 Everything here runs on the decode thread; nothing here knows of Trio.
 """
@@ -155,7 +159,8 @@ class GrammarSearch:
             return found[0]
         # The rest, less the tokens whose first bytes the grammar refuses: the next most
         # likely in growing blocks, then all that is left, sorted once checked.
-        rest = np.flatnonzero(self.possible(grammar) & (logits < logits[first[-1]]))
+        below = (logits < logits[first[-1]]) & (logits > -np.inf)
+        rest = np.flatnonzero(self.possible(grammar) & below)
         for reach in BLOCKS[1:]:
             if reach >= len(rest):
                 break
