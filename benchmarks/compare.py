@@ -696,9 +696,11 @@ class GrammarResult:
     req_tps_p50: float
     ttft_p50: float
     tokens: int
-    valid: int
+    stopped: int  # replies that ended with finish_reason "stop"
+    valid: int  # ... and that jsonschema validates
     total: int
     errors: tuple[str, ...]
+    load: float  # the 1-minute load average when the batch ended
 
 
 def valid_reply(text: str) -> bool:
@@ -749,9 +751,11 @@ async def grammar_batch(server: Running, setup: Setup, n: int, max_tokens: int) 
         req_tps_p50=pct([r.decode_rate for r in ok if r.decode_rate is not None], 50),
         ttft_p50=pct([r.ttft for r in ok if r.ttft is not None], 50),
         tokens=tokens,
+        stopped=sum(1 for r in ok if r.finish_reason == "stop"),
         valid=sum(1 for r in ok if r.finish_reason == "stop" and valid_reply(r.text)),
         total=len(results),
         errors=tuple(r.error for r in results if r.error is not None),
+        load=os.getloadavg()[0],
     )
 
 
@@ -1333,24 +1337,38 @@ async def run(args: argparse.Namespace, setup: Setup, specs: list[ServerSpec]) -
             f"{args.grammar_max_tokens} tokens, ending where the grammar ends; "
             f"median of {args.rounds} round(s)"
         )
-        for spec in grammar_specs:
-            rounds: list[GrammarResult] = []
-            for rnd in range(args.rounds):
+        # Rounds interleave the servers (A B, A B, ...): a load that changes meanwhile
+        # falls on both alike.
+        by_spec: dict[str, list[GrammarResult]] = {spec.key: [] for spec in grammar_specs}
+        for rnd in range(args.rounds):
+            for spec in grammar_specs:
                 tag = f"{spec.key}-grammar-r{rnd + 1}"
                 async with running_server(spec, setup, LOAD_CTX, tag) as server:
-                    rounds.append(
+                    by_spec[spec.key].append(
                         await grammar_batch(server, setup, args.grammar, args.grammar_max_tokens)
                     )
+        for spec in grammar_specs:
+            rounds = by_spec[spec.key]
             print(
                 f"  {spec.label:<32} agg {fmt(statistics.median(r.agg_tps for r in rounds))} "
                 f"tok/s, req {fmt(statistics.median(r.req_tps_p50 for r in rounds))} tok/s p50, "
                 f"TTFT p50 {fmt(statistics.median(r.ttft_p50 for r in rounds) * 1000, 0)} ms, "
-                f"{sum(r.tokens for r in rounds)} tokens; valid JSON following the schema: "
-                f"{sum(r.valid for r in rounds)}/{sum(r.total for r in rounds)}"
+                f"{sum(r.tokens for r in rounds)} tokens; stopped "
+                f"{sum(r.stopped for r in rounds)}/{sum(r.total for r in rounds)}, valid JSON "
+                f"following the schema: {sum(r.valid for r in rounds)}/"
+                f"{sum(r.total for r in rounds)} (load average "
+                f"{', '.join(f'{r.load:.1f}' for r in rounds)})"
             )
             for r in rounds:
                 for error in r.errors[:2]:
                     print(f"  note, {spec.label}: {error}")
+        keys = [spec.key for spec in grammar_specs]
+        if "llmtrio" in keys and "llama-server" in keys:
+            ours, theirs = (
+                statistics.median(r.agg_tps for r in by_spec[key])
+                for key in ("llmtrio", "llama-server")
+            )
+            print(f"  llmtrio / llama-server: agg tok/s x{ours / theirs:.2f}")
 
     if not args.skip_prefill and cancel_specs:
         prompt, prompt_tokens = long_prompt(setup, args.prefill_tokens)

@@ -22,7 +22,7 @@ _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float3
 class GrammarProbe:
     """A model's vocabulary (loaded alone, no weights) and llama.cpp's grammar sampler."""
 
-    def __init__(self, model: Path) -> None:
+    def __init__(self, model: Path, *, all_bytes: bool = True) -> None:
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
         self._model = llama_cpp.llama_model_load_from_file(str(model).encode(), params)
@@ -37,11 +37,26 @@ class GrammarProbe:
             if n == 1 and not llama_cpp.llama_vocab_is_eog(self.vocab, token):
                 self.byte_token.setdefault(buf.raw[0], token)
         missing = [b for b in range(256) if b not in self.byte_token]
-        assert not missing, f"no single-byte token for bytes {missing[:8]}"
-        self.eog = llama_cpp.llama_vocab_eos(self.vocab)
+        assert not (missing and all_bytes), f"no single-byte token for bytes {missing[:8]}"
+        #: An end-of-generation token (None: the vocabulary has none, as qwen35's).
+        self.eog = min(self.eog_tokens(), default=None)
 
     def close(self) -> None:
         llama_cpp.llama_model_free(self._model)
+
+    def pieces(self) -> list[bytes]:
+        """Every token's text, special tokens rendered (as the grammar reads it)."""
+        out = []
+        buf = ctypes.create_string_buffer(256)
+        for token in range(llama_cpp.llama_vocab_n_tokens(self.vocab)):
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+            assert n >= 0, f"token {token}'s text is longer than {len(buf)} bytes"
+            out.append(buf.raw[:n])
+        return out
+
+    def eog_tokens(self) -> frozenset[int]:
+        n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        return frozenset(t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
 
     @contextmanager
     def grammar(self, gbnf: str) -> Iterator[Any]:
@@ -76,31 +91,44 @@ class GrammarProbe:
         return True
 
     def can_end(self, sampler: Any) -> bool:
-        return self.allowed(sampler, [self.eog])[0]
+        """Whether the grammar may end here (never asked, false, without an end token)."""
+        return self.eog is not None and self.allowed(sampler, [self.eog])[0]
 
     def accepts(self, gbnf: str, text: str) -> bool:
         """Whether the grammar accepts exactly ``text``."""
         with self.grammar(gbnf) as sampler:
             return self.feed(sampler, text.encode()) and self.can_end(sampler)
 
-    def walk(self, gbnf: str, choose: Callable[[int, bool], int], limit: int = 600) -> str | None:
+    def walk(
+        self,
+        gbnf: str,
+        choose: Callable[[int, bool], int],
+        limit: int = 600,
+        *,
+        prefix: bool = False,
+    ) -> str | None:
         """A random string the grammar accepts: at each step ``choose(n, can_end)`` picks one
         of the ``n`` bytes llama.cpp allows next (those that keep the text valid UTF-8, in
-        byte order), or -1 to end where the grammar may end. ``None`` past ``limit`` bytes."""
+        byte order), or -1 to end where the grammar may end. ``None`` past ``limit`` bytes
+        (``prefix``: the text so far, which the grammar may not accept whole)."""
         out = bytearray()
-        tokens = [self.byte_token[b] for b in range(256)]
+        known = sorted(self.byte_token)  # every byte, unless made with all_bytes=False
+        tokens = [self.byte_token[b] for b in known]
         with self.grammar(gbnf) as sampler:
             while len(out) < limit:
                 allowed = self.allowed(sampler, tokens)
-                options = [b for b in range(256) if allowed[b] and _utf8_prefix(out, b)]
+                options = [b for b, ok in zip(known, allowed, strict=True) if ok]
+                options = [b for b in options if _utf8_prefix(out, b)]
                 can_end = self.can_end(sampler)
+                if prefix and not options and self.eog is None:
+                    break  # complete, as far as can be asked
                 assert options or can_end, f"the grammar is stuck after {bytes(out)!r}"
                 pick = choose(len(options), can_end) if options else -1
                 if pick < 0:
                     return out.decode("utf-8")
                 assert self.feed(sampler, bytes([options[pick]]))
                 out.append(options[pick])
-        return None
+        return out.decode("utf-8", "ignore") if prefix else None
 
 
 def _utf8_prefix(text: bytearray, byte: int) -> bool:

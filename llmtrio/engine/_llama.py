@@ -1,4 +1,5 @@
-"""The thin layer over llama-cpp-python's low-level bindings: model, context, batch, samplers.
+"""The thin layer over llama-cpp-python's low-level bindings: model, context, batch (and the
+slot sampler, from ``_slot_sampler``).
 
 Everything here runs on the thread that owns the context (the loader, then the decode loop);
 nothing here knows of Trio.
@@ -14,11 +15,11 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from ._constrained import VocabIndex
 from ._errors import ModelLoadError
-from ._grammar import Grammar
 from ._grammar_cache import GrammarCache
 from ._llama_log import recent_log
-from ._sampling import Penalties, RawLogprob, logprob_of
+from ._slot_sampler import SlotSampler
 
 __all__ = ["Batch", "LlamaModel", "SlotSampler"]
 
@@ -95,6 +96,8 @@ class LlamaModel:
         for token, piece in enumerate(pieces):
             if len(piece) == 1 and token not in self.eog:
                 self.byte_tokens.setdefault(piece[0], token)
+        #: Each token's first bytes, to rule tokens out before a grammar is asked.
+        self.vocab_index = VocabIndex(pieces, self.eog)
         self.grammars = GrammarCache(self.vocab)
 
     def _init_context(
@@ -358,245 +361,3 @@ class Batch:
         self.n = i + 1
         self.struct.n_tokens = self.n
         return i
-
-
-class SlotSampler:
-    """Picks a slot's next token from the logits at a batch index.
-
-    Greedy is an argmax over the logits, after adding any biases in place (numpy, no
-    candidate array of the whole vocabulary); anything else runs llama.cpp's sampler chain:
-    logit bias, top-k, top-p, min-p, temperature, then a seeded draw.
-
-    A slot with a ``grammar`` (GBNF), ``penalties`` or ``logprobs`` takes a longer path, paid
-    by that slot only: penalties are applied to the logits (numpy), a token is picked as
-    above, and the grammar checks that one token; only when it refuses is the grammar applied
-    to the whole vocabulary and the token picked again (llama.cpp's common sampler does the
-    same). A greedy slot first tries the 64 most likely tokens: the best one the grammar allows
-    there is the best it allows at all.
-
-    A lazy grammar (:class:`Grammar` with a trigger) starts when the output holds the
-    trigger (after ``after``, when given): the grammar is fed the trigger and the rest of
-    that token's text byte by byte, and a token whose rest it refuses is not picked (the
-    next best is). llama.cpp's own lazy grammar is not used: a token that completes its
-    trigger pattern and carries text the grammar refuses aborts the process, and it searches
-    all the output so far at every token. ``logprobs`` (a count of alternatives) records
-    :attr:`last_logprob` from the raw logits. When the grammar allows no token at all,
-    :meth:`sample` returns -1.
-
-    Error handling: :class:`GrammarError` when the grammar does not parse.
-    Resource handling: :meth:`close` frees the chain and the grammar.
-    """
-
-    def __init__(
-        self,
-        model: LlamaModel,
-        *,
-        temperature: float,
-        top_k: int,
-        top_p: float,
-        min_p: float,
-        seed: int,
-        bias: dict[int, float],
-        grammar: str | Grammar | None = None,
-        penalties: Penalties | None = None,
-        logprobs: int | None = None,
-    ) -> None:
-        self._model = model
-        self._chain: Any = None
-        self._grammar: Any = None
-        self._lazy: str | None = None  # a grammar waiting for its trigger
-        self._trigger = b""
-        self._wait = b""  # text the trigger is looked for after (``after``)
-        self._tail = b""  # the end of the output, where a trigger may be starting
-        self._argmax = temperature <= 0
-        self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-        self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
-        self._penalties = penalties
-        self._logprobs = logprobs
-        self._plain = grammar is None and penalties is None and logprobs is None
-        self.last_logprob: RawLogprob | None = None
-        self._all: _Candidates | None = None  # the whole vocabulary, made on first use
-        if grammar is not None:
-            self._one = _Candidates(1)
-            self._shortlist = _Candidates(min(_SHORTLIST, model.n_vocab))
-            if isinstance(grammar, str):
-                grammar = Grammar(grammar)
-            if grammar.trigger is None:
-                self._grammar = model.grammars.new(grammar.text)
-            else:
-                self._lazy, self._trigger = grammar.text, grammar.trigger.encode()
-                self._wait = (grammar.after or "").encode()
-        if self._argmax:
-            return
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        self._chain = chain
-        if bias and self._plain:
-            entries = (llama_cpp.llama_logit_bias * len(bias))()
-            for i, (token, value) in enumerate(bias.items()):
-                entries[i] = llama_cpp.llama_logit_bias(token, value)
-            llama_cpp.llama_sampler_chain_add(
-                chain, llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(bias), entries)
-            )
-        if top_k > 0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(top_k))
-        if top_p < 1.0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(top_p, 1))
-        if min_p > 0.0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_min_p(min_p, 1))
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(temperature))
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
-
-    def sample(self, index: int) -> int:
-        if self._plain:
-            if self._argmax:
-                logits = self._model.logits(index)
-                if len(self._bias_ids):
-                    logits[self._bias_ids] += self._bias_values
-                return int(np.argmax(logits))
-            return int(llama_cpp.llama_sampler_sample(self._chain, self._model.ctx, index))
-        return self._sample_extras(index)
-
-    def _sample_extras(self, index: int) -> int:
-        logits = self._model.logits(index)
-        raw = logits.copy() if self._logprobs is not None else None
-        if len(self._bias_ids):
-            logits[self._bias_ids] += self._bias_values
-        if self._penalties is not None:
-            self._penalties.apply(logits)
-        token = self._pick(logits)
-        if self._lazy is not None:
-            token = self._watch(token, logits)
-        elif self._grammar is not None and not self._allows(token):
-            token = self._best_allowed(logits) if self._argmax else -1
-        if token < 0 and self._grammar is not None:
-            candidates = self._candidates()
-            candidates.fill(logits)
-            llama_cpp.llama_sampler_apply(self._grammar, candidates.ref)
-            if not np.isfinite(candidates.data["logit"]).any():
-                self.last_logprob = None
-                return -1
-            logits = np.ascontiguousarray(candidates.data["logit"])
-            token = self._pick(logits)
-        if self._grammar is not None and self._lazy is None:
-            llama_cpp.llama_sampler_accept(self._grammar, token)
-        if self._lazy == "":
-            self._lazy = None  # started with this token, which it was fed
-        if self._penalties is not None:
-            self._penalties.accept(token)
-        if raw is not None:
-            self.last_logprob = logprob_of(raw, token, self._logprobs or 0)
-        return token
-
-    def _watch(self, token: int, logits: npt.NDArray[np.float32]) -> int:
-        """A lazy grammar waits: start it if ``token`` completes the trigger (then ``token``
-        must suit it, or the next best is picked); returns the token."""
-        for _ in range(_TRIGGER_TRIES):
-            text = self._tail + self._model.special_piece(token)
-            if self._wait:
-                at = text.find(self._wait)
-                if at < 0:
-                    self._tail = text[-len(self._wait) :]
-                    return token
-                text = text[at + len(self._wait) :]
-            at = text.find(self._trigger)
-            if at < 0:
-                if not self._wait:
-                    self._tail = text[-len(self._trigger) :]
-                else:
-                    self._wait, self._tail = b"", text[-len(self._trigger) :]
-                return token
-            assert self._lazy is not None
-            grammar = self._model.grammars.new(self._lazy)
-            if self._feed(grammar, text[at:]):
-                self._grammar, self._lazy = grammar, ""
-                return token
-            llama_cpp.llama_sampler_free(grammar)
-            logits[token] = -np.inf
-            token = self._pick(logits)
-        return token
-
-    def _feed(self, grammar: Any, data: bytes) -> bool:
-        """Feed ``data`` to ``grammar`` byte by byte; false at the first byte it refuses."""
-        for byte in data:
-            token = self._model.byte_tokens.get(byte)
-            if token is None or not self._allows(token, grammar):
-                return False
-            llama_cpp.llama_sampler_accept(grammar, token)
-        return True
-
-    def _pick(self, logits: npt.NDArray[np.float32]) -> int:
-        if self._argmax:
-            return int(np.argmax(logits))
-        candidates = self._candidates()
-        candidates.fill(logits)
-        llama_cpp.llama_sampler_apply(self._chain, candidates.ref)
-        return int(candidates.data["id"][candidates.array.selected])
-
-    def _candidates(self) -> _Candidates:
-        if self._all is None:
-            self._all = _Candidates(self._model.n_vocab)
-        return self._all
-
-    def _best_allowed(self, logits: npt.NDArray[np.float32]) -> int:
-        """Greedy under a grammar that refused the argmax: the best token the grammar allows
-        among the most likely ``_SHORTLIST``, which is the best it allows at all; -1 when it
-        allows none of them."""
-        shortlist = self._shortlist
-        size = len(shortlist.data)
-        ids = np.argpartition(-logits, size - 1)[:size]
-        shortlist.data["id"] = ids
-        shortlist.data["logit"] = logits[ids]
-        shortlist.data["p"] = 0.0
-        shortlist.reset()
-        llama_cpp.llama_sampler_apply(self._grammar, shortlist.ref)
-        allowed = shortlist.data["logit"]
-        if not np.isfinite(allowed).any():
-            return -1
-        return int(shortlist.data["id"][int(np.argmax(allowed))])
-
-    def _allows(self, token: int, grammar: Any = None) -> bool:
-        one = self._one
-        one.data["id"][0] = token
-        one.data["logit"][0] = 0.0
-        one.data["p"][0] = 0.0
-        one.reset()
-        llama_cpp.llama_sampler_apply(grammar or self._grammar, one.ref)
-        return bool(np.isfinite(one.data["logit"][0]))
-
-    def close(self) -> None:
-        if self._chain is not None:
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = None
-        if self._grammar is not None:
-            llama_cpp.llama_sampler_free(self._grammar)
-            self._grammar = None
-
-
-# Tokens a greedy slot's grammar looks at before it looks at the whole vocabulary.
-_SHORTLIST = 64
-# Tokens tried for the one that starts a lazy grammar (each refused one is not picked).
-_TRIGGER_TRIES = 8
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-
-
-class _Candidates:
-    """A ``llama_token_data_array`` over a numpy structured array, refilled in place."""
-
-    def __init__(self, size: int) -> None:
-        self.data = np.zeros(size, dtype=_TOKEN_DATA)
-        self._ids = np.arange(size, dtype=np.int32)
-        self.array: Any = llama_cpp.llama_token_data_array()
-        self.array.data = cast(Any, self.data.ctypes.data_as(llama_cpp.llama_token_data_p))
-        self.ref = ctypes.byref(self.array)
-        self.reset()
-
-    def reset(self) -> None:
-        self.array.size = len(self.data)
-        self.array.selected = -1
-        self.array.sorted = False
-
-    def fill(self, logits: npt.NDArray[np.float32]) -> None:
-        self.data["id"] = self._ids
-        self.data["logit"] = logits
-        self.data["p"] = 0.0
-        self.reset()
