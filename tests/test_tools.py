@@ -268,3 +268,19 @@ def test_split_tool_calls_respects_parallel_tool_calls() -> None:
     assert len(calls) == 1 and content.strip() == ""
     schema = TIME.parameters
     jsonschema.validate(json.loads(calls[0].arguments), schema)
+
+
+@pytest.mark.parametrize("parameters", [None, {}])
+def test_a_function_without_parameters_takes_an_empty_object(parameters: Any) -> None:
+    """OpenAI: omitting ``parameters`` defines a function with an empty parameter list, and
+    clients write ``"parameters": {}`` for the same. Taken as the empty JSON Schema (any value)
+    instead, a forced call's grammar let the model write an array, or run on until
+    ``max_tokens`` (seen in test_serve_breadth's forced ``required`` call)."""
+    function: dict[str, Any] = {"name": "get_time"}
+    if parameters is not None:
+        function["parameters"] = parameters
+    request = parse_chat_request(
+        body(tools=[{"type": "function", "function": function}], tool_choice="required")
+    )
+    [tool] = request.generate.tools
+    assert tool.parameters == {"type": "object", "properties": {}}

@@ -62,8 +62,9 @@ class EngineConfig:
     ``spec`` is speculative decoding: ``"ngram"`` drafts up to ``spec_draft_max`` tokens per
     decoding sequence by looking its last tokens up in its own prompt and output, and
     verifies them in the same batch (exact: every token emitted is the one the model picks
-    at its position); ``None`` (the default) is off. How many drafts a step carries follows
-    the measured step costs (and ``target_step_ms``).
+    at its position), the default; ``None`` is off. How many drafts a step carries follows
+    the measured step costs (and ``target_step_ms``): a step that is compute-bound (many
+    sequences decoding) carries none, so the default costs nothing where drafts cannot pay.
 
     ``kv_unified`` puts every slot's memory in one pool of ``max_inflight * ctx_size`` cells:
     one request may use up to the pool (or ``max_request_ctx``, when set), admission waits
@@ -88,7 +89,7 @@ class EngineConfig:
     chat_template: str | None = None
     #: Off by default: on a compute-bound batch (8 streams on 2 cores) the free-chat
     #: workload ran slower with drafts (PERFORMANCE.md, "Speculative decoding").
-    spec: str | None = None
+    spec: str | None = "ngram"
     spec_draft_max: int = 8
     kv_unified: bool = False
     max_request_ctx: int = 0

@@ -126,7 +126,9 @@ def parse_tools(data: dict[str, Any]) -> ToolChoice:
             if not isinstance(description, str):
                 raise invalid_type(f"{where}.function.description", "a string", description)
             parameters = function.get("parameters")
-            if parameters is None:
+            if parameters is None or parameters == {}:
+                # OpenAI: no parameters is an empty parameter list, and clients write {} for
+                # it; as the empty JSON Schema (any value) a call could be any JSON at all.
                 parameters = {"type": "object", "properties": {}}
             if not isinstance(parameters, dict):
                 raise invalid_type(f"{where}.function.parameters", "an object", parameters)
