@@ -44,8 +44,14 @@ SSE = [("content-type", "text/event-stream")]
 
 def engine_config(model: Path, **changes: Any) -> EngineConfig:
     """An engine on a test model: 4 slots of 512 tokens on 2 threads (this machine's share),
-    unless ``changes`` (any of :class:`EngineConfig`'s fields) say otherwise."""
-    base = EngineConfig(model=model, max_inflight=4, ctx_size=512, threads=2)
+    without speculative decoding, unless ``changes`` (any of :class:`EngineConfig`'s fields)
+    say otherwise.
+
+    Without drafts because tests compare runs token for token and logprob for logprob: drafts,
+    whose number follows measured step times, change batch shapes, and with them the last bits
+    of the logits (a near tie can flip, more on some CPUs than others). The tests of
+    speculation ask for it (``spec="ngram"``); the served processes run the default."""
+    base = EngineConfig(model=model, max_inflight=4, ctx_size=512, threads=2, spec=None)
     return attrs.evolve(base, **changes)
 
 
