@@ -275,16 +275,20 @@ class WorkerMetrics:
             "llmtrio_embedding_inputs", "Inputs (texts or token arrays) embedded."
         )
         # Every model's series from the start (0 until its first request), as vLLM's.
+        labelled: tuple[Histogram | Counter, ...] = (
+            self._ttft,
+            self._tpot,
+            self._e2e,
+            self._queue,
+            self._prompt,
+            self._generation,
+            self._prompt_total,
+            self._embedding_requests,
+            self._embedding_inputs,
+        )
         for engine in engines:
-            for family in (self._ttft, self._tpot, self._e2e, self._queue, self._prompt):
+            for family in labelled:
                 family.labels(engine.model_name)
-            for counted in (
-                self._generation,
-                self._prompt_total,
-                self._embedding_requests,
-                self._embedding_inputs,
-            ):
-                counted.labels(engine.model_name)
 
     def finished(self, done: Done, model_name: str) -> None:
         """One request to ``model_name`` ended with ``done`` (cancelled ones are not
