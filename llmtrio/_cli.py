@@ -27,6 +27,7 @@ from ._settings import (
     sampling,
     seconds_or_none,
     serve_config,
+    threads_value,
 )
 
 # The engine (and llama.cpp with it) is imported only by the commands that run one, so that
@@ -145,10 +146,12 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--threads",
-        type=int,
-        default=_engine("threads"),
-        help="llama.cpp threads of each model's engine (default: the cores split evenly "
-        "between the models, at least 1 each)",
+        type=threads_value,
+        action="append",
+        metavar="[NAME=]N",
+        help="llama.cpp threads of each model's engine: N for every model, NAME=N for the "
+        "model served as NAME (again for others); default: the cores that NAME=N leaves, "
+        "split evenly between the other models, at least 1 each",
     )
     group.add_argument(
         "--model-name", help="the name /v1/models shows and requests route by (one model)"

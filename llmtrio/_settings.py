@@ -42,6 +42,8 @@ __all__ = [
     "sampling",
     "seconds_or_none",
     "serve_config",
+    "thread_counts",
+    "threads_value",
 ]
 
 T = TypeVar("T")
@@ -174,9 +176,48 @@ def split_threads(cores: int, engines: int) -> int:
     return max(1, cores // max(1, engines))
 
 
+def threads_value(text: str) -> tuple[str | None, int]:
+    """One ``--threads`` value: ``N`` (every model) or ``NAME=N`` (the model served as NAME)."""
+    name, sep, count = text.rpartition("=")
+    try:
+        threads = int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not N or NAME=N: {text!r}") from None
+    if sep and not name:
+        raise argparse.ArgumentTypeError(f"NAME=N names no model: {text!r}")
+    if threads < 1:
+        raise argparse.ArgumentTypeError(f"threads must be at least 1: {text!r}")
+    return (name or None, threads)
+
+
+def thread_counts(
+    names: Sequence[str], given: Sequence[tuple[str | None, int]], cores: int
+) -> list[int]:
+    """Each model's llama.cpp threads, in ``names``' order: its own ``NAME=N``; else a plain
+    ``N`` (the last one given); else an even share of the cores that the named counts leave
+    (rounded down, at least 1), so that by default the engines together never run more
+    compute threads than the machine has cores.
+
+    Error handling: ``ValueError`` naming a ``NAME=N`` whose NAME is not served."""
+    named = {name: threads for name, threads in given if name is not None}
+    unknown = sorted(set(named) - set(names))
+    if unknown:
+        raise ValueError(
+            f"--threads names {', '.join(map(repr, unknown))}, which is not served "
+            f"(served: {', '.join(map(repr, names))})"
+        )
+    plain = [threads for name, threads in given if name is None]
+    if plain:
+        share = plain[-1]
+    else:
+        rest = sum(1 for name in names if name not in named)
+        share = split_threads(cores - sum(named.get(name, 0) for name in names), rest)
+    return [named.get(name, share) for name in names]
+
+
 def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     """One engine config per ``--model`` (the flags shared by all; ``--threads`` per model,
-    else the cores split between them); the default model's alone without ``--model``.
+    see :func:`thread_counts`); the default model's alone without ``--model``.
     ``--model-name`` names a single model. A refusal exits naming the flag."""
     from .engine import EngineConfig
 
@@ -184,29 +225,31 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     command = f"llmtrio {args.command}"
     if len(values) > 1 and args.model_name:
         raise SystemExit(f"{command}: --model-name names one model; use --model NAME=PATH")
-    threads = getattr(args, "threads", None)
-    if isinstance(threads, Default) or threads is None:
-        threads = split_threads(os.cpu_count() or 1, max(1, len(values)))
     if not values:
-        return [build(EngineConfig, args, model=None, threads=threads)]
-    configs = []
-    for spec in values:
-        fields: dict[str, Any] = {"model": spec.path, "threads": threads}
-        if spec.name or len(values) > 1:
-            fields["model_name"] = spec.name
-        if spec.hf_repo is not None:
-            fields["hf_repo"] = spec.hf_repo
-            fields["model"] = None
-            if spec.quant is not None:
-                fields["quant"] = spec.quant
-        configs.append(build(EngineConfig, args, **fields))
+        configs = [build(EngineConfig, args, model=None, threads=1)]
+    else:
+        configs = []
+        for spec in values:
+            fields: dict[str, Any] = {"model": spec.path, "threads": 1}
+            if spec.name or len(values) > 1:
+                fields["model_name"] = spec.name
+            if spec.hf_repo is not None:
+                fields["hf_repo"] = spec.hf_repo
+                fields["model"] = None
+                if spec.quant is not None:
+                    fields["quant"] = spec.quant
+            configs.append(build(EngineConfig, args, **fields))
     names = [
         c.model_name or (c.model.stem if c.model else f"{c.hf_repo}:{c.quant}") for c in configs
     ]
     doubled = {name for name in names if names.count(name) > 1}
     if doubled:
         raise SystemExit(f"{command}: two models served under one name: {sorted(doubled)}")
-    return configs
+    try:
+        threads = thread_counts(names, getattr(args, "threads", None) or [], os.cpu_count() or 1)
+    except ValueError as exc:
+        raise SystemExit(f"{command}: {exc}") from None
+    return [attrs.evolve(c, threads=n) for c, n in zip(configs, threads, strict=True)]
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -35,7 +35,9 @@ BUILDS: dict[str, tuple[Any, ...]] = {
     "worker": (EngineConfig, RequestLimits, DialConfig, run_worker),
 }
 #: ControlConfig's host and port come from --control-host and --control-port.
-OTHER_FLAG = {(ControlConfig, "host"), (ControlConfig, "port")}
+# Flags whose values are not the field's: --threads takes [NAME=]N per model
+# (settings.thread_counts, tested in test_model_resolution.py).
+OTHER_FLAG = {(ControlConfig, "host"), (ControlConfig, "port"), (EngineConfig, "threads")}
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:

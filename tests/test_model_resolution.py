@@ -3,6 +3,7 @@ rules and the rule for an omitted or empty model, in OpenAI's error shapes."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -10,7 +11,13 @@ import pytest
 
 from llmtrio._openai_errors import OpenAIError
 from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
-from llmtrio._settings import ModelSpec, engine_configs, split_threads
+from llmtrio._settings import (
+    ModelSpec,
+    engine_configs,
+    split_threads,
+    thread_counts,
+    threads_value,
+)
 from llmtrio.ring import ModelStats
 from llmtrio.web._models import requested_model, resolve_model
 
@@ -120,6 +127,18 @@ def test_the_default_threads_split_the_cores_between_the_engines() -> None:
     assert split_threads(2, 2) == 1
 
 
+def test_named_thread_counts_leave_the_rest_of_the_cores_to_the_other_models() -> None:
+    names = ["chat", "embed", "other"]
+    assert thread_counts(names, [], 8) == [2, 2, 2]
+    assert thread_counts(names, [("chat", 4)], 8) == [4, 2, 2]
+    assert thread_counts(names, [("chat", 6), ("embed", 2)], 8) == [6, 2, 1]  # at least 1
+    assert thread_counts(names, [(None, 3), ("embed", 1)], 8) == [3, 1, 3]
+    assert thread_counts(names, [(None, 3), (None, 5)], 8) == [5, 5, 5]  # the last plain N
+    assert thread_counts(["one"], [], 2) == [2]
+    with pytest.raises(ValueError, match="'nope', which is not served"):
+        thread_counts(names, [("nope", 1)], 8)
+
+
 def test_engine_configs_one_per_model(tmp_path: Path) -> None:
     from llmtrio._cli import _parser
 
@@ -135,6 +154,18 @@ def test_engine_configs_one_per_model(tmp_path: Path) -> None:
         (b, "bee", split_threads(cores, 2)),
     ]
     assert configs(f"--model={a}", "--model-name=x", "--threads=3") == [(a, "x", 3)]
+    # per model: its own count, the rest of the cores to the others
+    assert configs(f"--model={a}", f"--model=bee={b}", "--threads=bee=5")[1] == (b, "bee", 5)
+    assert configs(f"--model={a}", f"--model=bee={b}", "--threads=2", "--threads=a=1") == [
+        (a, None, 1),
+        (b, "bee", 2),
+    ]
+    with pytest.raises(SystemExit, match="--threads names 'c', which is not served"):
+        configs(f"--model={a}", "--threads=c=2")
+    for wrong in ("a=two", "=2", "0", "a=0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            threads_value(wrong)
+    assert threads_value("my=model=3") == ("my=model", 3)
     with pytest.raises(SystemExit, match="--model-name names one model"):
         configs(f"--model={a}", f"--model={b}", "--model-name=x")
     with pytest.raises(SystemExit, match="two models served under one name"):
