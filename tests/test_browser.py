@@ -223,3 +223,84 @@ def test_chat_page_asks_for_the_api_key_once_and_keeps_it_in_the_browser(
                 browser.close()
     finally:
         server.stop()
+
+
+def predicted(url: str) -> dict[str, float]:
+    """Tokens each model's engine generated so far (``/metrics``), by model name; models that
+    generated none are left out."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {
+        sample.labels["model_name"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "llamacpp:tokens_predicted_total" and sample.value
+    }
+
+
+def test_chat_page_picks_among_the_chat_models_and_sends_the_one_chosen(
+    gemma_path: Path, qwen35_path: Path, minilm_path: Path
+) -> None:
+    """Three models behind the endpoint, one of them an embedding model: the picker lists the
+    two chat models only, and a turn goes to the one chosen (the request names it, and its
+    engine is the one that generated)."""
+    import json
+
+    from playwright.sync_api import Request, expect, sync_playwright
+
+    from llmtrio.web import ServeConfig
+
+    from ._server import start_server
+
+    server = start_server(
+        [
+            engine_config(gemma_path, max_inflight=1, ctx_size=256, model_name="gemma"),
+            engine_config(qwen35_path, max_inflight=1, ctx_size=256, model_name="tiny"),
+            engine_config(minilm_path, max_inflight=1, ctx_size=256, model_name="minilm"),
+        ],
+        ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1),
+    )
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                page = browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                sent: list[object] = []
+
+                def record(request: Request) -> None:
+                    if request.url.endswith(CHAT_PATH):
+                        sent.append(json.loads(request.post_data or "{}").get("model"))
+
+                page.on("request", record)
+                predicted_before: dict[str, float] = {}
+                page.goto(server.url + "/")
+                picker = page.locator("#model-pick")
+                expect(picker).to_be_visible(timeout=30_000)
+                options = picker.locator("option")
+                expect(options).to_have_count(2)
+                assert sorted(options.all_inner_texts()) == ["gemma", "tiny"]
+                for turn, model in enumerate(["tiny", "gemma"]):
+                    picker.select_option(model)
+                    page.fill("#max-tokens", "3")
+                    page.fill("#prompt", "Say hi.")
+                    page.click("#send")
+                    reply = page.locator(".msg.assistant").nth(turn)
+                    expect(reply).to_have_attribute(
+                        "data-finish", re.compile("length|stop"), timeout=60_000
+                    )
+                    assert sent[-1] == model
+                    now = predicted(server.url)
+                    assert now.get(model, 0) > predicted_before.get(model, 0)
+                    others = {name for name in now if name != model}
+                    assert {n: now[n] for n in others} == {n: predicted_before[n] for n in others}
+                    predicted_before = now
+                assert sent == ["tiny", "gemma"]
+                assert errors == []
+            finally:
+                browser.close()
+    finally:
+        server.stop()
