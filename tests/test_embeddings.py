@@ -55,6 +55,17 @@ def test_the_packer_never_overtakes_an_input_that_does_not_fit() -> None:
     assert [p.index for p in packer.next_batch()] == [1, 2]
 
 
+def test_the_packer_stops_a_batch_at_its_budget_and_a_longer_input_goes_alone() -> None:
+    packer = EmbedPacker(max_tokens=64, max_seqs=8, budget=16)
+    packer.add(0, [tokens(6), tokens(6), tokens(6), tokens(40), tokens(2), tokens(16)])
+    assert [len(p.tokens) for p in packer.next_batch()] == [6, 6]  # a third would be 18
+    assert [len(p.tokens) for p in packer.next_batch()] == [6]  # 40 does not fit beside it
+    assert [len(p.tokens) for p in packer.next_batch()] == [40]  # alone, past the budget
+    assert [len(p.tokens) for p in packer.next_batch()] == [2]
+    assert [len(p.tokens) for p in packer.next_batch()] == [16]
+    assert packer.next_batch() == []
+
+
 def test_a_cancelled_caller_is_dropped_at_the_next_batch_and_no_one_else() -> None:
     packer = EmbedPacker(max_tokens=100, max_seqs=2)
     packer.add(0, [tokens(3)] * 3)
@@ -79,11 +90,16 @@ def test_the_packer_refuses_an_input_it_could_never_pack() -> None:
     st.integers(16, 40),
     st.integers(1, 6),
     st.sets(st.integers(0, 11)),
+    st.none() | st.integers(1, 40),
 )
 def test_every_input_not_cancelled_is_packed_once_within_the_limits(
-    callers: list[list[int]], max_tokens: int, max_seqs: int, cancelled: set[int]
+    callers: list[list[int]],
+    max_tokens: int,
+    max_seqs: int,
+    cancelled: set[int],
+    budget: int | None,
 ) -> None:
-    packer = EmbedPacker(max_tokens=max_tokens, max_seqs=max_seqs)
+    packer = EmbedPacker(max_tokens=max_tokens, max_seqs=max_seqs, budget=budget)
     for key, lengths in enumerate(callers):
         packer.add(key, [tokens(n) for n in lengths])
     for key in cancelled:
@@ -92,6 +108,8 @@ def test_every_input_not_cancelled_is_packed_once_within_the_limits(
     while batch := packer.next_batch():
         assert len(batch) <= max_seqs
         assert sum(len(p.tokens) for p in batch) <= max_tokens
+        if len(batch) > 1 and budget is not None:  # one input alone may pass the budget
+            assert sum(len(p.tokens) for p in batch) <= budget
         seen += [(p.key, p.index) for p in batch]
     expected = [
         (key, index)

@@ -7,10 +7,17 @@ are tested on their own.
 
 Policy: first come, first packed, one input per sequence, whole inputs only (an embedding
 model attends over a whole sequence at once, so an input is never split across decodes).
-A batch takes inputs in arrival order while they fit ``max_tokens`` and ``max_seqs``; the
-first input that does not fit ends the batch (no overtaking, so a long input is never
-starved by short ones behind it). Many callers' inputs share one batch: 64 concurrent
-single-input requests are one decode, not 64.
+A batch takes inputs in arrival order while they fit ``budget`` tokens and ``max_seqs``
+sequences; the first input that does not fit ends the batch (no overtaking, so a long input
+is never starved by short ones behind it). An input longer than the budget (up to
+``max_tokens``, what one decode can take) goes alone. Many callers' inputs share one batch:
+64 concurrent single-input requests are a few decodes, not 64.
+
+Why a budget below what a decode can take: llama.cpp runs a BERT's attention over every token
+of the batch, each sequence masked off from the others, so a decode's cost per token grows
+with the batch's tokens (the mask and the attention scores are tokens x tokens a head and a
+layer); past a few hundred tokens that outweighs what a bigger batch saves in per-decode
+overhead (PERFORMANCE.md, "Session 25").
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ class Packed:
 
 @attrs.define
 class EmbedPacker:
-    """Queues callers' inputs and packs them into batches of at most ``max_tokens`` tokens
-    and ``max_seqs`` sequences.
+    """Queues callers' inputs and packs them into batches of at most ``max_seqs`` sequences
+    and ``budget`` tokens (``max_tokens``, the most one decode takes, for a batch of one
+    input longer than the budget; ``budget`` unset is ``max_tokens``).
 
     Error handling: ``ValueError`` from :meth:`add` for an input that could never be packed
     (empty, or longer than ``max_tokens``): the caller checks its inputs before queuing them,
@@ -47,6 +55,7 @@ class EmbedPacker:
 
     max_tokens: int
     max_seqs: int
+    budget: int | None = None
     _queue: deque[Packed] = attrs.field(factory=deque, init=False)
     _cancelled: set[int] = attrs.field(factory=set, init=False)
 
@@ -75,11 +84,12 @@ class EmbedPacker:
     def next_batch(self) -> list[Packed]:
         """The next batch, taken off the queue (empty when nothing is queued)."""
         self._drop_cancelled()
+        budget = min(self.budget or self.max_tokens, self.max_tokens)
         batch: list[Packed] = []
         tokens = 0
         while self._queue and len(batch) < self.max_seqs:
             item = self._queue[0]
-            if tokens + len(item.tokens) > self.max_tokens:
+            if batch and tokens + len(item.tokens) > budget:
                 break
             batch.append(self._queue.popleft())
             tokens += len(item.tokens)
