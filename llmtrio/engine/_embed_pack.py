@@ -104,7 +104,7 @@ class EmbedPacker:
 @attrs.define
 class ThreadChooser:
     """Picks each decode's compute threads: ``most`` (the configured ``--threads``) or 1,
-    whichever measured fewer seconds per token.
+    whichever measured fewer seconds per token on decodes of about the same size.
 
     Why: llama.cpp's threads meet at a barrier after every operation of the graph (a small
     BERT has hundreds per decode), and a thread waiting there spins. When the machine has
@@ -114,61 +114,80 @@ class ThreadChooser:
     loaded 2-core machine and 12.5 ms on 1 thread (PERFORMANCE.md). On a quiet machine, more
     threads are faster. So both are measured, and the faster one is used.
 
-    Policy: each count is tried once (``most`` first); then the one with the lower
-    seconds-per-token average (exponential, ``alpha``) runs, and the other is probed once
-    after ``first_probe`` decodes. A probe's figure replaces that count's old one (it is
-    stale); a probe that wins makes its count the one used; one that loses doubles the gap to
-    the next probe, up to ``longest_probe`` decodes, so a slow count costs at most one decode
-    in that many once the load is steady, and a change of load is found within that many.
+    Why by size: a decode's seconds per token depend on its size as much as on its threads
+    (a fixed cost per decode, and attention over the whole batch), about 1.6x between a
+    one-sentence decode and an eight-sentence one on MiniLM. Figures from decodes of
+    different sizes would compare sizes, not thread counts, so decodes are classed by their
+    tokens (powers of two: 1, 2-3, 4-7, ..., 128-255, ...) and each class keeps its own
+    figures and its own probing.
+
+    Policy, in each class: each count is tried once (``most`` first); then the one with the
+    lower seconds-per-token average (exponential, ``alpha``) runs, and the other is probed
+    once after ``first_probe`` decodes of that class. A probe's figure replaces that count's
+    old one (it is stale); a probe that wins makes its count the one used; one that loses
+    doubles the gap to the next probe, up to ``longest_probe`` decodes, so a slow count costs
+    at most one decode in that many once the load is steady, and a change of load is found
+    within that many.
     """
 
     most: int
     first_probe: int = 8
     longest_probe: int = 1024
     alpha: float = 0.3
-    _cost: dict[int, float] = attrs.field(factory=dict, init=False)
-    _since_probe: int = attrs.field(default=0, init=False)
-    _gap: int = attrs.field(default=0, init=False)
+    _cost: dict[tuple[int, int], float] = attrs.field(factory=dict, init=False)
+    _since_probe: dict[int, int] = attrs.field(factory=dict, init=False)
+    _gap: dict[int, int] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.most < 1:
             raise ValueError("most must be at least 1")
-        self._gap = self.first_probe
 
     @property
     def options(self) -> tuple[int, ...]:
         return (self.most, 1) if self.most > 1 else (1,)
 
-    @property
-    def best(self) -> int:
-        """The count that measured the fewest seconds per token so far (``most`` before any
-        measurement)."""
-        measured = [n for n in self.options if n in self._cost]
-        return min(measured, key=self._cost.__getitem__) if measured else self.most
+    @staticmethod
+    def size_class(tokens: int) -> int:
+        """The class of a decode of ``tokens`` tokens (decodes within a power of two)."""
+        return max(1, tokens).bit_length()
 
-    def choose(self) -> int:
-        """The thread count for the next decode."""
+    def best(self, tokens: int) -> int:
+        """The count that measured the fewest seconds per token so far on decodes the size of
+        ``tokens`` (``most`` before any measurement)."""
+        size = self.size_class(tokens)
+        measured = [n for n in self.options if (size, n) in self._cost]
+        return min(measured, key=lambda n: self._cost[size, n]) if measured else self.most
+
+    def choose(self, tokens: int) -> int:
+        """The thread count for the next decode, of ``tokens`` tokens."""
+        size = self.size_class(tokens)
         for threads in self.options:
-            if threads not in self._cost:
+            if (size, threads) not in self._cost:
                 return threads
-        if len(self.options) > 1 and self._since_probe >= self._gap:
-            return next(n for n in self.options if n != self.best)
-        return self.best
+        best = self.best(tokens)
+        if len(self.options) > 1 and self._since_probe.get(size, 0) >= self._gap_of(size):
+            return next(n for n in self.options if n != best)
+        return best
 
     def observe(self, threads: int, tokens: int, seconds: float) -> None:
         """A decode of ``tokens`` tokens on ``threads`` threads took ``seconds``."""
         if tokens < 1 or threads not in self.options:
             return
+        size = self.size_class(tokens)
         cost = seconds / tokens
-        best = self.best
-        previous = self._cost.get(threads)
+        best = self.best(tokens)
+        previous = self._cost.get((size, threads))
         if previous is None or threads != best:
-            self._cost[threads] = cost  # a first figure, or a probe: the old one is stale
+            self._cost[size, threads] = cost  # a first figure, or a probe: the old one is stale
         else:
-            self._cost[threads] = previous + self.alpha * (cost - previous)
+            self._cost[size, threads] = previous + self.alpha * (cost - previous)
         if previous is not None and threads != best:  # a probe
-            self._since_probe = 0
-            won = self.best == threads
-            self._gap = self.first_probe if won else min(self.longest_probe, 2 * self._gap)
+            self._since_probe[size] = 0
+            won = self.best(tokens) == threads
+            gap = self._gap_of(size)
+            self._gap[size] = self.first_probe if won else min(self.longest_probe, 2 * gap)
         else:
-            self._since_probe += 1
+            self._since_probe[size] = self._since_probe.get(size, 0) + 1
+
+    def _gap_of(self, size: int) -> int:
+        return self._gap.get(size, self.first_probe)

@@ -334,7 +334,7 @@ class EmbeddingEngine(DecodeLoop):
             start = batch.n
             batch.add(item.tokens, 0, seq, output_last=True)
             batch.logits[start : batch.n] = 1  # pooling reads every token's output
-        threads = self._threads.choose()
+        threads = self._threads.choose(batch.n)
         if threads != self._threads_now:
             model.set_threads(threads)
             self._threads_now = threads
