@@ -115,11 +115,11 @@ class ThreadChooser:
     threads are faster. So both are measured, and the faster one is used.
 
     Why by size: a decode's seconds per token depend on its size as much as on its threads
-    (a fixed cost per decode, and attention over the whole batch): on MiniLM a
-    one-sentence decode costs 1.9x an eight-sentence one a token on 2 threads, 1.3x on 1. Figures from decodes of
-    different sizes would compare sizes, not thread counts, so decodes are classed by their
-    tokens (powers of two: 1, 2-3, 4-7, ..., 128-255, ...) and each class keeps its own
-    figures and its own probing.
+    (a fixed cost per decode, and attention over the whole batch): on MiniLM a one-sentence
+    decode costs 1.9x an eight-sentence one a token on 2 threads, 1.3x on 1. Figures from
+    decodes of different sizes would compare sizes, not thread counts, so decodes are
+    classed by their tokens (powers of two: 1, 2-3, 4-7, ..., 128-255, ...) and each class
+    keeps its own figures and its own probing.
 
     Policy, in each class: each count is tried once (``most`` first); then the one with the
     lower seconds-per-token average (exponential, ``alpha``) runs, and the other is probed
