@@ -2,12 +2,17 @@
 thread barriers cost a small BERT when the machine is busy.
 
     .venv/bin/python benchmarks/embed_threads.py               # 3 s a figure
+    .venv/bin/python benchmarks/embed_threads.py --sizes 1 8 16 32 64 --no-engine
 
 For 1 and ``--threads`` threads fixed (``LlamaModel.set_threads``, no chooser), and for the
 ``EmbeddingEngine`` (its ``ThreadChooser`` picks per decode), inputs embedded per second at
-1, 8 and 64 inputs a decode (distinct 8-16-word sentences; no HTTP), with the load average
-beside each: on a quiet machine more threads are faster; with other work on the cores a
-multi-threaded decode waits at its barriers for descheduled threads.
+``--sizes`` inputs a decode (default 1, 8 and 64; distinct 8-16-word sentences, about 16
+tokens each; no HTTP), with the tokens of the last decode and the load average beside each:
+on a quiet machine more threads are faster; with other work on the cores a multi-threaded
+decode waits at its barriers for descheduled threads. The fixed figures at several sizes
+also show what a decode's size costs per input (``EMBEDDING_DECODE_TOKENS``). The engine
+packs a call's inputs at most ``EMBEDDING_DECODE_TOKENS`` tokens a decode, so its figure at
+64 inputs a call is several decodes a call.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from llmtrio.engine._llama import Batch, LlamaModel
 SIZES = (1, 8, 64)
 
 
-def fixed(model: LlamaModel, threads: int, per: int, seconds: float) -> float:
+def fixed(model: LlamaModel, threads: int, per: int, seconds: float) -> tuple[float, int]:
     model.set_threads(threads)
     batch = Batch(model.n_batch)
     done, k, started = 0, 0, time.perf_counter()
@@ -45,7 +50,7 @@ def fixed(model: LlamaModel, threads: int, per: int, seconds: float) -> float:
             batch.logits[start : batch.n] = 1
         assert model.decode(batch) == 0
         done += per
-    return done / (time.perf_counter() - started)
+    return done / (time.perf_counter() - started), batch.n
 
 
 async def chosen(threads: int, per: int, seconds: float) -> tuple[float, dict[int, int]]:
@@ -62,22 +67,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="inputs a decode")
+    parser.add_argument("--no-engine", action="store_true", help="fixed thread counts only")
     args = parser.parse_args()
     model = LlamaModel(
         MINILM, slots=64, ctx_size=512, threads=args.threads, n_batch=2048, embeddings=True
     )
     try:
         for threads in sorted({1, args.threads}, reverse=True):
-            for per in SIZES:
-                rate = fixed(model, threads, per, args.seconds)
+            for per in args.sizes:
+                rate, n = fixed(model, threads, per, args.seconds)
                 print(
-                    f"{threads} thread(s) fixed, {per:2} inputs a decode: {rate:6.1f} inputs/s"
-                    f"  (load {os.getloadavg()[0]:.2f})",
+                    f"{threads} thread(s) fixed, {per:2} inputs a decode ({n:4} tokens): "
+                    f"{rate:6.1f} inputs/s  (load {os.getloadavg()[0]:.2f})",
                     flush=True,
                 )
     finally:
         model.close()
-    for per in SIZES:
+    for per in () if args.no_engine else args.sizes:
         rate, used = trio.run(chosen, args.threads, per, args.seconds)
         print(
             f"engine (chooser, up to {args.threads}), {per:2} inputs a decode: {rate:6.1f} "

@@ -55,6 +55,17 @@ def test_the_packer_never_overtakes_an_input_that_does_not_fit() -> None:
     assert [p.index for p in packer.next_batch()] == [1, 2]
 
 
+def test_the_packer_stops_a_batch_at_its_budget_and_a_longer_input_goes_alone() -> None:
+    packer = EmbedPacker(max_tokens=64, max_seqs=8, budget=16)
+    packer.add(0, [tokens(6), tokens(6), tokens(6), tokens(40), tokens(2), tokens(16)])
+    assert [len(p.tokens) for p in packer.next_batch()] == [6, 6]  # a third would be 18
+    assert [len(p.tokens) for p in packer.next_batch()] == [6]  # 40 does not fit beside it
+    assert [len(p.tokens) for p in packer.next_batch()] == [40]  # alone, past the budget
+    assert [len(p.tokens) for p in packer.next_batch()] == [2]
+    assert [len(p.tokens) for p in packer.next_batch()] == [16]
+    assert packer.next_batch() == []
+
+
 def test_a_cancelled_caller_is_dropped_at_the_next_batch_and_no_one_else() -> None:
     packer = EmbedPacker(max_tokens=100, max_seqs=2)
     packer.add(0, [tokens(3)] * 3)
@@ -79,11 +90,16 @@ def test_the_packer_refuses_an_input_it_could_never_pack() -> None:
     st.integers(16, 40),
     st.integers(1, 6),
     st.sets(st.integers(0, 11)),
+    st.none() | st.integers(1, 40),
 )
 def test_every_input_not_cancelled_is_packed_once_within_the_limits(
-    callers: list[list[int]], max_tokens: int, max_seqs: int, cancelled: set[int]
+    callers: list[list[int]],
+    max_tokens: int,
+    max_seqs: int,
+    cancelled: set[int],
+    budget: int | None,
 ) -> None:
-    packer = EmbedPacker(max_tokens=max_tokens, max_seqs=max_seqs)
+    packer = EmbedPacker(max_tokens=max_tokens, max_seqs=max_seqs, budget=budget)
     for key, lengths in enumerate(callers):
         packer.add(key, [tokens(n) for n in lengths])
     for key in cancelled:
@@ -92,6 +108,8 @@ def test_every_input_not_cancelled_is_packed_once_within_the_limits(
     while batch := packer.next_batch():
         assert len(batch) <= max_seqs
         assert sum(len(p.tokens) for p in batch) <= max_tokens
+        if len(batch) > 1 and budget is not None:  # one input alone may pass the budget
+            assert sum(len(p.tokens) for p in batch) <= budget
         seen += [(p.key, p.index) for p in batch]
     expected = [
         (key, index)
@@ -107,7 +125,7 @@ def run_chooser(chooser: ThreadChooser, cost: dict[int, float], decodes: int) ->
     costing ``cost[threads]`` seconds a token."""
     picked = []
     for _ in range(decodes):
-        threads = chooser.choose()
+        threads = chooser.choose(10)
         chooser.observe(threads, 10, 10 * cost[threads])
         picked.append(threads)
     return picked
@@ -118,7 +136,7 @@ def test_the_thread_chooser_tries_both_counts_then_keeps_the_faster() -> None:
     # a loaded machine: 2 threads spin at their barriers
     picked = run_chooser(chooser, {2: 0.05, 1: 0.001}, 300)
     assert picked[:2] == [2, 1]
-    assert chooser.best == 1
+    assert chooser.best(10) == 1
     probes = [i for i, threads in enumerate(picked) if i >= 2 and threads == 2]
     gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
     assert gaps[:3] == [8, 16, 32]  # each losing probe doubles the gap, up to 32
@@ -126,7 +144,30 @@ def test_the_thread_chooser_tries_both_counts_then_keeps_the_faster() -> None:
     # the load goes away: the next probe finds 2 threads faster and keeps them
     picked = run_chooser(chooser, {2: 0.0005, 1: 0.001}, 40)
     assert picked[-5:] == [2] * 5
-    assert chooser.best == 2
+    assert chooser.best(10) == 2
+
+
+def test_the_thread_chooser_compares_thread_counts_on_decodes_of_the_same_size() -> None:
+    # 2 threads are 1.5x as fast at every size, and a small decode costs twice as much a
+    # token as a big one (its fixed cost): the first 2-thread figure comes from a small
+    # decode and the first 1-thread one from a big decode, which per token alone would
+    # make 1 thread look faster (10/1.5 > 5 ms a token)
+    chooser = ThreadChooser(2, first_probe=4, longest_probe=32)
+    per_token = {10: 0.010, 200: 0.005}
+    picked: dict[int, list[int]] = {10: [], 200: []}
+    for tokens in [10, 200, 200, 200] * 100:
+        threads = chooser.choose(tokens)
+        chooser.observe(threads, tokens, tokens * per_token[tokens] / (1.5 if threads == 2 else 1))
+        picked[tokens].append(threads)
+    assert chooser.best(10) == chooser.best(200) == 2
+    assert picked[200][:2] == [2, 1]  # each size tries both counts
+    assert picked[10][:2] == [2, 1]
+    for tokens in (10, 200):  # then 1 thread only as a probe, ever rarer
+        assert picked[tokens][2:].count(1) <= len(picked[tokens]) // 8
+    assert picked[200][-66:].count(1) <= 2  # one probe in 33 decodes at the longest gap
+    # sizes are classed by powers of two
+    assert ThreadChooser.size_class(130) == ThreadChooser.size_class(255)
+    assert ThreadChooser.size_class(255) != ThreadChooser.size_class(256)
 
 
 def test_the_thread_chooser_settles_on_a_steady_winner_and_one_thread_is_one() -> None:
@@ -247,12 +288,16 @@ async def test_embed_matches_sentence_transformers(
         # the same input alone, or in a batch with others, is the same vector (up to the
         # last bits: llama.cpp's kernels depend on the batch's shape; another sequence
         # leaking in would cost far more than this)
+        before = dict(engine.decodes_by_threads)
         alone = await engine.embed([minilm_reference["inputs"][2]])
         assert float(alone.vectors[0] @ result.vectors[2]) > 0.999
         assert engine.stats.steps == steps + 1
-        # the first decode ran on the configured threads, the second on 1 (the chooser
-        # measures both; the vectors above do not depend on it)
-        assert engine.decodes_by_threads == {2: 1, 1: 1}
+        # the first decode of its size ran on the configured threads, the next of the same
+        # size on 1 (the chooser measures both; the vectors above do not depend on it)
+        assert engine.decodes_by_threads[2] == before[2] + 1
+        again = await engine.embed([minilm_reference["inputs"][0]])  # 9 tokens, as [2] is
+        assert float(again.vectors[0] @ result.vectors[0]) > 0.999
+        assert engine.decodes_by_threads.get(1, 0) == before.get(1, 0) + 1
 
 
 async def test_concurrent_callers_share_decodes(

@@ -7,10 +7,17 @@ are tested on their own.
 
 Policy: first come, first packed, one input per sequence, whole inputs only (an embedding
 model attends over a whole sequence at once, so an input is never split across decodes).
-A batch takes inputs in arrival order while they fit ``max_tokens`` and ``max_seqs``; the
-first input that does not fit ends the batch (no overtaking, so a long input is never
-starved by short ones behind it). Many callers' inputs share one batch: 64 concurrent
-single-input requests are one decode, not 64.
+A batch takes inputs in arrival order while they fit ``budget`` tokens and ``max_seqs``
+sequences; the first input that does not fit ends the batch (no overtaking, so a long input
+is never starved by short ones behind it). An input longer than the budget (up to
+``max_tokens``, what one decode can take) goes alone. Many callers' inputs share one batch:
+64 concurrent single-input requests are a few decodes, not 64.
+
+Why a budget below what a decode can take: llama.cpp runs a BERT's attention over every token
+of the batch, each sequence masked off from the others, so a decode's cost per token grows
+with the batch's tokens (the mask and the attention scores are tokens x tokens a head and a
+layer); past a few hundred tokens that outweighs what a bigger batch saves in per-decode
+overhead (PERFORMANCE.md, "Session 25").
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ class Packed:
 
 @attrs.define
 class EmbedPacker:
-    """Queues callers' inputs and packs them into batches of at most ``max_tokens`` tokens
-    and ``max_seqs`` sequences.
+    """Queues callers' inputs and packs them into batches of at most ``max_seqs`` sequences
+    and ``budget`` tokens (``max_tokens``, the most one decode takes, for a batch of one
+    input longer than the budget; ``budget`` unset is ``max_tokens``).
 
     Error handling: ``ValueError`` from :meth:`add` for an input that could never be packed
     (empty, or longer than ``max_tokens``): the caller checks its inputs before queuing them,
@@ -47,6 +55,7 @@ class EmbedPacker:
 
     max_tokens: int
     max_seqs: int
+    budget: int | None = None
     _queue: deque[Packed] = attrs.field(factory=deque, init=False)
     _cancelled: set[int] = attrs.field(factory=set, init=False)
 
@@ -75,11 +84,12 @@ class EmbedPacker:
     def next_batch(self) -> list[Packed]:
         """The next batch, taken off the queue (empty when nothing is queued)."""
         self._drop_cancelled()
+        budget = min(self.budget or self.max_tokens, self.max_tokens)
         batch: list[Packed] = []
         tokens = 0
         while self._queue and len(batch) < self.max_seqs:
             item = self._queue[0]
-            if tokens + len(item.tokens) > self.max_tokens:
+            if batch and tokens + len(item.tokens) > budget:
                 break
             batch.append(self._queue.popleft())
             tokens += len(item.tokens)
@@ -94,7 +104,7 @@ class EmbedPacker:
 @attrs.define
 class ThreadChooser:
     """Picks each decode's compute threads: ``most`` (the configured ``--threads``) or 1,
-    whichever measured fewer seconds per token.
+    whichever measured fewer seconds per token on decodes of about the same size.
 
     Why: llama.cpp's threads meet at a barrier after every operation of the graph (a small
     BERT has hundreds per decode), and a thread waiting there spins. When the machine has
@@ -104,61 +114,80 @@ class ThreadChooser:
     loaded 2-core machine and 12.5 ms on 1 thread (PERFORMANCE.md). On a quiet machine, more
     threads are faster. So both are measured, and the faster one is used.
 
-    Policy: each count is tried once (``most`` first); then the one with the lower
-    seconds-per-token average (exponential, ``alpha``) runs, and the other is probed once
-    after ``first_probe`` decodes. A probe's figure replaces that count's old one (it is
-    stale); a probe that wins makes its count the one used; one that loses doubles the gap to
-    the next probe, up to ``longest_probe`` decodes, so a slow count costs at most one decode
-    in that many once the load is steady, and a change of load is found within that many.
+    Why by size: a decode's seconds per token depend on its size as much as on its threads
+    (a fixed cost per decode, and attention over the whole batch): on MiniLM a one-sentence
+    decode costs 1.9x an eight-sentence one a token on 2 threads, 1.3x on 1. Figures from
+    decodes of different sizes would compare sizes, not thread counts, so decodes are
+    classed by their tokens (powers of two: 1, 2-3, 4-7, ..., 128-255, ...) and each class
+    keeps its own figures and its own probing.
+
+    Policy, in each class: each count is tried once (``most`` first); then the one with the
+    lower seconds-per-token average (exponential, ``alpha``) runs, and the other is probed
+    once after ``first_probe`` decodes of that class. A probe's figure replaces that count's
+    old one (it is stale); a probe that wins makes its count the one used; one that loses
+    doubles the gap to the next probe, up to ``longest_probe`` decodes, so a slow count costs
+    at most one decode in that many once the load is steady, and a change of load is found
+    within that many.
     """
 
     most: int
     first_probe: int = 8
     longest_probe: int = 1024
     alpha: float = 0.3
-    _cost: dict[int, float] = attrs.field(factory=dict, init=False)
-    _since_probe: int = attrs.field(default=0, init=False)
-    _gap: int = attrs.field(default=0, init=False)
+    _cost: dict[tuple[int, int], float] = attrs.field(factory=dict, init=False)
+    _since_probe: dict[int, int] = attrs.field(factory=dict, init=False)
+    _gap: dict[int, int] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.most < 1:
             raise ValueError("most must be at least 1")
-        self._gap = self.first_probe
 
     @property
     def options(self) -> tuple[int, ...]:
         return (self.most, 1) if self.most > 1 else (1,)
 
-    @property
-    def best(self) -> int:
-        """The count that measured the fewest seconds per token so far (``most`` before any
-        measurement)."""
-        measured = [n for n in self.options if n in self._cost]
-        return min(measured, key=self._cost.__getitem__) if measured else self.most
+    @staticmethod
+    def size_class(tokens: int) -> int:
+        """The class of a decode of ``tokens`` tokens (decodes within a power of two)."""
+        return max(1, tokens).bit_length()
 
-    def choose(self) -> int:
-        """The thread count for the next decode."""
+    def best(self, tokens: int) -> int:
+        """The count that measured the fewest seconds per token so far on decodes the size of
+        ``tokens`` (``most`` before any measurement)."""
+        size = self.size_class(tokens)
+        measured = [n for n in self.options if (size, n) in self._cost]
+        return min(measured, key=lambda n: self._cost[size, n]) if measured else self.most
+
+    def choose(self, tokens: int) -> int:
+        """The thread count for the next decode, of ``tokens`` tokens."""
+        size = self.size_class(tokens)
         for threads in self.options:
-            if threads not in self._cost:
+            if (size, threads) not in self._cost:
                 return threads
-        if len(self.options) > 1 and self._since_probe >= self._gap:
-            return next(n for n in self.options if n != self.best)
-        return self.best
+        best = self.best(tokens)
+        if len(self.options) > 1 and self._since_probe.get(size, 0) >= self._gap_of(size):
+            return next(n for n in self.options if n != best)
+        return best
 
     def observe(self, threads: int, tokens: int, seconds: float) -> None:
         """A decode of ``tokens`` tokens on ``threads`` threads took ``seconds``."""
         if tokens < 1 or threads not in self.options:
             return
+        size = self.size_class(tokens)
         cost = seconds / tokens
-        best = self.best
-        previous = self._cost.get(threads)
+        best = self.best(tokens)
+        previous = self._cost.get((size, threads))
         if previous is None or threads != best:
-            self._cost[threads] = cost  # a first figure, or a probe: the old one is stale
+            self._cost[size, threads] = cost  # a first figure, or a probe: the old one is stale
         else:
-            self._cost[threads] = previous + self.alpha * (cost - previous)
+            self._cost[size, threads] = previous + self.alpha * (cost - previous)
         if previous is not None and threads != best:  # a probe
-            self._since_probe = 0
-            won = self.best == threads
-            self._gap = self.first_probe if won else min(self.longest_probe, 2 * self._gap)
+            self._since_probe[size] = 0
+            won = self.best(tokens) == threads
+            gap = self._gap_of(size)
+            self._gap[size] = self.first_probe if won else min(self.longest_probe, 2 * gap)
         else:
-            self._since_probe += 1
+            self._since_probe[size] = self._since_probe.get(size, 0) + 1
+
+    def _gap_of(self, size: int) -> int:
+        return self._gap.get(size, self.first_probe)

@@ -8,7 +8,8 @@ The shape follows the chat engine's:
   the decode thread and waits for their vectors; a caller that is cancelled asks for its
   queued inputs to be dropped;
 - the decode thread (one ``trio.to_thread`` worker) moves queued inputs into the pure packer
-  (``_embed_pack.py``), decodes one batch at a time, many sequences per ``llama_decode``,
+  (``_embed_pack.py``), decodes one batch at a time, many sequences per ``llama_decode``
+  (up to ``EMBEDDING_DECODE_TOKENS`` tokens),
   inputs of any number of callers side by side, on the thread count that measured faster
   (``ThreadChooser``: the configured threads or 1), and posts each input's pooled vector back;
 - the vectors are L2-normalized, as OpenAI's are.
@@ -43,6 +44,7 @@ from ._types import Capacity, EngineConfig
 
 __all__ = [
     "EMBEDDING_BATCH_TOKENS",
+    "EMBEDDING_DECODE_TOKENS",
     "EMBEDDING_SEQUENCES",
     "EmbeddingEngine",
     "Embeddings",
@@ -54,8 +56,12 @@ logger = logging.getLogger("llmtrio.engine")
 #: The most sequences (inputs) one decode carries, and the least number of requests an
 #: embedding engine takes at once (its ``capacity().max_inflight``).
 EMBEDDING_SEQUENCES = 64
-#: The most tokens one decode carries (at least one whole input of the model's window).
+#: The most tokens one decode can carry (at least one whole input of the model's window).
 EMBEDDING_BATCH_TOKENS = 2048
+#: The tokens one decode aims at: queued inputs are packed while they fit this many (an input
+#: longer than this goes alone). llama.cpp attends over every token of a BERT batch, masking
+#: the other sequences off, so the cost per token grows with the batch; see ``EmbedPacker``.
+EMBEDDING_DECODE_TOKENS = 256
 
 
 @attrs.frozen
@@ -291,7 +297,9 @@ class EmbeddingEngine(DecodeLoop):
 
     def _loop(self) -> None:
         model = self._model
-        packer = EmbedPacker(max_tokens=model.n_batch, max_seqs=model.slots)
+        packer = EmbedPacker(
+            max_tokens=model.n_batch, max_seqs=model.slots, budget=EMBEDDING_DECODE_TOKENS
+        )
         batch = Batch(model.n_batch)
         try:
             while True:
@@ -326,7 +334,7 @@ class EmbeddingEngine(DecodeLoop):
             start = batch.n
             batch.add(item.tokens, 0, seq, output_last=True)
             batch.logits[start : batch.n] = 1  # pooling reads every token's output
-        threads = self._threads.choose()
+        threads = self._threads.choose(batch.n)
         if threads != self._threads_now:
             model.set_threads(threads)
             self._threads_now = threads
