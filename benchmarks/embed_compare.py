@@ -15,8 +15,8 @@ a load that drifts during the run weighs on both alike. Inputs are distinct shor
 server. The table prints each server's inputs/s and llmtrio's ratio to llama-server.
 
 llama-server runs with ``--embeddings --pooling mean -np 8 -c 8*512 -b 2048 -ub 2048``
-(``-ub`` at least one whole input, as a non-causal model needs; a batch as large as
-llmtrio's); llmtrio with its defaults for an embedding model (up to 64 sequences and 256
+(``-ub`` at least one whole input, as a non-causal model needs; it decodes at most its 8
+slots' inputs at once); llmtrio with its defaults for an embedding model (up to 64 sequences and 256
 tokens a decode) and ``--idle-timeout 60`` (llama-server keeps an idle connection 600 s). Both on
 ``--threads`` threads.
 
