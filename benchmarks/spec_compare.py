@@ -78,6 +78,19 @@ class Server:
 SERVERS = (
     Server("llmtrio-spec", "llmtrio --spec ngram", Kind.LLMTRIO, ("--spec", "ngram")),
     Server("llmtrio-nospec", "llmtrio --no-spec", Kind.LLMTRIO, ("--no-spec",)),
+    # compare.running_server runs the "llmtrio-base" key from --base-tree (PYTHONPATH).
+    Server(
+        "llmtrio-base",
+        "llmtrio --spec ngram (base tree)",
+        Kind.LLMTRIO,
+        ("--spec", "ngram"),
+    ),
+    Server(
+        "llmtrio-spec-16",
+        "llmtrio --spec ngram --spec-draft-max 16",
+        Kind.LLMTRIO,
+        ("--spec", "ngram", "--spec-draft-max", "16"),
+    ),
     Server(
         "llmtrio-spec-unified",
         "llmtrio --spec ngram --kv-unified",
@@ -412,9 +425,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         nargs="+",
-        default=[s.key for s in SERVERS if "unified" not in s.key],
+        default=["llmtrio-spec", "llmtrio-nospec", "ls", "ls-ngram-simple", "ls-ngram-mod"],
         choices=[s.key for s in SERVERS],
-        help="default: all but the --kv-unified llmtrio servers",
+        help="default: the first five (llmtrio with and without spec, llama-server plain and "
+        "its two n-gram modes)",
+    )
+    parser.add_argument(
+        "--base-tree",
+        type=Path,
+        help="a source tree whose llmtrio runs as 'llmtrio-base' (--spec ngram), e.g. "
+        "`git archive main | tar -x -C DIR`",
     )
     parser.add_argument(
         "--llmtrio-args", default="", help="extra flags for every llmtrio server (quoted)"
@@ -441,6 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = args.model or compare.demo_model_path()
     llama_server = compare.find_llama_server(args.llama_server)
     servers = [s for s in SERVERS if s.key in args.servers]
+    if "llmtrio-base" in args.servers and args.base_tree is None:
+        raise SystemExit("--servers llmtrio-base needs --base-tree")
     if llama_server is None:
         print("llama-server is not built: run benchmarks/build_llama_server.sh; llmtrio only")
         servers = [s for s in servers if s.kind is Kind.LLMTRIO]
@@ -462,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_tokens=args.max_tokens,
             eog=eog,
             logdir=logdir,
+            base_tree=args.base_tree,
         )
         print(f"model {model.name}, {args.threads} threads, {args.max_tokens} tokens a request")
         if "spec" in args.parts:
