@@ -183,22 +183,6 @@ def test_gemma_on_two_cores_drafts_for_one_sequence_and_not_for_eight() -> None:
     assert plan_drafts([Candidate(8, 0.85)] * 8, c, outputs=8) == [0] * 8
 
 
-def test_a_sequence_decoding_beside_prompts_drafts_only_what_pays_at_their_rate() -> None:
-    # Gemma's costs on two cores (12 ms a micro-batch, 8.5 a position). Alone, one stream
-    # drafts (memory-bound); beside seven sequences still ingesting their prompts, which
-    # decode with it a few steps later at 8 tokens per 80 ms, a draft position (8.5 ms) is
-    # worth it only where it is right more often than 8.5 / 10 of the time.
-    c = linear(12.0, 8.5, [(1, 1), (1, 8), (5, 12), (1, 16)])
-    assert sum(plan_drafts([Candidate(8, 0.85)], c, outputs=1)) >= 2
-    assert plan_drafts([Candidate(8, 0.85)], c, outputs=1, pending=7) == [0]
-    # Drafts 97% right: the first five tokens pay at eight's rate (0.97^5 / 8.5 ms > 0.1
-    # tokens a ms, 0.97^6 / 8.5 < 0.1); alone it verifies all eight.
-    assert plan_drafts([Candidate(8, 0.97)], c, outputs=1) == [8]
-    assert plan_drafts([Candidate(8, 0.97)], c, outputs=1, pending=7) == [5]
-    # Nothing pending: as before.
-    assert plan_drafts([Candidate(8, 0.97)], c, outputs=1, pending=0) == [8]
-
-
 def test_a_slow_sampler_prices_its_own_drafts_out() -> None:
     # One stream, memory-bound: drafts pay with a greedy sampler (0.1 ms a position) but not
     # with one that takes 12 ms a position (top-p over 262k tokens without top-k): the

@@ -159,8 +159,7 @@ class EngineCore:
         parts = [Part(self._jobs[key], None, 0, 0) for key in plan.decode]
         prefill = [Part(self._jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
         if self._drafts.draft_max:
-            pending = self._scheduler.running - len(parts)  # still ingesting their prompts
-            self._drafts.draft(parts, prefill, pending=pending)
+            self._drafts.draft(parts, prefill)
         parts += prefill
         if pool:
             parts = pool.make_room(parts)

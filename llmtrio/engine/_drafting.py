@@ -47,10 +47,8 @@ class DraftBudget:
         memory splits one with unequal tokens per sequence; one pool does not)."""
         return micro_batches(tokens, split=self._split, n_ubatch=self._capacity)
 
-    def draft(self, parts: list[Part], prefill: list[Part], *, pending: int = 0) -> None:
-        """Give each decoding part the draft tokens the budget allows this step; ``pending``
-        running sequences are still ingesting their prompts (they will decode beside
-        these soon: drafts must pay at that step's rate)."""
+    def draft(self, parts: list[Part], prefill: list[Part]) -> None:
+        """Give each decoding part the draft tokens the budget allows this step."""
         prefill_tokens = sum(part.count for part in prefill)
         offers: list[tuple[Part, list[int], int]] = []
         room = self._capacity - len(parts) - prefill_tokens
@@ -91,7 +89,6 @@ class DraftBudget:
             target_ms=self._target_ms,
             batches=batches,
             sampling_ms=sum(part.job.sample_ms for part in parts),
-            pending=pending,
         )
         total = 0
         for (part, draft, match), count in zip(offers, counts, strict=True):

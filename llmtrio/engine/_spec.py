@@ -320,7 +320,6 @@ def plan_drafts(
     target_ms: float = 0.0,
     batches: Callable[[Sequence[int]], int] = _one_batch,
     sampling_ms: float = 0.0,
-    pending: int = 0,
 ) -> list[int]:
     """How many of each candidate's draft tokens to verify in the next step.
 
@@ -337,13 +336,6 @@ def plan_drafts(
     decoding (the prompt tokens' cost left out: they are ingested either way) wins, so a
     compute-bound step, where a position costs about what a token is worth, drafts nothing.
     With ``target_ms`` set, no plan whose predicted step (prompt tokens included) exceeds it.
-
-    ``pending`` sequences are running but still ingesting their prompts: in a few steps they
-    decode beside these, and every ms a draft adds to a step delays them too. A draft is
-    then worth its ms only at the rate of the step to come (``outputs + pending``
-    sequences decoding, fewer ms a token than this step's few): the plan kept is the one of
-    most expected tokens beyond what those ms would give at that rate, so one sequence
-    decoding while seven ingest drafts only what would pay at eight.
     """
     gains: list[tuple[float, int]] = []
     per: list[list[float]] = [[] for _ in candidates]
@@ -362,29 +354,17 @@ def plan_drafts(
     extra = costs.predict(0, prefill)
     zero = [0] * len(candidates)
     base_ms = costs.predict(outputs, batches=batches(zero)) + sampling_ms
-    base_rate = outputs / base_ms if base_ms > 0 else math.inf
-    # The rate the ms a draft adds are worth: this step's, or, with sequences about to
-    # decode beside these, that of the step with all of them (per sequence sampling alike).
-    later = outputs + pending
-    later_ms = costs.predict(later) + sampling_ms * later / max(1, outputs)
-    later_rate = later / later_ms if pending > 0 and later_ms > 0 else 0.0
-
-    def score(tokens: float, ms: float) -> float:
-        if later_rate > base_rate:
-            return tokens - later_rate * ms  # the tokens beyond what those ms give later
-        return tokens / ms if ms > 0 else math.inf
-
-    best, best_score = zero, score(float(outputs), base_ms)
+    best, best_rate = zero, outputs / base_ms if base_ms > 0 else math.inf
 
     def consider(counts: list[int], tokens: float) -> None:
-        nonlocal best, best_score
+        nonlocal best, best_rate
         ms = costs.predict(outputs + sum(counts), batches=batches(counts)) + sampling_ms
         ms += sum(c.sample_ms * n for c, n in zip(candidates, counts, strict=True))
         if target_ms > 0 and ms + extra > target_ms:
             return
-        value = score(tokens, ms)
-        if value > best_score:
-            best, best_score = counts, value
+        rate = tokens / ms if ms > 0 else math.inf
+        if rate > best_rate:
+            best, best_rate = counts, rate
 
     # Best first: expected tokens per ms the position adds (its sampler's time included).
     position = costs.coefficients[1]
@@ -399,7 +379,7 @@ def plan_drafts(
     # token's ratio while drafts add micro-batches, never remove them: true but where a
     # prompt chunk happens to match a drafting sequence's length): the compute-bound case,
     # decided without pricing every plan (0.3 ms instead of 7 at eight sequences).
-    if worth(gains[0]) <= max(base_rate, later_rate):
+    if worth(gains[0]) <= best_rate:
         return best
     counts = list(zero)
     tokens = float(outputs)
