@@ -304,6 +304,8 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
             ) as running:
                 for workload in args.workloads:
                     for n in args.concurrency:
+                        for w in range(args.warmup):  # the same shape, not measured
+                            await batch(running, server, setup, workload, n, f"w{w}{rnd}{n}")
                         b = await batch(running, server, setup, workload, n, f"{rnd}{workload}{n}")
                         results.setdefault((server.key, workload, n), []).append(b)
                         print(
@@ -451,6 +453,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="+",
         default=[1, 8, 16],
         help="part pool: the chat batches run on 16 slots in both layouts",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="part spec: unmeasured batches of the same workload and N before each measured "
+        "one (a fresh llmtrio's draft budget learns the step costs from its first steps)",
     )
     parser.add_argument("--logdir", type=Path, help="keep server logs here")
     return parser.parse_args(argv)
