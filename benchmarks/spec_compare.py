@@ -21,7 +21,12 @@ Each server is started fresh per round (8 slots x 1024 tokens), rounds alternate
 servers; a figure is the median over rounds (with 2 rounds, their mean). Aggregate tok/s is
 all completion tokens over the batch's wall time (prefill included); decode tok/s is each
 request's ``timings.predicted_n / predicted_ms`` (p50), the rate after its first token;
-acceptance is the servers' own ``timings.draft_n_accepted / draft_n``.
+acceptance is the servers' own ``timings.draft_n_accepted / draft_n``, and the mean
+accepted length is the accepted tokens per verification that carried drafts (the batch's
+growth of ``vllm:spec_decode_num_drafts_total`` or llama-server's
+``llamacpp:spec_decode_num_drafts_total`` on ``/metrics``; llama.cpp's and vLLM's "mean
+acceptance length" is 1 + this). ``--servers llmtrio-spec-unified llmtrio-nospec-unified``
+add llmtrio on one shared pool (``--kv-unified``) with and without speculation.
 
 Part ``pool``, llmtrio per slot against ``--kv-unified`` on 8 slots x 2048 tokens: one
 request with a ~12k-token prompt (a 400 per slot; served from the pool), and the chat
@@ -73,6 +78,31 @@ class Server:
 SERVERS = (
     Server("llmtrio-spec", "llmtrio --spec ngram", Kind.LLMTRIO, ("--spec", "ngram")),
     Server("llmtrio-nospec", "llmtrio --no-spec", Kind.LLMTRIO, ("--no-spec",)),
+    # compare.running_server runs the "llmtrio-base" key from --base-tree (PYTHONPATH).
+    Server(
+        "llmtrio-base",
+        "llmtrio --spec ngram (base tree)",
+        Kind.LLMTRIO,
+        ("--spec", "ngram"),
+    ),
+    Server(
+        "llmtrio-spec-16",
+        "llmtrio --spec ngram --spec-draft-max 16",
+        Kind.LLMTRIO,
+        ("--spec", "ngram", "--spec-draft-max", "16"),
+    ),
+    Server(
+        "llmtrio-spec-unified",
+        "llmtrio --spec ngram --kv-unified",
+        Kind.LLMTRIO,
+        ("--spec", "ngram", "--kv-unified"),
+    ),
+    Server(
+        "llmtrio-nospec-unified",
+        "llmtrio --no-spec --kv-unified",
+        Kind.LLMTRIO,
+        ("--no-spec", "--kv-unified"),
+    ),
     Server("ls", "llama-server", Kind.LLAMA_SERVER),
     Server(
         "ls-ngram-simple",
@@ -126,6 +156,7 @@ def argv_of(server: Server, setup: Setup, *, slots: int, ctx: int) -> list[str]:
         "--cache-ram",
         "0",
         "--no-webui",
+        "--metrics",
         *server.flags,
     ]
 
@@ -201,7 +232,25 @@ class Batch:
     drafted: int
     accepted: int
     tokens: int
+    drafts: int = 0
     errors: list[str] = field(default_factory=list)
+
+
+#: The verifications that carried drafts: vLLM's counter (llmtrio) and llama.cpp's
+#: (``llama-server --metrics``); the same definition (one sequence's drafts verified once).
+DRAFTS_METRICS = ("vllm:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_drafts_total")
+
+
+async def drafts_so_far(client: httpx.AsyncClient, base: str) -> int:
+    """The server's verifications that carried drafts since it started (``/metrics``)."""
+    response = await client.get(f"{base}/metrics")
+    response.raise_for_status()
+    total = 0.0
+    for line in response.text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in DRAFTS_METRICS:
+            total += float(line.rsplit(" ", 1)[1])
+    return round(total)
 
 
 async def batch(
@@ -215,10 +264,12 @@ async def batch(
             body = body_of(server, setup, workload, i, setup.max_tokens, tag)
             replies.append(await complete(client, running.base, body))
 
+        drafts_before = await drafts_so_far(client, running.base)
         start = time.perf_counter()
         async with trio.open_nursery() as nursery:
             for i in range(n):
                 nursery.start_soon(one, i)
+        drafts = await drafts_so_far(client, running.base) - drafts_before
     wall = max(r.end for r in replies) - start
     rates = [r.decode_tps for r in replies if r.decode_tps]
     if workload == "extract":
@@ -233,6 +284,7 @@ async def batch(
         drafted=sum(r.drafted for r in replies),
         accepted=sum(r.accepted for r in replies),
         tokens=sum(r.tokens for r in replies),
+        drafts=drafts,
         errors=[r.error for r in replies if r.error],
     )
 
@@ -252,12 +304,14 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
             ) as running:
                 for workload in args.workloads:
                     for n in args.concurrency:
+                        for w in range(args.warmup):  # the same shape, not measured
+                            await batch(running, server, setup, workload, n, f"w{w}{rnd}{n}")
                         b = await batch(running, server, setup, workload, n, f"{rnd}{workload}{n}")
                         results.setdefault((server.key, workload, n), []).append(b)
                         print(
                             f"  round {rnd + 1} {server.label:40} {workload:8} N={n:<3}"
                             f" {b.agg_tps:7.1f} tok/s agg, {b.decode_tps:6.1f} decode,"
-                            f" drafted {b.drafted} accepted {b.accepted}"
+                            f" drafted {b.drafted} accepted {b.accepted} in {b.drafts} drafts"
                             + (f" ERRORS {b.errors[:2]}" if b.errors else ""),
                             flush=True,
                         )
@@ -266,7 +320,7 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
             print(f"\n{workload}, N={n}, median of {args.rounds} round(s)")
             print(
                 f"{'server':42} {'agg tok/s':>9} {'decode':>8} {'accept':>7} "
-                f"{'drafted':>8} {'tokens':>7}"
+                f"{'acc/draft':>9} {'drafted':>8} {'tokens':>7}"
             )
             agg: dict[str, float] = {}
             for server in servers:
@@ -277,10 +331,14 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
                 d = statistics.median(b.decode_tps for b in runs)
                 drafted = sum(b.drafted for b in runs)
                 accepted = sum(b.accepted for b in runs)
+                drafts = sum(b.drafts for b in runs)
                 rate = f"{accepted / drafted:7.2f}" if drafted else f"{'-':>7}"
+                # Mean accepted length: accepted tokens per verification that carried
+                # drafts (llama.cpp's and vLLM's "mean acceptance length" is 1 + this).
+                length = f"{accepted / drafts:9.2f}" if drafts else f"{'-':>9}"
                 agg[server.key] = a
                 print(
-                    f"{server.label:42} {a:9.1f} {d:8.1f} {rate} {drafted:8d} "
+                    f"{server.label:42} {a:9.1f} {d:8.1f} {rate} {length} {drafted:8d} "
                     f"{sum(b.tokens for b in runs):7d}"
                 )
             if "llmtrio-spec" in agg:
@@ -291,11 +349,15 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
                 for key, label in (
                     ("llmtrio-nospec", "llmtrio --no-spec"),
                     ("ls", "llama-server"),
+                    ("llmtrio-spec-unified", "llmtrio --spec ngram --kv-unified"),
                 ):
                     if key in agg:
                         print(f"  llmtrio --spec / {label}: x{mine / agg[key]:.2f}")
                 if best:
                     print(f"  llmtrio --spec / llama-server's best n-gram mode: x{mine / best:.2f}")
+            if "llmtrio-spec-unified" in agg and "llmtrio-nospec-unified" in agg:
+                ratio = agg["llmtrio-spec-unified"] / agg["llmtrio-nospec-unified"]
+                print(f"  --kv-unified: --spec / --no-spec: x{ratio:.2f}")
 
 
 # --- part pool ----------------------------------------------------------------------------
@@ -363,7 +425,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--servers", nargs="+", default=[s.key for s in SERVERS], choices=[s.key for s in SERVERS]
+        "--servers",
+        nargs="+",
+        default=["llmtrio-spec", "llmtrio-nospec", "ls", "ls-ngram-simple", "ls-ngram-mod"],
+        choices=[s.key for s in SERVERS],
+        help="default: the first five (llmtrio with and without spec, llama-server plain and "
+        "its two n-gram modes)",
+    )
+    parser.add_argument(
+        "--base-tree",
+        type=Path,
+        help="a source tree whose llmtrio runs as 'llmtrio-base' (--spec ngram), e.g. "
+        "`git archive main | tar -x -C DIR`",
     )
     parser.add_argument(
         "--llmtrio-args", default="", help="extra flags for every llmtrio server (quoted)"
@@ -381,6 +454,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[1, 8, 16],
         help="part pool: the chat batches run on 16 slots in both layouts",
     )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="part spec: unmeasured batches of the same workload and N before each measured "
+        "one (a fresh llmtrio's draft budget learns the step costs from its first steps)",
+    )
     parser.add_argument("--logdir", type=Path, help="keep server logs here")
     return parser.parse_args(argv)
 
@@ -390,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = args.model or compare.demo_model_path()
     llama_server = compare.find_llama_server(args.llama_server)
     servers = [s for s in SERVERS if s.key in args.servers]
+    if "llmtrio-base" in args.servers and args.base_tree is None:
+        raise SystemExit("--servers llmtrio-base needs --base-tree")
     if llama_server is None:
         print("llama-server is not built: run benchmarks/build_llama_server.sh; llmtrio only")
         servers = [s for s in servers if s.kind is Kind.LLMTRIO]
@@ -411,6 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_tokens=args.max_tokens,
             eog=eog,
             logdir=logdir,
+            base_tree=args.base_tree,
         )
         print(f"model {model.name}, {args.threads} threads, {args.max_tokens} tokens a request")
         if "spec" in args.parts:
