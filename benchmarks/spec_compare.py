@@ -42,6 +42,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -294,27 +295,45 @@ async def batch(
 
 async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server]) -> None:
     results: dict[tuple[str, str, int], list[Batch]] = {}
-    for rnd in range(args.rounds):
-        order = servers if rnd % 2 == 0 else servers[::-1]
-        for server in order:
-            spec = ServerSpec(server.key, server.label, server.kind)
-            argv = argv_of(server, setup, slots=SLOTS, ctx=CTX)
-            async with compare.running_server(
-                spec, setup, CTX, f"{server.key}-r{rnd}", argv=argv
-            ) as running:
+
+    def started(server: Server, tag: str) -> AbstractAsyncContextManager[Running]:
+        spec = ServerSpec(server.key, server.label, server.kind)
+        argv = argv_of(server, setup, slots=SLOTS, ctx=CTX)
+        return compare.running_server(spec, setup, CTX, tag, argv=argv)
+
+    async def measure(running: Running, server: Server, rnd: int, workload: str, n: int) -> None:
+        for w in range(args.warmup):  # the same shape, not measured
+            await batch(running, server, setup, workload, n, f"w{w}{rnd}{n}")
+        b = await batch(running, server, setup, workload, n, f"{rnd}{workload}{n}")
+        results.setdefault((server.key, workload, n), []).append(b)
+        print(
+            f"  round {rnd + 1} {server.label:40} {workload:8} N={n:<3}"
+            f" {b.agg_tps:7.1f} tok/s agg, {b.decode_tps:6.1f} decode,"
+            f" drafted {b.drafted} accepted {b.accepted} in {b.drafts} drafts"
+            + (f" ERRORS {b.errors[:2]}" if b.errors else ""),
+            flush=True,
+        )
+
+    if args.interleave:
+        # Every server up for the whole run (an idle one takes no CPU), each batch shape
+        # measured on each server in turn, the order reversed every round: a load that
+        # drifts, and a fresh server's first requests, weigh on all alike.
+        async with AsyncExitStack() as stack:
+            up = {s.key: await stack.enter_async_context(started(s, s.key)) for s in servers}
+            for rnd in range(args.rounds):
+                order = servers if rnd % 2 == 0 else servers[::-1]
                 for workload in args.workloads:
                     for n in args.concurrency:
-                        for w in range(args.warmup):  # the same shape, not measured
-                            await batch(running, server, setup, workload, n, f"w{w}{rnd}{n}")
-                        b = await batch(running, server, setup, workload, n, f"{rnd}{workload}{n}")
-                        results.setdefault((server.key, workload, n), []).append(b)
-                        print(
-                            f"  round {rnd + 1} {server.label:40} {workload:8} N={n:<3}"
-                            f" {b.agg_tps:7.1f} tok/s agg, {b.decode_tps:6.1f} decode,"
-                            f" drafted {b.drafted} accepted {b.accepted} in {b.drafts} drafts"
-                            + (f" ERRORS {b.errors[:2]}" if b.errors else ""),
-                            flush=True,
-                        )
+                        for server in order:
+                            await measure(up[server.key], server, rnd, workload, n)
+    else:
+        for rnd in range(args.rounds):
+            order = servers if rnd % 2 == 0 else servers[::-1]
+            for server in order:
+                async with started(server, f"{server.key}-r{rnd}") as running:
+                    for workload in args.workloads:
+                        for n in args.concurrency:
+                            await measure(running, server, rnd, workload, n)
     for workload in args.workloads:
         for n in args.concurrency:
             print(f"\n{workload}, N={n}, median of {args.rounds} round(s)")
@@ -460,6 +479,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0,
         help="part spec: unmeasured batches of the same workload and N before each measured "
         "one (a fresh llmtrio's draft budget learns the step costs from its first steps)",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="part spec: start every server once and measure each batch on each in turn "
+        "(default: a fresh server per round, one after another)",
     )
     parser.add_argument("--logdir", type=Path, help="keep server logs here")
     return parser.parse_args(argv)

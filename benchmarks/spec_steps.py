@@ -26,10 +26,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import compare
-from _spec_texts import REWRITE_TEXTS, chat_prompt, rewrite_prompt
+from _spec_texts import (
+    EXTRACT_RECORDS,
+    EXTRACT_SCHEMA,
+    REWRITE_TEXTS,
+    chat_prompt,
+    extract_prompt,
+    rewrite_prompt,
+)
 
 from llmtrio.engine import EngineConfig, EngineStats, GenerateRequest, demo_model_path
 from llmtrio.engine._core import EngineCore
+from llmtrio.engine._grammar import request_grammar
 from llmtrio.engine._llama import LlamaModel
 from llmtrio.engine._step import CoreRequest
 
@@ -41,13 +49,20 @@ DRAFT_MAX = 8
 def prompt_text(workload: str, i: int) -> str:
     if workload == "rewrite":
         return rewrite_prompt(REWRITE_TEXTS[i % len(REWRITE_TEXTS)])
+    if workload == "extract":
+        return extract_prompt(EXTRACT_RECORDS[i % len(EXTRACT_RECORDS)])
     return chat_prompt(compare.PROMPTS[i % len(compare.PROMPTS)])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a GGUF (default: the demo gemma-3-270m)")
-    parser.add_argument("--workloads", nargs="+", default=["chat", "rewrite"])
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=["chat", "rewrite"],
+        choices=["chat", "rewrite", "extract"],
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
@@ -91,11 +106,23 @@ def main(argv: Sequence[str] | None = None) -> None:
                         key += 1
                         text = f"{key}. {prompt_text(workload, i)}"
                         prompt = model.tokenize(text, add_special=True)
+                        # extract: the schema's grammar ends the reply (spec_compare's (c))
+                        extract = workload == "extract"
                         request = GenerateRequest(
-                            tokens=list(prompt), max_tokens=args.max_tokens, ignore_eos=True
+                            tokens=list(prompt),
+                            max_tokens=args.max_tokens,
+                            ignore_eos=not extract,
+                            json_schema=EXTRACT_SCHEMA if extract else None,
                         )
+                        grammar = request_grammar(request, xml_calls=False, opens_think=False)
                         core.add(
-                            CoreRequest(key, np.asarray(prompt, np.int32), request, args.max_tokens)
+                            CoreRequest(
+                                key,
+                                np.asarray(prompt, np.int32),
+                                request,
+                                args.max_tokens,
+                                grammar=grammar,
+                            )
                         )
                 # Alternate the two cores' steps (which goes first alternates too).
                 turn = 0
