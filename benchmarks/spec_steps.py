@@ -67,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-unified", action="store_true")
+    parser.add_argument("--draft-max", type=int, default=DRAFT_MAX, help="--spec-draft-max")
     args = parser.parse_args(argv)
     path = args.model or demo_model_path()
     sides = {}
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             slots=SLOTS,
             ctx_size=CTX,
             threads=args.threads,
-            n_batch=512 + SLOTS * (1 + DRAFT_MAX),
+            n_batch=512 + SLOTS * (1 + args.draft_max),
             kv_unified=args.kv_unified,
         )
         config = EngineConfig(
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             ctx_size=CTX,
             threads=args.threads,
             spec=spec,
-            spec_draft_max=DRAFT_MAX,
+            spec_draft_max=args.draft_max,
             kv_unified=args.kv_unified,
         )
         stats = EngineStats()

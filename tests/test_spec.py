@@ -264,3 +264,30 @@ def test_a_shape_seen_once_or_twice_does_not_decide() -> None:
     for ms in (54.0, 56.0):
         c.measured(ms, outputs=5)
     assert c.coefficients == pytest.approx((12.0, 8.5), rel=0.05)
+
+
+def test_a_run_of_right_drafts_is_priced_apart_and_drafts_long() -> None:
+    """On copied text a draft right to its end is followed by drafts right far more often
+    than a first draft is: those are counted apart (the run's bucket), and with gemma's costs
+    on two cores (a step ~15 ms, a position ~9.5 ms) the budget then drafts the 16 tokens it
+    is offered, where the per-n-gram rate of the same sequence (its first drafts, 2 right in
+    4) drafts nothing."""
+    a = Acceptance()
+    for _ in range(3):
+        a.verified(3, drafted=4, accepted=2)  # first drafts: half right
+    assert not a.on_run
+    off_run = a.rate(3)
+    for _ in range(30):
+        a.verified(3, drafted=8, accepted=8)  # a copy on track
+    assert a.on_run and a.rate(3) > 0.95
+    run_rate = a.rate(3)
+    steps = linear(5.5, 9.5, [(1, 1), (1, 2), (1, 4), (1, 8), (1, 1), (1, 3)])
+    assert plan_drafts([Candidate(16, a.rate(3))], steps, outputs=1) == [16]
+    assert plan_drafts([Candidate(16, off_run)], steps, outputs=1) == [0]
+    # The run ends at the first wrong token, and at a step without drafts.
+    a.verified(3, drafted=8, accepted=5)
+    assert not a.on_run and a.rate(3) < run_rate  # the 3-grams' own bucket again
+    a.verified(3, drafted=2, accepted=2)
+    assert a.on_run
+    a.idle()
+    assert not a.on_run

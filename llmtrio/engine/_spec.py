@@ -95,19 +95,29 @@ class NgramDrafter:
         return [], 0
 
 
-#: Prior per-token acceptance by n-gram length (1, 2, 3, 4+): the chance a draft token is
-#: right given that the ones before it were, before anything was measured.
-_PRIOR = (0.3, 0.5, 0.6, 0.7)
+#: Prior per-token acceptance by n-gram length (1, 2, 3, 4+), then on a run (the last
+#: draft was right to its end): the chance a draft token is right given that the ones before
+#: it were, before anything was measured.
+_PRIOR = (0.3, 0.5, 0.6, 0.7, 0.7)
+_RUN = len(_PRIOR) - 1
 
 
 @attrs.define
 class Acceptance:
-    """One sequence's per-token acceptance rate of drafts, by n-gram length.
+    """One sequence's per-token acceptance rate of drafts, by n-gram length, and apart from
+    those while it is on a run.
 
     Each bucket is a success/trial count that decays by ``memory`` per verified token, so the
     rate follows the last few dozen tokens; a step without drafting moves every bucket
     ``relax`` of the way back to its prior (a sequence whose drafts failed stops drafting, and
     tries again some steps later).
+
+    A run: the sequence's last draft was right to its end. Acceptance is not geometric on
+    text the output copies (a rewrite, an edit, a quoted field): once a copy is on track the
+    next token is far likelier right than a first draft token is, so drafts made on a run are
+    counted in their own bucket, which on such text learns rates near 1 and lets the budget
+    draft long (llama.cpp's n-gram modes draft 40-60 tokens there); the first wrong token or
+    a step without drafts ends the run.
     """
 
     memory: float = 0.9
@@ -120,9 +130,15 @@ class Acceptance:
         self._hits = [p * self.prior_weight for p in _PRIOR]
         self._trials = [self.prior_weight] * len(_PRIOR)
 
-    @staticmethod
-    def _bucket(n: int) -> int:
-        return min(max(n, 1), len(_PRIOR)) - 1
+    _run: bool = attrs.field(init=False, default=False)
+
+    def _bucket(self, n: int) -> int:
+        return _RUN if self._run else min(max(n, 1), _RUN) - 1
+
+    @property
+    def on_run(self) -> bool:
+        """Whether the last draft was right to its end (and no step without drafts since)."""
+        return self._run
 
     def rate(self, n: int) -> float:
         b = self._bucket(n)
@@ -135,9 +151,11 @@ class Acceptance:
         for i in range(min(drafted, accepted + 1)):
             self._hits[b] = self._hits[b] * self.memory + (1.0 if i < accepted else 0.0)
             self._trials[b] = self._trials[b] * self.memory + 1.0
+        self._run = drafted > 0 and accepted >= drafted
 
     def idle(self) -> None:
         """A step in which the sequence drafted nothing."""
+        self._run = False
         for b, prior in enumerate(_PRIOR):
             rate = self._hits[b] / self._trials[b]
             rate += (prior - rate) * self.relax
