@@ -6,7 +6,10 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,6 +17,9 @@ from llmtrio._routes import CHAT_PATH
 
 from ._helpers import engine_config
 from ._server import LiveServer
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -40,49 +46,57 @@ ARGS = [
 ]
 
 
-def test_chat_page_streams_and_stop_cancels_on_the_server(
-    live_server: LiveServer, artifacts: Path
-) -> None:
-    from playwright.sync_api import expect, sync_playwright
+@contextmanager
+def opened_page(**options: Any) -> Iterator[tuple[Page, list[str]]]:
+    """A new page in headless Chromium (``options`` for ``new_page``), and the errors its
+    scripts raise (each test ends with none); the browser is closed on exit."""
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1100, "height": 800})
+            page = browser.new_page(**options)
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(live_server.url + "/")
-            expect(page.locator("#model-name")).to_contain_text("gemma")
-
-            # A whole answer: streamed text, stats, a finish reason.
-            page.fill("#max-tokens", "24")
-            page.fill("#prompt", "Write one sentence about the moon.")
-            page.click("#send")
-            first = page.locator(".msg.assistant").nth(0)
-            expect(first).to_have_attribute("data-finish", "length", timeout=60_000)
-            assert first.locator(".answer").inner_text().strip()
-            expect(first.locator(".stats .tps")).to_contain_text("tok/s")
-
-            # A long answer, stopped mid-way: the server frees the slot.
-            page.fill("#max-tokens", "400")
-            page.fill("#prompt", "Tell me a very long story about a lighthouse keeper.")
-            page.click("#send")
-            second = page.locator(".msg.assistant").nth(1)
-            # Streamed text is arriving (the page's CSP forbids eval, so no wait_for_function).
-            expect(second.locator(".answer")).to_have_text(
-                re.compile(r".{20,}", re.S), timeout=60_000
-            )
-            assert live_server.inflight() == 1
-            page.click("#stop")
-            expect(second).to_have_attribute("data-finish", "aborted")
-            deadline = time.monotonic() + 10
-            while live_server.inflight():
-                assert time.monotonic() < deadline, live_server.health()
-                time.sleep(0.05)
-            page.screenshot(path=str(artifacts / "chat-page.png"), full_page=True)
-            assert errors == []
+            yield page, errors
         finally:
             browser.close()
+
+
+def test_chat_page_streams_and_stop_cancels_on_the_server(
+    live_server: LiveServer, artifacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    with opened_page(viewport={"width": 1100, "height": 800}) as (page, errors):
+        page.goto(live_server.url + "/")
+        expect(page.locator("#model-name")).to_contain_text("gemma")
+
+        # A whole answer: streamed text, stats, a finish reason.
+        page.fill("#max-tokens", "24")
+        page.fill("#prompt", "Write one sentence about the moon.")
+        page.click("#send")
+        first = page.locator(".msg.assistant").nth(0)
+        expect(first).to_have_attribute("data-finish", "length", timeout=60_000)
+        assert first.locator(".answer").inner_text().strip()
+        expect(first.locator(".stats .tps")).to_contain_text("tok/s")
+
+        # A long answer, stopped mid-way: the server frees the slot.
+        page.fill("#max-tokens", "400")
+        page.fill("#prompt", "Tell me a very long story about a lighthouse keeper.")
+        page.click("#send")
+        second = page.locator(".msg.assistant").nth(1)
+        # Streamed text is arriving (the page's CSP forbids eval, so no wait_for_function).
+        expect(second.locator(".answer")).to_have_text(re.compile(r".{20,}", re.S), timeout=60_000)
+        assert live_server.inflight() == 1
+        page.click("#stop")
+        expect(second).to_have_attribute("data-finish", "aborted")
+        deadline = time.monotonic() + 10
+        while live_server.inflight():
+            assert time.monotonic() < deadline, live_server.health()
+            time.sleep(0.05)
+        page.screenshot(path=str(artifacts / "chat-page.png"), full_page=True)
+        assert errors == []
 
 
 def test_chat_page_shows_tool_calls_and_json_legibly(
@@ -91,7 +105,7 @@ def test_chat_page_shows_tool_calls_and_json_legibly(
     """The page sends neither tools nor a response format, so the server's real replies to
     requests that do are recorded first and handed to the page's own request."""
     import httpx
-    from playwright.sync_api import Route, expect, sync_playwright
+    from playwright.sync_api import Route, expect
 
     tool = {
         "type": "function",
@@ -142,39 +156,32 @@ def test_chat_page_shows_tool_calls_and_json_legibly(
             status=200, headers={"content-type": "text/event-stream"}, body=recorded.pop(0)
         )
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1100, "height": 800})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(live_server.url + "/")
-            page.route("**/v1/chat/completions", replay)
+    with opened_page(viewport={"width": 1100, "height": 800}) as (page, errors):
+        page.goto(live_server.url + "/")
+        page.route("**/v1/chat/completions", replay)
 
-            page.fill("#prompt", "Weather in Paris?")
-            page.click("#send")
-            first = page.locator(".msg.assistant").nth(0)
-            expect(first).to_have_attribute("data-finish", "tool_calls", timeout=60_000)
-            expect(first.locator(".tool-call .tool-name")).to_have_text("Tool call: get_weather")
-            arguments = first.locator(".tool-call pre").inner_text()
-            assert arguments.startswith('{\n  "city": ')  # indented JSON
+        page.fill("#prompt", "Weather in Paris?")
+        page.click("#send")
+        first = page.locator(".msg.assistant").nth(0)
+        expect(first).to_have_attribute("data-finish", "tool_calls", timeout=60_000)
+        expect(first.locator(".tool-call .tool-name")).to_have_text("Tool call: get_weather")
+        arguments = first.locator(".tool-call pre").inner_text()
+        assert arguments.startswith('{\n  "city": ')  # indented JSON
 
-            page.fill("#prompt", "And as JSON?")
-            page.click("#send")
-            second = page.locator(".msg.assistant").nth(1)
-            expect(second).to_have_attribute("data-finish", "stop", timeout=60_000)
-            shown = second.locator(".answer pre.json").inner_text()
-            assert shown.startswith('{\n  "city": ') and '"sky": ' in shown
-            page.screenshot(path=str(artifacts / "chat-page-tools-json.png"), full_page=True)
-            assert errors == []
-        finally:
-            browser.close()
+        page.fill("#prompt", "And as JSON?")
+        page.click("#send")
+        second = page.locator(".msg.assistant").nth(1)
+        expect(second).to_have_attribute("data-finish", "stop", timeout=60_000)
+        shown = second.locator(".answer pre.json").inner_text()
+        assert shown.startswith('{\n  "city": ') and '"sky": ' in shown
+        page.screenshot(path=str(artifacts / "chat-page-tools-json.png"), full_page=True)
+        assert errors == []
 
 
 def test_chat_page_asks_for_the_api_key_once_and_keeps_it_in_the_browser(
     gemma_path: Path,
 ) -> None:
-    from playwright.sync_api import Dialog, Request, expect, sync_playwright
+    from playwright.sync_api import Dialog, Request, expect
 
     from llmtrio.web import ServeConfig
 
@@ -185,42 +192,35 @@ def test_chat_page_asks_for_the_api_key_once_and_keeps_it_in_the_browser(
         ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, api_keys=["page-key"]),
     )
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            try:
-                page = browser.new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda exc: errors.append(str(exc)))
-                asked: list[str] = []
+        with opened_page() as (page, errors):
+            asked: list[str] = []
 
-                def answer(dialog: Dialog) -> None:
-                    asked.append(dialog.message)
-                    dialog.accept("page-key")
+            def answer(dialog: Dialog) -> None:
+                asked.append(dialog.message)
+                dialog.accept("page-key")
 
-                page.on("dialog", answer)
-                sent: list[str | None] = []
+            page.on("dialog", answer)
+            sent: list[str | None] = []
 
-                def record(request: Request) -> None:
-                    if request.url.endswith(CHAT_PATH):
-                        sent.append(request.headers.get("authorization"))
+            def record(request: Request) -> None:
+                if request.url.endswith(CHAT_PATH):
+                    sent.append(request.headers.get("authorization"))
 
-                page.on("request", record)
-                page.goto(server.url + "/")
-                expect(page.locator("#model-name")).to_contain_text("gemma")  # open paths
-                for turn in range(2):
-                    page.fill("#max-tokens", "3")
-                    page.fill("#prompt", "Say hi.")
-                    page.click("#send")
-                    reply = page.locator(".msg.assistant").nth(turn)
-                    expect(reply).to_have_attribute("data-finish", "length", timeout=60_000)
-                assert len(asked) == 1 and "API key" in asked[0]
-                # First try without a key (401), the retry and the next turn with it.
-                assert sent == [None, "Bearer page-key", "Bearer page-key"]
-                stored = page.evaluate("() => localStorage.getItem('llmtrio.apiKey')")
-                assert stored == "page-key"
-                assert errors == []
-            finally:
-                browser.close()
+            page.on("request", record)
+            page.goto(server.url + "/")
+            expect(page.locator("#model-name")).to_contain_text("gemma")  # open paths
+            for turn in range(2):
+                page.fill("#max-tokens", "3")
+                page.fill("#prompt", "Say hi.")
+                page.click("#send")
+                reply = page.locator(".msg.assistant").nth(turn)
+                expect(reply).to_have_attribute("data-finish", "length", timeout=60_000)
+            assert len(asked) == 1 and "API key" in asked[0]
+            # First try without a key (401), the retry and the next turn with it.
+            assert sent == [None, "Bearer page-key", "Bearer page-key"]
+            stored = page.evaluate("() => localStorage.getItem('llmtrio.apiKey')")
+            assert stored == "page-key"
+            assert errors == []
     finally:
         server.stop()
 
@@ -248,7 +248,7 @@ def test_chat_page_picks_among_the_chat_models_and_sends_the_one_chosen(
     engine is the one that generated)."""
     import json
 
-    from playwright.sync_api import Request, expect, sync_playwright
+    from playwright.sync_api import Request, expect
 
     from llmtrio.web import ServeConfig
 
@@ -263,44 +263,37 @@ def test_chat_page_picks_among_the_chat_models_and_sends_the_one_chosen(
         ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1),
     )
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            try:
-                page = browser.new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda exc: errors.append(str(exc)))
-                sent: list[object] = []
+        with opened_page() as (page, errors):
+            sent: list[object] = []
 
-                def record(request: Request) -> None:
-                    if request.url.endswith(CHAT_PATH):
-                        sent.append(json.loads(request.post_data or "{}").get("model"))
+            def record(request: Request) -> None:
+                if request.url.endswith(CHAT_PATH):
+                    sent.append(json.loads(request.post_data or "{}").get("model"))
 
-                page.on("request", record)
-                predicted_before: dict[str, float] = {}
-                page.goto(server.url + "/")
-                picker = page.locator("#model-pick")
-                expect(picker).to_be_visible(timeout=30_000)
-                options = picker.locator("option")
-                expect(options).to_have_count(2)
-                assert sorted(options.all_inner_texts()) == ["gemma", "tiny"]
-                for turn, model in enumerate(["tiny", "gemma"]):
-                    picker.select_option(model)
-                    page.fill("#max-tokens", "3")
-                    page.fill("#prompt", "Say hi.")
-                    page.click("#send")
-                    reply = page.locator(".msg.assistant").nth(turn)
-                    expect(reply).to_have_attribute(
-                        "data-finish", re.compile("length|stop"), timeout=60_000
-                    )
-                    assert sent[-1] == model
-                    now = predicted(server.url)
-                    assert now.get(model, 0) > predicted_before.get(model, 0)
-                    others = {name for name in now if name != model}
-                    assert {n: now[n] for n in others} == {n: predicted_before[n] for n in others}
-                    predicted_before = now
-                assert sent == ["tiny", "gemma"]
-                assert errors == []
-            finally:
-                browser.close()
+            page.on("request", record)
+            predicted_before: dict[str, float] = {}
+            page.goto(server.url + "/")
+            picker = page.locator("#model-pick")
+            expect(picker).to_be_visible(timeout=30_000)
+            options = picker.locator("option")
+            expect(options).to_have_count(2)
+            assert sorted(options.all_inner_texts()) == ["gemma", "tiny"]
+            for turn, model in enumerate(["tiny", "gemma"]):
+                picker.select_option(model)
+                page.fill("#max-tokens", "3")
+                page.fill("#prompt", "Say hi.")
+                page.click("#send")
+                reply = page.locator(".msg.assistant").nth(turn)
+                expect(reply).to_have_attribute(
+                    "data-finish", re.compile("length|stop"), timeout=60_000
+                )
+                assert sent[-1] == model
+                now = predicted(server.url)
+                assert now.get(model, 0) > predicted_before.get(model, 0)
+                others = {name for name in now if name != model}
+                assert {n: now[n] for n in others} == {n: predicted_before[n] for n in others}
+                predicted_before = now
+            assert sent == ["tiny", "gemma"]
+            assert errors == []
     finally:
         server.stop()
