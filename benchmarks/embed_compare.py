@@ -263,7 +263,6 @@ async def main(args: argparse.Namespace) -> int:
         "llama-server": llama_server_argv(binary, args.model, ports["llama-server"], args.threads),
     }
     bases = {name: f"http://{HOST}:{port}" for name, port in ports.items()}
-    rates_order = ("llmtrio", "llama-server")
     # Both servers up at once (an idle one takes no CPU), measured in turns at each point, so
     # the machine's load drifts over both alike; the median of the rounds is the figure.
     async with (
@@ -274,8 +273,8 @@ async def main(args: argparse.Namespace) -> int:
             # A just-started server answers its first requests slower than the rest (llmtrio:
             # its first 10-15 single-input requests take 11-18 ms, then 6-9): the figures are
             # a running server's, so each server gets the same unmeasured requests first.
-            for name in rates_order:
-                await measure(bases[name], 1, 1, args.warmup)
+            for base in bases.values():
+                await measure(base, 1, 1, args.warmup)
         for concurrency, per_request in POINTS:
             requests = args.requests if per_request == 1 else max(1, args.requests // 4)
             rates: dict[str, list[Measured]] = {"llmtrio": [], "llama-server": []}

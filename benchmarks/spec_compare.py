@@ -48,6 +48,7 @@ from pathlib import Path
 
 import httpx
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -246,12 +247,14 @@ async def drafts_so_far(client: httpx.AsyncClient, base: str) -> int:
     """The server's verifications that carried drafts since it started (``/metrics``)."""
     response = await client.get(f"{base}/metrics")
     response.raise_for_status()
-    total = 0.0
-    for line in response.text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in DRAFTS_METRICS:
-            total += float(line.rsplit(" ", 1)[1])
-    return round(total)
+    return round(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+            if sample.name in DRAFTS_METRICS
+        )
+    )
 
 
 async def batch(

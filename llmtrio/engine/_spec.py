@@ -125,12 +125,11 @@ class Acceptance:
     prior_weight: float = 2.0
     _hits: list[float] = attrs.field(init=False)
     _trials: list[float] = attrs.field(init=False)
+    _run: bool = attrs.field(init=False, default=False)  # see :attr:`on_run`
 
     def __attrs_post_init__(self) -> None:
         self._hits = [p * self.prior_weight for p in _PRIOR]
         self._trials = [self.prior_weight] * len(_PRIOR)
-
-    _run: bool = attrs.field(init=False, default=False)
 
     def _bucket(self, n: int) -> int:
         return _RUN if self._run else min(max(n, 1), _RUN) - 1
