@@ -33,10 +33,20 @@ SHAPES: dict[str, list[int]] = {
     "1 x 9": [9],
     "1 x 13": [13],
     "1 x 17": [17],
+    "1 x 25": [25],
+    "1 x 33": [33],
+    "1 x 49": [49],
+    "1 x 65": [65],
+    "2 x 1": [1] * 2,
+    "2 x 9": [9] * 2,
+    "4 x 1": [1] * 4,
+    "4 x 5": [5] * 4,
     "8 x 1": [1] * 8,
     "8 x 2": [2] * 8,
     "8 x 3": [3] * 8,
     "8 x 4": [4] * 8,
+    "8 x 9": [9] * 8,
+    "8 x 17": [17] * 8,
     "8 x (1, 2)": [1, 2] * 4,
     "8 x (1..4)": [1, 2, 3, 4] * 2,
     "8 x (1, 5)": [1, 5] * 4,
@@ -52,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args(argv)
     path = args.model or demo_model_path()
-    n_batch = 600
+    n_batch = 600  # 8 x 17 = 136 tokens, 1 x 65: one micro-batch each
     model = LlamaModel(
         path,
         slots=8,

@@ -14,6 +14,7 @@ from llmtrio.engine._spec import (
     Candidate,
     NgramDrafter,
     StepCosts,
+    micro_batch_sizes,
     micro_batches,
     plan_drafts,
 )
@@ -113,11 +114,11 @@ def test_step_costs_fit_a_fixed_cost_per_micro_batch_and_a_cost_per_position() -
 
 
 def test_one_shape_is_split_by_the_prior() -> None:
-    # Eight sequences at 95 ms: a micro-batch's fixed cost is taken to be one and a half
-    # positions' (15 + 8 x 10).
-    c = costs({8: 95.0})
-    assert c.coefficients == (15.0, 10.0)
-    assert c.predict(12) == 135.0
+    # Eight sequences at 85 ms: a micro-batch's fixed cost is taken to be nine positions'
+    # (45 + 8 x 5).
+    c = costs({8: 85.0})
+    assert c.coefficients == (45.0, 5.0)
+    assert c.predict(12) == 105.0
 
 
 def test_a_stalled_step_moves_nothing() -> None:
@@ -201,9 +202,10 @@ def test_a_slow_sampler_prices_its_own_drafts_out() -> None:
     assert mixed[1] > mixed[0]
 
 
-def split_batches(counts: Sequence[int]) -> int:
+def split_batches(counts: Sequence[int]) -> list[int]:
     """Per-slot memory, every sequence decoding: ids 0, 1, ... with one token and drafts."""
-    return micro_batches([(i, 1 + n) for i, n in enumerate(counts)], split=True, n_ubatch=584)
+    tokens = [(i, 1 + n) for i, n in enumerate(counts)]
+    return micro_batch_sizes(tokens, split=True, n_ubatch=584)
 
 
 def test_per_slot_memory_drafts_equal_lengths_or_none() -> None:
@@ -214,11 +216,11 @@ def test_per_slot_memory_drafts_equal_lengths_or_none() -> None:
     offers = [Candidate(6, 0.95), Candidate(6, 0.8), Candidate(6, 0.95), Candidate(6, 0.8)]
     counts = plan_drafts(offers, c, outputs=4, batches=split_batches)
     assert sum(counts) > 0
-    assert split_batches(counts) == 1
+    assert len(split_batches(counts)) == 1
     # The same costs on one pool (never split): the best tokens first, and lengths that
     # differ, which per-slot memory would run in several micro-batches.
     pooled = plan_drafts(offers, c, outputs=4)
-    assert sum(pooled) > 0 and split_batches(pooled) > 1
+    assert sum(pooled) > 0 and len(split_batches(pooled)) > 1
 
 
 def test_drafts_go_to_the_sequences_most_likely_to_be_right() -> None:
@@ -291,3 +293,112 @@ def test_a_run_of_right_drafts_is_priced_apart_and_drafts_long() -> None:
     assert a.on_run
     a.idle()
     assert not a.on_run
+
+
+def test_micro_batch_sizes_follow_llama_cpp_split() -> None:
+    assert micro_batch_sizes(list(enumerate([1, 2] * 4)), split=True, n_ubatch=584) == [
+        8,
+        1,
+        1,
+        1,
+        1,
+    ]
+    assert micro_batch_sizes([(0, 17)], split=True, n_ubatch=584) == [17]
+    assert micro_batch_sizes(list(enumerate([1] * 8 + [600])), split=False, n_ubatch=584) == [
+        584,
+        24,
+    ]
+
+
+#: ``benchmarks/step_shapes.py --repeat 5`` here (gemma-3-270m, 2 threads, per slot,
+#: 2026-12-02 15:56): ms by (micro-batches, positions, micro-batches of one token).
+GEMMA_STEPS = {
+    (1, 1, 1): 13.4,
+    (1, 2, 0): 29.1,
+    (1, 3, 0): 34.7,
+    (1, 4, 0): 37.6,
+    (1, 6, 0): 61.8,
+    (1, 9, 0): 61.8,
+    (1, 13, 0): 76.1,
+    (1, 17, 0): 83.4,
+    (1, 25, 0): 101.2,
+    (1, 33, 0): 124.2,
+    (1, 65, 0): 210.2,
+    (1, 8, 0): 45.3,
+    (1, 16, 0): 62.7,
+    (1, 32, 0): 107.2,
+    (5, 12, 4): 95.5,
+}
+
+
+def gemma_steps(shapes: Sequence[tuple[int, int, int]] = tuple(GEMMA_STEPS)) -> StepCosts:
+    c = StepCosts()
+    for _ in range(3):
+        for shape in shapes:
+            batches, outputs, singles = shape
+            c.measured(GEMMA_STEPS[shape], outputs=outputs, batches=batches, singles=singles)
+    return c
+
+
+def test_a_micro_batch_of_one_token_is_priced_apart() -> None:
+    # llama.cpp's matrix-vector kernels (one token) and matrix products (two or more) do not
+    # lie on one line: one token 13 ms, two 29, 17 83, 65 210.
+    c = gemma_steps()
+    fixed, position = c.coefficients
+    assert c.single == pytest.approx(13.4)
+    assert 20 < fixed < 35 and 2.0 < position < 3.5
+    for shape in [(1, 17, 0), (1, 33, 0), (1, 65, 0), (1, 32, 0), (5, 12, 4)]:
+        batches, outputs, singles = shape
+        predicted = c.predict(outputs, batches=batches, singles=singles)
+        assert predicted == pytest.approx(GEMMA_STEPS[shape], rel=0.15)
+    # Without the single-token steps priced apart (no ``singles``), one line through one
+    # and a few tokens: a 16-token draft at several times its cost.
+    line = StepCosts()
+    for _ in range(3):
+        for outputs in (1, 2, 3, 4, 6):
+            line.measured(GEMMA_STEPS[(1, outputs, 1 if outputs == 1 else 0)], outputs=outputs)
+    assert line.predict(17) > 1.5 * GEMMA_STEPS[(1, 17, 0)]
+    # Only steps of one token measured: the prior's split, which prices a first draft cheap
+    # (it is tried, and measured).
+    first = gemma_steps([(1, 1, 1)])
+    assert first.single == pytest.approx(13.4)
+    assert first.predict(17) < GEMMA_STEPS[(1, 17, 0)]
+
+
+def test_one_stream_on_a_run_drafts_long_and_short_drafts_do_not_pay() -> None:
+    """With gemma's costs on two cores a draft of one token costs a second step (29 ms
+    against 13) and one of 16 about six (83): drafts pay only long and mostly right, so a
+    sequence on a run of copied text drafts all 16 it is offered, and one whose drafts are
+    right 70% of the time drafts nothing."""
+    c = gemma_steps()
+    assert plan_drafts([Candidate(16, 0.97)], c, outputs=1) == [16]
+    assert plan_drafts([Candidate(16, 0.7)], c, outputs=1) == [0]
+    # Offered 32 on a run (a longer --spec-draft-max), it verifies more than 16.
+    assert plan_drafts([Candidate(32, 0.98)], c, outputs=1)[0] > 16
+
+
+def test_eight_streams_draft_equal_lengths_when_mostly_right() -> None:
+    # Eight sequences on gemma's costs: a position ~2.5 ms against a step of 45 for eight
+    # tokens; drafts of equal length keep one micro-batch and pay when mostly right.
+    c = gemma_steps()
+    right = plan_drafts([Candidate(8, 0.95)] * 8, c, outputs=8, batches=split_batches)
+    assert sum(right) > 0 and len(split_batches(right)) == 1
+    assert plan_drafts([Candidate(8, 0.3)] * 8, c, outputs=8, batches=split_batches) == [0] * 8
+
+
+def test_a_new_sequence_starts_from_what_the_cores_sequences_earned() -> None:
+    shared = Acceptance(relax=0.01)
+    first = Acceptance(shared=shared)
+    prior = Acceptance().rate(4)
+    first.verified(4, drafted=8, accepted=8)
+    for _ in range(20):
+        first.verified(4, drafted=16, accepted=16)  # a copy on track: runs
+    assert first.on_run
+    # A request that comes after starts its run bucket where the core's stands.
+    second = Acceptance(shared=shared)
+    second.verified(4, drafted=4, accepted=4)
+    assert second.on_run and second.rate(4) > 0.97 > prior
+    # Without drafts the shared rates drift back to the fixed prior, slowly.
+    before = shared.rate(4)
+    second.idle()
+    assert Acceptance().rate(4) < shared.rate(4) < before

@@ -39,7 +39,7 @@ from ._pool import SharedPool
 from ._prompt_cache import PromptCache
 from ._sampling import RawLogprob
 from ._scheduler import Scheduler, Start
-from ._spec import NgramDrafter, plan_drafts, verify
+from ._spec import Acceptance, NgramDrafter, plan_drafts, verify
 from ._step import CoreRequest, EngineStats, StepOutput
 from ._types import EngineConfig, StopReason
 
@@ -123,7 +123,9 @@ class EngineCore:
         return self._request_ctx
 
     def add(self, request: CoreRequest) -> None:
-        self._jobs[request.key] = Job(request)
+        self._jobs[request.key] = Job(
+            request, acceptance=Acceptance(shared=self._drafts.acceptance)
+        )
         self._scheduler.add(request.key, len(request.prompt))
 
     def cancel(self, key: int) -> None:
@@ -170,10 +172,10 @@ class EngineCore:
             self._count_running()
             return outputs
         drafting = self._drafts.draft_max > 0
-        batches = (
+        sizes = (
             self._drafts.micro_batches([(part.job.seq, part.tokens) for part in parts])
             if drafting
-            else 1
+            else []
         )
         decode_s, sampled, failed = self._decode(parts)
         for job, error in failed:
@@ -205,7 +207,8 @@ class EngineCore:
                 (step_s - self._sample_s) * 1000,
                 outputs=sum(part.tokens for part in parts if part.start is None),
                 prefill=sum(part.tokens for part in parts if part.start is not None),
-                batches=batches,
+                batches=len(sizes),
+                singles=sizes.count(1),
             )
         return outputs
 

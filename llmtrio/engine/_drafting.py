@@ -2,7 +2,7 @@
 how many (the draft budget), carried out for the core (``_core.py``) from the pure policy in
 ``_spec.py``: each sequence's drafter proposes, :func:`plan_drafts` prices the plans with
 the step costs measured so far (:class:`StepCosts`) and the micro-batches llama.cpp would
-split the batch into (:func:`micro_batches`), and the plan with the most tokens per ms of
+split the batch into (:func:`micro_batch_sizes`), and the plan with the most tokens per ms of
 decoding is kept. No llama.cpp calls: the model is read for its memory's layout only.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from ._jobs import Part
 from ._llama import LlamaModel
-from ._spec import Candidate, StepCosts, micro_batches
+from ._spec import Acceptance, Candidate, StepCosts, micro_batch_sizes
 from ._types import EngineConfig
 
 __all__ = ["DraftBudget", "cut_anywhere", "spec_draft_limit"]
@@ -36,16 +36,19 @@ class DraftBudget:
         #: memory what it can roll back.
         self.draft_max = spec_draft_limit(model, config)
         self.costs = StepCosts()
+        #: What every sequence's drafts earned, bucket by bucket: a new sequence's
+        #: acceptance starts from it (its ``shared``), and it forgets slowly.
+        self.acceptance = Acceptance(relax=0.01)
         self._plan = plan
         self._capacity = capacity
         self._split = not model.kv_unified
         self._request_ctx = config.request_ctx
         self._target_ms = config.target_step_ms
 
-    def micro_batches(self, tokens: Sequence[tuple[int, int]]) -> int:
-        """How many micro-batches llama.cpp runs a batch of ``(seq, tokens)`` in (per-slot
-        memory splits one with unequal tokens per sequence; one pool does not)."""
-        return micro_batches(tokens, split=self._split, n_ubatch=self._capacity)
+    def micro_batches(self, tokens: Sequence[tuple[int, int]]) -> list[int]:
+        """The tokens of each micro-batch llama.cpp runs a batch of ``(seq, tokens)`` in
+        (per-slot memory splits one with unequal tokens per sequence; one pool does not)."""
+        return micro_batch_sizes(tokens, split=self._split, n_ubatch=self._capacity)
 
     def draft(self, parts: list[Part], prefill: list[Part]) -> None:
         """Give each decoding part the draft tokens the budget allows this step."""
@@ -73,7 +76,7 @@ class DraftBudget:
             + [(part.job.seq, part.count, -1) for part in prefill]
         )
 
-        def batches(counts: Sequence[int]) -> int:
+        def batches(counts: Sequence[int]) -> list[int]:
             return self.micro_batches(
                 [(seq, n + (counts[i] if i >= 0 else 0)) for seq, n, i in layout]
             )

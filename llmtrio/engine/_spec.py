@@ -15,9 +15,10 @@ Three parts:
   the n-gram they were found with; it forgets with every verified token, and drifts back to
   its prior while the sequence does not draft, so a sequence whose drafts kept failing stops
   drafting for a while and then tries again.
-- :class:`StepCosts`, :func:`micro_batches` and :func:`plan_drafts`: a step's cost, fitted
-  to measured steps as a fixed cost per micro-batch llama.cpp splits the batch into plus a
-  cost per position with logits, and the draft lengths that maximize the expected tokens per
+- :class:`StepCosts`, :func:`micro_batch_sizes` and :func:`plan_drafts`: a step's cost,
+  fitted to measured steps as a fixed cost per micro-batch llama.cpp splits the batch into
+  plus a cost per position with logits (a micro-batch of one token priced apart: llama.cpp
+  runs it with other kernels), and the draft lengths that maximize the expected tokens per
   second of the whole step (none when the step is compute-bound; never over
   ``target_step_ms`` when it is set).
 """
@@ -34,6 +35,7 @@ __all__ = [
     "Candidate",
     "NgramDrafter",
     "StepCosts",
+    "micro_batch_sizes",
     "micro_batches",
     "plan_drafts",
     "verify",
@@ -97,8 +99,10 @@ class NgramDrafter:
 
 #: Prior per-token acceptance by n-gram length (1, 2, 3, 4+), then on a run (the last
 #: draft was right to its end): the chance a draft token is right given that the ones before
-#: it were, before anything was measured.
-_PRIOR = (0.3, 0.5, 0.6, 0.7, 0.7)
+#: it were, before anything was measured. A run's is the highest: on a run the drafts
+#: priced by it are long, and only drafting learns their rate (where a run's drafts are no
+#: likelier right, its bucket learns that within a draft or two).
+_PRIOR = (0.3, 0.5, 0.6, 0.7, 0.9)
 _RUN = len(_PRIOR) - 1
 
 
@@ -118,18 +122,44 @@ class Acceptance:
     counted in their own bucket, which on such text learns rates near 1 and lets the budget
     draft long (llama.cpp's n-gram modes draft 40-60 tokens there); the first wrong token or
     a step without drafts ends the run.
+
+    ``shared``: the core's own :class:`Acceptance`, which every sequence's verifications
+    also count into (bucket by bucket) and which stands in for the prior: a sequence starts
+    from, and drifts back to, the rates the core's earlier sequences earned, so a fresh
+    request on copy-like text drafts long from its first run instead of relearning it
+    within a reply that may end first. The shared one drifts back to the fixed prior.
     """
 
     memory: float = 0.9
     relax: float = 0.05
     prior_weight: float = 2.0
+    shared: Acceptance | None = None
     _hits: list[float] = attrs.field(init=False)
     _trials: list[float] = attrs.field(init=False)
     _run: bool = attrs.field(init=False, default=False)  # see :attr:`on_run`
 
     def __attrs_post_init__(self) -> None:
-        self._hits = [p * self.prior_weight for p in _PRIOR]
+        self._hits = [p * self.prior_weight for p in self._priors()]
         self._trials = [self.prior_weight] * len(_PRIOR)
+
+    def _priors(self) -> list[float]:
+        if self.shared is None:
+            return list(_PRIOR)
+        return [self.shared._rate(b) for b in range(len(_PRIOR))]
+
+    def _rate(self, b: int) -> float:
+        return self._hits[b] / self._trials[b]
+
+    def _count(self, b: int, drafted: int, accepted: int) -> None:
+        for i in range(min(drafted, accepted + 1)):
+            self._hits[b] = self._hits[b] * self.memory + (1.0 if i < accepted else 0.0)
+            self._trials[b] = self._trials[b] * self.memory + 1.0
+
+    def _relax(self, priors: Sequence[float]) -> None:
+        for b, prior in enumerate(priors):
+            rate = self._rate(b)
+            rate += (prior - rate) * self.relax
+            self._hits[b] = rate * self._trials[b]
 
     def _bucket(self, n: int) -> int:
         return _RUN if self._run else min(max(n, 1), _RUN) - 1
@@ -140,46 +170,48 @@ class Acceptance:
         return self._run
 
     def rate(self, n: int) -> float:
-        b = self._bucket(n)
-        return self._hits[b] / self._trials[b]
+        return self._rate(self._bucket(n))
 
     def verified(self, n: int, drafted: int, accepted: int) -> None:
         """``accepted`` of ``drafted`` tokens found with an ``n``-gram were right (the first
         wrong one ends the count: those after it say nothing)."""
         b = self._bucket(n)
-        for i in range(min(drafted, accepted + 1)):
-            self._hits[b] = self._hits[b] * self.memory + (1.0 if i < accepted else 0.0)
-            self._trials[b] = self._trials[b] * self.memory + 1.0
+        self._count(b, drafted, accepted)
+        if self.shared is not None:
+            self.shared._count(b, drafted, accepted)
         self._run = drafted > 0 and accepted >= drafted
 
     def idle(self) -> None:
         """A step in which the sequence drafted nothing."""
         self._run = False
-        for b, prior in enumerate(_PRIOR):
-            rate = self._hits[b] / self._trials[b]
-            rate += (prior - rate) * self.relax
-            self._hits[b] = rate * self._trials[b]
+        self._relax(self._priors())
+        if self.shared is not None:
+            self.shared._relax(_PRIOR)
 
 
-def micro_batches(tokens: Sequence[tuple[int, int]], *, split: bool, n_ubatch: int) -> int:
-    """How many micro-batches llama.cpp runs a batch in: ``tokens`` is each sequence's
-    ``(id, tokens)`` in the batch's (ascending id) order.
+def micro_batch_sizes(
+    tokens: Sequence[tuple[int, int]], *, split: bool, n_ubatch: int
+) -> list[int]:
+    """The tokens of each micro-batch llama.cpp runs a batch in: ``tokens`` is each
+    sequence's ``(id, tokens)`` in the batch's (ascending id) order.
 
     One memory pool (``kv_unified``): the batch is cut into ``n_ubatch``-token pieces
     (``split_simple``). Per-slot memory (``split``): ``split_equal(sequential=True)``, as in
     llama.cpp's ``llama_batch_allocr``: each micro-batch takes the first sequence with tokens
     left and the ones with the next consecutive ids that have tokens left, the same number of
     tokens from each (the fewest any of them has left). Eight sequences with one token each
-    are one micro-batch; with drafts of 1 and 0 tokens alternating, five (one for the first
-    token of all eight, then one for each drafting sequence alone, its ids no longer
-    consecutive). Each micro-batch reads all the weights again.
+    are one micro-batch of 8; with drafts of 1 and 0 tokens alternating, five (8, then each
+    drafting sequence's draft token alone, its ids no longer consecutive). Each micro-batch
+    reads all the weights again, and one of a single token runs llama.cpp's matrix-vector
+    kernels instead of its matrix products (:class:`StepCosts` prices it apart).
     """
     total = sum(n for _, n in tokens)
     if not split:
-        return max(1, -(-total // n_ubatch))
+        return [min(n_ubatch, total - at) for at in range(0, total, max(1, n_ubatch))]
     left = [n for _, n in tokens]
     ids = [seq for seq, _ in tokens]
-    count, first = 0, 0
+    sizes: list[int] = []
+    first = 0
     while first < len(left):
         if left[first] == 0:
             first += 1
@@ -193,53 +225,73 @@ def micro_batches(tokens: Sequence[tuple[int, int]], *, split: bool, n_ubatch: i
         take = max(1, min(min(left[j] for j in run), n_ubatch // len(run)))
         for j in run:
             left[j] -= take
-        count += 1
-    return max(1, count)
+        sizes.append(take * len(run))
+    return sizes
+
+
+def micro_batches(tokens: Sequence[tuple[int, int]], *, split: bool, n_ubatch: int) -> int:
+    """How many micro-batches llama.cpp runs a batch in (:func:`micro_batch_sizes`; at
+    least one)."""
+    return max(1, len(micro_batch_sizes(tokens, split=split, n_ubatch=n_ubatch)))
 
 
 @attrs.define
 class StepCosts:
     """A decode step's cost in ms, fitted to measured steps:
-    ``fixed * micro_batches + position * outputs + prefill_ms * prefill``.
+    ``fixed * (micro_batches - singles) + position * (outputs - singles) + single * singles
+    + prefill_ms * prefill``.
 
     ``outputs`` are the positions with logits (one per decoding sequence, plus its drafts),
-    ``micro_batches`` how many llama.cpp splits the batch into (:func:`micro_batches`), and
-    ``prefill`` the prompt tokens ingested with them. On a CPU every micro-batch reads all
-    the weights (``fixed``: what makes one sequence memory-bound) and every position
-    multiplies them (``position``: gemma-3's 262k-token output layer makes it dear, and the
-    samplers' time per position is in it too). When ``position * outputs`` dwarfs ``fixed``
-    the step is compute-bound, a draft position costs about what a token is worth, and the
-    budget drafts nothing; one sequence, or a machine with bandwidth to spare, drafts.
+    ``micro_batches`` how many llama.cpp splits the batch into (:func:`micro_batch_sizes`),
+    ``singles`` how many of those hold one token, and ``prefill`` the prompt tokens ingested
+    with them. On a CPU every micro-batch reads all the weights (``fixed``: what makes one
+    sequence memory-bound) and every position multiplies them (``position``: gemma-3's
+    262k-token output layer makes it dear, and the samplers' time per position is in it
+    too). A micro-batch of one token is priced apart (``single``): llama.cpp runs it with its
+    matrix-vector kernels, several tokens with matrix products, and the two do not lie on one
+    line. Measured here (gemma-3-270m, 2 threads, per slot, ``benchmarks/step_shapes.py``):
+    one token 13 ms, two 29, four 38, 17 83, 33 124, 65 210: a micro-batch of two or more
+    about 27 ms plus 2.8 a position, so one stream's 16-token draft costs 6x its plain step,
+    not the 17x a line through one and two tokens would say. When ``position * outputs``
+    dwarfs ``fixed`` the step is compute-bound, a draft position costs about what a token is
+    worth, and the budget drafts nothing; one sequence, or a machine with bandwidth to
+    spare, drafts.
 
-    Measured per shape (``micro_batches``, ``outputs``): each shape keeps the median of its
-    last ``samples`` steps, so a step stalled by another process (seconds, on a shared
-    machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten (the load
-    changes). The two coefficients are the least-squares fit over the medians of the shapes
-    seen ``settled`` times or more, weighted by their samples; while those cannot tell them
-    apart (one shape, or shapes all with the same positions per micro-batch), or tell them
-    apart as something no machine does (a negative cost: noise), the fit assumes a
-    micro-batch's fixed cost is ``prior_ratio`` positions'. Measured here (gemma-3-270m,
-    2 threads, per-slot): about 12 ms a micro-batch and 8.5 a position.
+    Measured per shape (``micro_batches``, ``outputs``, ``singles``): each shape keeps the
+    median of its last ``samples`` steps, so a step stalled by another process (seconds, on
+    a shared machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten
+    (the load changes). ``single`` is the mean over the shapes made of single-token
+    micro-batches only; the other two coefficients are the least-squares fit over the other
+    shapes (``single`` taken off what their single-token micro-batches cost, or while it is
+    not known, those counted as ``fixed + position``), over the medians of the shapes seen
+    ``settled`` times or more, weighted by their samples. While those cannot tell ``fixed``
+    and ``position`` apart (one shape, or shapes all with the same positions per
+    micro-batch), or tell them apart as something no machine does (a negative cost: noise),
+    the fit assumes a micro-batch's fixed cost is ``prior_ratio`` positions' (measured here:
+    about 9; on a step of one token only, that splits ``single`` alike, which prices a first
+    draft cheap: it is tried, and measured).
     """
 
     horizon: int = 200
     samples: int = 9
     settled: int = 3
-    prior_ratio: float = 1.5
+    prior_ratio: float = 9.0
     weight: float = 0.25
-    _shapes: dict[tuple[int, int], tuple[list[float], int]] = attrs.field(factory=dict)
+    _shapes: dict[tuple[int, int, int], tuple[list[float], int]] = attrs.field(factory=dict)
     _prefill_ms: float | None = None
     _clock: int = 0
-    _fit: tuple[float, float] | None = None
+    _fit: tuple[float, float, float | None] | None = None
 
-    def measured(self, ms: float, *, outputs: int, prefill: int = 0, batches: int = 1) -> None:
+    def measured(
+        self, ms: float, *, outputs: int, prefill: int = 0, batches: int = 1, singles: int = 0
+    ) -> None:
         if outputs <= 0 and prefill <= 0:
             return
         self._clock += 1
         if prefill:
             fit = self._coefficients()
             if outputs and fit is not None:
-                per = max(0.0, ms - fit[0] * batches - fit[1] * outputs) / prefill
+                per = max(0.0, ms - self.predict(outputs, batches=batches)) / prefill
             elif not outputs:
                 per = ms / prefill
             else:
@@ -247,7 +299,9 @@ class StepCosts:
             old = self._prefill_ms
             self._prefill_ms = per if old is None else old + (per - old) * self.weight
             return
-        key = (max(1, batches), outputs)
+        batches = max(1, batches)
+        singles = min(max(0, singles), batches, outputs)
+        key = (batches, outputs, singles)
         entry = self._shapes.get(key)
         recent = entry[0] if entry is not None else []
         recent.append(ms)
@@ -255,8 +309,9 @@ class StepCosts:
         self._shapes[key] = (recent, self._clock)
         self._fit = None
 
-    def _coefficients(self) -> tuple[float, float] | None:
-        """``(fixed, position)`` ms, fitted to the shapes measured within the horizon."""
+    def _coefficients(self) -> tuple[float, float, float | None] | None:
+        """``(fixed, position, single)`` ms, fitted to the shapes measured within the
+        horizon (``single`` ``None`` while no step of single-token micro-batches only was)."""
         oldest = self._clock - self.horizon
         stale = [key for key, (_, at) in self._shapes.items() if at < oldest]
         for key in stale:
@@ -265,33 +320,55 @@ class StepCosts:
         if self._fit is not None or not self._shapes:
             return self._fit
         rows = []
-        for (u, p), (recent, _) in self._shapes.items():
+        for (u, p, n), (recent, _) in self._shapes.items():
             ordered = sorted(recent)
-            rows.append((float(u), float(p), ordered[len(ordered) // 2], float(len(recent))))
+            m = ordered[len(ordered) // 2]
+            rows.append((float(u), float(p), float(n), m, float(len(recent))))
         # A shape seen once or twice may be a stalled step: it takes part once it has a
         # median of three (unless nothing has yet).
-        settled = [row for row in rows if row[3] >= self.settled]
+        settled = [row for row in rows if row[4] >= self.settled]
         rows = settled or rows
+        only = [row for row in rows if row[2] == row[0]]  # single-token micro-batches only
+        single = (
+            sum(w * m for _, _, _, m, w in only) / sum(w * n for _, _, n, _, w in only)
+            if only
+            else None
+        )
+        # The other shapes on (micro-batches, positions) of more than one token each.
+        if single is None:
+            lines = [(u, p, m, w) for u, p, _, m, w in rows]
+        else:
+            lines = [(u - n, p - n, m - single * n, w) for u, p, n, m, w in rows if u > n]
+        fixed_position = self._line(lines) if lines else None
+        if fixed_position is None:
+            # Only steps of one token measured: the one line through them, split by the prior.
+            fixed_position = self._split([(u, p, m, w) for u, p, _, m, w in rows])
+        self._fit = (*fixed_position, single)
+        return self._fit
+
+    def _line(self, rows: list[tuple[float, float, float, float]]) -> tuple[float, float]:
+        """The least-squares ``(fixed, position)`` over ``(micro-batches, positions, ms,
+        weight)`` rows, or the prior's split where they cannot tell the two apart."""
         suu = sum(w * u * u for u, _, _, w in rows)
         spp = sum(w * p * p for _, p, _, w in rows)
         sup = sum(w * u * p for u, p, _, w in rows)
         sum_ = sum(w * u * m for u, _, m, w in rows)
         spm = sum(w * p * m for _, p, m, w in rows)
         det = suu * spp - sup * sup
-        fit: tuple[float, float] | None = None
         if det > 1e-6 * suu * spp:
             fixed = (sum_ * spp - spm * sup) / det
             position = (spm * suu - sum_ * sup) / det
             if fixed >= 0 and position > 0:
-                fit = (fixed, position)
-        if fit is None:  # one line through the shapes, or noise: split it by the prior
-            r = self.prior_ratio
-            num = sum(w * (r * u + p) * m for u, p, m, w in rows)
-            den = sum(w * (r * u + p) ** 2 for u, p, _, w in rows)
-            position = num / den if den > 0 else 0.0
-            fit = (r * position, position)
-        self._fit = fit
-        return fit
+                return fixed, position
+        return self._split(rows)
+
+    def _split(self, rows: list[tuple[float, float, float, float]]) -> tuple[float, float]:
+        """One line through the rows, its cost split by the prior."""
+        r = self.prior_ratio
+        num = sum(w * (r * u + p) * m for u, p, m, w in rows)
+        den = sum(w * (r * u + p) ** 2 for u, p, _, w in rows)
+        position = max(0.0, num / den) if den > 0 else 0.0
+        return r * position, position
 
     @property
     def known(self) -> bool:
@@ -300,15 +377,32 @@ class StepCosts:
     @property
     def coefficients(self) -> tuple[float, float]:
         """The fitted ``(fixed, position)`` ms (zeros while nothing was measured)."""
-        return self._coefficients() or (0.0, 0.0)
+        fit = self._coefficients()
+        return (fit[0], fit[1]) if fit is not None else (0.0, 0.0)
 
-    def predict(self, outputs: int, prefill: int = 0, batches: int = 1) -> float:
-        """The expected ms of a step with ``outputs`` positions with logits in ``batches``
-        micro-batches and ``prefill`` prompt tokens (0 when nothing was measured)."""
+    @property
+    def single(self) -> float:
+        """The fitted ms of a micro-batch of one token (``fixed + position`` while no step
+        of those only was measured; zero while nothing was)."""
         fit = self._coefficients()
         if fit is None:
             return 0.0
-        decode = fit[0] * max(1, batches) + fit[1] * outputs if outputs > 0 else 0.0
+        return fit[2] if fit[2] is not None else fit[0] + fit[1]
+
+    def predict(self, outputs: int, prefill: int = 0, batches: int = 1, singles: int = 0) -> float:
+        """The expected ms of a step with ``outputs`` positions with logits in ``batches``
+        micro-batches, ``singles`` of them of one token, and ``prefill`` prompt tokens (0
+        when nothing was measured)."""
+        fit = self._coefficients()
+        if fit is None:
+            return 0.0
+        decode = 0.0
+        if outputs > 0:
+            batches = max(1, batches)
+            singles = min(max(0, singles), batches, outputs)
+            fixed, position, _ = fit
+            decode = fixed * (batches - singles) + position * (outputs - singles)
+            decode += self.single * singles
         return decode + prefill * (self._prefill_ms or 0.0)
 
 
@@ -324,10 +418,6 @@ class Candidate:
     sample_ms: float = 0.0
 
 
-def _one_batch(counts: Sequence[int]) -> int:
-    return 1
-
-
 def plan_drafts(
     candidates: Sequence[Candidate],
     costs: StepCosts,
@@ -335,14 +425,15 @@ def plan_drafts(
     outputs: int,
     prefill: int = 0,
     target_ms: float = 0.0,
-    batches: Callable[[Sequence[int]], int] = _one_batch,
+    batches: Callable[[Sequence[int]], Sequence[int]] | None = None,
     sampling_ms: float = 0.0,
 ) -> list[int]:
     """How many of each candidate's draft tokens to verify in the next step.
 
     The step already has ``outputs`` positions with logits (one per decoding sequence) and
-    ``prefill`` prompt tokens; ``batches(counts)`` is how many micro-batches the step runs in
-    with ``counts`` draft tokens per candidate (:func:`micro_batches`), and ``sampling_ms``
+    ``prefill`` prompt tokens; ``batches(counts)`` is the tokens of each micro-batch the step
+    runs in with ``counts`` draft tokens per candidate (:func:`micro_batch_sizes`; by default
+    one micro-batch of them all), and ``sampling_ms``
     what sampling one position of every decoding sequence takes (a draft position adds its
     candidate's ``sample_ms``; ``costs`` are measured without sampling). A sequence's ``j``-th
     draft token adds an expected ``rate ** j`` tokens (it counts only if all before it are
@@ -370,12 +461,19 @@ def plan_drafts(
     # (a step mostly spent on a prompt chunk would make any draft look free beside it).
     extra = costs.predict(0, prefill)
     zero = [0] * len(candidates)
-    base_ms = costs.predict(outputs, batches=batches(zero)) + sampling_ms
+
+    def predict(counts: Sequence[int]) -> float:
+        positions = outputs + sum(counts)
+        sizes = batches(counts) if batches is not None else [positions + prefill]
+        singles = sum(1 for size in sizes if size == 1)
+        return costs.predict(positions, batches=len(sizes), singles=singles)
+
+    base_ms = predict(zero) + sampling_ms
     best, best_rate = zero, outputs / base_ms if base_ms > 0 else math.inf
 
     def consider(counts: list[int], tokens: float) -> None:
         nonlocal best, best_rate
-        ms = costs.predict(outputs + sum(counts), batches=batches(counts)) + sampling_ms
+        ms = predict(counts) + sampling_ms
         ms += sum(c.sample_ms * n for c, n in zip(candidates, counts, strict=True))
         if target_ms > 0 and ms + extra > target_ms:
             return
@@ -384,7 +482,7 @@ def plan_drafts(
             best, best_rate = counts, rate
 
     # Best first: expected tokens per ms the position adds (its sampler's time included).
-    position = costs.coefficients[1]
+    fixed, position = costs.coefficients
 
     def worth(item: tuple[float, int]) -> float:
         cost = position + candidates[item[1]].sample_ms
@@ -393,10 +491,11 @@ def plan_drafts(
     gains.sort(key=worth, reverse=True)
     # No plan beats the step without drafts when even the best token adds fewer tokens per
     # ms than the step gives (a plan's added tokens over its added ms is at most its best
-    # token's ratio while drafts add micro-batches, never remove them: true but where a
+    # token's ratio while drafts add micro-batches, never remove them, and a micro-batch
+    # costs at least a position whether it holds one token or more: true but where a
     # prompt chunk happens to match a drafting sequence's length): the compute-bound case,
     # decided without pricing every plan (0.3 ms instead of 7 at eight sequences).
-    if worth(gains[0]) <= best_rate:
+    if worth(gains[0]) <= best_rate and position <= costs.single <= fixed + position:
         return best
     counts = list(zero)
     tokens = float(outputs)
