@@ -100,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 spent = dict.fromkeys(sides, 0.0)
                 tokens = dict.fromkeys(sides, 0)
                 before = {
-                    k: (s.spec_draft_tokens, s.spec_accepted_tokens) for k, (*_, s) in sides.items()
+                    k: (s.spec_draft_tokens, s.spec_accepted_tokens, s.spec_steps)
+                    for k, (*_, s) in sides.items()
                 }
                 for model, core, _ in sides.values():
                     for i in range(n):
@@ -142,12 +143,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                 _, _, stats = sides["spec"]
                 drafted = stats.spec_draft_tokens - before["spec"][0]
                 accepted = stats.spec_accepted_tokens - before["spec"][1]
+                drafts = stats.spec_steps - before["spec"][2]
                 acceptance = f"{accepted / drafted:.2f}" if drafted else "-"
+                length = f"{accepted / drafts:.1f}" if drafts else "-"
                 print(
                     f"{workload:8} N={n:<2} spec {rate['spec']:7.1f} tok/s  "
                     f"no-spec {rate['no-spec']:7.1f} tok/s  "
                     f"spec/no-spec x{rate['spec'] / rate['no-spec']:.2f}"
                     f"  drafted {drafted:5d} accepted {acceptance}"
+                    f" mean accepted length {length}"
                 )
     finally:
         for model, _, _ in sides.values():

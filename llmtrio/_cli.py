@@ -126,7 +126,7 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=_engine("spec_draft_max"),
         metavar="N",
-        help="the most draft tokens one sequence verifies in a step (1-16; default "
+        help="the most draft tokens one sequence verifies in a step (1-64; default "
         "%(default)s); fewer are drafted when the measured step costs say so",
     )
     group.add_argument(

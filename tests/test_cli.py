@@ -202,7 +202,7 @@ def test_speculation_and_pool_flags_reach_the_engine_config(command: str) -> Non
     assert not parsed("--no-kv-unified").kv_unified
     with pytest.raises(SystemExit):
         parsed("--spec=ngram", "--no-spec")
-    with pytest.raises(SystemExit, match="--spec-draft-max must be between 1 and 16"):
-        parsed("--spec-draft-max=17")
+    with pytest.raises(SystemExit, match="--spec-draft-max must be between 1 and 64"):
+        parsed("--spec-draft-max=65")
     with pytest.raises(SystemExit, match="--max-request-ctx must be between 16 and 4096"):
         parsed("--max-request-ctx=5000", "--ctx-size=4096")

@@ -37,8 +37,9 @@ class DraftBudget:
         self.draft_max = spec_draft_limit(model, config)
         self.costs = StepCosts()
         #: What every sequence's drafts earned, bucket by bucket: a new sequence's
-        #: acceptance starts from it (its ``shared``), and it forgets slowly.
-        self.acceptance = Acceptance(relax=0.01)
+        #: acceptance starts from it (its ``shared``); it follows the last few hundred
+        #: verified tokens of them all, and drifts back to the prior slowly.
+        self.acceptance = Acceptance(memory=0.99, relax=0.01)
         self._plan = plan
         self._capacity = capacity
         self._split = not model.kv_unified

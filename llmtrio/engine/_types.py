@@ -34,7 +34,7 @@ DEFAULT_QUANT = "Q4_K_M"
 #: The speculative decoding methods (``None``: off).
 SPEC_KINDS: tuple[str | None, ...] = ("ngram", None)
 #: The most draft tokens one sequence may carry into a step.
-MAX_DRAFT = 16
+MAX_DRAFT = 64
 
 
 @attrs.frozen
