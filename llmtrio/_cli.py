@@ -127,7 +127,8 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         default=_engine("spec_draft_max"),
         metavar="N",
         help="the most draft tokens one sequence verifies in a step (1-64; default "
-        "%(default)s); fewer are drafted when the measured step costs say so",
+        "%(default)s; at most 8 on a model with recurrent state); fewer are drafted when "
+        "the measured step costs say so",
     )
     group.add_argument(
         "--kv-unified",

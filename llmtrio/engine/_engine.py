@@ -37,6 +37,7 @@ from ._output import OutputProcessor
 from ._sampling import RawLogprob
 from ._text import THINK_CLOSE, THINK_OPEN
 from ._types import (
+    MAX_RECURRENT_DRAFT,
     Capacity,
     EngineConfig,
     GenerateRequest,
@@ -143,7 +144,7 @@ class Engine(DecodeLoop):
                 threads=config.threads,
                 n_batch=n_batch,
                 kv_unified=config.kv_unified,
-                n_rs_seq=drafts,
+                n_rs_seq=min(drafts, MAX_RECURRENT_DRAFT),
             )
         )
         try:

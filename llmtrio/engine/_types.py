@@ -35,6 +35,11 @@ DEFAULT_QUANT = "Q4_K_M"
 SPEC_KINDS: tuple[str | None, ...] = ("ngram", None)
 #: The most draft tokens one sequence may carry into a step.
 MAX_DRAFT = 64
+#: The most a sequence of a model with recurrent state drafts: the context keeps that many
+#: snapshots of each sequence's state to roll back to (llama.cpp's ``n_rs_seq``), memory
+#: that attention-only models do not pay; the default ``spec_draft_max`` of 16 would double
+#: it from session 25's 8 (not measured on the real Qwen3.5 here).
+MAX_RECURRENT_DRAFT = 8
 
 
 @attrs.frozen
@@ -60,11 +65,12 @@ class EngineConfig:
     ``--chat-template-file``).
 
     ``spec`` is speculative decoding: ``"ngram"`` drafts up to ``spec_draft_max`` tokens per
-    decoding sequence by looking its last tokens up in its own prompt and output, and
-    verifies them in the same batch (exact: every token emitted is the one the model picks
-    at its position), the default; ``None`` is off. How many drafts a step carries follows
-    the measured step costs (and ``target_step_ms``): a step that is compute-bound (many
-    sequences decoding) carries none, so the default costs nothing where drafts cannot pay.
+    decoding sequence (at most ``MAX_RECURRENT_DRAFT`` on a model with recurrent state) by
+    looking its last tokens up in its own prompt and output, and verifies them in the same
+    batch (exact: every token emitted is the one the model picks at its position), the
+    default; ``None`` is off. How many drafts a step carries follows the measured step costs
+    (and ``target_step_ms``): a step that is compute-bound (many sequences decoding) carries
+    none, so the default costs nothing where drafts cannot pay.
 
     ``kv_unified`` puts every slot's memory in one pool of ``max_inflight * ctx_size`` cells:
     one request may use up to the pool (or ``max_request_ctx``, when set), admission waits
@@ -90,7 +96,7 @@ class EngineConfig:
     #: Off by default: on a compute-bound batch (8 streams on 2 cores) the free-chat
     #: workload ran slower with drafts (PERFORMANCE.md, "Speculative decoding").
     spec: str | None = "ngram"
-    spec_draft_max: int = 8
+    spec_draft_max: int = 16
     kv_unified: bool = False
     max_request_ctx: int = 0
 
