@@ -43,7 +43,7 @@ from llmtrio.engine._step import CoreRequest
 
 SLOTS = 8
 CTX = 1024
-DRAFT_MAX = 8
+DRAFT_MAX = EngineConfig.__attrs_attrs__.spec_draft_max.default  # the engine's default
 
 
 def prompt_text(workload: str, i: int) -> str:
