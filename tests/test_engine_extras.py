@@ -28,6 +28,7 @@ from llmtrio.engine import (
 )
 from llmtrio.engine._llama import Batch, LlamaModel
 from llmtrio.engine._sampling import Penalties, logprob_of
+from llmtrio.engine._types import MAX_RECURRENT_DRAFT
 
 from ._helpers import assert_greedy_agrees, collect, collect_logprobs, engine_config, run
 
@@ -352,3 +353,18 @@ def test_a_tiny_repeat_penalty_keeps_logits_finite(repeat: float) -> None:
     assert int(np.argmax(logits)) == 1  # the penalized positive logit, as large as it gets
     assert logits[2] == 0.0  # a negative one multiplied towards 0
     assert logprob_of(logits, 1, 2).logprob == 0.0
+
+
+async def test_recurrent_snapshots_stay_at_eight_whatever_the_draft_max(
+    qwen35_path: Path, gemma_path: Path
+) -> None:
+    """A model with recurrent state keeps ``MAX_RECURRENT_DRAFT`` snapshots of each
+    sequence's state at most (their memory), so it drafts at most that many tokens even at
+    the default ``spec_draft_max`` of 16; an attention-only model drafts the configured
+    most."""
+    assert EngineConfig(model=gemma_path).spec_draft_max == 16
+    async with Engine.open(config(qwen35_path, spec="ngram", spec_draft_max=16)) as engine:
+        assert engine._model.is_hybrid and engine._model.n_rs_seq == MAX_RECURRENT_DRAFT == 8
+        request = GenerateRequest.user("a b a b a b a b", max_tokens=8)
+        _, done = await collect(engine, request)
+        assert done.stop in (StopReason.MAX_TOKENS, StopReason.END_OF_GENERATION)
