@@ -11,10 +11,11 @@ Three parts:
 - :class:`NgramDrafter` (one per sequence): the tokens that followed the latest earlier
   occurrence of the sequence's last ``n`` tokens in its own prompt and output, for the longest
   ``n`` (up to ``max_n``) that occurred before.
-- :class:`Acceptance` (one per sequence): how often its drafts were right, by the length of
-  the n-gram they were found with; it forgets with every verified token, and drifts back to
-  its prior while the sequence does not draft, so a sequence whose drafts kept failing stops
-  drafting for a while and then tries again.
+- :class:`Acceptance` (one per sequence, and one per core that they all count into): how
+  often its drafts were right, by the length of the n-gram they were found with and apart
+  while it is on a run; it forgets with every verified token, and drifts back to its prior
+  (the core's rates) while the sequence does not draft, so a sequence whose drafts kept
+  failing stops drafting for a while and then tries again.
 - :class:`StepCosts`, :func:`micro_batch_sizes` and :func:`plan_drafts`: a step's cost,
   fitted to measured steps as a fixed cost per micro-batch llama.cpp splits the batch into
   plus a cost per position with logits (a micro-batch of one token priced apart: llama.cpp
