@@ -273,7 +273,7 @@ def test_a_run_of_right_drafts_is_priced_apart_and_drafts_long() -> None:
     than a first draft is: those are counted apart (the run's bucket), and with gemma's costs
     on two cores (a step ~15 ms, a position ~9.5 ms) the budget then drafts the 16 tokens it
     is offered, where the per-n-gram rate of the same sequence (its first drafts, 2 right in
-    4) drafts nothing."""
+    4) drafts one token at most."""
     a = Acceptance()
     for _ in range(3):
         a.verified(3, drafted=4, accepted=2)  # first drafts: half right
@@ -285,7 +285,7 @@ def test_a_run_of_right_drafts_is_priced_apart_and_drafts_long() -> None:
     run_rate = a.rate(3)
     steps = linear(5.5, 9.5, [(1, 1), (1, 2), (1, 4), (1, 8), (1, 1), (1, 3)])
     assert plan_drafts([Candidate(16, a.rate(3))], steps, outputs=1) == [16]
-    assert plan_drafts([Candidate(16, off_run)], steps, outputs=1) == [0]
+    assert plan_drafts([Candidate(16, off_run)], steps, outputs=1)[0] <= 1
     # The run ends at the first wrong token, and at a step without drafts.
     a.verified(3, drafted=8, accepted=5)
     assert not a.on_run and a.rate(3) < run_rate  # the 3-grams' own bucket again
@@ -402,3 +402,14 @@ def test_a_new_sequence_starts_from_what_the_cores_sequences_earned() -> None:
     before = shared.rate(4)
     second.idle()
     assert Acceptance().rate(4) < shared.rate(4) < before
+
+
+def test_several_streams_draft_only_for_a_clear_gain_and_one_stream_for_any() -> None:
+    # 10 ms a micro-batch, 1 ms a position. Eight sequences' one-token drafts right 59% of
+    # the time are predicted at 1.1x the step without: below the 20% margin that steps of
+    # several sequences must clear (their cost beyond the fit), so none; without the margin,
+    # all eight. One stream's draft predicted at 1.09x is taken.
+    c = linear(10.0, 1.0, [(1, 1), (1, 2), (1, 8), (1, 16)])
+    assert plan_drafts([Candidate(1, 0.59)] * 8, c, outputs=8) == [0] * 8
+    assert plan_drafts([Candidate(1, 0.59)] * 8, c, outputs=8, margin=0.0) == [1] * 8
+    assert plan_drafts([Candidate(1, 0.2)], c, outputs=1) == [1]
