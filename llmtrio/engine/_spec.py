@@ -450,6 +450,8 @@ def plan_drafts(
     decoding (the prompt tokens' cost left out: they are ingested either way) wins, so a
     compute-bound step, where a position costs about what a token is worth, drafts nothing.
     With ``target_ms`` set, no plan whose predicted step (prompt tokens included) exceeds it.
+    A plan never runs in more micro-batches than the step without drafts (``batches``), and
+    with several sequences decoding it must beat that step's rate by ``margin``.
     """
     gains: list[tuple[float, int]] = []
     per: list[list[float]] = [[] for _ in candidates]
