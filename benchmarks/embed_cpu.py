@@ -119,13 +119,13 @@ async def main(args: argparse.Namespace) -> int:
     if len(trees) > 1 or args.rounds > 1:
         for p, (concurrency, inputs, _) in enumerate(points):
             for i, tree in enumerate(trees):
-                done = turns[p, i]
-                python = [t.by_name.get("python", 0.0) for t in done]
-                decode = [sum(ms for n, ms in t.by_name.items() if n != "python") for t in done]
+                taken = turns[p, i]
+                python = [t.by_name.get("python", 0.0) for t in taken]
+                decode = [sum(ms for n, ms in t.by_name.items() if n != "python") for t in taken]
                 print(
                     f"  {concurrency:3} x {inputs:2}  {tree}: "
-                    f"{statistics.median(t.rate for t in done):7.1f} inputs/s "
-                    f"({', '.join(f'{t.rate:.0f}' for t in done)}); python ms a request "
+                    f"{statistics.median(t.rate for t in taken):7.1f} inputs/s "
+                    f"({', '.join(f'{t.rate:.0f}' for t in taken)}); python ms a request "
                     f"least {min(python):.2f}, median {statistics.median(python):.2f}; other "
                     f"threads median {statistics.median(decode):.2f}"
                 )
