@@ -1,31 +1,40 @@
 """Where an embeddings server's CPU goes: inputs per second and each thread's CPU
 milliseconds a request, for ``llmtrio serve`` alone (no llama-server), at the points of
-``embed_compare.py``.
+``embed_compare.py``; for one source tree, or for several side by side.
 
     .venv/bin/python benchmarks/embed_cpu.py --threads 2
     .venv/bin/python benchmarks/embed_cpu.py --points 1x1:40 8x1:24 1x32:6
+    .venv/bin/python benchmarks/embed_cpu.py --trees ../base . --rounds 6 \
+        --points 1x1:80 8x1:30 64x1:4 1x32:6
 
-One ``llmtrio serve`` of the embedding model (``embed_compare.py``'s flags); at each point
-(``CxK:R``: C concurrent clients, K inputs a request, R requests each, back to back; its
-client, sentences and warm-up are ``embed_compare.py``'s), each thread's user and system CPU
-from ``/proc/PID/task/*/stat`` before and after, divided by the requests: the Python thread
+One ``llmtrio serve`` of the embedding model (``embed_compare.py``'s flags) per tree; at each
+point (``CxK:R``: C concurrent clients, K inputs a request, R requests each, back to back;
+its client, sentences and warm-up are ``embed_compare.py``'s), each thread's CPU time from
+``/proc/PID/task/*/schedstat`` (nanoseconds; ``stat``'s clock ticks are 10 ms, 0.17 ms a
+request over 60 requests) before and after, divided by the requests: the Python thread
 (``python``: HTTP, the ring, the worker, tokenizing, the JSON of the vectors) apart from the
 decode threads (named after the engine's thread, ``llmtrio embeddi``: the decode thread and
 llama.cpp's compute threads, whose spinning at a barrier counts as CPU). Linux only.
 
-To compare two versions in one run, run it from each checkout in turn with the same venv
-(``cd ../base && ../wt/.venv/bin/python ../wt/benchmarks/embed_cpu.py``: the server runs
-the llmtrio of the working directory, ``python -m llmtrio``).
+``--trees``: one server per source tree (``PYTHONPATH``; the same venv), all up at once,
+measured in turns at each point, ``--rounds`` times; the table gives each tree's median
+inputs/s over the rounds (each round's in brackets) and the least and the median Python
+milliseconds a request: on a shared machine the rounds move by tens of percent, the turns
+spread that over the trees alike. Without ``--trees``: the llmtrio of the working directory,
+one round.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
+from contextlib import AsyncExitStack
 from pathlib import Path
 
+import attrs
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,20 +43,19 @@ from embed_compare import MINILM, POINTS, llmtrio_argv, measure, running
 
 
 def thread_cpu_ms(pid: int) -> dict[str, tuple[str, float]]:
-    """Each thread of ``pid``: its name and its user + system CPU milliseconds so far."""
-    ticks = os.sysconf("SC_CLK_TCK")
+    """Each thread of ``pid``: its name and its CPU milliseconds so far."""
     threads = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with (
-                open(f"/proc/{pid}/task/{tid}/stat") as stat,
+                open(f"/proc/{pid}/task/{tid}/schedstat") as stat,
                 open(f"/proc/{pid}/task/{tid}/comm") as comm,
             ):
-                fields = stat.read().rsplit(")", 1)[1].split()
+                ns = int(stat.read().split()[0])
                 name = comm.read().strip()
         except OSError:  # the thread ended meanwhile
             continue
-        threads[tid] = (name, (int(fields[11]) + int(fields[12])) * 1000 / ticks)
+        threads[tid] = (name, ns / 1e6)
     return threads
 
 
@@ -57,30 +65,71 @@ def parse_point(text: str) -> tuple[int, int, int]:
     return int(concurrency), int(inputs), int(requests or 8)
 
 
+@attrs.frozen
+class Turn:
+    """One turn at one point: inputs/s and CPU ms a request, by thread name."""
+
+    rate: float
+    by_name: dict[str, float]
+    client_ms: float
+
+
+async def turn(base: str, pid: int, point: tuple[int, int, int]) -> Turn:
+    concurrency, inputs, requests = point
+    before = thread_cpu_ms(pid)
+    measured = await measure(base, concurrency, inputs, requests)
+    after = thread_cpu_ms(pid)
+    n = concurrency * requests
+    by_name: dict[str, float] = {}
+    for tid, (name, ms) in after.items():
+        spent = ms - before.get(tid, (name, 0.0))[1]
+        by_name[name] = by_name.get(name, 0.0) + spent / n
+    return Turn(measured.rate, by_name, measured.client_ms)
+
+
 async def main(args: argparse.Namespace) -> int:
-    port = free_port()
-    base = f"http://{HOST}:{port}"
+    trees = args.trees or [os.getcwd()]
+    ports = [free_port() for _ in trees]
+    bases = [f"http://{HOST}:{port}" for port in ports]
     logdir = Path(args.logdir or tempfile.mkdtemp(prefix="embed-cpu-"))
     await trio.to_thread.run_sync(lambda: logdir.mkdir(parents=True, exist_ok=True))
-    print(f"llmtrio from {os.getcwd()}, {args.threads} threads, load {os.getloadavg()[0]:.2f}")
-    async with running(llmtrio_argv(args.model, port, args.threads), base, logdir / "llmtrio.log"):
-        pid = await trio.to_thread.run_sync(lambda: server_pid(port))
-        for concurrency, inputs, requests in map(parse_point, args.points):
-            before = thread_cpu_ms(pid)
-            measured = await measure(base, concurrency, inputs, requests)
-            after = thread_cpu_ms(pid)
-            n = concurrency * requests
-            by_name: dict[str, float] = {}
-            for tid, (name, ms) in after.items():
-                spent = ms - before.get(tid, (name, 0.0))[1]
-                by_name[name] = by_name.get(name, 0.0) + spent / n
-            shown = ", ".join(f"{name} {ms:.2f}" for name, ms in sorted(by_name.items()) if ms)
-            print(
-                f"  {concurrency:3} x {inputs:2}: {measured.rate:7.1f} inputs/s; server CPU ms a "
-                f"request: {shown}; total {sum(by_name.values()):.2f}; client "
-                f"{measured.client_ms:.2f}; load {os.getloadavg()[0]:.2f}",
-                flush=True,
-            )
+    print(f"llmtrio from {', '.join(trees)}; {args.threads} threads, load {os.getloadavg()[0]:.2f}")
+    points = [parse_point(point) for point in args.points]
+    turns: dict[tuple[int, int], list[Turn]] = {}
+    async with AsyncExitStack() as servers:
+        for i, (tree, port, base) in enumerate(zip(trees, ports, bases, strict=True)):
+            argv = ["env", f"PYTHONPATH={tree}", *llmtrio_argv(args.model, port, args.threads)]
+            await servers.enter_async_context(running(argv, base, logdir / f"llmtrio-{i}.log"))
+        pids = [await trio.to_thread.run_sync(server_pid, port) for port in ports]
+        for _ in range(args.rounds):
+            for p, point in enumerate(points):
+                for i, (base, pid) in enumerate(zip(bases, pids, strict=True)):
+                    done = await turn(base, pid, point)
+                    turns.setdefault((p, i), []).append(done)
+                    if len(trees) == 1 and args.rounds == 1:
+                        shown = ", ".join(
+                            f"{name} {ms:.2f}" for name, ms in sorted(done.by_name.items()) if ms
+                        )
+                        print(
+                            f"  {point[0]:3} x {point[1]:2}: {done.rate:7.1f} inputs/s; server "
+                            f"CPU ms a request: {shown}; total {sum(done.by_name.values()):.2f}; "
+                            f"client {done.client_ms:.2f}; load {os.getloadavg()[0]:.2f}",
+                            flush=True,
+                        )
+    if len(trees) > 1 or args.rounds > 1:
+        for p, (concurrency, inputs, _) in enumerate(points):
+            for i, tree in enumerate(trees):
+                taken = turns[p, i]
+                python = [t.by_name.get("python", 0.0) for t in taken]
+                decode = [sum(ms for n, ms in t.by_name.items() if n != "python") for t in taken]
+                print(
+                    f"  {concurrency:3} x {inputs:2}  {tree}: "
+                    f"{statistics.median(t.rate for t in taken):7.1f} inputs/s "
+                    f"({', '.join(f'{t.rate:.0f}' for t in taken)}); python ms a request "
+                    f"least {min(python):.2f}, median {statistics.median(python):.2f}; other "
+                    f"threads median {statistics.median(decode):.2f}"
+                )
+        print(f"load {os.getloadavg()[0]:.2f} at the end")
     return 0
 
 
@@ -108,7 +157,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[f"{c}x{k}:{8 if k == 1 else 2}" for c, k in POINTS if c * k <= 256],
         help="CxK:R: C concurrent clients of K inputs a request, R requests each",
     )
-    parser.add_argument("--logdir", type=Path, help="where the server's log goes")
+    parser.add_argument("--logdir", type=Path, help="where the servers' logs go")
+    parser.add_argument(
+        "--trees",
+        nargs="+",
+        type=os.path.abspath,
+        default=[],
+        help="source trees side by side (default: the cwd)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="turns per point")
     return parser.parse_args(argv)
 
 

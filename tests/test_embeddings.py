@@ -180,6 +180,25 @@ def test_the_thread_chooser_settles_on_a_steady_winner_and_one_thread_is_one() -
         ThreadChooser(0)
 
 
+def test_the_thread_chooser_is_not_moved_by_one_slow_decode_but_by_a_steady_slowdown() -> None:
+    # On a busy machine a 2-thread decode now and then waits at a barrier for a thread that
+    # another process holds (15-25 ms against 3): one such decode must not make 1 thread
+    # (half as fast) the choice; most decodes slowing down must.
+    chooser = ThreadChooser(2, first_probe=4, longest_probe=32)
+    picked = []
+    for i in range(400):
+        threads = chooser.choose(10)
+        spike = threads == 2 and i % 10 == 5
+        chooser.observe(threads, 10, 10 * (0.005 if spike else {2: 0.0003, 1: 0.0005}[threads]))
+        picked.append(threads)
+    assert chooser.best(10) == 2
+    assert picked[2:].count(1) <= 400 // 32 + 4  # probes only, not a stretch after each spike
+    # the load stays: every 2-thread decode is slow now, and 1 thread takes over
+    picked = run_chooser(chooser, {2: 0.005, 1: 0.0005}, 40)
+    assert chooser.best(10) == 1
+    assert picked[-10:].count(1) >= 9
+
+
 # -- the request (pure) ----------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ overhead (PERFORMANCE.md, "Session 25").
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Sequence
 
@@ -122,25 +123,35 @@ class ThreadChooser:
     keeps its own figures and its own probing.
 
     Policy, in each class: each count is tried once (``most`` first); then the one with the
-    lower seconds-per-token average (exponential, ``alpha``) runs, and the other is probed
-    once after ``first_probe`` decodes of that class. A probe's figure replaces that count's
-    old one (it is stale); a probe that wins makes its count the one used; one that loses
-    doubles the gap to the next probe, up to ``longest_probe`` decodes, so a slow count costs
-    at most one decode in that many once the load is steady, and a change of load is found
-    within that many.
+    lower seconds per token runs (the median of its last ``window`` decodes of that class),
+    and the other is probed once after ``first_probe`` decodes of that class. A probe's
+    figure replaces that count's old ones (they are stale); a probe that wins makes its count
+    the one used; one that loses doubles the gap to the next probe, up to ``longest_probe``
+    decodes, so a slow count costs at most one decode in that many once the load is steady,
+    and a change of load is found within that many.
+
+    Why a median: on a machine with some other work, a multi-threaded decode now and then
+    waits at a barrier for a thread another process holds (a one-sentence MiniLM decode on 2
+    threads: 15-25 ms against 3), and an average moved by one such decode made the slower
+    count the choice until its next probe (a single figure, which one more such decode made
+    lose, doubling the gap): a lone server answering one request at a time ran half its
+    decodes on 1 thread at 5.5 ms instead of 3 (PERFORMANCE.md, "Session 26"). The median
+    moves once most of the last decodes are slow: a load that stays.
     """
 
     most: int
     first_probe: int = 8
     longest_probe: int = 1024
-    alpha: float = 0.3
-    _cost: dict[tuple[int, int], float] = attrs.field(factory=dict, init=False)
+    window: int = 5
+    _cost: dict[tuple[int, int], deque[float]] = attrs.field(factory=dict, init=False)
     _since_probe: dict[int, int] = attrs.field(factory=dict, init=False)
     _gap: dict[int, int] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.most < 1:
             raise ValueError("most must be at least 1")
+        if self.window < 1:
+            raise ValueError("window must be at least 1")
 
     @property
     def options(self) -> tuple[int, ...]:
@@ -156,7 +167,9 @@ class ThreadChooser:
         ``tokens`` (``most`` before any measurement)."""
         size = self.size_class(tokens)
         measured = [n for n in self.options if (size, n) in self._cost]
-        return min(measured, key=lambda n: self._cost[size, n]) if measured else self.most
+        if not measured:
+            return self.most
+        return min(measured, key=lambda n: statistics.median(self._cost[size, n]))
 
     def choose(self, tokens: int) -> int:
         """The thread count for the next decode, of ``tokens`` tokens."""
@@ -178,9 +191,10 @@ class ThreadChooser:
         best = self.best(tokens)
         previous = self._cost.get((size, threads))
         if previous is None or threads != best:
-            self._cost[size, threads] = cost  # a first figure, or a probe: the old one is stale
+            # a first figure, or a probe: the old ones are stale
+            self._cost[size, threads] = deque([cost], maxlen=self.window)
         else:
-            self._cost[size, threads] = previous + self.alpha * (cost - previous)
+            previous.append(cost)
         if previous is not None and threads != best:  # a probe
             self._since_probe[size] = 0
             won = self.best(tokens) == threads
