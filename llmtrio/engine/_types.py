@@ -93,8 +93,9 @@ class EngineConfig:
     prompt_cache: bool = True
     cache_ram_mib: int = 1024
     chat_template: str | None = None
-    #: Off by default: on a compute-bound batch (8 streams on 2 cores) the free-chat
-    #: workload ran slower with drafts (PERFORMANCE.md, "Speculative decoding").
+    #: On by default: the budget drafts only where the measured step costs say drafts pay,
+    #: and free chat ran no slower with it at 1 and 8 streams (PERFORMANCE.md, "Speculative
+    #: decoding and the shared KV pool").
     spec: str | None = "ngram"
     spec_draft_max: int = 16
     kv_unified: bool = False
