@@ -131,6 +131,16 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
         "the measured step costs say so",
     )
     group.add_argument(
+        "--spec-pool",
+        type=int,
+        default=_engine("spec_pool"),
+        metavar="ENTRIES",
+        help="entries of the pool of n-grams shared by a worker's requests, which a request "
+        "also drafts from (what other requests wrote; about 100 bytes an entry; default "
+        "%(default)s; 0 is off: a shared pool lets one request's speed depend on what "
+        "others wrote)",
+    )
+    group.add_argument(
         "--kv-unified",
         action=argparse.BooleanOptionalAction,
         default=_engine("kv_unified"),

@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from llmtrio.engine._spec import (
     Acceptance,
     Candidate,
+    POOL_MATCH,
     NgramDrafter,
+    NgramPool,
+    PooledDrafter,
     StepCosts,
     micro_batch_sizes,
     micro_batches,
@@ -413,3 +416,94 @@ def test_several_streams_draft_only_for_a_clear_gain_and_one_stream_for_any() ->
     assert plan_drafts([Candidate(1, 0.59)] * 8, c, outputs=8) == [0] * 8
     assert plan_drafts([Candidate(1, 0.59)] * 8, c, outputs=8, margin=0.0) == [1] * 8
     assert plan_drafts([Candidate(1, 0.2)], c, outputs=1) == [1]
+
+
+# --- the pool of n-grams shared by a core's sequences --------------------------------------
+
+
+def test_the_pool_chains_what_followed_each_n_gram() -> None:
+    pool = NgramPool(100, n=3)
+    pool.add((), [1, 2, 3, 4, 5, 6, 7])
+    assert pool.propose([9, 1, 2, 3], 10) == [4, 5, 6, 7]  # chained to the end
+    assert pool.propose([9, 1, 2, 3], 2) == [4, 5]
+    assert pool.propose([2, 3, 4, 5, 6], 10) == [7]
+    assert pool.propose([1, 2], 10) == []  # shorter than n
+    assert pool.propose([9, 9, 9], 10) == []  # never seen
+    assert pool.propose([1, 2, 3], 0) == []
+
+
+def test_the_pool_keeps_the_latest_continuation_and_joins_what_was_added_in_pieces() -> None:
+    pool = NgramPool(100, n=2)
+    pool.add((), [1, 2, 3])
+    pool.add([0, 1, 2, 3], [4])  # the context's last n tokens carry over: (2, 3) -> 4
+    pool.add((), [1, 2, 7])  # a later sequence wrote (1, 2) -> 7
+    assert pool.propose([1, 2], 3) == [7]
+    assert pool.propose([5, 2, 3], 3) == [4]
+
+
+def test_a_cycle_in_the_pool_is_bounded_by_the_limit() -> None:
+    pool = NgramPool(100, n=1)
+    pool.add((), [1, 2, 1])
+    assert pool.propose([1], 5) == [2, 1, 2, 1, 2]
+
+
+def test_the_pool_holds_at_most_its_size_and_evicts_the_least_recently_written() -> None:
+    pool = NgramPool(4, n=1)
+    pool.add((), [1, 2, 3, 4, 5])  # (1)->2 (2)->3 (3)->4 (4)->5
+    assert len(pool) == 4
+    pool.add([1], [9])  # (1) rewritten: the most recent now
+    pool.add([6], [7])  # a fifth entry: (2), the least recently written, goes
+    assert len(pool) == 4
+    assert pool.propose([2], 1) == []
+    assert pool.propose([1], 1) == [9]
+    assert pool.propose([3], 1) == [4]
+    assert pool.propose([6], 1) == [7]
+
+
+@given(st.lists(st.integers(0, 5), max_size=60), st.integers(1, 8), st.integers(1, 4))
+def test_the_pool_never_exceeds_its_size(tokens: list[int], size: int, n: int) -> None:
+    pool = NgramPool(size, n=n)
+    for i in range(0, len(tokens), 7):
+        pool.add(tokens[:i], tokens[i : i + 7])
+        assert len(pool) <= size
+
+
+def test_the_pool_rejects_a_size_or_n_below_one() -> None:
+    with pytest.raises(ValueError):
+        NgramPool(0)
+    with pytest.raises(ValueError):
+        NgramPool(10, n=0)
+
+
+def test_a_sequence_drafts_what_another_sequence_wrote() -> None:
+    pool = NgramPool(1000, n=3)
+    writer = PooledDrafter(NgramDrafter([1, 2, 3]), pool, [1, 2, 3])
+    writer.extend([10, 11, 12, 13, 14, 15])
+    # A sequence whose own tokens never held 11, 12, 13: its own lookup finds nothing.
+    reader = PooledDrafter(NgramDrafter([7, 8, 11, 12, 13]), pool, [7, 8, 11, 12, 13])
+    assert reader.propose(10) == ([14, 15], POOL_MATCH)
+    # What the reader emits feeds the pool too, past where the writer's text ended.
+    reader.extend([14, 15, 16])
+    assert pool.propose([14, 15, 16], 5) == []
+    assert pool.propose([13, 14, 15], 5) == [16]
+
+
+def test_the_own_lookup_wins_where_it_is_longer_than_the_pools() -> None:
+    pool = NgramPool(1000, n=3)
+    PooledDrafter(NgramDrafter([]), pool, [5, 6, 7, 8])  # (5, 6, 7) -> 8 only
+    tokens = [7, 20, 21, 22, 23, 5, 6, 7]  # own: 7 -> 20 21 22 23 5 ...
+    drafter = PooledDrafter(NgramDrafter(tokens), pool, tokens)
+    draft, match = drafter.propose(4)
+    assert (draft, match) == ([20, 21, 22, 23], 1)
+    # Where the own draft is no longer than the pool's, the pool's (its longer match) wins.
+    assert drafter.propose(1) == ([8], POOL_MATCH)
+
+
+def test_pool_drafts_are_priced_apart_from_prompt_lookups() -> None:
+    acceptance = Acceptance()
+    before = acceptance.rate(4)
+    for _ in range(20):
+        acceptance.verified(POOL_MATCH, 8, 0)  # wrong at once: no run
+    assert not acceptance.on_run
+    assert acceptance.rate(POOL_MATCH) < 0.2
+    assert acceptance.rate(4) == pytest.approx(before)

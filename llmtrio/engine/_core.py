@@ -39,7 +39,7 @@ from ._pool import SharedPool
 from ._prompt_cache import PromptCache
 from ._sampling import RawLogprob
 from ._scheduler import Scheduler, Start
-from ._spec import Acceptance, NgramDrafter, plan_drafts, verify
+from ._spec import Acceptance, NgramDrafter, NgramPool, PooledDrafter, plan_drafts, verify
 from ._step import CoreRequest, EngineStats, StepOutput
 from ._types import EngineConfig, StopReason
 
@@ -105,12 +105,23 @@ class EngineCore:
         )
         self._request_ctx = config.request_ctx
         self._drafts = DraftBudget(model, config, self._batch.capacity, plan)
-        self._make_drafter = drafter or (lambda tokens: NgramDrafter(tokens))
+        #: What every sequence wrote, for the others to draft from (with the default
+        #: drafter only: tests that bring their own drafter get exactly its drafts).
+        self._ngrams = (
+            NgramPool(config.spec_pool)
+            if config.spec_pool and self._drafts.draft_max and drafter is None
+            else None
+        )
+        self._make_drafter = drafter or self._default_drafter
         self._admissions = 0
         #: Time spent sampling decoding sequences' positions in this step.
         self._sample_s = 0.0
         #: Sequences in the last step's batch.
         self.decoding = 0
+
+    def _default_drafter(self, tokens: list[int]) -> Drafter:
+        own = NgramDrafter(tokens)
+        return own if self._ngrams is None else PooledDrafter(own, self._ngrams, tokens)
 
     @property
     def busy(self) -> bool:

@@ -10,7 +10,11 @@ Three parts:
 
 - :class:`NgramDrafter` (one per sequence): the tokens that followed the latest earlier
   occurrence of the sequence's last ``n`` tokens in its own prompt and output, for the longest
-  ``n`` (up to ``max_n``) that occurred before.
+  ``n`` (up to ``max_n``) that occurred before. :class:`NgramPool` (one per core) and
+  :class:`PooledDrafter`: a bounded table of what followed each ``n``-gram in every
+  sequence's prompt and output, which a sequence drafts from when it holds a continuation
+  at least as long as the sequence's own lookup (llama.cpp's ``ngram-mod``, vLLM's suffix
+  decoding).
 - :class:`Acceptance` (one per sequence, and one per core that they all count into): how
   often its drafts were right, by the length of the n-gram they were found with and apart
   while it is on a run; it forgets with every verified token, and drifts back to its prior
@@ -27,14 +31,19 @@ Three parts:
 from __future__ import annotations
 
 import math
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import attrs
 
 __all__ = [
     "Acceptance",
     "Candidate",
+    "POOL_MATCH",
     "NgramDrafter",
+    "NgramPool",
+    "PooledDrafter",
     "StepCosts",
     "micro_batch_sizes",
     "micro_batches",
@@ -98,7 +107,96 @@ class NgramDrafter:
         return [], 0
 
 
-#: Prior per-token acceptance by n-gram length (1, 2, 3, 4+), then on a run (the last
+#: The match a :class:`PooledDrafter` reports for a draft from the pool: its acceptance is
+#: counted apart from prompt lookup's (:class:`Acceptance`).
+POOL_MATCH = -1
+
+
+class NgramPool:
+    """What followed each ``n``-gram in the sequences of one core: a table of at most
+    ``size`` entries, from the hash of ``n`` tokens to the token that followed them last.
+
+    Bounded as llama.cpp's ``common_ngram_mod`` is (a table of n-gram hash -> next token),
+    but keyed by Python's hash of the tuple (a collision drafts a wrong token, which
+    verification rejects: drafts never change what is emitted) and evicting the entry
+    written least recently when full, instead of overwriting a slot of a fixed array. Each
+    entry is about 100 bytes (two ints and an ordered dict's node).
+    """
+
+    def __init__(self, size: int, *, n: int = 8) -> None:
+        if size < 1 or n < 1:
+            raise ValueError("need size >= 1 and n >= 1")
+        self.size = size
+        self.n = n
+        self._table: OrderedDict[int, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def add(self, context: Sequence[int], tokens: Sequence[int]) -> None:
+        """Record ``tokens``, which followed ``context`` (only its last ``n`` count)."""
+        n, table = self.n, self._table
+        seq = [*deque(context, maxlen=n), *tokens]
+        for i in range(n, len(seq)):
+            key = hash(tuple(seq[i - n : i]))
+            table[key] = seq[i]
+            table.move_to_end(key)
+        while len(table) > self.size:
+            table.popitem(last=False)
+
+    def propose(self, context: Sequence[int], limit: int) -> list[int]:
+        """Up to ``limit`` tokens that followed ``context``'s last ``n`` tokens, chained: each
+        token found is looked up with the ``n - 1`` before it."""
+        n = self.n
+        if limit <= 0 or len(context) < n:
+            return []
+        gram = deque(context, maxlen=n)
+        out: list[int] = []
+        get = self._table.get
+        while len(out) < limit:
+            token = get(hash(tuple(gram)))
+            if token is None:
+                break
+            out.append(token)
+            gram.append(token)
+        return out
+
+
+class _Drafter(Protocol):
+    def extend(self, tokens: Sequence[int]) -> None: ...
+
+    def propose(self, limit: int) -> tuple[list[int], int]: ...
+
+
+class PooledDrafter:
+    """A sequence's own drafter, and its core's :class:`NgramPool`: it feeds the pool with
+    the sequence's tokens (``tokens``, its prompt and first ones, then each it emits) and
+    proposes the pool's draft where that is at least as long as its own drafter's (the pool
+    matched ``pool.n`` tokens, more than prompt lookup's n-grams: where both hold a
+    continuation, the longer context is likelier right), reported with :data:`POOL_MATCH`.
+    """
+
+    def __init__(self, own: _Drafter, pool: NgramPool, tokens: Sequence[int]) -> None:
+        self._own = own
+        self._pool = pool
+        self._tail: deque[int] = deque(tokens, maxlen=pool.n)
+        pool.add((), tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self._own.extend(tokens)
+        self._pool.add(self._tail, tokens)
+        self._tail.extend(tokens)
+
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        draft, match = self._own.propose(limit)
+        pooled = self._pool.propose(self._tail, limit)
+        if pooled and len(pooled) >= len(draft):
+            return pooled, POOL_MATCH
+        return draft, match
+
+
+#: Prior per-token acceptance by n-gram length (1, 2, 3, 4+), then from the pool (a
+#: :data:`POOL_MATCH`), then on a run (the last
 #: draft was right to its end): the chance a draft token is right given that the ones before
 #: it were, before anything was measured. Drafting is what measures them, so they sit at the
 #: low end of what was measured on the benchmarks' workloads (per token: free chat 0.95,
@@ -107,8 +205,9 @@ class NgramDrafter:
 #: would never draft, so never learn. A run's is the highest: on a run the drafts priced by
 #: it are long (where a run's drafts are no likelier right, its bucket learns that within a
 #: draft or two).
-_PRIOR = (0.3, 0.5, 0.7, 0.85, 0.9)
+_PRIOR = (0.3, 0.5, 0.7, 0.85, 0.85, 0.9)
 _RUN = len(_PRIOR) - 1
+_POOL = _RUN - 1
 
 
 @attrs.define
@@ -167,7 +266,11 @@ class Acceptance:
             self._hits[b] = rate * self._trials[b]
 
     def _bucket(self, n: int) -> int:
-        return _RUN if self._run else min(max(n, 1), _RUN) - 1
+        if self._run:
+            return _RUN
+        if n == POOL_MATCH:
+            return _POOL
+        return min(max(n, 1), _POOL) - 1
 
     @property
     def on_run(self) -> bool:

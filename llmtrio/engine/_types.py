@@ -72,6 +72,12 @@ class EngineConfig:
     (and ``target_step_ms``): a step that is compute-bound (many sequences decoding) carries
     none, so the default costs nothing where drafts cannot pay.
 
+    ``spec_pool``: the entries of the core's pool of n-grams, fed with every sequence's
+    prompt and output, that a sequence also drafts from (what another request wrote: a
+    templated answer, the same text rewritten again); about 100 bytes an entry; 0 is off.
+    A shared pool makes one request's speed depend on what others wrote (a timing side
+    channel, as the prompt cache is): turn it off where that matters.
+
     ``kv_unified`` puts every slot's memory in one pool of ``max_inflight * ctx_size`` cells:
     one request may use up to the pool (or ``max_request_ctx``, when set), admission waits
     for free cells, and when the pool runs out idle slots give up their reusable cells, then
@@ -98,6 +104,7 @@ class EngineConfig:
     #: decoding and the shared KV pool").
     spec: str | None = "ngram"
     spec_draft_max: int = 16
+    spec_pool: int = 65536
     kv_unified: bool = False
     max_request_ctx: int = 0
 
@@ -119,6 +126,8 @@ class EngineConfig:
             raise ValueError(f"spec must be one of {kinds}, not {self.spec!r}")
         if not 1 <= self.spec_draft_max <= MAX_DRAFT:
             raise ValueError(f"spec_draft_max must be between 1 and {MAX_DRAFT}")
+        if self.spec_pool < 0:
+            raise ValueError("spec_pool must be 0 (off) or more")
         if self.max_request_ctx < 0:
             raise ValueError("max_request_ctx must be 0 (the whole context) or more")
         if self.max_request_ctx:
