@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmtrio.engine._spec import (
+    POOL_MATCH,
     Acceptance,
     Candidate,
-    POOL_MATCH,
     NgramDrafter,
     NgramPool,
     PooledDrafter,

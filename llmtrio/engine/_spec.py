@@ -38,9 +38,9 @@ from typing import Protocol
 import attrs
 
 __all__ = [
+    "POOL_MATCH",
     "Acceptance",
     "Candidate",
-    "POOL_MATCH",
     "NgramDrafter",
     "NgramPool",
     "PooledDrafter",
