@@ -10,6 +10,7 @@ drafts, forced into every step).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from llmtrio.engine import DecodeError, EngineStats, Sampling, StopReason
 from llmtrio.engine import _core as core_module
 from llmtrio.engine._core import Drafter
 from llmtrio.engine._llama import Batch, LlamaModel
+from llmtrio.engine._spec import POOL_MATCH
 
 from ._core_helpers import (
     RandomDrafter,
@@ -374,3 +376,82 @@ def test_a_sequence_whose_drafts_cannot_be_cut_fails_alone(qwen35_path: Path) ->
         model.close()
     assert isinstance(run.ended(0).error, DecodeError)
     assert run.stop(1) is StopReason.MAX_TOKENS and len(run.tokens[1]) == 10
+
+
+class SpyPooledDrafter(core_module.PooledDrafter):
+    """The core's pooled drafter, keeping what it saw and each draft it made from the pool
+    (at how many tokens it had then)."""
+
+    made: list[SpyPooledDrafter] = []
+
+    def __init__(self, own: Drafter, pool: core_module.NgramPool, tokens: list[int]) -> None:
+        super().__init__(own, pool, tokens)
+        self.history = list(tokens)
+        self.pool_drafts: list[tuple[int, list[int]]] = []
+        SpyPooledDrafter.made.append(self)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        super().extend(tokens)
+        self.history += tokens
+
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        draft, match = super().propose(limit)
+        if match == POOL_MATCH:
+            self.pool_drafts.append((len(self.history), draft))
+        return draft, match
+
+    def pool_accepted(self) -> int:
+        """The pool's draft tokens that were right (every draft is verified: ``draft_all``)."""
+        right = 0
+        for at, draft in self.pool_drafts:
+            for token, emitted in zip(draft, self.history[at:], strict=False):
+                if token != emitted:
+                    break
+                right += 1
+        return right
+
+
+def test_a_request_drafts_from_the_pool_what_another_request_wrote(
+    gemma_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second request's prompt does not hold the text the first one wrote (its own
+    prompt lookup cannot find it); the core's pool of n-grams does, and the second request
+    drafts it and has it accepted, its tokens still the argmax of their logits."""
+    monkeypatch.setattr(core_module, "PooledDrafter", SpyPooledDrafter)
+    SpyPooledDrafter.made = []
+    model = RecordingModel(gemma_path, slots=1, ctx_size=256, threads=2, n_batch=512)
+    try:
+        prompt = model.tokenize(
+            "A list of twelve fruits, one per line:\n", add_special=model.add_bos
+        )
+        bias = dict.fromkeys(model.eog, float("-inf"))
+        core, _ = open_core(model, spec="ngram", spec_draft_max=8, plan=draft_all)
+        first = run_core(core, [core_request(0, prompt, 48, ignore_eos=True)]).tokens[0]
+        model.seen = []
+        second = run_core(core, [core_request(1, prompt, 48, ignore_eos=True)]).tokens[1]
+    finally:
+        model.close()
+
+    writer, reader = SpyPooledDrafter.made
+
+    def grams(tokens: list[int]) -> set[tuple[int, ...]]:
+        return {tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)}
+
+    assert grams(first).isdisjoint(grams(prompt))  # prompt lookup's 4-grams cannot find it
+    assert second == greedy_of(model, model.seen, bias)
+    assert len(reader.pool_drafts) > 0
+    # Most of what the first request wrote is drafted and accepted from the pool (the two
+    # runs may part where batch-shape numerics tip a near-tie: a draft there fails).
+    assert reader.pool_accepted() >= 24, (first, second, reader.pool_drafts)
+    assert reader.pool_accepted() > writer.pool_accepted()
+
+
+def test_without_the_pool_a_request_drafts_from_its_own_tokens_only(gemma_path: Path) -> None:
+    model = LlamaModel(gemma_path, slots=1, ctx_size=128, threads=2, n_batch=256)
+    try:
+        core, _ = open_core(model, spec="ngram", spec_pool=0)
+        assert isinstance(core._make_drafter([1, 2, 3]), core_module.NgramDrafter)
+        core, _ = open_core(model, spec="ngram")
+        assert isinstance(core._make_drafter([1, 2, 3]), core_module.PooledDrafter)
+    finally:
+        model.close()
