@@ -88,6 +88,12 @@ SERVERS = (
         ("--spec", "ngram"),
     ),
     Server(
+        "llmtrio-spec-nopool",
+        "llmtrio --spec ngram --spec-pool 0",
+        Kind.LLMTRIO,
+        ("--spec", "ngram", "--spec-pool", "0"),
+    ),
+    Server(
         "llmtrio-spec-16",
         "llmtrio --spec ngram --spec-draft-max 16",
         Kind.LLMTRIO,
@@ -370,7 +376,9 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
                 )
                 for key, label in (
                     ("llmtrio-nospec", "llmtrio --no-spec"),
+                    ("llmtrio-spec-nopool", "llmtrio --spec ngram --spec-pool 0"),
                     ("ls", "llama-server"),
+                    ("ls-ngram-mod", "llama-server --spec-type ngram-mod"),
                     ("llmtrio-spec-unified", "llmtrio --spec ngram --kv-unified"),
                 ):
                     if key in agg:

@@ -5,7 +5,7 @@ shared one) slows both sides alike. Prints, per workload and concurrency, each s
 tokens per second of its own step time, the ratio, and how many tokens the budget drafted.
 
     .venv/bin/python benchmarks/spec_steps.py [--workloads chat rewrite] [--concurrency 1 8]
-        [--max-tokens 96] [--threads 2] [--kv-unified]
+        [--max-tokens 96] [--threads 2] [--kv-unified] [--spec-pool ENTRIES]
 
 Greedy, end of generation suppressed, 8 slots x 1024 tokens (per slot, or one pool with
 ``--kv-unified``); prompts as ``spec_compare.py`` words them, each led by a number unique
@@ -44,6 +44,7 @@ from llmtrio.engine._step import CoreRequest
 SLOTS = 8
 CTX = 1024
 DRAFT_MAX = EngineConfig.__attrs_attrs__.spec_draft_max.default  # the engine's default
+POOL = EngineConfig.__attrs_attrs__.spec_pool.default
 
 
 def prompt_text(workload: str, i: int) -> str:
@@ -68,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-unified", action="store_true")
     parser.add_argument("--draft-max", type=int, default=DRAFT_MAX, help="--spec-draft-max")
+    parser.add_argument("--spec-pool", type=int, default=POOL, help="--spec-pool (0: off)")
     args = parser.parse_args(argv)
     path = args.model or demo_model_path()
     sides = {}
@@ -87,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             threads=args.threads,
             spec=spec,
             spec_draft_max=args.draft_max,
+            spec_pool=args.spec_pool,
             kv_unified=args.kv_unified,
         )
         stats = EngineStats()
