@@ -384,8 +384,10 @@ class SpyPooledDrafter(core_module.PooledDrafter):
 
     made: list[SpyPooledDrafter] = []
 
-    def __init__(self, own: Drafter, pool: core_module.NgramPool, tokens: list[int]) -> None:
-        super().__init__(own, pool, tokens)
+    def __init__(
+        self, own: Drafter, pool: core_module.NgramPool, tokens: list[int], rate: Any = None
+    ) -> None:
+        super().__init__(own, pool, tokens, rate)
         self.history = list(tokens)
         self.pool_drafts: list[tuple[int, list[int]]] = []
         SpyPooledDrafter.made.append(self)
@@ -446,12 +448,19 @@ def test_a_request_drafts_from_the_pool_what_another_request_wrote(
     assert reader.pool_accepted() > writer.pool_accepted()
 
 
-def test_without_the_pool_a_request_drafts_from_its_own_tokens_only(gemma_path: Path) -> None:
+def test_without_the_pool_a_request_drafts_from_its_own_tokens_only(
+    gemma_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core_module, "PooledDrafter", SpyPooledDrafter)
     model = LlamaModel(gemma_path, slots=1, ctx_size=128, threads=2, n_batch=256)
     try:
-        core, _ = open_core(model, spec="ngram", spec_pool=0)
-        assert isinstance(core._make_drafter([1, 2, 3]), core_module.NgramDrafter)
-        core, _ = open_core(model, spec="ngram")
-        assert isinstance(core._make_drafter([1, 2, 3]), core_module.PooledDrafter)
+        prompt = model.tokenize("one two three", add_special=model.add_bos)
+        made = []
+        for pool in (0, 1000):
+            SpyPooledDrafter.made = []
+            core, _ = open_core(model, spec="ngram", spec_pool=pool)
+            run_core(core, [core_request(pool, prompt, 4, ignore_eos=True)])
+            made.append(len(SpyPooledDrafter.made))
     finally:
         model.close()
+    assert made == [0, 1]

@@ -499,6 +499,19 @@ def test_the_own_lookup_wins_where_it_is_longer_than_the_pools() -> None:
     assert drafter.propose(1) == ([8], POOL_MATCH)
 
 
+def test_the_draft_worth_more_tokens_at_its_rate_wins() -> None:
+    pool = NgramPool(1000, n=3)
+    PooledDrafter(NgramDrafter([]), pool, [5, 6, 7, 8, 9])  # (5, 6, 7) -> 8, 9
+    tokens = [7, 20, 21, 5, 6, 7]  # own: 7 -> 20 21 5 ...
+    rates = {1: 0.9, POOL_MATCH: 0.9}
+    drafter = PooledDrafter(NgramDrafter(tokens), pool, tokens, rates.__getitem__)
+    assert drafter.propose(2) == ([8, 9], POOL_MATCH)  # a tie: the pool's longer match
+    assert drafter.propose(4) == ([20, 21, 5, 6], 1)  # longer at the same rate
+    rates[POOL_MATCH] = 0.3  # the pool's drafts have been wrong
+    assert drafter.propose(2) == ([20, 21], 1)
+    assert drafter.propose(1) == ([20], 1)
+
+
 def test_pool_drafts_are_priced_apart_from_prompt_lookups() -> None:
     acceptance = Acceptance()
     before = acceptance.rate(4)

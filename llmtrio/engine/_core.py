@@ -112,16 +112,22 @@ class EngineCore:
             if config.spec_pool and self._drafts.draft_max and drafter is None
             else None
         )
-        self._make_drafter = drafter or self._default_drafter
+        self._make_drafter = drafter
         self._admissions = 0
         #: Time spent sampling decoding sequences' positions in this step.
         self._sample_s = 0.0
         #: Sequences in the last step's batch.
         self.decoding = 0
 
-    def _default_drafter(self, tokens: list[int]) -> Drafter:
+    def _drafter(self, job: Job, tokens: list[int]) -> Drafter:
+        """A sequence's drafter: prompt lookup, and the core's pool priced by the
+        sequence's acceptance (or the tests' own drafter)."""
+        if self._make_drafter is not None:
+            return self._make_drafter(tokens)
         own = NgramDrafter(tokens)
-        return own if self._ngrams is None else PooledDrafter(own, self._ngrams, tokens)
+        if self._ngrams is None:
+            return own
+        return PooledDrafter(own, self._ngrams, tokens, job.acceptance.rate)
 
     @property
     def busy(self) -> bool:
@@ -468,7 +474,7 @@ class EngineCore:
             # admission step, and only for sequences that decode.
             history = job.prompt.tolist()
             history += tokens
-            job.drafter = self._make_drafter(history)
+            job.drafter = self._drafter(job, history)
         if logprobs is not None:
             logprobs = logprobs[: len(tokens)] or None
         if stop is not None:

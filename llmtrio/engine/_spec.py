@@ -171,14 +171,23 @@ class _Drafter(Protocol):
 class PooledDrafter:
     """A sequence's own drafter, and its core's :class:`NgramPool`: it feeds the pool with
     the sequence's tokens (``tokens``, its prompt and first ones, then each it emits) and
-    proposes the pool's draft where that is at least as long as its own drafter's (the pool
-    matched ``pool.n`` tokens, more than prompt lookup's n-grams: where both hold a
-    continuation, the longer context is likelier right), reported with :data:`POOL_MATCH`.
+    offers whichever of the two drafts is worth more tokens, each priced by ``rate(match)``
+    (the sequence's acceptance of drafts found so: the pool's drafts are reported with
+    :data:`POOL_MATCH` and learn their own rate); a tie goes to the pool, whose match is
+    ``pool.n`` tokens long (prompt lookup's is at most 4). Without ``rate``, the longer
+    draft, the pool's on a tie.
     """
 
-    def __init__(self, own: _Drafter, pool: NgramPool, tokens: Sequence[int]) -> None:
+    def __init__(
+        self,
+        own: _Drafter,
+        pool: NgramPool,
+        tokens: Sequence[int],
+        rate: Callable[[int], float] | None = None,
+    ) -> None:
         self._own = own
         self._pool = pool
+        self._rate = rate
         self._tail: deque[int] = deque(tokens, maxlen=pool.n)
         pool.add((), tokens)
 
@@ -187,10 +196,19 @@ class PooledDrafter:
         self._pool.add(self._tail, tokens)
         self._tail.extend(tokens)
 
+    def _worth(self, draft: Sequence[int], match: int) -> float:
+        if self._rate is None:
+            return float(len(draft))
+        rate, g, total = self._rate(match), 1.0, 0.0
+        for _ in draft:
+            g *= rate
+            total += g
+        return total
+
     def propose(self, limit: int) -> tuple[list[int], int]:
         draft, match = self._own.propose(limit)
         pooled = self._pool.propose(self._tail, limit)
-        if pooled and len(pooled) >= len(draft):
+        if pooled and (not draft or self._worth(pooled, POOL_MATCH) >= self._worth(draft, match)):
             return pooled, POOL_MATCH
         return draft, match
 
