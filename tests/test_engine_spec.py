@@ -427,7 +427,7 @@ def test_a_request_drafts_from_the_pool_what_another_request_wrote(
             "A list of twelve fruits, one per line:\n", add_special=model.add_bos
         )
         bias = dict.fromkeys(model.eog, float("-inf"))
-        core, _ = open_core(model, spec="ngram", spec_draft_max=8, plan=draft_all)
+        core, _ = open_core(model, spec="ngram", spec_draft_max=8, spec_pool=65536, plan=draft_all)
         first = run_core(core, [core_request(0, prompt, 48, ignore_eos=True)]).tokens[0]
         model.seen = []
         second = run_core(core, [core_request(1, prompt, 48, ignore_eos=True)]).tokens[1]

@@ -104,7 +104,7 @@ class EngineConfig:
     #: decoding and the shared KV pool").
     spec: str | None = "ngram"
     spec_draft_max: int = 16
-    spec_pool: int = 65536
+    spec_pool: int = 0
     kv_unified: bool = False
     max_request_ctx: int = 0
 
