@@ -94,6 +94,18 @@ SERVERS = (
         ("--spec", "ngram", "--spec-pool", "0"),
     ),
     Server(
+        "llmtrio-spec-pool",
+        "llmtrio --spec ngram --spec-pool 65536",
+        Kind.LLMTRIO,
+        ("--spec", "ngram", "--spec-pool", "65536"),
+    ),
+    Server(
+        "llmtrio-spec-pool-48",
+        "llmtrio --spec-pool 65536 --spec-draft-max 48",
+        Kind.LLMTRIO,
+        ("--spec", "ngram", "--spec-pool", "65536", "--spec-draft-max", "48"),
+    ),
+    Server(
         "llmtrio-spec-16",
         "llmtrio --spec ngram --spec-draft-max 16",
         Kind.LLMTRIO,
@@ -377,6 +389,8 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
                 for key, label in (
                     ("llmtrio-nospec", "llmtrio --no-spec"),
                     ("llmtrio-spec-nopool", "llmtrio --spec ngram --spec-pool 0"),
+                    ("llmtrio-spec-pool", "llmtrio --spec ngram --spec-pool 65536"),
+                    ("llmtrio-spec-pool-48", "llmtrio --spec-pool 65536 --spec-draft-max 48"),
                     ("ls", "llama-server"),
                     ("ls-ngram-mod", "llama-server --spec-type ngram-mod"),
                     ("llmtrio-spec-unified", "llmtrio --spec ngram --kv-unified"),
