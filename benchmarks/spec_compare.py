@@ -26,7 +26,9 @@ accepted length is the accepted tokens per verification that carried drafts (the
 growth of ``vllm:spec_decode_num_drafts_total`` or llama-server's
 ``llamacpp:spec_decode_num_drafts_total`` on ``/metrics``; llama.cpp's and vLLM's "mean
 acceptance length" is 1 + this). ``--servers llmtrio-spec-unified llmtrio-nospec-unified``
-add llmtrio on one shared pool (``--kv-unified``) with and without speculation.
+add llmtrio on one shared pool (``--kv-unified``) with and without speculation;
+``llmtrio-spec-pool`` (and ``llmtrio-spec-pool-48``, with ``--spec-draft-max 48``) with the
+pool of n-grams across requests (``--spec-pool 65536``), ``llmtrio-spec-nopool`` without.
 
 Part ``pool``, llmtrio per slot against ``--kv-unified`` on 8 slots x 2048 tokens: one
 request with a ~12k-token prompt (a 400 per slot; served from the pool), and the chat

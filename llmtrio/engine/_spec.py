@@ -12,9 +12,9 @@ Three parts:
   occurrence of the sequence's last ``n`` tokens in its own prompt and output, for the longest
   ``n`` (up to ``max_n``) that occurred before. :class:`NgramPool` (one per core) and
   :class:`PooledDrafter`: a bounded table of what followed each ``n``-gram in every
-  sequence's prompt and output, which a sequence drafts from when it holds a continuation
-  at least as long as the sequence's own lookup (llama.cpp's ``ngram-mod``, vLLM's suffix
-  decoding).
+  sequence's prompt and output, whose draft a sequence takes where it is worth more tokens
+  than its own lookup's at their acceptance rates (llama.cpp's ``ngram-mod``, vLLM's suffix
+  decoding; off by default, ``EngineConfig.spec_pool``).
 - :class:`Acceptance` (one per sequence, and one per core that they all count into): how
   often its drafts were right, by the length of the n-gram they were found with and apart
   while it is on a run; it forgets with every verified token, and drifts back to its prior
