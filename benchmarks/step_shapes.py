@@ -5,6 +5,7 @@ carry unequal tokens into several micro-batches (llama.cpp's ``split_equal`` wit
 consecutive ids), each reading all the weights again; ``--kv-unified`` does not.
 
     .venv/bin/python benchmarks/step_shapes.py [--threads 2] [--kv-unified] [--repeat 7]
+        [--context 600]
 
 Each line: the tokens per sequence, the positions with logits, the micro-batches
 ``llmtrio.engine._spec.micro_batches`` predicts, and the median ms.
@@ -60,7 +61,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-unified", action="store_true")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        help="tokens each sequence holds before the measured steps (default: a 10-token "
+        "prompt; a server's sequences hold their prompts, whose attention each step pays)",
+    )
     args = parser.parse_args(argv)
+    if args.context > 1024 - 65:
+        parser.error("--context: at most 959 (1024 cells a slot, 65 for the longest shape)")
     path = args.model or demo_model_path()
     n_batch = 600  # 8 x 17 = 136 tokens, 1 x 65: one micro-batch each
     model = LlamaModel(
@@ -74,14 +84,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     batch = Batch(n_batch)
     times: dict[str, list[float]] = {name: [] for name in SHAPES}
     try:
-        prompt = np.asarray(
-            model.tokenize("Question: what is the sea?\nAnswer:", add_special=True), np.int32
-        )
+        text = "Question: what is the sea?\nAnswer:"
+        prompt = np.asarray(model.tokenize(text, add_special=True), np.int32)
+        if args.context > len(prompt):
+            sentence = " The sea is salt water over most of the earth."
+            more = model.tokenize(sentence, add_special=False)
+            tail = np.resize(np.asarray(more, np.int32), args.context - len(prompt))
+            prompt = np.concatenate([prompt, tail])
         for seq in range(8):
-            batch.clear()
-            batch.add(prompt, 0, seq, output_last=True)
-            if model.decode(batch) != 0:
-                raise SystemExit("prompt decode failed")
+            for at in range(0, len(prompt), n_batch):
+                batch.clear()
+                batch.add(prompt[at : at + n_batch], at, seq, output_last=True)
+                if model.decode(batch) != 0:
+                    raise SystemExit("prompt decode failed")
         for _ in range(args.repeat):
             for name, shape in SHAPES.items():
                 batch.clear()
@@ -97,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         model.close()
     layout = "one pool" if args.kv_unified else "per slot"
-    print(f"{path.name}, {layout}, {args.threads} threads, median of {args.repeat}")
+    print(
+        f"{path.name}, {layout}, {args.threads} threads, {len(prompt)} tokens held a "
+        f"sequence, median of {args.repeat}"
+    )
     for name, shape in SHAPES.items():
         split = micro_batches(list(enumerate(shape)), split=not args.kv_unified, n_ubatch=n_batch)
         print(
