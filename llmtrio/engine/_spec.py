@@ -591,13 +591,17 @@ def plan_drafts(
     extra = costs.predict(0, prefill)
     zero = [0] * len(candidates)
 
-    def predict(counts: Sequence[int]) -> float:
-        positions = outputs + sum(counts)
-        sizes = batches(counts) if batches is not None else [positions + prefill]
-        singles = sum(1 for size in sizes if size == 1)
-        return costs.predict(positions, batches=len(sizes), singles=singles)
+    def sizes_of(counts: Sequence[int]) -> Sequence[int]:
+        if batches is None:
+            return [outputs + sum(counts) + prefill]
+        return batches(counts)
 
-    base_ms = predict(zero) + sampling_ms
+    def predict(counts: Sequence[int], sizes: Sequence[int]) -> float:
+        singles = sum(1 for size in sizes if size == 1)
+        return costs.predict(outputs + sum(counts), batches=len(sizes), singles=singles)
+
+    zero_sizes = sizes_of(zero)
+    base_ms = predict(zero, zero_sizes) + sampling_ms
     best, best_rate = zero, outputs / base_ms if base_ms > 0 else math.inf
     # With several sequences decoding, a plan with drafts must beat the step without by
     # ``margin``: what such a step costs beyond the fit (measured here: eight sequences with
@@ -608,13 +612,12 @@ def plan_drafts(
     if outputs > 1:
         best_rate *= 1.0 + margin
 
-    split = len(batches(zero)) if batches is not None else 1
-
     def consider(counts: list[int], tokens: float) -> None:
         nonlocal best, best_rate
-        if batches is not None and len(batches(counts)) > split:
+        sizes = sizes_of(counts)
+        if len(sizes) > len(zero_sizes):
             return
-        ms = predict(counts) + sampling_ms
+        ms = predict(counts, sizes) + sampling_ms
         ms += sum(c.sample_ms * n for c, n in zip(candidates, counts, strict=True))
         if target_ms > 0 and ms + extra > target_ms:
             return
