@@ -17,12 +17,14 @@ Needs root and ``ip netns`` (CI runs as root); skipped with the reason otherwise
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import os
 import re
 import signal
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -359,6 +361,8 @@ def test_workers_follow_one_name_through_a_rolling_restart_under_load(net: Net) 
     # again elsewhere what one refuses as it goes away (a 503 shutting_down or a refused
     # connection: never processed).
     up = [i0, i1]
+    lock = threading.Lock()  # `up` and `sending` change together
+    sending: collections.Counter[str] = collections.Counter()  # the load's, by host
     resent = 0
     results: list[Result] = []
     stop = concurrent.futures.Future[None]()
@@ -368,11 +372,16 @@ def test_workers_follow_one_name_through_a_rolling_restart_under_load(net: Net) 
         turn = seed
         while not stop.done():
             turn += 1
-            target = up[turn % len(up)]
+            with lock:
+                target = up[turn % len(up)]
+                sending[target.host.role] += 1
             try:
                 result = chat(net, target.url, 8, stream=turn % 2 == 0)
             except httpx.ConnectError:
                 result = None
+            finally:
+                with lock:
+                    sending[target.host.role] -= 1
             if result is None or (result.status == 503 and "shutting_down" in str(result)):
                 assert target not in up, result  # only the ingress taken out refuses
                 resent += 1
@@ -394,20 +403,32 @@ def test_workers_follow_one_name_through_a_rolling_restart_under_load(net: Net) 
         # balancer), then SIGTERMed; it drains what it holds and exits 0. Requests still
         # parked on it need workers: the workers no longer dial it, but keep claiming from it
         # until it detaches.
-        up.remove(i0)
+        with lock:
+            up.remove(i0)
         names[NAME].remove(i0.host.address)
         for role in ("w0", "w1"):
             net.topology.hosts[role].write_hosts(names)
         gone = rf"ingress {NAME}:{CONTROL} at {re.escape(i0.host.address)} is gone from DNS"
         for proc in workers:
             proc.wait_for(gone)
+
+        def in_i0() -> int:
+            """Requests i0 holds, parked or being served."""
+            ring = net.health(i0)["ring"]
+            return int(ring["parked"]) + int(ring["serving"])
+
+        # The load's last requests to i0 end first, so that i0 then holds late requests only
+        # (counting the load's as late ones sent the SIGTERM before a late one had arrived).
+        deadline = time.monotonic() + 60
+        while (sending["i0"] or in_i0()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not sending["i0"] and not in_i0(), net.health(i0)
         late = [net.pool.submit(chat, net, i0.url, 8, stream=False) for _ in range(6)]
 
         def arrived() -> int:
             """Late requests in i0 (parked or served) or answered already: one still
             connecting at the SIGTERM would be refused (a 503), not drained."""
-            ring = net.health(i0)["ring"]
-            return int(ring["parked"]) + int(ring["serving"]) + sum(f.done() for f in late)
+            return in_i0() + sum(f.done() for f in late)
 
         deadline = time.monotonic() + 30
         while arrived() < len(late) and time.monotonic() < deadline:
