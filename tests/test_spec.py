@@ -4,11 +4,14 @@ measured step costs and the draft budget built on them. No model."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmtrio.engine._drafting import DraftBudget
+from llmtrio.engine._jobs import Job, Part
 from llmtrio.engine._spec import (
     POOL_MATCH,
     Acceptance,
@@ -21,6 +24,9 @@ from llmtrio.engine._spec import (
     micro_batches,
     plan_drafts,
 )
+from llmtrio.engine._types import EngineConfig
+
+from ._core_helpers import core_request
 
 
 def brute_force(tokens: list[int], limit: int, max_n: int) -> tuple[list[int], int]:
@@ -401,10 +407,39 @@ def test_a_new_sequence_starts_from_what_the_cores_sequences_earned() -> None:
     second = Acceptance(shared=shared)
     second.verified(4, drafted=4, accepted=4)
     assert second.on_run and second.rate(4) > 0.97 > prior
-    # Without drafts the shared rates drift back to the fixed prior, slowly.
+    # A sequence's step without drafts moves its own rates only; the core's drift back to
+    # the fixed prior, slowly, once a step (test below).
     before = shared.rate(4)
     second.idle()
+    assert shared.rate(4) == before
+    shared.idle()
     assert Acceptance().rate(4) < shared.rate(4) < before
+
+
+def test_a_step_without_drafts_moves_the_cores_acceptance_once_however_many_sequences() -> None:
+    model = SimpleNamespace(
+        is_recurrent=False, is_hybrid=False, n_swa=0, swa_full=False, kv_unified=False
+    )
+    budget = DraftBudget(model, EngineConfig(spec="ngram"), 64, plan_drafts)  # type: ignore[arg-type]
+
+    def step(sequences: int) -> float:
+        """The core's rate after one step of ``sequences`` sequences that drafted nothing
+        (none has a drafter), from one same high rate."""
+        budget.acceptance = Acceptance(memory=0.99, relax=0.01)
+        budget.acceptance.verified(4, drafted=16, accepted=15)
+        parts = [
+            Part(Job(core_request(i, [1, 2, 3], 32), seq=i, pos=3), None, 1, i)
+            for i in range(sequences)
+        ]
+        budget.draft(parts, [])
+        assert not any(part.draft for part in parts)
+        return budget.acceptance.rate(4)
+
+    one, eight = step(1), step(8)
+    assert one == eight  # one step's drift, not eight
+    unmoved = Acceptance(memory=0.99, relax=0.01)
+    unmoved.verified(4, drafted=16, accepted=15)
+    assert one < unmoved.rate(4)
 
 
 def test_several_streams_draft_only_for_a_clear_gain_and_one_stream_for_any() -> None:

@@ -100,9 +100,11 @@ class DraftBudget:
             if count > 0:
                 part.draft, part.match = draft[:count], match
                 total += count
-        for part in parts:
-            if not part.draft:
-                part.job.acceptance.idle()
+        idle = [part for part in parts if not part.draft]
+        for part in idle:
+            part.job.acceptance.idle()
+        if idle:  # the core's rates drift back once a step, however many sequences idled
+            self.acceptance.idle()
 
 
 def cut_anywhere(model: LlamaModel) -> bool:

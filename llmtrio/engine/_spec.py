@@ -249,7 +249,8 @@ class Acceptance:
     also count into (bucket by bucket) and which stands in for the prior: a sequence starts
     from, and drifts back to, the rates the core's earlier sequences earned, so a fresh
     request on copy-like text drafts long from its first run instead of relearning it
-    within a reply that may end first. The shared one drifts back to the fixed prior.
+    within a reply that may end first. The shared one drifts back to the fixed prior, once
+    a step in which a sequence drafted nothing.
     """
 
     memory: float = 0.9
@@ -308,11 +309,10 @@ class Acceptance:
         self._run = drafted > 0 and accepted >= drafted
 
     def idle(self) -> None:
-        """A step in which the sequence drafted nothing."""
+        """A step in which the sequence drafted nothing (the shared one drifts back once a
+        step: its owner, :class:`~llmtrio.engine._drafting.DraftBudget`, calls this on it)."""
         self._run = False
         self._relax(self._priors())
-        if self.shared is not None:
-            self.shared._relax(_PRIOR)
 
 
 def micro_batch_sizes(
