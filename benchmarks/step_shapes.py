@@ -4,7 +4,7 @@ with logits, medians of a few repetitions. Per-slot memory splits a batch whose 
 carry unequal tokens into several micro-batches (llama.cpp's ``split_equal`` with
 consecutive ids), each reading all the weights again; ``--kv-unified`` does not.
 
-    .venv/bin/python benchmarks/step_shapes.py [--threads 2] [--kv-unified] [--repeat 7]
+    .venv/bin/python benchmarks/step_shapes.py [--threads 2] [--kv-unified] [--repeat 7] [--scan N]
         [--context 600]
 
 Each line: the tokens per sequence, the positions with logits, the micro-batches
@@ -68,7 +68,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="tokens each sequence holds before the measured steps (default: a 10-token "
         "prompt; a server's sequences hold their prompts, whose attention each step pays)",
     )
+    parser.add_argument(
+        "--scan",
+        type=int,
+        metavar="N",
+        help="instead of the shapes above, one sequence at every length from 1 to N (what a "
+        "draft one token longer or shorter costs)",
+    )
     args = parser.parse_args(argv)
+    shapes = {f"1 x {n}": [n] for n in range(1, args.scan + 1)} if args.scan else SHAPES
+    if args.scan and not 1 <= args.scan <= 65:
+        parser.error("--scan: 1 to 65")
     if args.context > 1024 - 65:
         parser.error("--context: at most 959 (1024 cells a slot, 65 for the longest shape)")
     path = args.model or demo_model_path()
@@ -82,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         kv_unified=args.kv_unified,
     )
     batch = Batch(n_batch)
-    times: dict[str, list[float]] = {name: [] for name in SHAPES}
+    times: dict[str, list[float]] = {name: [] for name in shapes}
     try:
         text = "Question: what is the sea?\nAnswer:"
         prompt = np.asarray(model.tokenize(text, add_special=True), np.int32)
@@ -98,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 if model.decode(batch) != 0:
                     raise SystemExit("prompt decode failed")
         for _ in range(args.repeat):
-            for name, shape in SHAPES.items():
+            for name, shape in shapes.items():
                 batch.clear()
                 for seq, n in enumerate(shape):
                     tokens = np.full(n, 100 + seq, np.int32)
@@ -116,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{path.name}, {layout}, {args.threads} threads, {len(prompt)} tokens held a "
         f"sequence, median of {args.repeat}"
     )
-    for name, shape in SHAPES.items():
+    for name, shape in shapes.items():
         split = micro_batches(list(enumerate(shape)), split=not args.kv_unified, n_ubatch=n_batch)
         print(
             f"  {name:12} positions {sum(shape):3d}  micro-batches {split}  "
