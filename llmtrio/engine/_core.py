@@ -39,7 +39,15 @@ from ._pool import SharedPool
 from ._prompt_cache import PromptCache
 from ._sampling import RawLogprob
 from ._scheduler import Scheduler, Start
-from ._spec import Acceptance, NgramDrafter, NgramPool, PooledDrafter, plan_drafts, verify
+from ._spec import (
+    Acceptance,
+    NgramDrafter,
+    NgramPool,
+    PooledDrafter,
+    Shape,
+    plan_drafts,
+    verify,
+)
 from ._step import CoreRequest, EngineStats, StepOutput
 from ._types import EngineConfig, StopReason
 
@@ -224,8 +232,7 @@ class EngineCore:
                 (step_s - self._sample_s) * 1000,
                 outputs=sum(part.tokens for part in parts if part.start is None),
                 prefill=sum(part.tokens for part in parts if part.start is not None),
-                batches=len(sizes),
-                singles=sizes.count(1),
+                shape=Shape.of(sizes),
             )
         return outputs
 

@@ -38,12 +38,14 @@ from typing import Protocol
 import attrs
 
 __all__ = [
+    "BLOCK",
     "POOL_MATCH",
     "Acceptance",
     "Candidate",
     "NgramDrafter",
     "NgramPool",
     "PooledDrafter",
+    "Shape",
     "StepCosts",
     "micro_batch_sizes",
     "micro_batches",
@@ -361,41 +363,102 @@ def micro_batches(tokens: Sequence[tuple[int, int]], *, split: bool, n_ubatch: i
     return max(1, len(micro_batch_sizes(tokens, split=split, n_ubatch=n_ubatch)))
 
 
+#: llama.cpp's CPU kernels for repacked weights (Q4_0, Q4_K, IQ4_NL: most of a Q4 model)
+#: multiply the activations four tokens at a time; a micro-batch's tokens past the last four
+#: run as matrix-vector products, one more pass over those weights.
+BLOCK = 4
+
+
+@attrs.frozen
+class Shape:
+    """A step's micro-batches as :class:`StepCosts` prices them: how many, how many of one
+    token (``singles``), of two or three (``short``: too few for a matrix-product pass), and
+    of two or more whose tokens are not a whole number of :data:`BLOCK` (``partial``: a
+    matrix-vector pass over the remainder)."""
+
+    batches: int = 1
+    singles: int = 0
+    short: int = 0
+    partial: int = 0
+
+    @classmethod
+    def of(cls, sizes: Sequence[int]) -> Shape:
+        """The shape of micro-batches of ``sizes`` tokens (at least one micro-batch)."""
+        sizes = [size for size in sizes if size > 0] or [1]
+        return cls(
+            len(sizes),
+            sum(1 for size in sizes if size == 1),
+            sum(1 for size in sizes if 1 < size < BLOCK),
+            sum(1 for size in sizes if size > 1 and size % BLOCK),
+        )
+
+
+@attrs.frozen
+class _Fit:
+    base: float  # each micro-batch of two or more tokens
+    gemm: float  # each of those with a matrix-product pass (BLOCK tokens or more)
+    gemv: float  # each of those with a remainder (``Shape.partial``)
+    position: float  # each position with logits in them
+    single: float | None  # a micro-batch of one token (None: no step of those only yet)
+
+
+def _solve(rows: list[tuple[list[float], float, float]]) -> list[float] | None:
+    """The weighted least-squares coefficients of ``(features, value, weight)`` rows, or
+    None where the rows cannot tell every feature apart."""
+    n = len(rows[0][0])
+    a = [[sum(w * x[i] * x[j] for x, _, w in rows) for j in range(n)] for i in range(n)]
+    b = [sum(w * x[i] * y for x, y, w in rows) for i in range(n)]
+    scale = [math.sqrt(a[i][i]) or 1.0 for i in range(n)]
+    m = [[a[i][j] / (scale[i] * scale[j]) for j in range(n)] + [b[i] / scale[i]] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-6:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [v - f * p for v, p in zip(m[r], m[col], strict=True)]
+    return [m[i][n] / m[i][i] / scale[i] for i in range(n)]
+
+
 @attrs.define
 class StepCosts:
-    """A decode step's cost in ms, fitted to measured steps:
-    ``fixed * (micro_batches - singles) + position * (outputs - singles) + single * singles
-    + prefill_ms * prefill``.
+    """A decode step's cost in ms, fitted to measured steps: per micro-batch of two or more
+    tokens ``base``, plus ``gemm`` where it holds :data:`BLOCK` tokens or more, plus ``gemv``
+    where its tokens are not a whole number of blocks; ``position`` per position with logits
+    in those; ``single`` per micro-batch of one token; ``prefill_ms`` per prompt token
+    ingested with them.
 
-    ``outputs`` are the positions with logits (one per decoding sequence, plus its drafts),
-    ``micro_batches`` how many llama.cpp splits the batch into (:func:`micro_batch_sizes`),
-    ``singles`` how many of those hold one token, and ``prefill`` the prompt tokens ingested
-    with them. On a CPU every micro-batch reads all the weights (``fixed``: what makes one
-    sequence memory-bound) and every position multiplies them (``position``: gemma-3's
-    262k-token output layer makes it dear, and the samplers' time per position is in it
-    too). A micro-batch of one token is priced apart (``single``): llama.cpp runs it with its
-    matrix-vector kernels, several tokens with matrix products, and the two do not lie on one
-    line. Measured here (gemma-3-270m, 2 threads, per slot, ``benchmarks/step_shapes.py``):
-    one token 13 ms, two 29, four 38, 17 83, 33 124, 65 210: a micro-batch of two or more
-    about 27 ms plus 2.8 a position, so one stream's 16-token draft costs 6x its plain step,
-    not the 17x a line through one and two tokens would say. When ``position * outputs``
-    dwarfs ``fixed`` the step is compute-bound, a draft position costs about what a token is
-    worth, and the budget drafts nothing; one sequence, or a machine with bandwidth to
-    spare, drafts.
+    On a CPU every micro-batch reads all the weights (what makes one sequence memory-bound)
+    and every position multiplies them (gemma-3's 262k-token output layer makes it dear, and
+    the samplers' time per position is in it too). How a micro-batch reads them depends on
+    its size: one token runs llama.cpp's matrix-vector kernels; more run its matrix products
+    over repacked weights four tokens at a time, and the tokens past the last four as
+    matrix-vector products, a second pass. Measured here (gemma-3-270m, 2 threads, per slot,
+    ``benchmarks/step_shapes.py --scan 24``): one token 17 ms; 2, 3, 4 tokens 34, 40, 45; 7,
+    8, 9 78, 59, 82; 15, 16, 17 107, 86, 113. The fit: base 7, gemm 23, gemv 22, 3.6 a
+    position (3.5 ms rms over 2-24 tokens), so one stream's draft of 15 tokens costs 5x its
+    plain step and one of 16 costs 6.8x: the plans take lengths that fill the blocks. A step
+    of eight sequences' equal drafts holds 8 x (1 + draft) tokens, whole blocks. When
+    ``position * outputs`` dwarfs the rest the step is compute-bound, a draft position costs
+    about what a token is worth, and the budget drafts nothing; one sequence, or a machine
+    with bandwidth to spare, drafts.
 
-    Measured per shape (``micro_batches``, ``outputs``, ``singles``): each shape keeps the
-    median of its last ``samples`` steps, so a step stalled by another process (seconds, on
-    a shared machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten
-    (the load changes). ``single`` is the mean over the shapes made of single-token
-    micro-batches only; the other two coefficients are the least-squares fit over the other
-    shapes (``single`` taken off what their single-token micro-batches cost, or while it is
-    not known, those counted as ``fixed + position``), over the medians of the shapes seen
-    ``settled`` times or more, weighted by their samples. While those cannot tell ``fixed``
-    and ``position`` apart (one shape, or shapes all with the same positions per
-    micro-batch), or tell them apart as something no machine does (a negative cost: noise),
-    the fit assumes a micro-batch's fixed cost is ``prior_ratio`` positions' (measured here:
-    about 9; on a step of one token only, that splits ``single`` alike, which prices a first
-    draft cheap: it is tried, and measured).
+    Measured per shape (:class:`Shape` and ``outputs``): each shape keeps the median of its
+    last ``samples`` steps, so a step stalled by another process (seconds, on a shared
+    machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten (the load
+    changes). ``single`` is the mean over the shapes made of single-token micro-batches
+    only; the rest is the least-squares fit over the other shapes (``single`` taken off what
+    their single-token micro-batches cost), over the medians of the shapes seen ``settled``
+    times or more, weighted by their samples. Where the shapes seen cannot tell a term apart
+    (no micro-batch of two or three tokens: ``gemm`` joins ``base``; none with a remainder:
+    ``gemv`` is taken as nothing, so such a plan is tried, and measured), the fit drops it;
+    where they cannot tell ``base`` from ``position`` either (one shape, or shapes all with
+    the same positions per micro-batch), or tell them apart as something no machine does (a
+    negative cost: noise), it assumes a micro-batch's fixed cost is ``prior_ratio``
+    positions' (measured here: about 9; on a step of one token only, that splits ``single``
+    alike, which prices a first draft cheap: it is tried, and measured).
     """
 
     horizon: int = 200
@@ -403,21 +466,31 @@ class StepCosts:
     settled: int = 3
     prior_ratio: float = 9.0
     weight: float = 0.25
-    _shapes: dict[tuple[int, int, int], tuple[list[float], int]] = attrs.field(factory=dict)
+    _shapes: dict[tuple[Shape, int], tuple[list[float], int]] = attrs.field(factory=dict)
     _prefill_ms: float | None = None
     _clock: int = 0
-    _fit: tuple[float, float, float | None] | None = None
+    _fit: _Fit | None = None
 
     def measured(
-        self, ms: float, *, outputs: int, prefill: int = 0, batches: int = 1, singles: int = 0
+        self,
+        ms: float,
+        *,
+        outputs: int,
+        prefill: int = 0,
+        batches: int = 1,
+        singles: int = 0,
+        shape: Shape | None = None,
     ) -> None:
+        """A step of ``ms`` with ``outputs`` positions with logits and ``prefill`` prompt
+        tokens, in micro-batches of ``shape`` (or ``batches``, ``singles`` of one token)."""
         if outputs <= 0 and prefill <= 0:
             return
+        shape = self._shape(outputs, batches, singles, shape)
         self._clock += 1
         if prefill:
             fit = self._coefficients()
             if outputs and fit is not None:
-                per = max(0.0, ms - self.predict(outputs, batches=batches)) / prefill
+                per = max(0.0, ms - self.predict(outputs, shape=shape)) / prefill
             elif not outputs:
                 per = ms / prefill
             else:
@@ -425,9 +498,7 @@ class StepCosts:
             old = self._prefill_ms
             self._prefill_ms = per if old is None else old + (per - old) * self.weight
             return
-        batches = max(1, batches)
-        singles = min(max(0, singles), batches, outputs)
-        key = (batches, outputs, singles)
+        key = (shape, outputs)
         entry = self._shapes.get(key)
         recent = entry[0] if entry is not None else []
         recent.append(ms)
@@ -435,9 +506,15 @@ class StepCosts:
         self._shapes[key] = (recent, self._clock)
         self._fit = None
 
-    def _coefficients(self) -> tuple[float, float, float | None] | None:
-        """``(fixed, position, single)`` ms, fitted to the shapes measured within the
-        horizon (``single`` ``None`` while no step of single-token micro-batches only was)."""
+    @staticmethod
+    def _shape(outputs: int, batches: int, singles: int, shape: Shape | None) -> Shape:
+        if shape is None:
+            batches = max(1, batches)
+            shape = Shape(batches, min(max(0, singles), batches, outputs))
+        return shape
+
+    def _coefficients(self) -> _Fit | None:
+        """The fit to the shapes measured within the horizon (None while there are none)."""
         oldest = self._clock - self.horizon
         stale = [key for key, (_, at) in self._shapes.items() if at < oldest]
         for key in stale:
@@ -446,50 +523,60 @@ class StepCosts:
         if self._fit is not None or not self._shapes:
             return self._fit
         rows = []
-        for (u, p, n), (recent, _) in self._shapes.items():
+        for (shape, outputs), (recent, _) in self._shapes.items():
             ordered = sorted(recent)
-            m = ordered[len(ordered) // 2]
-            rows.append((float(u), float(p), float(n), m, float(len(recent))))
+            rows.append((shape, float(outputs), ordered[len(ordered) // 2], float(len(recent))))
         # A shape seen once or twice may be a stalled step: it takes part once it has a
         # median of three (unless nothing has yet).
-        settled = [row for row in rows if row[4] >= self.settled]
+        settled = [row for row in rows if row[3] >= self.settled]
         rows = settled or rows
-        only = [row for row in rows if row[2] == row[0]]  # single-token micro-batches only
+        only = [(s, m, w) for s, _, m, w in rows if s.singles == s.batches]
         single = (
-            sum(w * m for _, _, _, m, w in only) / sum(w * n for _, _, n, _, w in only)
+            sum(w * m for _, m, w in only) / sum(w * s.singles for s, _, w in only)
             if only
             else None
         )
-        # The other shapes on (micro-batches, positions) of more than one token each.
-        if single is None:
-            lines = [(u, p, m, w) for u, p, _, m, w in rows]
-        else:
-            lines = [(u - n, p - n, m - single * n, w) for u, p, n, m, w in rows if u > n]
-        fixed_position = self._line(lines) if lines else None
-        if fixed_position is None:
-            # Only steps of one token measured: the one line through them, split by the prior.
-            fixed_position = self._split([(u, p, m, w) for u, p, _, m, w in rows])
-        self._fit = (*fixed_position, single)
-        return self._fit
+        # The other shapes' micro-batches of more than one token (every micro-batch, while
+        # ``single`` is not known: one token is then short and partial like two).
+        lines = []
+        for s, p, m, w in rows:
+            if single is None:
+                u, short, partial = s.batches, s.short + s.singles, s.partial + s.singles
+                positions, rest = p, m
+            elif s.batches > s.singles:
+                u, short, partial = s.batches - s.singles, s.short, s.partial
+                positions, rest = p - s.singles, m - single * s.singles
+            else:
+                continue
+            lines.append(([float(u), float(u - short), float(partial), positions], rest, w))
+        fit = self._terms(lines, single) if lines else None
+        if fit is None:
+            # One line through them, split by the prior (with only steps of one token
+            # measured, through those).
+            split = [(x[0], x[3], y, w) for x, y, w in lines] or [
+                (float(s.batches), p, m, w) for s, p, m, w in rows
+            ]
+            base, position = self._split(split)
+            fit = _Fit(base, 0.0, 0.0, position, single)
+        self._fit = fit
+        return fit
 
-    def _line(self, rows: list[tuple[float, float, float, float]]) -> tuple[float, float]:
-        """The least-squares ``(fixed, position)`` over ``(micro-batches, positions, ms,
-        weight)`` rows, or the prior's split where they cannot tell the two apart."""
-        suu = sum(w * u * u for u, _, _, w in rows)
-        spp = sum(w * p * p for _, p, _, w in rows)
-        sup = sum(w * u * p for u, p, _, w in rows)
-        sum_ = sum(w * u * m for u, _, m, w in rows)
-        spm = sum(w * p * m for _, p, m, w in rows)
-        det = suu * spp - sup * sup
-        if det > 1e-6 * suu * spp:
-            fixed = (sum_ * spp - spm * sup) / det
-            position = (spm * suu - sum_ * sup) / det
-            if fixed >= 0 and position > 0:
-                return fixed, position
-        return self._split(rows)
+    def _terms(
+        self, lines: list[tuple[list[float], float, float]], single: float | None
+    ) -> _Fit | None:
+        """The fullest fit the rows tell apart with no negative term and a positive cost a
+        position: every term; ``gemm`` joined to ``base``; and ``gemv`` left out too."""
+        for keep in ((0, 1, 2, 3), (0, 2, 3), (0, 3)):
+            solved = _solve([([x[i] for i in keep], y, w) for x, y, w in lines])
+            if solved is None or min(solved) < 0 or solved[-1] <= 0:
+                continue
+            terms = dict(zip(keep, solved, strict=True))
+            return _Fit(terms[0], terms.get(1, 0.0), terms.get(2, 0.0), terms[3], single)
+        return None
 
     def _split(self, rows: list[tuple[float, float, float, float]]) -> tuple[float, float]:
-        """One line through the rows, its cost split by the prior."""
+        """One line through ``(micro-batches, positions, ms, weight)`` rows, its cost split
+        by the prior."""
         r = self.prior_ratio
         num = sum(w * (r * u + p) * m for u, p, m, w in rows)
         den = sum(w * (r * u + p) ** 2 for u, p, _, w in rows)
@@ -502,9 +589,28 @@ class StepCosts:
 
     @property
     def coefficients(self) -> tuple[float, float]:
-        """The fitted ``(fixed, position)`` ms (zeros while nothing was measured)."""
+        """The fitted ``(fixed, position)`` ms, ``fixed`` a micro-batch of whole blocks
+        (zeros while nothing was measured)."""
         fit = self._coefficients()
-        return (fit[0], fit[1]) if fit is not None else (0.0, 0.0)
+        return (fit.base + fit.gemm, fit.position) if fit is not None else (0.0, 0.0)
+
+    @property
+    def position(self) -> float:
+        """The fitted ms a position with logits adds."""
+        return self.coefficients[1]
+
+    @property
+    def least_batch(self) -> float:
+        """The least a micro-batch of two or more tokens costs beyond its positions: two or
+        three tokens (``base + gemv``) or whole blocks (``base + gemm``)."""
+        fit = self._coefficients()
+        return fit.base + min(fit.gemm, fit.gemv) if fit is not None else 0.0
+
+    @property
+    def remainder(self) -> float:
+        """The fitted ms a micro-batch's remainder past whole blocks adds (``gemv``)."""
+        fit = self._coefficients()
+        return fit.gemv if fit is not None else 0.0
 
     @property
     def single(self) -> float:
@@ -513,22 +619,31 @@ class StepCosts:
         fit = self._coefficients()
         if fit is None:
             return 0.0
-        return fit[2] if fit[2] is not None else fit[0] + fit[1]
+        if fit.single is not None:
+            return fit.single
+        return fit.base + fit.gemv + fit.position
 
-    def predict(self, outputs: int, prefill: int = 0, batches: int = 1, singles: int = 0) -> float:
-        """The expected ms of a step with ``outputs`` positions with logits in ``batches``
-        micro-batches, ``singles`` of them of one token, and ``prefill`` prompt tokens (0
-        when nothing was measured)."""
+    def predict(
+        self,
+        outputs: int,
+        prefill: int = 0,
+        batches: int = 1,
+        singles: int = 0,
+        *,
+        shape: Shape | None = None,
+    ) -> float:
+        """The expected ms of a step with ``outputs`` positions with logits in micro-batches
+        of ``shape`` (or ``batches``, ``singles`` of them of one token), and ``prefill``
+        prompt tokens (0 when nothing was measured)."""
         fit = self._coefficients()
         if fit is None:
             return 0.0
         decode = 0.0
         if outputs > 0:
-            batches = max(1, batches)
-            singles = min(max(0, singles), batches, outputs)
-            fixed, position, _ = fit
-            decode = fixed * (batches - singles) + position * (outputs - singles)
-            decode += self.single * singles
+            s = self._shape(outputs, batches, singles, shape)
+            multi = s.batches - s.singles
+            decode = fit.base * multi + fit.gemm * (multi - s.short) + fit.gemv * s.partial
+            decode += fit.position * (outputs - s.singles) + self.single * s.singles
         return decode + prefill * (self._prefill_ms or 0.0)
 
 
@@ -597,8 +712,7 @@ def plan_drafts(
         return batches(counts)
 
     def predict(counts: Sequence[int], sizes: Sequence[int]) -> float:
-        singles = sum(1 for size in sizes if size == 1)
-        return costs.predict(outputs + sum(counts), batches=len(sizes), singles=singles)
+        return costs.predict(outputs + sum(counts), shape=Shape.of(sizes))
 
     zero_sizes = sizes_of(zero)
     base_ms = predict(zero, zero_sizes) + sampling_ms
@@ -626,7 +740,8 @@ def plan_drafts(
             best, best_rate = counts, rate
 
     # Best first: expected tokens per ms the position adds (its sampler's time included).
-    fixed, position = costs.coefficients
+    position = costs.position
+    least = costs.least_batch
 
     def worth(item: tuple[float, int]) -> float:
         cost = position + candidates[item[1]].sample_ms
@@ -637,9 +752,12 @@ def plan_drafts(
     # ms than the step gives (a plan's added tokens over its added ms is at most its best
     # token's ratio while drafts add micro-batches, never remove them, and a micro-batch
     # costs at least a position whether it holds one token or more: true but where a
-    # prompt chunk happens to match a drafting sequence's length): the compute-bound case,
-    # decided without pricing every plan (0.3 ms instead of 7 at eight sequences).
-    if worth(gains[0]) <= best_rate and position <= costs.single <= fixed + position:
+    # prompt chunk happens to match a drafting sequence's length; and while no micro-batch
+    # of the step has a remainder that drafts could fill to a whole block, dropping a pass):
+    # the compute-bound case, decided without pricing every plan (0.3 ms instead of 7 at
+    # eight sequences).
+    whole = Shape.of(zero_sizes).partial == 0 or costs.remainder == 0
+    if whole and worth(gains[0]) <= best_rate and position <= costs.single <= least + position:
         return best
     counts = list(zero)
     tokens = float(outputs)
