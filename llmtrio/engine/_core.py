@@ -443,6 +443,19 @@ class EngineCore:
             stats.spec_accepted_tokens += accepted
         return job, tokens, (logprobs if want_logprobs else None)
 
+    @staticmethod
+    def _judge_shadow(job: Job, tokens: list[int]) -> None:
+        """Check the sequence's unverified draft against the tokens it emitted, up to its
+        first wrong one (which ends it, as verification would have)."""
+        for token in tokens:
+            expected = job.shadow.pop(0)
+            right = token == expected
+            job.acceptance.shadowed(job.shadow_match, right, last=not job.shadow)
+            if not right:
+                job.shadow = []
+            if not job.shadow:
+                return
+
     def _ends(self, job: Job) -> Callable[[int], bool]:
         eog = self._model.eog
         ignore_eos = job.request.request.ignore_eos
@@ -474,6 +487,8 @@ class EngineCore:
                 break
         if stop is None and job.pos >= self._request_ctx:
             stop = StopReason.CONTEXT_END
+        if job.shadow:
+            self._judge_shadow(job, tokens)
         if job.drafter is not None:
             job.drafter.extend(tokens)
         elif self._drafts.draft_max and stop is None:

@@ -97,14 +97,24 @@ class DraftBudget:
         total = 0
         for (part, draft, match), count in zip(offers, counts, strict=True):
             count = min(count, room - total)
+            job = part.job
             if count > 0:
                 part.draft, part.match = draft[:count], match
                 total += count
+                job.shadow = []
+            elif not job.shadow:
+                job.shadow, job.shadow_match = draft[:SHADOW], match
         idle = [part for part in parts if not part.draft]
         for part in idle:
             part.job.acceptance.idle()
         if idle:  # the core's rates drift back once a step, however many sequences idled
             self.acceptance.idle()
+
+
+#: The most tokens of a draft left unverified that are checked against what the sequence
+#: emits next: its acceptance keeps learning while it does not draft, and four right in a
+#: row put it on a run (a copy on track: see ``Acceptance``).
+SHADOW = 4
 
 
 def cut_anywhere(model: LlamaModel) -> bool:

@@ -310,6 +310,17 @@ class Acceptance:
             self.shared._count(b, drafted, accepted)
         self._run = drafted > 0 and accepted >= drafted
 
+    def shadowed(self, n: int, right: bool, *, last: bool) -> None:
+        """One token of a draft that was not verified (found with an ``n``-gram) was
+        ``right`` or not, judged against what the sequence emitted; ``last``: the draft's
+        last token, all of them right: the sequence is on a run."""
+        b = self._bucket(n)
+        self._count(b, 1, 1 if right else 0)
+        if self.shared is not None:
+            self.shared._count(b, 1, 1 if right else 0)
+        if right and last:
+            self._run = True
+
     def idle(self) -> None:
         """A step in which the sequence drafted nothing (the shared one drifts back once a
         step: its owner, :class:`~llmtrio.engine._drafting.DraftBudget`, calls this on it)."""
