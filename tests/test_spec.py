@@ -483,17 +483,17 @@ def test_a_step_without_drafts_moves_the_cores_acceptance_once_however_many_sequ
     assert one < unmoved.rate(4)
 
 
-def test_a_draft_not_verified_is_judged_by_what_the_sequence_emits_next() -> None:
-    """A sequence the budget gives no drafts keeps its drafter's proposal and checks it
-    against the tokens it emits: its acceptance learns while it does not draft (a copy back
-    on track after a change is found at once), and four right in a row are a run."""
+def test_a_draft_not_verified_puts_the_sequence_on_a_run_once_it_proves_right() -> None:
+    """A sequence the budget gives no drafts keeps its drafter's proposal's first four
+    tokens and checks them against what it emits: all four right (a copy back on track
+    after a change) put it on a run, so it drafts long again at once; its rates do not
+    count them."""
     model = SimpleNamespace(
         is_recurrent=False, is_hybrid=False, n_swa=0, swa_full=False, kv_unified=False
     )
     never = lambda candidates, *_, **__: [0] * len(candidates)  # noqa: E731
     budget = DraftBudget(model, EngineConfig(spec="ngram"), 64, never)  # type: ignore[arg-type]
     job = Job(core_request(0, [1, 2, 3], 32), seq=0, pos=3)
-    job.drafter = NgramDrafter([5, 6, 7, 8, 9, 4, 5, 6, 7, 8, 9, 4])  # proposes 5, 6, 7, 8, 9
     job.acceptance = Acceptance()
     budget.costs.measured(20.0, outputs=1)
 
@@ -505,21 +505,26 @@ def test_a_draft_not_verified_is_judged_by_what_the_sequence_emits_next() -> Non
         assert job.drafter is not None
         job.drafter.extend([emitted])
 
-    prior = job.acceptance.rate(4)
+    job.drafter = NgramDrafter([5, 6, 7, 8, 9, 4, 5, 6, 7, 8, 9, 4])  # proposes 5, 6, 7, 8...
+    rates = [job.acceptance.rate(n) for n in range(1, 5)]
     step(5)
-    assert job.shadow == [6, 7, 8] and job.acceptance.rate(4) > prior
+    assert job.shadow == [6, 7, 8] and not job.acceptance.on_run
     step(6)
     step(7)
     assert not job.acceptance.on_run
     step(8)
     assert job.shadow == [] and job.acceptance.on_run
-    # A wrong token ends the shadow draft and counts against the rate.
+    # A wrong token ends the shadow draft: no run.
     job.drafter = NgramDrafter([5, 6, 7, 8, 9, 4, 5, 6, 7, 8, 9, 4])
-    job.acceptance, job.shadow = Acceptance(), []
+    job.acceptance = Acceptance()
     step(5)
-    before = job.acceptance.rate(4)
     step(0)
-    assert job.shadow == [] and job.acceptance.rate(4) < before and not job.acceptance.on_run
+    assert job.shadow == [] and not job.acceptance.on_run
+    assert [job.acceptance.rate(n) for n in range(1, 5)] == rates  # shadows are not counted
+    # A proposal shorter than four tokens is not kept.
+    job.drafter = NgramDrafter([7, 8, 9, 7])  # proposes 8, 9, 7
+    budget.draft([Part(job, None, 1, 0)], [])
+    assert job.shadow == []
 
 
 def test_several_streams_draft_only_for_a_clear_gain_and_one_stream_for_any() -> None:

@@ -445,14 +445,13 @@ class EngineCore:
 
     @staticmethod
     def _judge_shadow(job: Job, tokens: list[int]) -> None:
-        """Check the sequence's unverified draft against the tokens it emitted, up to its
-        first wrong one (which ends it, as verification would have)."""
+        """Check the sequence's unverified draft against the tokens it emitted: the first
+        wrong one ends it; all of it right puts the sequence on a run."""
         for token in tokens:
-            expected = job.shadow.pop(0)
-            right = token == expected
-            job.acceptance.shadowed(job.shadow_match, right, last=not job.shadow)
-            if not right:
+            if token != job.shadow.pop(0):
                 job.shadow = []
+            elif not job.shadow:
+                job.acceptance.back_on_track()
             if not job.shadow:
                 return
 

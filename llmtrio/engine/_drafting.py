@@ -102,8 +102,8 @@ class DraftBudget:
                 part.draft, part.match = draft[:count], match
                 total += count
                 job.shadow = []
-            elif not job.shadow:
-                job.shadow, job.shadow_match = draft[:SHADOW], match
+            elif not job.shadow and len(draft) >= SHADOW:
+                job.shadow = draft[:SHADOW]
         idle = [part for part in parts if not part.draft]
         for part in idle:
             part.job.acceptance.idle()
@@ -111,9 +111,10 @@ class DraftBudget:
             self.acceptance.idle()
 
 
-#: The most tokens of a draft left unverified that are checked against what the sequence
-#: emits next: its acceptance keeps learning while it does not draft, and four right in a
-#: row put it on a run (a copy on track: see ``Acceptance``).
+#: A draft the budget did not verify is kept while it is this long (its first tokens), and
+#: checked against what the sequence emits next: all of it right puts the sequence on a run
+#: (a copy back on track after a change; without it, a sequence whose drafts had failed
+#: waited for its rates to drift back before it drafted again).
 SHADOW = 4
 
 

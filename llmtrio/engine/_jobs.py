@@ -55,10 +55,9 @@ class Job:
     acceptance: Acceptance = attrs.field(factory=Acceptance)
     drafted: int = 0
     accepted: int = 0
-    #: A draft the budget did not verify, checked against the tokens the sequence emits
-    #: next (what it would have had accepted), and the n-gram length it was found with.
+    #: The first tokens of a draft the budget did not verify, checked against the tokens
+    #: the sequence emits next (``DraftBudget``'s shadow drafts).
     shadow: list[int] = attrs.field(factory=list)
-    shadow_match: int = 0
     #: What its sampler takes a position, in ms (a moving average, measured verifying).
     sample_ms: float = 0.0
     #: Out of the batch to make room in the pool, until admitted again; its memory in

@@ -310,16 +310,14 @@ class Acceptance:
             self.shared._count(b, drafted, accepted)
         self._run = drafted > 0 and accepted >= drafted
 
-    def shadowed(self, n: int, right: bool, *, last: bool) -> None:
-        """One token of a draft that was not verified (found with an ``n``-gram) was
-        ``right`` or not, judged against what the sequence emitted; ``last``: the draft's
-        last token, all of them right: the sequence is on a run."""
-        b = self._bucket(n)
-        self._count(b, 1, 1 if right else 0)
-        if self.shared is not None:
-            self.shared._count(b, 1, 1 if right else 0)
-        if right and last:
-            self._run = True
+    def back_on_track(self) -> None:
+        """A draft the budget did not verify was right to its end, judged against what the
+        sequence emitted (``DraftBudget``'s shadow drafts): a copy is on track again, the
+        sequence is on a run. Its rates do not count it: tokens a draft's first few get
+        right say little of the ones after them (a JSON key's quote and newline are right
+        where the key after them is not), and rates raised by them drafted where drafts
+        failed (extraction, measured: 0.95x against 1.2x the step without drafts)."""
+        self._run = True
 
     def idle(self) -> None:
         """A step in which the sequence drafted nothing (the shared one drifts back once a
