@@ -28,7 +28,9 @@ growth of ``vllm:spec_decode_num_drafts_total`` or llama-server's
 acceptance length" is 1 + this). ``--servers llmtrio-spec-unified llmtrio-nospec-unified``
 add llmtrio on one shared pool (``--kv-unified``) with and without speculation;
 ``llmtrio-spec-pool`` (and ``llmtrio-spec-pool-48``, with ``--spec-draft-max 48``) with the
-pool of n-grams across requests (``--spec-pool 65536``), ``llmtrio-spec-nopool`` without.
+pool of n-grams across requests (``--spec-pool 65536``), ``llmtrio-spec-nopool`` without;
+``llmtrio-spec-48`` drafts up to 48 tokens without the pool (llama-server's n-gram modes
+draft 40-60 on copied text).
 
 Part ``pool``, llmtrio per slot against ``--kv-unified`` on 8 slots x 2048 tokens: one
 request with a ~12k-token prompt (a 400 per slot; served from the pool), and the chat
@@ -106,6 +108,12 @@ SERVERS = (
         "llmtrio --spec-pool 65536 --spec-draft-max 48",
         Kind.LLMTRIO,
         ("--spec", "ngram", "--spec-pool", "65536", "--spec-draft-max", "48"),
+    ),
+    Server(
+        "llmtrio-spec-48",
+        "llmtrio --spec ngram --spec-draft-max 48",
+        Kind.LLMTRIO,
+        ("--spec", "ngram", "--spec-draft-max", "48"),
     ),
     Server(
         "llmtrio-spec-16",

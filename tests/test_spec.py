@@ -411,7 +411,9 @@ def test_a_micro_batch_that_fills_its_blocks_is_priced_below_one_token_shorter()
     c = scanned()
     assert c.remainder > 10.0
     for n, ms in GEMMA_SCAN.items():
-        assert c.predict(n, shape=Shape.of([n])) == pytest.approx(ms, rel=0.12), n
+        # Two or three tokens are priced as that many one-token steps (33 and 50 ms).
+        rel = 0.25 if n < 4 else 0.12
+        assert c.predict(n, shape=Shape.of([n])) == pytest.approx(ms, rel=rel), n
     # One stream on a run drafts 15 (16 positions: whole blocks), not the 16 it is offered.
     assert plan_drafts([Candidate(16, 0.99)], c, outputs=1) == [15]
     # Seen only in whole blocks, a remainder is not known to cost anything: a plan with one
@@ -421,9 +423,24 @@ def test_a_micro_batch_that_fills_its_blocks_is_priced_below_one_token_shorter()
     assert plan_drafts([Candidate(16, 0.99)], blocks, outputs=1) == [16]
 
 
+def test_one_streams_steps_leave_a_fit_that_prices_eight_streams_drafts() -> None:
+    # What a core had measured after one stream of free chat (here, 20:08): one token 11.7
+    # ms, 2-3 tokens 25-32, 4 and 8 36 and 41, 5 and 9 55 and 62. Two or three tokens are as
+    # many matrix-vector passes, not a dear micro-batch's positions: fitted as positions
+    # they priced one at 6.5 ms, and eight streams drafted nothing where drafts paid.
+    c = StepCosts()
+    for _ in range(3):
+        for n, ms in {1: 11.7, 2: 24.8, 3: 31.5, 4: 35.5, 5: 54.7, 8: 40.9, 9: 61.5}.items():
+            c.measured(ms, outputs=n, shape=Shape.of([n]))
+    assert c.position < 3.0
+    assert sum(plan_drafts([Candidate(2, 0.9)] * 8, c, outputs=8, batches=split_batches)) > 0
+
+
 def test_shapes_count_micro_batches_by_what_llama_cpp_runs_them_with() -> None:
-    assert Shape.of([1]) == Shape(batches=1, singles=1, short=0, partial=0)
-    assert Shape.of([2, 3, 4, 5, 8, 1]) == Shape(batches=6, singles=1, short=2, partial=3)
+    assert Shape.of([1]) == Shape(batches=1, singles=1)
+    shape = Shape.of([2, 3, 4, 5, 8, 1])
+    assert shape == Shape(batches=6, singles=1, short=2, short_tokens=5, partial=1)
+    assert shape.long == 3
     assert Shape.of([]) == Shape.of([1])
 
 

@@ -381,31 +381,39 @@ BLOCK = 4
 @attrs.frozen
 class Shape:
     """A step's micro-batches as :class:`StepCosts` prices them: how many, how many of one
-    token (``singles``), of two or three (``short``: too few for a matrix-product pass), and
-    of two or more whose tokens are not a whole number of :data:`BLOCK` (``partial``: a
+    token (``singles``), of two or three (``short``, holding ``short_tokens``: too few for a
+    matrix-product pass, each token a matrix-vector pass of its own), and of :data:`BLOCK`
+    tokens or more whose tokens are not a whole number of blocks (``partial``: a
     matrix-vector pass over the remainder)."""
 
     batches: int = 1
     singles: int = 0
     short: int = 0
+    short_tokens: int = 0
     partial: int = 0
 
     @classmethod
     def of(cls, sizes: Sequence[int]) -> Shape:
         """The shape of micro-batches of ``sizes`` tokens (at least one micro-batch)."""
         sizes = [size for size in sizes if size > 0] or [1]
+        short = [size for size in sizes if 1 < size < BLOCK]
         return cls(
             len(sizes),
             sum(1 for size in sizes if size == 1),
-            sum(1 for size in sizes if 1 < size < BLOCK),
-            sum(1 for size in sizes if size > 1 and size % BLOCK),
+            len(short),
+            sum(short),
+            sum(1 for size in sizes if size >= BLOCK and size % BLOCK),
         )
+
+    @property
+    def long(self) -> int:
+        """Micro-batches of :data:`BLOCK` tokens or more."""
+        return self.batches - self.singles - self.short
 
 
 @attrs.frozen
 class _Fit:
-    base: float  # each micro-batch of two or more tokens
-    gemm: float  # each of those with a matrix-product pass (BLOCK tokens or more)
+    base: float  # each micro-batch of BLOCK tokens or more
     gemv: float  # each of those with a remainder (``Shape.partial``)
     position: float  # each position with logits in them
     single: float | None  # a micro-batch of one token (None: no step of those only yet)
@@ -433,41 +441,42 @@ def _solve(rows: list[tuple[list[float], float, float]]) -> list[float] | None:
 
 @attrs.define
 class StepCosts:
-    """A decode step's cost in ms, fitted to measured steps: per micro-batch of two or more
-    tokens ``base``, plus ``gemm`` where it holds :data:`BLOCK` tokens or more, plus ``gemv``
-    where its tokens are not a whole number of blocks; ``position`` per position with logits
-    in those; ``single`` per micro-batch of one token; ``prefill_ms`` per prompt token
-    ingested with them.
+    """A decode step's cost in ms, fitted to measured steps: ``single`` per micro-batch of
+    one token, and per token of a micro-batch of two or three; per micro-batch of
+    :data:`BLOCK` tokens or more ``base``, plus ``gemv`` where its tokens are not a whole
+    number of blocks, plus ``position`` per position with logits in it; ``prefill_ms`` per
+    prompt token ingested with them.
 
     On a CPU every micro-batch reads all the weights (what makes one sequence memory-bound)
     and every position multiplies them (gemma-3's 262k-token output layer makes it dear, and
     the samplers' time per position is in it too). How a micro-batch reads them depends on
-    its size: one token runs llama.cpp's matrix-vector kernels; more run its matrix products
-    over repacked weights four tokens at a time, and the tokens past the last four as
-    matrix-vector products, a second pass. Measured here (gemma-3-270m, 2 threads, per slot,
-    ``benchmarks/step_shapes.py --scan 24``): one token 17 ms; 2, 3, 4 tokens 34, 40, 45; 7,
-    8, 9 78, 59, 82; 15, 16, 17 107, 86, 113. The fit: base 7, gemm 23, gemv 22, 3.6 a
-    position (3.5 ms rms over 2-24 tokens), so one stream's draft of 15 tokens costs 5x its
-    plain step and one of 16 costs 6.8x: the plans take lengths that fill the blocks. A step
-    of eight sequences' equal drafts holds 8 x (1 + draft) tokens, whole blocks. When
-    ``position * outputs`` dwarfs the rest the step is compute-bound, a draft position costs
-    about what a token is worth, and the budget drafts nothing; one sequence, or a machine
-    with bandwidth to spare, drafts.
+    its size: llama.cpp multiplies its repacked weights (most of a Q4 model) four tokens at a
+    time with matrix products, and runs the tokens past the last four, or all of them in a
+    micro-batch of fewer than four, as matrix-vector products, a pass each. Measured here
+    (gemma-3-270m, 2 threads, per slot, ``benchmarks/step_shapes.py --scan 24``): one token
+    17 ms; 2, 3, 4 tokens 34, 40, 45; 7, 8, 9 78, 59, 82; 15, 16, 17 107, 86, 113; from 4
+    tokens on, 30 ms + 22 with a remainder + 3.6 a position (3.8 ms rms), so one stream's
+    draft of 15 tokens costs 5x its plain step and one of 16 costs 6.8x: the plans take
+    lengths that fill the blocks. A step of eight sequences' equal drafts holds 8 x (1 +
+    draft) tokens, whole blocks. When ``position * outputs`` dwarfs the rest the step is
+    compute-bound, a draft position costs about what a token is worth, and the budget
+    drafts nothing; one sequence, or a machine with bandwidth to spare, drafts.
 
     Measured per shape (:class:`Shape` and ``outputs``): each shape keeps the median of its
     last ``samples`` steps, so a step stalled by another process (seconds, on a shared
     machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten (the load
     changes). ``single`` is the mean over the shapes made of single-token micro-batches
-    only; the rest is the least-squares fit over the other shapes (``single`` taken off what
-    their single-token micro-batches cost), over the medians of the shapes seen ``settled``
-    times or more, weighted by their samples. Where the shapes seen cannot tell a term apart
-    (no micro-batch of two or three tokens: ``gemm`` joins ``base``; none with a remainder:
-    ``gemv`` is taken as nothing, so such a plan is tried, and measured), the fit drops it;
-    where they cannot tell ``base`` from ``position`` either (one shape, or shapes all with
-    the same positions per micro-batch), or tell them apart as something no machine does (a
-    negative cost: noise), it assumes a micro-batch's fixed cost is ``prior_ratio``
-    positions' (measured here: about 9; on a step of one token only, that splits ``single``
-    alike, which prices a first draft cheap: it is tried, and measured).
+    only; the rest is the least-squares fit over the other shapes (what their single-token
+    and short micro-batches cost taken off), over the medians of the shapes seen ``settled``
+    times or more, weighted by their samples. Where the shapes seen cannot tell ``gemv``
+    apart (none with a remainder, or none without), the fit leaves it out, over the shapes
+    without a remainder where there are some (a remainder never seen is not priced: such a
+    plan is tried, and measured); where they cannot tell ``base`` from ``position`` either
+    (one shape, or shapes all with the same positions per micro-batch), or tell them apart
+    as something no machine does (a negative cost: noise), it assumes a micro-batch's fixed
+    cost is ``prior_ratio`` positions' (measured here: about 9; on a step of one token only,
+    that splits ``single`` alike, which prices a first draft cheap: it is tried, and
+    measured).
     """
 
     horizon: int = 200
@@ -545,42 +554,41 @@ class StepCosts:
             if only
             else None
         )
-        # The other shapes' micro-batches of more than one token (every micro-batch, while
-        # ``single`` is not known: one token is then short and partial like two).
-        lines = []
+        # The other shapes' micro-batches of BLOCK tokens or more, what the others cost
+        # taken off (every micro-batch, while ``single`` is not known).
+        lines: list[tuple[list[float], float, float]] = []
         for s, p, m, w in rows:
             if single is None:
-                u, short, partial = s.batches, s.short + s.singles, s.partial + s.singles
-                positions, rest = p, m
-            elif s.batches > s.singles:
-                u, short, partial = s.batches - s.singles, s.short, s.partial
-                positions, rest = p - s.singles, m - single * s.singles
-            else:
-                continue
-            lines.append(([float(u), float(u - short), float(partial), positions], rest, w))
+                lines.append(([float(s.batches), float(s.partial), p], m, w))
+            elif s.long:
+                ones = s.singles + s.short_tokens
+                lines.append(
+                    ([float(s.long), float(s.partial), max(0.0, p - ones)], m - single * ones, w)
+                )
         fit = self._terms(lines, single) if lines else None
         if fit is None:
             # One line through them, split by the prior (with only steps of one token
             # measured, through those).
-            split = [(x[0], x[3], y, w) for x, y, w in lines] or [
+            split = [(x[0], x[2], y, w) for x, y, w in lines] or [
                 (float(s.batches), p, m, w) for s, p, m, w in rows
             ]
             base, position = self._split(split)
-            fit = _Fit(base, 0.0, 0.0, position, single)
+            fit = _Fit(base, 0.0, position, single)
         self._fit = fit
         return fit
 
-    def _terms(
-        self, lines: list[tuple[list[float], float, float]], single: float | None
-    ) -> _Fit | None:
-        """The fullest fit the rows tell apart with no negative term and a positive cost a
-        position: every term; ``gemm`` joined to ``base``; and ``gemv`` left out too."""
-        for keep in ((0, 1, 2, 3), (0, 2, 3), (0, 3)):
-            solved = _solve([([x[i] for i in keep], y, w) for x, y, w in lines])
-            if solved is None or min(solved) < 0 or solved[-1] <= 0:
-                continue
-            terms = dict(zip(keep, solved, strict=True))
-            return _Fit(terms[0], terms.get(1, 0.0), terms.get(2, 0.0), terms[3], single)
+    @staticmethod
+    def _terms(lines: list[tuple[list[float], float, float]], single: float | None) -> _Fit | None:
+        """``base``, ``gemv`` and ``position`` where the rows tell them apart with no
+        negative term and a positive cost a position; else ``base`` and ``position`` over
+        the rows without a remainder (all of them where none is without)."""
+        solved = _solve(lines)
+        if solved is not None and min(solved) >= 0 and solved[2] > 0:
+            return _Fit(solved[0], solved[1], solved[2], single)
+        whole = [row for row in lines if row[0][1] == 0] or lines
+        solved = _solve([([x[0], x[2]], y, w) for x, y, w in whole])
+        if solved is not None and min(solved) >= 0 and solved[1] > 0:
+            return _Fit(solved[0], 0.0, solved[1], single)
         return None
 
     def _split(self, rows: list[tuple[float, float, float, float]]) -> tuple[float, float]:
@@ -601,19 +609,12 @@ class StepCosts:
         """The fitted ``(fixed, position)`` ms, ``fixed`` a micro-batch of whole blocks
         (zeros while nothing was measured)."""
         fit = self._coefficients()
-        return (fit.base + fit.gemm, fit.position) if fit is not None else (0.0, 0.0)
+        return (fit.base, fit.position) if fit is not None else (0.0, 0.0)
 
     @property
     def position(self) -> float:
         """The fitted ms a position with logits adds."""
         return self.coefficients[1]
-
-    @property
-    def least_batch(self) -> float:
-        """The least a micro-batch of two or more tokens costs beyond its positions: two or
-        three tokens (``base + gemv``) or whole blocks (``base + gemm``)."""
-        fit = self._coefficients()
-        return fit.base + min(fit.gemm, fit.gemv) if fit is not None else 0.0
 
     @property
     def remainder(self) -> float:
@@ -628,9 +629,7 @@ class StepCosts:
         fit = self._coefficients()
         if fit is None:
             return 0.0
-        if fit.single is not None:
-            return fit.single
-        return fit.base + fit.gemv + fit.position
+        return fit.single if fit.single is not None else fit.base + fit.position
 
     def predict(
         self,
@@ -650,9 +649,12 @@ class StepCosts:
         decode = 0.0
         if outputs > 0:
             s = self._shape(outputs, batches, singles, shape)
-            multi = s.batches - s.singles
-            decode = fit.base * multi + fit.gemm * (multi - s.short) + fit.gemv * s.partial
-            decode += fit.position * (outputs - s.singles) + self.single * s.singles
+            if fit.single is None:
+                decode = fit.base * s.batches + fit.gemv * s.partial + fit.position * outputs
+            else:
+                ones = s.singles + s.short_tokens
+                decode = fit.single * ones + fit.base * s.long + fit.gemv * s.partial
+                decode += fit.position * max(0, outputs - ones)
         return decode + prefill * (self._prefill_ms or 0.0)
 
 
@@ -749,8 +751,7 @@ def plan_drafts(
             best, best_rate = counts, rate
 
     # Best first: expected tokens per ms the position adds (its sampler's time included).
-    position = costs.position
-    least = costs.least_batch
+    fixed, position = costs.coefficients
 
     def worth(item: tuple[float, int]) -> float:
         cost = position + candidates[item[1]].sample_ms
@@ -766,7 +767,7 @@ def plan_drafts(
     # the compute-bound case, decided without pricing every plan (0.3 ms instead of 7 at
     # eight sequences).
     whole = Shape.of(zero_sizes).partial == 0 or costs.remainder == 0
-    if whole and worth(gains[0]) <= best_rate and position <= costs.single <= least + position:
+    if whole and worth(gains[0]) <= best_rate and position <= costs.single <= fixed + position:
         return best
     counts = list(zero)
     tokens = float(outputs)
