@@ -455,7 +455,7 @@ class StepCosts:
     micro-batch of fewer than four, as matrix-vector products, a pass each. Measured here
     (gemma-3-270m, 2 threads, per slot, ``benchmarks/step_shapes.py --scan 24``): one token
     17 ms; 2, 3, 4 tokens 34, 40, 45; 7, 8, 9 78, 59, 82; 15, 16, 17 107, 86, 113; from 4
-    tokens on, 30 ms + 22 with a remainder + 3.6 a position (3.8 ms rms), so one stream's
+    tokens on, 29 ms + 22 with a remainder + 3.6 a position (3.6 ms rms), so one stream's
     draft of 15 tokens costs 5x its plain step and one of 16 costs 6.8x: the plans take
     lengths that fill the blocks. A step of eight sequences' equal drafts holds 8 x (1 +
     draft) tokens, whole blocks. When ``position * outputs`` dwarfs the rest the step is
