@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import SimpleNamespace
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -485,9 +486,10 @@ def test_a_step_without_drafts_moves_the_cores_acceptance_once_however_many_sequ
         (none has a drafter), from one same high rate."""
         budget.acceptance = Acceptance(memory=0.99, relax=0.01)
         budget.acceptance.verified(4, drafted=16, accepted=15)
+        requests = [core_request(i, [1, 2, 3], 32) for i in range(sequences)]
         parts = [
-            Part(Job(core_request(i, [1, 2, 3], 32), seq=i, pos=3), None, 1, i)
-            for i in range(sequences)
+            Part(Job(r, seq=i, pos=3, acceptance=Acceptance(shared=budget.shared(r))), None, 1, i)
+            for i, r in enumerate(requests)
         ]
         budget.draft(parts, [])
         assert not any(part.draft for part in parts)
@@ -498,6 +500,28 @@ def test_a_step_without_drafts_moves_the_cores_acceptance_once_however_many_sequ
     unmoved = Acceptance(memory=0.99, relax=0.01)
     unmoved.verified(4, drafted=16, accepted=15)
     assert one < unmoved.rate(4)
+
+
+def test_requests_held_to_a_grammar_share_their_own_rates() -> None:
+    """A batch of JSON-schema requests, whose drafts mostly fail (the structure the model
+    writes is not in the prompt), does not lower the rates free-text requests start from;
+    a lazy grammar (tool calls: free text until its trigger) counts as free text."""
+    model = SimpleNamespace(
+        is_recurrent=False, is_hybrid=False, n_swa=0, swa_full=False, kv_unified=False
+    )
+    budget = DraftBudget(model, EngineConfig(spec="ngram"), 64, plan_drafts)  # type: ignore[arg-type]
+    schema = core_request(0, [1, 2, 3], 32, grammar='root ::= "x"')
+    lazy = core_request(1, [1, 2, 3], 32, grammar='root ::= "x"')
+    assert lazy.grammar is not None
+    lazy = attrs.evolve(lazy, grammar=attrs.evolve(lazy.grammar, trigger="<tool_call>"))
+    free = core_request(2, [1, 2, 3], 32)
+    assert budget.shared(schema) is budget.constrained
+    assert budget.shared(lazy) is budget.acceptance is budget.shared(free)
+    before = budget.acceptance.rate(4)
+    extraction = Acceptance(shared=budget.shared(schema))
+    for _ in range(10):
+        extraction.verified(4, drafted=8, accepted=0)
+    assert budget.constrained.rate(4) < before == budget.acceptance.rate(4)
 
 
 def test_a_draft_not_verified_puts_the_sequence_on_a_run_once_it_proves_right() -> None:

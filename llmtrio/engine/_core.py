@@ -149,7 +149,7 @@ class EngineCore:
 
     def add(self, request: CoreRequest) -> None:
         self._jobs[request.key] = Job(
-            request, acceptance=Acceptance(shared=self._drafts.acceptance)
+            request, acceptance=Acceptance(shared=self._drafts.shared(request))
         )
         self._scheduler.add(request.key, len(request.prompt))
 

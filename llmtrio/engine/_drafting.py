@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from ._jobs import Part
 from ._llama import LlamaModel
 from ._spec import Acceptance, Candidate, StepCosts, micro_batch_sizes
+from ._step import CoreRequest
 from ._types import EngineConfig
 
 __all__ = ["DraftBudget", "cut_anywhere", "spec_draft_limit"]
@@ -38,13 +39,24 @@ class DraftBudget:
         self.costs = StepCosts()
         #: What every sequence's drafts earned, bucket by bucket: a new sequence's
         #: acceptance starts from it (its ``shared``); it follows the last few hundred
-        #: verified tokens of them all, and drifts back to the prior slowly.
+        #: verified tokens of them all, and drifts back to the prior slowly. Requests held
+        #: to a grammar from their first token (a JSON schema: structure the model writes,
+        #: its drafts mostly wrong) share their own (``constrained``), so a batch of them
+        #: does not stop free text's drafts.
         self.acceptance = Acceptance(memory=0.99, relax=0.01)
+        self.constrained = Acceptance(memory=0.99, relax=0.01)
         self._plan = plan
         self._capacity = capacity
         self._split = not model.kv_unified
         self._request_ctx = config.request_ctx
         self._target_ms = config.target_step_ms
+
+    def shared(self, request: CoreRequest) -> Acceptance:
+        """The rates a request's sequence starts from and feeds: its kind's."""
+        grammar = request.grammar
+        return (
+            self.constrained if grammar is not None and grammar.trigger is None else self.acceptance
+        )
 
     def micro_batches(self, tokens: Sequence[tuple[int, int]]) -> list[int]:
         """The tokens of each micro-batch llama.cpp runs a batch of ``(seq, tokens)`` in
@@ -107,8 +119,12 @@ class DraftBudget:
         idle = [part for part in parts if not part.draft]
         for part in idle:
             part.job.acceptance.idle()
-        if idle:  # the core's rates drift back once a step, however many sequences idled
-            self.acceptance.idle()
+        # The core's rates drift back once a step, however many sequences idled.
+        for shared in {
+            id(part.job.acceptance.shared): part.job.acceptance.shared for part in idle
+        }.values():
+            if shared is not None:
+                shared.idle()
 
 
 #: A draft the budget did not verify is kept while it is this long (its first tokens), and
