@@ -3,7 +3,7 @@ measured step costs and the draft budget built on them. No model."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import attrs
@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio.engine._core import EngineCore
-from llmtrio.engine._drafting import DraftBudget
+from llmtrio.engine._drafting import DraftBudget, judge_shadow
 from llmtrio.engine._jobs import Job, Part
 from llmtrio.engine._spec import (
     POOL_MATCH,
@@ -433,7 +432,7 @@ def test_one_streams_steps_leave_a_fit_that_prices_eight_streams_drafts() -> Non
     for _ in range(3):
         for n, ms in {1: 11.7, 2: 24.8, 3: 31.5, 4: 35.5, 5: 54.7, 8: 40.9, 9: 61.5}.items():
             c.measured(ms, outputs=n, shape=Shape.of([n]))
-    assert c.position < 3.0
+    assert c.coefficients[1] < 3.0  # ms a position
     assert sum(plan_drafts([Candidate(2, 0.9)] * 8, c, outputs=8, batches=split_batches)) > 0
 
 
@@ -475,11 +474,17 @@ def test_a_new_sequence_starts_from_what_the_cores_sequences_earned() -> None:
     assert Acceptance().rate(4) < shared.rate(4) < before
 
 
-def test_a_step_without_drafts_moves_the_cores_acceptance_once_however_many_sequences() -> None:
+def attention_budget(plan: Callable[..., list[int]]) -> DraftBudget:
+    """A core's draft budget for an attention-only model on per-slot memory (the model is
+    read for its memory's layout only), 64 tokens a batch."""
     model = SimpleNamespace(
         is_recurrent=False, is_hybrid=False, n_swa=0, swa_full=False, kv_unified=False
     )
-    budget = DraftBudget(model, EngineConfig(spec="ngram"), 64, plan_drafts)  # type: ignore[arg-type]
+    return DraftBudget(model, EngineConfig(spec="ngram"), 64, plan)  # type: ignore[arg-type]
+
+
+def test_a_step_without_drafts_moves_the_cores_acceptance_once_however_many_sequences() -> None:
+    budget = attention_budget(plan_drafts)
 
     def step(sequences: int) -> float:
         """The core's rate after one step of ``sequences`` sequences that drafted nothing
@@ -506,10 +511,7 @@ def test_requests_held_to_a_grammar_share_their_own_rates() -> None:
     """A batch of JSON-schema requests, whose drafts mostly fail (the structure the model
     writes is not in the prompt), does not lower the rates free-text requests start from;
     a lazy grammar (tool calls: free text until its trigger) counts as free text."""
-    model = SimpleNamespace(
-        is_recurrent=False, is_hybrid=False, n_swa=0, swa_full=False, kv_unified=False
-    )
-    budget = DraftBudget(model, EngineConfig(spec="ngram"), 64, plan_drafts)  # type: ignore[arg-type]
+    budget = attention_budget(plan_drafts)
     schema = core_request(0, [1, 2, 3], 32, grammar='root ::= "x"')
     lazy = core_request(1, [1, 2, 3], 32, grammar='root ::= "x"')
     assert lazy.grammar is not None
@@ -529,11 +531,8 @@ def test_a_draft_not_verified_puts_the_sequence_on_a_run_once_it_proves_right() 
     tokens and checks them against what it emits: all four right (a copy back on track
     after a change) put it on a run, so it drafts long again at once; its rates do not
     count them."""
-    model = SimpleNamespace(
-        is_recurrent=False, is_hybrid=False, n_swa=0, swa_full=False, kv_unified=False
-    )
     never = lambda candidates, *_, **__: [0] * len(candidates)  # noqa: E731
-    budget = DraftBudget(model, EngineConfig(spec="ngram"), 64, never)  # type: ignore[arg-type]
+    budget = attention_budget(never)
     job = Job(core_request(0, [1, 2, 3], 32), seq=0, pos=3)
     job.acceptance = Acceptance()
     budget.costs.measured(20.0, outputs=1)
@@ -542,7 +541,7 @@ def test_a_draft_not_verified_puts_the_sequence_on_a_run_once_it_proves_right() 
         part = Part(job, None, 1, 0)
         budget.draft([part], [])
         assert part.draft == []
-        EngineCore._judge_shadow(job, [emitted])
+        judge_shadow(job, [emitted])
         assert job.drafter is not None
         job.drafter.extend([emitted])
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from ._drafting import DraftBudget, cut_anywhere
+from ._drafting import DraftBudget, cut_anywhere, judge_shadow
 from ._errors import DecodeError
 from ._jobs import Drafter, Job, Part, slot_sampler
 from ._llama import Batch, LlamaModel
@@ -443,18 +443,6 @@ class EngineCore:
             stats.spec_accepted_tokens += accepted
         return job, tokens, (logprobs if want_logprobs else None)
 
-    @staticmethod
-    def _judge_shadow(job: Job, tokens: list[int]) -> None:
-        """Check the sequence's unverified draft against the tokens it emitted: the first
-        wrong one ends it; all of it right puts the sequence on a run."""
-        for token in tokens:
-            if token != job.shadow.pop(0):
-                job.shadow = []
-            elif not job.shadow:
-                job.acceptance.back_on_track()
-            if not job.shadow:
-                return
-
     def _ends(self, job: Job) -> Callable[[int], bool]:
         eog = self._model.eog
         ignore_eos = job.request.request.ignore_eos
@@ -487,7 +475,7 @@ class EngineCore:
         if stop is None and job.pos >= self._request_ctx:
             stop = StopReason.CONTEXT_END
         if job.shadow:
-            self._judge_shadow(job, tokens)
+            judge_shadow(job, tokens)
         if job.drafter is not None:
             job.drafter.extend(tokens)
         elif self._drafts.draft_max and stop is None:

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ._jobs import Part
+from ._jobs import Job, Part
 from ._llama import LlamaModel
 from ._spec import Acceptance, Candidate, StepCosts, micro_batch_sizes
 from ._step import CoreRequest
 from ._types import EngineConfig
 
-__all__ = ["DraftBudget", "cut_anywhere", "spec_draft_limit"]
+__all__ = ["SHADOW", "DraftBudget", "cut_anywhere", "judge_shadow", "spec_draft_limit"]
+
+#: A draft the budget did not verify is kept while it is this long (its first tokens), and
+#: checked against what the sequence emits next: all of it right puts the sequence on a run
+#: (a copy back on track after a change; without it, a sequence whose drafts had failed
+#: waited for its rates to drift back before it drafted again).
+SHADOW = 4
 
 
 class DraftBudget:
@@ -120,18 +126,21 @@ class DraftBudget:
         for part in idle:
             part.job.acceptance.idle()
         # The core's rates drift back once a step, however many sequences idled.
-        for shared in {
-            id(part.job.acceptance.shared): part.job.acceptance.shared for part in idle
-        }.values():
-            if shared is not None:
+        for shared in (self.acceptance, self.constrained):
+            if any(part.job.acceptance.shared is shared for part in idle):
                 shared.idle()
 
 
-#: A draft the budget did not verify is kept while it is this long (its first tokens), and
-#: checked against what the sequence emits next: all of it right puts the sequence on a run
-#: (a copy back on track after a change; without it, a sequence whose drafts had failed
-#: waited for its rates to drift back before it drafted again).
-SHADOW = 4
+def judge_shadow(job: Job, tokens: Sequence[int]) -> None:
+    """Check the sequence's shadow draft (see :data:`SHADOW`) against the tokens it emitted:
+    the first wrong one ends it; all of it right puts the sequence on a run."""
+    for token in tokens:
+        if token != job.shadow.pop(0):
+            job.shadow = []
+        elif not job.shadow:
+            job.acceptance.back_on_track()
+        if not job.shadow:
+            return
 
 
 def cut_anywhere(model: LlamaModel) -> bool:

@@ -612,11 +612,6 @@ class StepCosts:
         return (fit.base, fit.position) if fit is not None else (0.0, 0.0)
 
     @property
-    def position(self) -> float:
-        """The fitted ms a position with logits adds."""
-        return self.coefficients[1]
-
-    @property
     def remainder(self) -> float:
         """The fitted ms a micro-batch's remainder past whole blocks adds (``gemv``)."""
         fit = self._coefficients()
