@@ -8,14 +8,18 @@ one GGUF, one llama.cpp build, the same threads. Prints tables; never part of CI
 
 Part ``spec``, three workloads on the base gemma model through ``/v1/completions`` (a raw
 prompt: a base model has no chat template to agree on), greedy, every prompt led by a
-request number unique in the run (no server reuses another request's prompt):
+request number unique in the run (no server reuses another request's prompt), and the
+texts following on from batch to batch, so that no request copies a text any server saw
+before in the run while the 16 passages and 16 records last (``--repeat-texts``: every
+batch asks the first ones, what n-grams kept across requests gain on documents that come
+back; the run says how many requests were asked a text again):
 
 - ``chat``: free text after "Question: ... Answer:" (compare.py's prompts), end of
   generation suppressed, ``--max-tokens`` each: drafts rarely right, the no-regression case;
-- ``rewrite``: a 300-600 token passage (prose or code) and a cue to copy it, ``--max-tokens``
+- ``rewrite``: a 300-650 token passage (prose or code) and a cue to copy it, ``--max-tokens``
   each (end of generation suppressed);
 - ``extract``: a record and a json_schema of eight string fields whose values are in the
-  record (the grammar ends each reply; up to 200 tokens).
+  record, after two worked examples (the grammar ends each reply; up to 200 tokens).
 
 Each server is started fresh per round (8 slots x 1024 tokens), rounds alternate the
 servers; a figure is the median over rounds (with 2 rounds, their mean). Aggregate tok/s is
@@ -206,19 +210,52 @@ class Reply:
     error: str | None = None
 
 
+def texts_of(workload: str) -> int:
+    """How many different texts (questions, passages, records) the workload has."""
+    return {"chat": len(compare.PROMPTS), "rewrite": len(REWRITE_TEXTS)}.get(
+        workload, len(EXTRACT_RECORDS)
+    )
+
+
+def first_text(args: argparse.Namespace, rnd: int, n: int, warmup: int) -> int:
+    """Where in its workload's texts a batch starts: the texts follow on from batch to
+    batch through the run (the same for every server, so all answer the same prompts), so
+    that no request copies a text any server was asked before in the run, as long as the
+    texts last (:func:`reused_texts`). A server that keeps n-grams across requests
+    (llama-server's ``ngram-mod``, llmtrio's ``--spec-pool``) then drafts from what the
+    request itself holds, as it would serving different documents. ``--repeat-texts``
+    starts every batch at the first text instead: what such a pool gains when the same
+    documents come back."""
+    if args.repeat_texts:
+        return 0
+    per_round = (args.warmup + 1) * sum(args.concurrency)
+    before = sum((args.warmup + 1) * m for m in args.concurrency[: args.concurrency.index(n)])
+    return rnd * per_round + before + warmup * n
+
+
+def reused_texts(args: argparse.Namespace, workload: str) -> int:
+    """The requests of a run that are asked a text some server was asked before in it."""
+    per_round = (args.warmup + 1) * sum(args.concurrency)
+    if args.repeat_texts:
+        return per_round * args.rounds - max(args.concurrency)
+    return max(0, per_round * args.rounds - texts_of(workload))
+
+
 def body_of(
     server: Server, setup: Setup, workload: str, i: int, max_tokens: int, tag: str
 ) -> dict[str, object]:
-    """The request body; ``tag`` leads the prompt: the same for every server in a round
-    (so all answer the same prompts), never twice for one server (no prompt reuse)."""
+    """The request body for the workload's text ``i``; ``tag`` leads the prompt: the same
+    for every server in a round (so all answer the same prompts), never twice for one
+    server (no prompt reuse)."""
+    text = i % texts_of(workload)
     tag = f"Request {tag}-{i}.\n"
     body: dict[str, object] = {"model": "bench", "temperature": 0.0, "max_tokens": max_tokens}
     if workload == "chat":
-        body["prompt"] = tag + chat_prompt(compare.PROMPTS[i % len(compare.PROMPTS)])
+        body["prompt"] = tag + chat_prompt(compare.PROMPTS[text])
     elif workload == "rewrite":
-        body["prompt"] = tag + rewrite_prompt(REWRITE_TEXTS[i % len(REWRITE_TEXTS)])
+        body["prompt"] = tag + rewrite_prompt(REWRITE_TEXTS[text])
     else:
-        body["prompt"] = tag + extract_prompt(EXTRACT_RECORDS[i % len(EXTRACT_RECORDS)])
+        body["prompt"] = tag + extract_prompt(EXTRACT_RECORDS[text])
         body["max_tokens"] = 200
         if server.kind is Kind.LLMTRIO:
             body["response_format"] = {
@@ -286,14 +323,21 @@ async def drafts_so_far(client: httpx.AsyncClient, base: str) -> int:
 
 
 async def batch(
-    running: Running, server: Server, setup: Setup, workload: str, n: int, tag: str
+    running: Running,
+    server: Server,
+    setup: Setup,
+    workload: str,
+    n: int,
+    tag: str,
+    first: int = 0,
 ) -> Batch:
+    """``n`` requests at once, asked the workload's texts from ``first`` on."""
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
     replies: list[Reply] = []
     async with httpx.AsyncClient(timeout=compare.REQUEST_TIMEOUT_S, limits=limits) as client:
 
         async def one(i: int) -> None:
-            body = body_of(server, setup, workload, i, setup.max_tokens, tag)
+            body = body_of(server, setup, workload, first + i, setup.max_tokens, tag)
             replies.append(await complete(client, running.base, body))
 
         drafts_before = await drafts_so_far(client, running.base)
@@ -334,8 +378,10 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
 
     async def measure(running: Running, server: Server, rnd: int, workload: str, n: int) -> None:
         for w in range(args.warmup):  # the same shape, not measured
-            await batch(running, server, setup, workload, n, f"w{w}{rnd}{n}")
-        b = await batch(running, server, setup, workload, n, f"{rnd}{workload}{n}")
+            first = first_text(args, rnd, n, w)
+            await batch(running, server, setup, workload, n, f"w{w}{rnd}{n}", first)
+        first = first_text(args, rnd, n, args.warmup)
+        b = await batch(running, server, setup, workload, n, f"{rnd}{workload}{n}", first)
         results.setdefault((server.key, workload, n), []).append(b)
         print(
             f"  round {rnd + 1} {server.label:40} {workload:8} N={n:<3}"
@@ -366,6 +412,11 @@ async def part_spec(args: argparse.Namespace, setup: Setup, servers: list[Server
                         for n in args.concurrency:
                             await measure(running, server, rnd, workload, n)
     for workload in args.workloads:
+        reused = reused_texts(args, workload)
+        print(
+            f"\n{workload}: {reused} of the run's requests asked a text asked before in it"
+            + (" (--repeat-texts)" if args.repeat_texts else f" ({texts_of(workload)} texts)")
+        )
         for n in args.concurrency:
             print(f"\n{workload}, N={n}, median of {args.rounds} round(s)")
             print(
@@ -520,6 +571,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="part spec: start every server once and measure each batch on each in turn "
         "(default: a fresh server per round, one after another)",
+    )
+    parser.add_argument(
+        "--repeat-texts",
+        action="store_true",
+        help="part spec: every batch asks the workload's first texts (by default the texts "
+        "follow on through the run, each asked once while they last)",
     )
     parser.add_argument("--logdir", type=Path, help="keep server logs here")
     return parser.parse_args(argv)
