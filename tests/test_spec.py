@@ -32,28 +32,53 @@ from ._core_helpers import core_request
 
 
 def brute_force(tokens: list[int], limit: int, max_n: int) -> tuple[list[int], int]:
-    """The latest earlier occurrence of the longest suffix (up to ``max_n``), read slowly."""
+    """What followed the latest earlier occurrence of the longest suffix (up to ``max_n``),
+    as far as what followed the occurrence before it agrees, read slowly."""
     for n in range(max_n, 0, -1):
         if len(tokens) <= n:
             continue
         suffix = tokens[-n:]
-        for start in range(len(tokens) - 1, n - 1, -1):  # never the suffix itself
-            if tokens[start - n : start] == suffix:
-                return tokens[start : start + limit], n
+        starts = [
+            start
+            for start in range(len(tokens) - 1, n - 1, -1)  # never the suffix itself
+            if tokens[start - n : start] == suffix
+        ]
+        if not starts:
+            continue
+        draft = tokens[starts[0] : starts[0] + limit]
+        if len(starts) > 1:
+            other = tokens[starts[1] : starts[1] + limit]
+            agreed = 0
+            while agreed < min(len(draft), len(other)) and draft[agreed] == other[agreed]:
+                agreed += 1
+            draft = draft[:agreed]
+        return draft, n
     return [], 0
 
 
 def test_drafts_follow_the_latest_earlier_occurrence_of_the_longest_suffix() -> None:
     d = NgramDrafter([1, 2, 3, 4, 9, 2, 3, 5, 6, 1, 2, 3], max_n=3)
-    # "1 2 3" occurred at the start, followed by 4 9 2 ...
+    # "1 2 3" occurred once before, at the start, followed by 4 9 2 ...
     assert d.propose(3) == ([4, 9, 2], 3)
     d.extend([7])
     # "3 7" never occurred; "7" neither: nothing to draft.
     assert d.propose(4) == ([], 0)
     d.extend([2, 3])
-    # "7 2 3" no, "2 3" latest earlier at index 10 ... followed by 7.
-    assert d.propose(2) == ([7, 2], 2)
+    # "7 2 3" no; "2 3" occurred three times: followed by 7 2 3 the latest time (index 10),
+    # by 5 6 the time before: they part at once, so nothing is drafted.
+    assert d.propose(2) == ([], 2)
     assert d.propose(0) == ([], 0)
+
+
+def test_a_recurring_ngram_drafts_only_as_far_as_its_occurrences_agree() -> None:
+    # A key in a list of records: '"name": "' then each record's own value.
+    key, colon = 10, 11
+    d = NgramDrafter([key, colon, 1, 2, 3, 20, key, colon, 1, 2, 4, 21, key], max_n=2)
+    # After "key": colon 1 2 both times, then 3 or 4: the draft stops where they part.
+    assert d.propose(8) == ([colon, 1, 2], 1)
+    # Text that occurred once drafts in full, as far as the limit.
+    d = NgramDrafter([5, 6, 7, 8, 9, 10, 5], max_n=2)
+    assert d.propose(4) == ([6, 7, 8, 9], 1)
 
 
 def test_a_short_history_drafts_nothing() -> None:

@@ -58,9 +58,15 @@ class NgramDrafter:
     """Prompt lookup over one sequence's tokens (its prompt, then every token it emits).
 
     For each ``n`` in ``min_n..max_n`` a table maps each n-gram to where the tokens that
-    followed its latest occurrence start; :meth:`propose` looks the sequence's last ``n``
-    tokens up, longest first. Building the table is one pass in C (``dict(zip(...))``);
-    each token emitted later adds ``max_n - min_n + 1`` entries.
+    followed its latest occurrence start, and a second one to where they started at the
+    occurrence before; :meth:`propose` looks the sequence's last ``n`` tokens up, longest
+    first, and drafts what followed the latest occurrence only as far as the occurrence
+    before agrees with it. An n-gram that occurred once drafts in full. One that recurs
+    with other text after it each time (a key in a list of records, the ``": "`` after it)
+    drafts nothing past the point where its occurrences part: what comes next is not in the
+    text, and a draft of it would be a step of positions verified for nothing. Building
+    the tables is one pass in C each (``dict(zip(...))``); each token emitted later adds
+    ``max_n - min_n + 1`` entries.
     """
 
     def __init__(self, tokens: Sequence[int], *, max_n: int = 4, min_n: int = 1) -> None:
@@ -71,15 +77,25 @@ class NgramDrafter:
         # n -> {n-gram: the index where what followed its latest occurrence starts}; the
         # n-gram that ends the sequence has no continuation yet, so it is not in the table.
         self._tables: dict[int, dict[tuple[int, ...], int]] = {}
+        # n -> {n-gram: the same for its occurrence before the latest}, for those that recur.
+        self._before: dict[int, dict[tuple[int, ...], int]] = {}
         t = self._tokens
         end = len(t) - 1  # the last token: what follows it is not known yet
         for n in self._sizes:
             count = end - n + 1  # n-grams starting at 0 .. end - n
             if count <= 0:
-                self._tables[n] = {}
+                self._tables[n], self._before[n] = {}, {}
                 continue
-            grams = zip(*(t[j : j + count] for j in range(n)), strict=True)
-            self._tables[n] = dict(zip(grams, range(n, end + 1), strict=True))
+            grams = list(zip(*(t[j : j + count] for j in range(n)), strict=True))
+            latest = dict(zip(grams, range(n, end + 1), strict=True))
+            self._tables[n] = latest
+            # Each n-gram's occurrences in order; keeping the last one that is not the
+            # latest gives the occurrence before it.
+            self._before[n] = {
+                gram: start
+                for gram, start in zip(grams, range(n, end + 1), strict=True)
+                if latest[gram] != start
+            }
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -92,7 +108,11 @@ class NgramDrafter:
             t.append(token)
             for n in self._sizes:
                 if end >= n:
-                    self._tables[n][tuple(t[end - n : end])] = end
+                    gram, table = tuple(t[end - n : end]), self._tables[n]
+                    latest = table.get(gram)
+                    if latest is not None:
+                        self._before[n][gram] = latest
+                    table[gram] = end
 
     def propose(self, limit: int) -> tuple[list[int], int]:
         """Up to ``limit`` tokens that may come next, and the length of the n-gram they
@@ -103,9 +123,20 @@ class NgramDrafter:
         for n in self._sizes:
             if len(t) <= n:
                 continue
-            start = self._tables[n].get(tuple(t[-n:]))
-            if start is not None:
-                return t[start : start + limit], n
+            gram = tuple(t[-n:])
+            start = self._tables[n].get(gram)
+            if start is None:
+                continue
+            draft = t[start : start + limit]
+            before = self._before[n].get(gram)
+            if before is not None:
+                agreed = 0
+                for token, other in zip(draft, t[before : before + len(draft)], strict=False):
+                    if token != other:
+                        break
+                    agreed += 1
+                draft = draft[:agreed]
+            return draft, n
         return [], 0
 
 
