@@ -824,12 +824,16 @@ wetsuit included. Deposit of 120 EUR received; balance due on arrival.""",
 _EXTRACT_CUE = "The record's fields as JSON (values copied from the record):\n"
 
 
-def extract_prompt(record: str) -> str:
+def extract_prompt(record: str, tag: str = "") -> str:
+    """The worked examples, then ``tag`` (a benchmark's request number), then the record:
+    every request starts with the same examples, as a deployment's requests start with
+    the same instructions, so a server reuses their cells (prompt caching) and ingests
+    the record only."""
     shots = "".join(
         f"Record:\n{shot}\n\n{_EXTRACT_CUE}{json.dumps(fields)}\n\n"
         for shot, fields in EXTRACT_SHOTS
     )
-    return f"{shots}Record:\n{record}\n\n{_EXTRACT_CUE}"
+    return f"{shots}{tag}Record:\n{record}\n\n{_EXTRACT_CUE}"
 
 
 def chat_prompt(question: str) -> str:

@@ -19,7 +19,10 @@ back; the run says how many requests were asked a text again):
 - ``rewrite``: a 300-650 token passage (prose or code) and a cue to copy it, ``--max-tokens``
   each (end of generation suppressed);
 - ``extract``: a record and a json_schema of eight string fields whose values are in the
-  record, after two worked examples (the grammar ends each reply; up to 200 tokens).
+  record, after two worked examples (the grammar ends each reply; up to 200 tokens). The
+  examples, about 430 tokens, lead every request's prompt, before its number: the same
+  instructions every time, which each server keeps from the request before (prompt
+  caching), so a request ingests its record, about 150-200 tokens.
 
 Each server is started fresh per round (8 slots x 1024 tokens), rounds alternate the
 servers; a figure is the median over rounds (with 2 rounds, their mean). Aggregate tok/s is
@@ -255,7 +258,7 @@ def body_of(
     elif workload == "rewrite":
         body["prompt"] = tag + rewrite_prompt(REWRITE_TEXTS[text])
     else:
-        body["prompt"] = tag + extract_prompt(EXTRACT_RECORDS[text])
+        body["prompt"] = extract_prompt(EXTRACT_RECORDS[text], tag)
         body["max_tokens"] = 200
         if server.kind is Kind.LLMTRIO:
             body["response_format"] = {

@@ -47,12 +47,15 @@ DRAFT_MAX = EngineConfig.__attrs_attrs__.spec_draft_max.default  # the engine's 
 POOL = EngineConfig.__attrs_attrs__.spec_pool.default
 
 
-def prompt_text(workload: str, i: int) -> str:
+def prompt_text(workload: str, i: int, key: int) -> str:
+    """Request ``key``'s prompt (led by its number; an extraction's after the examples all
+    share, as spec_compare.py words it)."""
+    tag = f"{key}. "
     if workload == "rewrite":
-        return rewrite_prompt(REWRITE_TEXTS[i % len(REWRITE_TEXTS)])
+        return tag + rewrite_prompt(REWRITE_TEXTS[i % len(REWRITE_TEXTS)])
     if workload == "extract":
-        return extract_prompt(EXTRACT_RECORDS[i % len(EXTRACT_RECORDS)])
-    return chat_prompt(compare.PROMPTS[i % len(compare.PROMPTS)])
+        return extract_prompt(EXTRACT_RECORDS[i % len(EXTRACT_RECORDS)], tag)
+    return tag + chat_prompt(compare.PROMPTS[i % len(compare.PROMPTS)])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -109,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for model, core, _ in sides.values():
                     for i in range(n):
                         key += 1
-                        text = f"{key}. {prompt_text(workload, i)}"
+                        text = prompt_text(workload, i, key)
                         prompt = model.tokenize(text, add_special=True)
                         # extract: the schema's grammar ends the reply (spec_compare's (c))
                         extract = workload == "extract"
