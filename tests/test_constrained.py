@@ -188,3 +188,27 @@ def test_a_sampled_slot_draws_what_the_chain_draws_after_the_whole_vocabulary_pa
         assert token == expect, seed
         assert allowed[token] and gemma.piece(token)[:1].isdigit(), gemma.piece(token)
     assert refusals >= 10  # the refusal path is what was compared
+
+
+def test_a_draft_is_allowed_up_to_the_first_token_its_grammar_refuses(gemma: LlamaModel) -> None:
+    """``SlotSampler.allowed``: the draft tokens a grammar would take in turn from the
+    sampler's state, without moving that state; all of them with no grammar."""
+    gbnf = 'root ::= "{\\"name\\": \\"" [a-z ]+ "\\"}"'
+    sampler = SlotSampler(
+        gemma, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, bias={}, grammar=gbnf
+    )
+    plain = SlotSampler(gemma, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, bias={})
+    try:
+        good = gemma.tokenize('{"name": "ada lovelace"}', add_special=False)
+        assert sampler.allowed(good) == len(good)
+        # A digit is not in the name's [a-z ]: the draft stops before it.
+        bad = gemma.tokenize('{"name": "ada 1', add_special=False)
+        assert gemma.piece(bad[-1]) == b"1"
+        assert sampler.allowed(bad) == len(bad) - 1
+        # Asking moved nothing: the grammar still expects the object from its start.
+        assert sampler.allowed(good) == len(good)
+        assert sampler.allowed(gemma.tokenize("name", add_special=False)) == 0
+        assert plain.allowed(bad) == len(bad)
+    finally:
+        sampler.close()
+        plain.close()

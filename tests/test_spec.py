@@ -705,3 +705,28 @@ def test_pool_drafts_are_priced_apart_from_prompt_lookups() -> None:
     assert not acceptance.on_run
     assert acceptance.rate(POOL_MATCH) < 0.2
     assert acceptance.rate(4) == pytest.approx(before)
+
+
+def test_a_draft_stops_before_the_first_token_the_requests_grammar_refuses() -> None:
+    """The budget offers a sequence held to a grammar only the draft tokens its sampler's
+    grammar takes in turn (``SlotSampler.allowed``, tested on the real grammar in
+    test_constrained.py): a token past the first refused one could never be accepted."""
+    seen: list[list[Candidate]] = []
+
+    def every(candidates: Sequence[Candidate], *_: object, **__: object) -> list[int]:
+        seen.append(list(candidates))
+        return [c.tokens for c in candidates]
+
+    budget = attention_budget(every)
+    budget.costs.measured(20.0, outputs=1)
+    job = Job(core_request(0, [1, 2, 3], 32), seq=0, pos=3, acceptance=Acceptance())
+    job.drafter = NgramDrafter([5, 6, 7, 8, 9, 4, 5])  # proposes 6, 7, 8, 9, 4, 5
+    job.sampler = SimpleNamespace(allowed=lambda draft: 3)  # type: ignore[assignment]
+    part = Part(job, None, 1, 0)
+    budget.draft([part], [])
+    assert part.draft == [6, 7, 8] and seen[-1][0].tokens == 3
+    # Nothing the grammar takes: no offer at all.
+    job.sampler = SimpleNamespace(allowed=lambda draft: 0)  # type: ignore[assignment]
+    part = Part(job, None, 1, 0)
+    budget.draft([part], [])
+    assert part.draft == [] and seen[-1] == []

@@ -85,6 +85,10 @@ class DraftBudget:
             if job.drafter is None or limit <= 0:
                 continue
             draft, match = job.drafter.propose(limit)
+            if draft and job.sampler is not None:
+                # Held to a grammar: not past the first token it refuses (a string's
+                # newline, its length limit, a key other than the one the schema wants).
+                draft = draft[: job.sampler.allowed(draft)]
             if draft:
                 offers.append((part, draft, match))
         # The batch's sequences in id order and their tokens without drafts; which offer

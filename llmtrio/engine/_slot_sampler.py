@@ -6,6 +6,7 @@ Everything here runs on the decode thread; nothing here knows of Trio.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import llama_cpp
@@ -221,6 +222,25 @@ class SlotSampler:
                 return -1
         llama_cpp.llama_sampler_apply(self._chain, candidates.ref)
         return candidates.selected
+
+    def allowed(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens``, one after another from the sampler's state now, its
+        grammar takes: a draft token past the first one it refuses can never be accepted,
+        so it is not worth a position. All of them without a grammar, or while a lazy one
+        waits for its trigger; an end-of-generation token the grammar takes is the last."""
+        if self._grammar is None or self._lazy is not None:
+            return len(tokens)
+        grammar = llama_cpp.llama_sampler_clone(self._grammar)
+        try:
+            for i, token in enumerate(tokens):
+                if not self._allows(token, grammar):
+                    return i
+                if token in self._model.eog:
+                    return i + 1
+                llama_cpp.llama_sampler_accept(grammar, token)
+            return len(tokens)
+        finally:
+            llama_cpp.llama_sampler_free(grammar)
 
     def _allows(self, token: int, grammar: Any = None) -> bool:
         one = self._one
