@@ -25,6 +25,7 @@ from llmtrio.engine._spec import (
     micro_batch_sizes,
     micro_batches,
     plan_drafts,
+    repacked,
 )
 from llmtrio.engine._types import EngineConfig
 
@@ -503,7 +504,12 @@ def attention_budget(plan: Callable[..., list[int]]) -> DraftBudget:
     """A core's draft budget for an attention-only model on per-slot memory (the model is
     read for its memory's layout only), 64 tokens a batch."""
     model = SimpleNamespace(
-        is_recurrent=False, is_hybrid=False, n_swa=0, swa_full=False, kv_unified=False
+        is_recurrent=False,
+        is_hybrid=False,
+        n_swa=0,
+        swa_full=False,
+        kv_unified=False,
+        meta=lambda key: None,
     )
     return DraftBudget(model, EngineConfig(spec="ngram"), 64, plan)  # type: ignore[arg-type]
 
@@ -730,3 +736,42 @@ def test_a_draft_stops_before_the_first_token_the_requests_grammar_refuses() -> 
     part = Part(job, None, 1, 0)
     budget.draft([part], [])
     assert part.draft == [] and seen[-1] == []
+
+
+def test_a_remainder_the_steps_cannot_tell_apart_is_priced_by_the_prior() -> None:
+    """One stream that only ever drafted 16 (17 positions: four blocks and one token) and
+    stepped alone: the shapes cannot tell a remainder's cost apart. Without a prior the fit
+    prices 16 positions a position cheaper than 17 (so a run drafts 16); with the prior of
+    repacked weights (a one-token step) a whole-block step comes out that much cheaper, and
+    one stream's plan drafts 15, as the scan measured (86 ms against 113)."""
+
+    def measured(prior: float) -> StepCosts:
+        c = StepCosts(remainder_prior=prior)
+        for _ in range(3):
+            c.measured(17.0, outputs=1, shape=Shape.of([1]))
+            c.measured(113.0, outputs=17, shape=Shape.of([17]))
+        return c
+
+    plain, primed = measured(0.0), measured(1.0)
+    assert plain.remainder == 0.0 and primed.remainder == 17.0
+    for c in (plain, primed):
+        assert abs(c.predict(17, shape=Shape.of([17])) - 113.0) < 1e-6  # what it measured
+    saved = [
+        c.predict(17, shape=Shape.of([17])) - c.predict(16, shape=Shape.of([16]))
+        for c in (plain, primed)
+    ]
+    # Without: one position's cost. With: the remainder's pass as well.
+    assert abs(saved[0] - plain.coefficients[1]) < 1e-6
+    assert abs(saved[1] - (17.0 + primed.coefficients[1])) < 1e-6
+    run = [Candidate(16, 0.99)]
+    assert plan_drafts(run, plain, outputs=1) == [16]
+    assert plan_drafts(run, primed, outputs=1) == [15]
+    # Whole blocks measured beside the remainder: the measurement wins over the prior.
+    for _ in range(3):
+        primed.measured(86.0, outputs=16, shape=Shape.of([16]))
+        primed.measured(44.5, outputs=4, shape=Shape.of([4]))
+    assert abs(primed.remainder - 17.0) > 1.0
+
+
+def test_repacked_file_types() -> None:
+    assert repacked("15") and repacked("2") and not repacked("7") and not repacked(None)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from ._jobs import Job, Part
 from ._llama import LlamaModel
-from ._spec import Acceptance, Candidate, StepCosts, micro_batch_sizes
+from ._spec import Acceptance, Candidate, StepCosts, micro_batch_sizes, repacked
 from ._step import CoreRequest
 from ._types import EngineConfig
 
@@ -42,7 +42,10 @@ class DraftBudget:
         #: Draft tokens one sequence may carry: the configured most, and for recurrent
         #: memory what it can roll back.
         self.draft_max = spec_draft_limit(model, config)
-        self.costs = StepCosts()
+        #: A remainder past whole blocks is priced as a one-token step until measured, on
+        #: weights the CPU kernels repack (StepCosts.remainder_prior).
+        prior = 1.0 if repacked(model.meta("general.file_type")) else 0.0
+        self.costs = StepCosts(remainder_prior=prior)
         #: What every sequence's drafts earned, bucket by bucket: a new sequence's
         #: acceptance starts from it (its ``shared``); it follows the last few hundred
         #: verified tokens of them all, and drifts back to the prior slowly. Requests held
