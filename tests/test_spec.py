@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from llmtrio.engine._drafting import DraftBudget, judge_shadow
 from llmtrio.engine._jobs import Job, Part
 from llmtrio.engine._spec import (
+    CONTESTED_MATCH,
     POOL_MATCH,
     Acceptance,
     Candidate,
@@ -34,7 +35,8 @@ from ._core_helpers import core_request
 
 def brute_force(tokens: list[int], limit: int, max_n: int) -> tuple[list[int], int]:
     """What followed the latest earlier occurrence of the longest suffix (up to ``max_n``),
-    as far as what followed the occurrence before it agrees, read slowly."""
+    as far as what followed the occurrence before it agrees (all of it, contested, where
+    they part at once), read slowly."""
     for n in range(max_n, 0, -1):
         if len(tokens) <= n:
             continue
@@ -52,6 +54,8 @@ def brute_force(tokens: list[int], limit: int, max_n: int) -> tuple[list[int], i
             agreed = 0
             while agreed < min(len(draft), len(other)) and draft[agreed] == other[agreed]:
                 agreed += 1
+            if not agreed:
+                return draft, CONTESTED_MATCH
             draft = draft[:agreed]
         return draft, n
     return [], 0
@@ -66,8 +70,8 @@ def test_drafts_follow_the_latest_earlier_occurrence_of_the_longest_suffix() -> 
     assert d.propose(4) == ([], 0)
     d.extend([2, 3])
     # "7 2 3" no; "2 3" occurred three times: followed by 7 2 3 the latest time (index 10),
-    # by 5 6 the time before: they part at once, so nothing is drafted.
-    assert d.propose(2) == ([], 2)
+    # by 5 6 the time before: they part at once, so the latest is offered as contested.
+    assert d.propose(2) == ([7, 2], CONTESTED_MATCH)
     assert d.propose(0) == ([], 0)
 
 
@@ -80,6 +84,14 @@ def test_a_recurring_ngram_drafts_only_as_far_as_its_occurrences_agree() -> None
     # Text that occurred once drafts in full, as far as the limit.
     d = NgramDrafter([5, 6, 7, 8, 9, 10, 5], max_n=2)
     assert d.propose(4) == ([6, 7, 8, 9], 1)
+    # Where the last two occurrences part at once, the latest is offered, as contested:
+    # its rate is its own, apart from the 1-gram's.
+    d = NgramDrafter([key, 1, 2, key, 3, 4, key], max_n=2)
+    assert d.propose(8) == ([3, 4, key], CONTESTED_MATCH)
+    a = Acceptance()
+    for _ in range(10):
+        a.verified(CONTESTED_MATCH, drafted=4, accepted=0)
+    assert a.rate(CONTESTED_MATCH) < 0.2 and a.rate(1) == Acceptance().rate(1)
 
 
 def test_a_short_history_drafts_nothing() -> None:

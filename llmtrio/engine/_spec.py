@@ -39,6 +39,7 @@ import attrs
 
 __all__ = [
     "BLOCK",
+    "CONTESTED_MATCH",
     "POOL_MATCH",
     "Acceptance",
     "Candidate",
@@ -65,8 +66,11 @@ class NgramDrafter:
     before agrees with it. An n-gram that occurred once drafts in full. One that recurs
     with other text after it each time (a key in a list of records, the ``": "`` after it)
     drafts nothing past the point where its occurrences part: what comes next is not in the
-    text, and a draft of it would be a step of positions verified for nothing. Building
-    the tables is one pass in C each (``dict(zip(...))``); each token emitted later adds
+    text, and a draft of it would be a step of positions verified for nothing. Where they
+    part at once, the latest continuation is offered as :data:`CONTESTED_MATCH`, whose
+    acceptance is learned apart (:class:`Acceptance`): in a reply that repeats itself the
+    latest is mostly right, after a record's key it is mostly wrong. Building the tables
+    is one pass in C each (``dict(zip(...))``); each token emitted later adds
     ``max_n - min_n + 1`` entries.
     """
 
@@ -136,6 +140,8 @@ class NgramDrafter:
                     if token != other:
                         break
                     agreed += 1
+                if not agreed:
+                    return draft, CONTESTED_MATCH
                 draft = draft[:agreed]
             return draft, n
         return [], 0
@@ -144,6 +150,10 @@ class NgramDrafter:
 #: The match a :class:`PooledDrafter` reports for a draft from the pool: its acceptance is
 #: counted apart from prompt lookup's (:class:`Acceptance`).
 POOL_MATCH = -1
+
+#: The match :class:`NgramDrafter` reports for what followed an n-gram's latest occurrence
+#: where the occurrence before it went on otherwise from the first token: counted apart.
+CONTESTED_MATCH = -2
 
 
 class NgramPool:
@@ -247,7 +257,10 @@ class PooledDrafter:
         return draft, match
 
 
-#: Prior per-token acceptance by n-gram length (1, 2, 3, 4+), then from the pool (a
+#: Prior per-token acceptance by n-gram length (1, 2, 3, 4+), then where the n-gram's last
+#: two occurrences part at once (a :data:`CONTESTED_MATCH`: as a 3-gram's, low enough that
+#: one stream does not draft on it before it has earned it: free chat's right ones put a
+#: sequence on a run through its shadow drafts), then from the pool (a
 #: :data:`POOL_MATCH`), then on a run (the last
 #: draft was right to its end): the chance a draft token is right given that the ones before
 #: it were, before anything was measured. Drafting is what measures them, so they sit at the
@@ -257,9 +270,11 @@ class PooledDrafter:
 #: would never draft, so never learn. A run's is the highest: on a run the drafts priced by
 #: it are long (where a run's drafts are no likelier right, its bucket learns that within a
 #: draft or two).
-_PRIOR = (0.3, 0.5, 0.7, 0.85, 0.85, 0.9)
+_PRIOR = (0.3, 0.5, 0.7, 0.85, 0.7, 0.85, 0.9)
+_NGRAM = 4  # buckets by n-gram length
 _RUN = len(_PRIOR) - 1
 _POOL = _RUN - 1
+_CONTESTED = _POOL - 1
 
 
 @attrs.define
@@ -323,7 +338,9 @@ class Acceptance:
             return _RUN
         if n == POOL_MATCH:
             return _POOL
-        return min(max(n, 1), _POOL) - 1
+        if n == CONTESTED_MATCH:
+            return _CONTESTED
+        return min(max(n, 1), _NGRAM) - 1
 
     @property
     def on_run(self) -> bool:
