@@ -73,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--kv-unified", action="store_true")
     parser.add_argument("--draft-max", type=int, default=DRAFT_MAX, help="--spec-draft-max")
     parser.add_argument("--spec-pool", type=int, default=POOL, help="--spec-pool (0: off)")
+    parser.add_argument(
+        "--first-text", type=int, default=0, help="the texts a batch asks start at this one"
+    )
     args = parser.parse_args(argv)
     path = args.model or demo_model_path()
     sides = {}
@@ -112,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for model, core, _ in sides.values():
                     for i in range(n):
                         key += 1
-                        text = prompt_text(workload, i, key)
+                        text = prompt_text(workload, args.first_text + i, key)
                         prompt = model.tokenize(text, add_special=True)
                         # extract: the schema's grammar ends the reply (spec_compare's (c))
                         extract = workload == "extract"
