@@ -209,6 +209,11 @@ def test_a_draft_is_allowed_up_to_the_first_token_its_grammar_refuses(gemma: Lla
         assert sampler.allowed(good) == len(good)
         assert sampler.allowed(gemma.tokenize("name", add_special=False)) == 0
         assert plain.allowed(bad) == len(bad)
+        # An end-of-generation token the grammar takes (the object is complete) is the last
+        # one counted; one it refuses (the object is not) ends the draft before it.
+        eos = gemma.eos
+        assert sampler.allowed([*good, eos, *good]) == len(good) + 1
+        assert sampler.allowed([*good[:-1], eos]) == len(good) - 1
     finally:
         sampler.close()
         plain.close()

@@ -765,6 +765,12 @@ def test_a_remainder_the_steps_cannot_tell_apart_is_priced_by_the_prior() -> Non
         return c
 
     plain, primed = measured(0.0), measured(1.0)
+    # Only one-token steps measured: the prior is there already, for the first plans.
+    first = StepCosts(remainder_prior=1.0)
+    for _ in range(3):
+        first.measured(17.0, outputs=1, shape=Shape.of([1]))
+    assert first.remainder == 17.0
+    assert plan_drafts([Candidate(16, 0.99)], first, outputs=1) == [15]
     assert plain.remainder == 0.0 and primed.remainder == 17.0
     for c in (plain, primed):
         assert abs(c.predict(17, shape=Shape.of([17])) - 113.0) < 1e-6  # what it measured
@@ -782,7 +788,8 @@ def test_a_remainder_the_steps_cannot_tell_apart_is_priced_by_the_prior() -> Non
     for _ in range(3):
         primed.measured(86.0, outputs=16, shape=Shape.of([16]))
         primed.measured(44.5, outputs=4, shape=Shape.of([4]))
-    assert abs(primed.remainder - 17.0) > 1.0
+    # 4 and 16 positions: 30.67 + 3.458 a position; so 17 with the remainder: 23.54.
+    assert abs(primed.remainder - 23.54) < 0.01
 
 
 def test_repacked_file_types() -> None:
