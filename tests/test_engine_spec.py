@@ -22,7 +22,7 @@ from llmtrio.engine import DecodeError, EngineStats, Sampling, StopReason
 from llmtrio.engine import _core as core_module
 from llmtrio.engine._core import Drafter
 from llmtrio.engine._llama import Batch, LlamaModel
-from llmtrio.engine._spec import POOL_MATCH
+from llmtrio.engine._spec import AGREED_MATCH, POOL_MATCH, NgramDrafter
 
 from ._core_helpers import (
     RandomDrafter,
@@ -470,3 +470,63 @@ def test_without_the_pool_a_request_drafts_from_its_own_tokens_only(
     finally:
         model.close()
     assert made == [0, 1]
+
+
+class SpyNgramDrafter(NgramDrafter):
+    """Prompt lookup that keeps what it proposed."""
+
+    made: list[SpyNgramDrafter] = []
+
+    def __init__(self, tokens: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(tokens, **kwargs)
+        self.proposed: list[tuple[list[int], int]] = []
+        SpyNgramDrafter.made.append(self)
+
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        draft, match = super().propose(limit)
+        self.proposed.append((draft, match))
+        return draft, match
+
+
+EXAMPLES = (
+    'Record: Ann Berg lives in Oslo since 1999.\n{"name": "Ann Berg", "city": "Oslo", '
+    '"year": "1999"}\n'
+    'Record: Li Wei lives in Lyon since 2004.\n{"name": "Li Wei", "city": "Lyon", '
+    '"year": "2004"}\n'
+    "Record: Sara Kim lives in Porto since 2011.\n"
+)
+RECORD_GRAMMAR = (
+    'root ::= "{\\"name\\": \\"" [A-Za-z ]{1,20} "\\", \\"city\\": \\"" [A-Za-z ]{1,20} '
+    '"\\", \\"year\\": \\"" [0-9]{4} "\\"}"'
+)
+
+
+def test_a_grammar_held_request_drafts_the_key_its_grammar_wants_next(
+    gemma_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a value, the worked examples go on with every key; the grammar picks the
+    continuations that lead into the key it wants next, which the examples agree on."""
+    monkeypatch.setattr(core_module, "NgramDrafter", SpyNgramDrafter)
+    SpyNgramDrafter.made = []
+    model = LlamaModel(gemma_path, slots=1, ctx_size=512, threads=2, n_batch=512)
+    try:
+        prompt = model.tokenize(EXAMPLES, add_special=model.add_bos)
+        core, stats = open_core(model, spec="ngram", spec_draft_max=8, plan=draft_all)
+        sampling = Sampling(temperature=0)
+        request = core_request(0, prompt, 48, grammar=RECORD_GRAMMAR, sampling=sampling)
+        run = run_core(core, [request])
+    finally:
+        model.close()
+    text = b"".join(model.piece(t) for t in run.tokens[0]).decode()
+    assert text.startswith('{"name": "') and '", "year": "' in text, text
+    (drafter,) = SpyNgramDrafter.made
+    agreed = [
+        b"".join(map(model.piece, draft)).decode()
+        for draft, match in drafter.proposed
+        if match == AGREED_MATCH
+    ]
+    # Drafted where the value before it ended: the key, as far as the examples agree.
+    assert any('"city": "' in a for a in agreed), drafter.proposed
+    assert any('"year": "' in a for a in agreed), drafter.proposed
+    assert all('"name"' not in a for a in agreed)
+    assert stats.spec_accepted_tokens > 0

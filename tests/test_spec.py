@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from llmtrio.engine._drafting import DraftBudget, judge_shadow
 from llmtrio.engine._jobs import Job, Part
 from llmtrio.engine._spec import (
+    AGREED_MATCH,
     CONTESTED_MATCH,
     POOL_MATCH,
     Acceptance,
@@ -112,6 +113,99 @@ def test_drafts_agree_with_a_brute_force_search(
     d = NgramDrafter(prompt, max_n=3)
     d.extend(emitted)
     assert d.propose(limit) == brute_force(prompt + emitted, limit, 3)
+
+
+# A JSON object's pieces as tokens: '",' closes a value, ' "' opens a key, '":' ends one.
+CLOSE, OPEN, COLON = 1, 2, 3
+NAME, CITY, YEAR = 10, 11, 12
+
+
+def record_json(values: Sequence[int]) -> list[int]:
+    """``{"name": v0, "city": v1, "year": v2}`` as tokens (each value one token)."""
+    out: list[int] = []
+    for key, value in zip((NAME, CITY, YEAR), values, strict=True):
+        out += [OPEN, key, COLON, OPEN, value, CLOSE]
+    return out
+
+
+def schema_fits(emitted: Sequence[int]) -> Callable[[Sequence[int]], int]:
+    """How many of a draft's tokens a grammar for ``record_json``'s shape takes after
+    ``emitted`` (tokens of the object so far): keys in order, any value (tokens >= 100)."""
+
+    def fits(draft: Sequence[int]) -> int:
+        want = record_json([100, 100, 100])
+        at = len(emitted)
+        for i, token in enumerate(draft):
+            if at + i >= len(want):
+                return i
+            expected = want[at + i]
+            if token != expected and not (expected == 100 and token >= 100):
+                return i
+        return len(draft)
+
+    return fits
+
+
+def test_a_grammar_chooses_among_an_ngrams_occurrences() -> None:
+    # Two worked examples, then the object so far: its name, closed.
+    examples = record_json([101, 102, 103]) + record_json([201, 202, 203])
+    emitted = [OPEN, NAME, COLON, OPEN, 301, CLOSE]
+    tokens = examples + emitted
+    # Prompt lookup alone: '",' was last followed by the examples' "year" key, the time
+    # before by their "city": they agree on ' "' only.
+    assert NgramDrafter(tokens).propose(8) == ([OPEN], 1)
+    # Held to the grammar: of the four times '",' occurred, the two that lead into "city"
+    # (the key it wants) are taken whole; they agree as far as the value after the key.
+    d = NgramDrafter(tokens, fits=schema_fits(emitted))
+    assert d.propose(8) == ([OPEN, CITY, COLON, OPEN], AGREED_MATCH)
+    # Once the model writes a value no example has, nothing after it occurred before.
+    d.extend([OPEN, CITY, COLON, OPEN, 302])
+    assert d.propose(8) == ([], 0)
+    # A value seen once (in the record the prompt quotes, say) drafts in full, as an
+    # n-gram's match: one occurrence the grammar takes, nothing to agree with.
+    d = NgramDrafter([7, 302, 8, 9, *tokens], fits=lambda draft: len(draft))
+    d.extend([OPEN, CITY, COLON, OPEN, 302])
+    assert d.propose(3) == ([8, 9, OPEN], 1)
+
+
+def test_an_ngram_whose_continuations_the_grammar_refuses_gives_way_to_a_shorter_one() -> None:
+    # "5 6" was followed by 7 (refused), "6" also by 8 (taken).
+    tokens = [5, 6, 7, 0, 6, 8, 9, 0, 5, 6]
+    d = NgramDrafter(tokens, max_n=2, fits=lambda draft: 0 if draft[0] == 7 else len(draft))
+    assert d.propose(2) == ([8, 9], 1)
+    refuse_all = NgramDrafter(tokens, max_n=2, fits=lambda draft: 0)
+    assert refuse_all.propose(2) == ([], 0)
+
+
+@given(
+    st.lists(st.integers(0, 4), max_size=40),
+    st.lists(st.integers(0, 4), max_size=10),
+    st.integers(1, 6),
+)
+def test_a_grammar_that_takes_everything_drafts_as_prompt_lookup_does(
+    prompt: list[int], emitted: list[int], limit: int
+) -> None:
+    d = NgramDrafter(prompt, max_n=3, fits=lambda draft: len(draft))
+    d.extend(emitted)
+    draft, match = brute_force(prompt + emitted, limit, 3)
+    got = d.propose(limit)
+    assert got[0] == draft
+    # Two continuations that agree are reported apart from a single one.
+    assert got[1] == match or (got[1] == AGREED_MATCH and match > 0)
+
+
+def test_a_contested_draft_on_a_run_is_priced_as_contested() -> None:
+    a = Acceptance()
+    for _ in range(10):
+        a.verified(CONTESTED_MATCH, drafted=4, accepted=0)
+    contested = a.rate(CONTESTED_MATCH)
+    a.verified(3, drafted=4, accepted=4)
+    assert a.on_run and a.rate(3) > contested
+    # Where the copied text forks, the run does not carry over.
+    assert a.rate(CONTESTED_MATCH) == contested
+    a.verified(CONTESTED_MATCH, drafted=4, accepted=0)
+    assert a.rate(CONTESTED_MATCH) < contested
+    assert Acceptance().rate(AGREED_MATCH) == Acceptance().rate(4)  # its own prior
 
 
 def test_acceptance_learns_drops_and_recovers() -> None:

@@ -132,7 +132,11 @@ class EngineCore:
         sequence's acceptance (or the tests' own drafter)."""
         if self._make_drafter is not None:
             return self._make_drafter(tokens)
-        own = NgramDrafter(tokens)
+        grammar, sampler = job.request.grammar, job.sampler
+        held = grammar is not None and grammar.trigger is None and sampler is not None
+        # Held to a grammar from the first token: drafts are chosen among the n-gram's
+        # occurrences by what the grammar takes (a JSON key the schema wants next).
+        own = NgramDrafter(tokens, fits=sampler.allowed if held and sampler else None)
         if self._ngrams is None:
             return own
         return PooledDrafter(own, self._ngrams, tokens, job.acceptance.rate)

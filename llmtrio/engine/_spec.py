@@ -38,6 +38,7 @@ from typing import Protocol
 import attrs
 
 __all__ = [
+    "AGREED_MATCH",
     "BLOCK",
     "CONTESTED_MATCH",
     "POOL_MATCH",
@@ -73,13 +74,38 @@ class NgramDrafter:
     table is one pass in C (``dict(zip(...))``), the one before it a pass in Python (about
     1 ms for a 1000-token prompt); each token emitted later adds ``max_n - min_n + 1``
     entries to each.
+
+    ``fits`` (a sequence held to a grammar: how many tokens of a draft its grammar takes
+    from where the sequence is) chooses among the occurrences instead: each n-gram keeps
+    every occurrence, each continuation is cut where the grammar refuses a token, and the
+    first two of those it takes whole (latest first), then of the rest by how far it takes
+    them, are compared as above (reported as :data:`AGREED_MATCH` where they agree); an
+    n-gram none of whose continuations the grammar takes a token of gives way to a shorter
+    one.
+    After a value in a JSON object, the continuations of ``",`` in the worked examples a
+    prompt quotes that lead into the key the schema wants next (not the latest, which
+    leads into another) are drafted as far as they agree: the key, and ``": "`` after it.
+    At most ``choices`` occurrences are looked at, latest first.
     """
 
-    def __init__(self, tokens: Sequence[int], *, max_n: int = 4, min_n: int = 1) -> None:
+    def __init__(
+        self,
+        tokens: Sequence[int],
+        *,
+        max_n: int = 4,
+        min_n: int = 1,
+        fits: Callable[[Sequence[int]], int] | None = None,
+        choices: int = 16,
+    ) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError("need 1 <= min_n <= max_n")
         self._tokens = list(tokens)
         self._sizes = range(max_n, min_n - 1, -1)
+        self._fits = fits
+        self._choices = choices
+        # n -> {n-gram: where what followed each of its occurrences starts, in order}; kept
+        # only with ``fits``.
+        self._every: dict[int, dict[tuple[int, ...], list[int]]] = {}
         # n -> {n-gram: the index where what followed its latest occurrence starts}; the
         # n-gram that ends the sequence has no continuation yet, so it is not in the table.
         self._tables: dict[int, dict[tuple[int, ...], int]] = {}
@@ -90,9 +116,14 @@ class NgramDrafter:
         for n in self._sizes:
             count = end - n + 1  # n-grams starting at 0 .. end - n
             if count <= 0:
-                self._tables[n], self._before[n] = {}, {}
+                self._tables[n], self._before[n], self._every[n] = {}, {}, {}
                 continue
             grams = list(zip(*(t[j : j + count] for j in range(n)), strict=True))
+            if fits is not None:
+                every: dict[tuple[int, ...], list[int]] = {}
+                for gram, start in zip(grams, range(n, end + 1), strict=True):
+                    every.setdefault(gram, []).append(start)
+                self._every[n] = every
             latest = dict(zip(grams, range(n, end + 1), strict=True))
             self._tables[n] = latest
             # Each n-gram's occurrences in order; keeping the last one that is not the
@@ -119,6 +150,8 @@ class NgramDrafter:
                     if latest is not None:
                         self._before[n][gram] = latest
                     table[gram] = end
+                    if self._fits is not None:
+                        self._every[n].setdefault(gram, []).append(end)
 
     def propose(self, limit: int) -> tuple[list[int], int]:
         """Up to ``limit`` tokens that may come next, and the length of the n-gram they
@@ -130,22 +163,56 @@ class NgramDrafter:
             if len(t) <= n:
                 continue
             gram = tuple(t[-n:])
+            if self._fits is not None:
+                found = self._fitting(self._every[n].get(gram, ()), limit)
+                if not found:
+                    continue
+                draft, match = _agreed(found[0], found[1] if len(found) > 1 else None, n)
+                if len(found) > 1 and match != CONTESTED_MATCH:
+                    match = AGREED_MATCH
+                return draft, match
             start = self._tables[n].get(gram)
             if start is None:
                 continue
             draft = t[start : start + limit]
             before = self._before[n].get(gram)
-            if before is not None:
-                agreed = 0
-                for token, other in zip(draft, t[before : before + len(draft)], strict=False):
-                    if token != other:
-                        break
-                    agreed += 1
-                if not agreed:
-                    return draft, CONTESTED_MATCH
-                draft = draft[:agreed]
-            return draft, n
+            other = None if before is None else t[before : before + len(draft)]
+            return _agreed(draft, other, n)
         return [], 0
+
+    def _fitting(self, starts: Sequence[int], limit: int) -> list[list[int]]:
+        """Two continuations at ``starts``: those the grammar takes whole first, then those
+        it takes furthest, latest first among equals; each cut where the grammar refuses a
+        token, none it refuses at once."""
+        assert self._fits is not None
+        t = self._tokens
+        found: list[tuple[bool, list[int]]] = []
+        for start in reversed(starts[-self._choices :]):
+            draft = t[start : start + limit]
+            taken = self._fits(draft)
+            if taken:
+                found.append((taken < len(draft), draft[:taken]))
+                if sum(not cut for cut, _ in found) == 2:
+                    break  # the latest two taken whole: nothing ranks above them
+        # Stable: latest first among those taken whole, and among equals.
+        found.sort(key=lambda f: (f[0], -len(f[1]) if f[0] else 0))
+        return [draft for _, draft in found[:2]]
+
+
+def _agreed(draft: list[int], other: Sequence[int] | None, n: int) -> tuple[list[int], int]:
+    """``draft`` as far as ``other`` (the continuation of the occurrence before) agrees with
+    it, found with an ``n``-gram; all of it without another; where they part at once, all of
+    it as :data:`CONTESTED_MATCH`."""
+    if other is None:
+        return draft, n
+    agreed = 0
+    for token, theirs in zip(draft, other, strict=False):
+        if token != theirs:
+            break
+        agreed += 1
+    if not agreed:
+        return draft, CONTESTED_MATCH
+    return draft[:agreed], n
 
 
 #: The match a :class:`PooledDrafter` reports for a draft from the pool: its acceptance is
@@ -155,6 +222,10 @@ POOL_MATCH = -1
 #: The match :class:`NgramDrafter` reports for what followed an n-gram's latest occurrence
 #: where the occurrence before it went on otherwise from the first token: counted apart.
 CONTESTED_MATCH = -2
+
+#: The match :class:`NgramDrafter` reports, for a sequence held to a grammar, for what two
+#: continuations the grammar takes agree on: counted apart.
+AGREED_MATCH = -3
 
 
 class NgramPool:
@@ -258,7 +329,9 @@ class PooledDrafter:
         return draft, match
 
 
-#: Prior per-token acceptance by n-gram length (1, 2, 3, 4+), then where the n-gram's last
+#: Prior per-token acceptance by n-gram length (1, 2, 3, 4+), then where two continuations
+#: a grammar takes agree (an :data:`AGREED_MATCH`: as a 4-gram's; most are a JSON key the
+#: worked examples all write, whatever n-gram found them), then where the n-gram's last
 #: two occurrences part at once (a :data:`CONTESTED_MATCH`: as a 3-gram's, low enough that
 #: one stream does not draft on it before it has earned it: free chat's right ones put a
 #: sequence on a run through its shadow drafts), then from the pool (a
@@ -271,11 +344,12 @@ class PooledDrafter:
 #: would never draft, so never learn. A run's is the highest: on a run the drafts priced by
 #: it are long (where a run's drafts are no likelier right, its bucket learns that within a
 #: draft or two).
-_PRIOR = (0.3, 0.5, 0.7, 0.85, 0.7, 0.85, 0.9)
+_PRIOR = (0.3, 0.5, 0.7, 0.85, 0.85, 0.7, 0.85, 0.9)
 _NGRAM = 4  # buckets by n-gram length
 _RUN = len(_PRIOR) - 1
 _POOL = _RUN - 1
 _CONTESTED = _POOL - 1
+_AGREED = _CONTESTED - 1
 
 
 @attrs.define
@@ -293,7 +367,8 @@ class Acceptance:
     next token is far likelier right than a first draft token is, so drafts made on a run are
     counted in their own bucket, which on such text learns rates near 1 and lets the budget
     draft long (llama.cpp's n-gram modes draft 40-60 tokens there); the first wrong token or
-    a step without drafts ends the run.
+    a step without drafts ends the run. A contested draft (:data:`CONTESTED_MATCH`) starts
+    where the copied text forks, so it keeps its own bucket on a run too.
 
     ``shared``: the core's own :class:`Acceptance`, which every sequence's verifications
     also count into (bucket by bucket) and which stands in for the prior: a sequence starts
@@ -335,12 +410,17 @@ class Acceptance:
             self._hits[b] = rate * self._trials[b]
 
     def _bucket(self, n: int) -> int:
+        # A contested draft starts where the text it copies forks: a run does not carry
+        # over it (on a run it was priced as a copy on track, and a record's value after
+        # the key the examples also have was drafted 15 tokens long, and wrong).
+        if n == CONTESTED_MATCH:
+            return _CONTESTED
         if self._run:
             return _RUN
         if n == POOL_MATCH:
             return _POOL
-        if n == CONTESTED_MATCH:
-            return _CONTESTED
+        if n == AGREED_MATCH:
+            return _AGREED
         return min(max(n, 1), _NGRAM) - 1
 
     @property
