@@ -210,6 +210,7 @@ class Reply:
     drafted: int = 0
     accepted: int = 0
     text: str = ""
+    finish_reason: str | None = None
     error: str | None = None
 
 
@@ -283,6 +284,7 @@ async def complete(client: httpx.AsyncClient, base: str, body: dict[str, object]
             return reply
         reply.tokens = int(data["usage"]["completion_tokens"])
         reply.text = data["choices"][0]["text"]
+        reply.finish_reason = data["choices"][0].get("finish_reason")
         timings = data.get("timings") or {}
         if timings.get("predicted_ms"):
             reply.decode_tps = timings["predicted_n"] / timings["predicted_ms"] * 1000
@@ -352,11 +354,13 @@ async def batch(
     wall = max(r.end for r in replies) - start
     rates = [r.decode_tps for r in replies if r.decode_tps]
     if workload == "extract":
+        # A reply cut at max_tokens is JSON unfinished, not wrong; one that stopped must parse.
         for r in replies:
             try:
                 json.loads(r.text)
             except ValueError:
-                r.error = r.error or f"not JSON: {r.text[:60]!r}"
+                if r.finish_reason != "length":
+                    r.error = r.error or f"not JSON ({r.finish_reason}): {r.text[-60:]!r}"
     return Batch(
         agg_tps=sum(r.tokens for r in replies) / wall,
         decode_tps=statistics.median(rates) if rates else float("nan"),
