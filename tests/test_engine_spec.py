@@ -388,9 +388,9 @@ class SpyPooledDrafter(core_module.PooledDrafter):
     made: list[SpyPooledDrafter] = []
 
     def __init__(
-        self, own: Drafter, pool: core_module.NgramPool, tokens: list[int], rate: Any = None
+        self, own: Drafter, pool: core_module.NgramPool, tokens: list[int], *args: Any, **kw: Any
     ) -> None:
-        super().__init__(own, pool, tokens, rate)
+        super().__init__(own, pool, tokens, *args, **kw)
         self.history = list(tokens)
         self.pool_drafts: list[tuple[int, list[int]]] = []
         SpyPooledDrafter.made.append(self)

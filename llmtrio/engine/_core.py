@@ -133,13 +133,14 @@ class EngineCore:
         if self._make_drafter is not None:
             return self._make_drafter(tokens)
         grammar, sampler = job.request.grammar, job.sampler
-        held = grammar is not None and grammar.trigger is None and sampler is not None
         # Held to a grammar from the first token: drafts are chosen among the n-gram's
         # occurrences by what the grammar takes (a JSON key the schema wants next).
-        own = NgramDrafter(tokens, fits=sampler.allowed if held and sampler else None)
+        held = grammar is not None and grammar.trigger is None
+        fits = sampler.allowed if held and sampler is not None else None
+        own = NgramDrafter(tokens, fits=fits)
         if self._ngrams is None:
             return own
-        return PooledDrafter(own, self._ngrams, tokens, job.acceptance.rate)
+        return PooledDrafter(own, self._ngrams, tokens, job.acceptance.rate, fits=fits)
 
     @property
     def busy(self) -> bool:

@@ -10,7 +10,8 @@ Three parts:
 
 - :class:`NgramDrafter` (one per sequence): the tokens that followed the latest earlier
   occurrence of the sequence's last ``n`` tokens in its own prompt and output, for the longest
-  ``n`` (up to ``max_n``) that occurred before. :class:`NgramPool` (one per core) and
+  ``n`` (up to ``max_n``) that occurred before (under a grammar, the occurrences whose
+  continuations the grammar takes). :class:`NgramPool` (one per core) and
   :class:`PooledDrafter`: a bounded table of what followed each ``n``-gram in every
   sequence's prompt and output, whose draft a sequence takes where it is worth more tokens
   than its own lookup's at their acceptance rates (llama.cpp's ``ngram-mod``, vLLM's suffix
@@ -79,9 +80,9 @@ class NgramDrafter:
     from where the sequence is) chooses among the occurrences instead: each n-gram keeps
     every occurrence, each continuation is cut where the grammar refuses a token, and the
     first two of those it takes whole (latest first), then of the rest by how far it takes
-    them, are compared as above (reported as :data:`AGREED_MATCH` where they agree); an
-    n-gram none of whose continuations the grammar takes a token of gives way to a shorter
-    one.
+    them, are compared as above (reported as :data:`AGREED_MATCH` where they agree and the
+    grammar chose: they are not the latest two, or one is cut); an n-gram none of whose
+    continuations the grammar takes a token of gives way to a shorter one.
     After a value in a JSON object, the continuations of ``",`` in the worked examples a
     prompt quotes that lead into the key the schema wants next (not the latest, which
     leads into another) are drafted as far as they agree: the key, and ``": "`` after it.
@@ -99,38 +100,39 @@ class NgramDrafter:
     ) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError("need 1 <= min_n <= max_n")
+        if choices < 1:
+            raise ValueError("need choices >= 1")
         self._tokens = list(tokens)
         self._sizes = range(max_n, min_n - 1, -1)
         self._fits = fits
         self._choices = choices
-        # n -> {n-gram: where what followed each of its occurrences starts, in order}; kept
-        # only with ``fits``.
-        self._every: dict[int, dict[tuple[int, ...], list[int]]] = {}
-        # n -> {n-gram: the index where what followed its latest occurrence starts}; the
-        # n-gram that ends the sequence has no continuation yet, so it is not in the table.
+        # Without ``fits``: n -> {n-gram: the index where what followed its latest
+        # occurrence starts}; the n-gram that ends the sequence has no continuation yet, so
+        # it is not in the table.
         self._tables: dict[int, dict[tuple[int, ...], int]] = {}
         # n -> {n-gram: the same for its occurrence before the latest}, for those that recur.
         self._before: dict[int, dict[tuple[int, ...], int]] = {}
+        # With ``fits`` instead: n -> {n-gram: where what followed each occurrence starts}.
+        self._every: dict[int, dict[tuple[int, ...], list[int]]] = {}
         t = self._tokens
         end = len(t) - 1  # the last token: what follows it is not known yet
         for n in self._sizes:
-            count = end - n + 1  # n-grams starting at 0 .. end - n
-            if count <= 0:
-                self._tables[n], self._before[n], self._every[n] = {}, {}, {}
-                continue
+            count = max(0, end - n + 1)  # n-grams starting at 0 .. end - n
             grams = list(zip(*(t[j : j + count] for j in range(n)), strict=True))
+            starts = range(n, end + 1)
             if fits is not None:
                 every: dict[tuple[int, ...], list[int]] = {}
-                for gram, start in zip(grams, range(n, end + 1), strict=True):
+                for gram, start in zip(grams, starts, strict=True):
                     every.setdefault(gram, []).append(start)
                 self._every[n] = every
-            latest = dict(zip(grams, range(n, end + 1), strict=True))
+                continue
+            latest = dict(zip(grams, starts, strict=True))
             self._tables[n] = latest
             # Each n-gram's occurrences in order; keeping the last one that is not the
             # latest gives the occurrence before it.
             self._before[n] = {
                 gram: start
-                for gram, start in zip(grams, range(n, end + 1), strict=True)
+                for gram, start in zip(grams, starts, strict=True)
                 if latest[gram] != start
             }
 
@@ -144,14 +146,17 @@ class NgramDrafter:
             end = len(t)  # the n-grams ending here now get a continuation: ``token``
             t.append(token)
             for n in self._sizes:
-                if end >= n:
-                    gram, table = tuple(t[end - n : end]), self._tables[n]
-                    latest = table.get(gram)
-                    if latest is not None:
-                        self._before[n][gram] = latest
-                    table[gram] = end
-                    if self._fits is not None:
-                        self._every[n].setdefault(gram, []).append(end)
+                if end < n:
+                    continue
+                gram = tuple(t[end - n : end])
+                if self._fits is not None:
+                    self._every[n].setdefault(gram, []).append(end)
+                    continue
+                table = self._tables[n]
+                latest = table.get(gram)
+                if latest is not None:
+                    self._before[n][gram] = latest
+                table[gram] = end
 
     def propose(self, limit: int) -> tuple[list[int], int]:
         """Up to ``limit`` tokens that may come next, and the length of the n-gram they
@@ -164,11 +169,11 @@ class NgramDrafter:
                 continue
             gram = tuple(t[-n:])
             if self._fits is not None:
-                found = self._fitting(self._every[n].get(gram, ()), limit)
+                found, chose = self._fitting(self._every[n].get(gram, ()), limit)
                 if not found:
                     continue
                 draft, match = _agreed(found[0], found[1] if len(found) > 1 else None, n)
-                if len(found) > 1 and match != CONTESTED_MATCH:
+                if chose and len(found) > 1 and match != CONTESTED_MATCH:
                     match = AGREED_MATCH
                 return draft, match
             start = self._tables[n].get(gram)
@@ -180,23 +185,26 @@ class NgramDrafter:
             return _agreed(draft, other, n)
         return [], 0
 
-    def _fitting(self, starts: Sequence[int], limit: int) -> list[list[int]]:
+    def _fitting(self, starts: Sequence[int], limit: int) -> tuple[list[list[int]], bool]:
         """Two continuations at ``starts``: those the grammar takes whole first, then those
         it takes furthest, latest first among equals; each cut where the grammar refuses a
-        token, none it refuses at once."""
+        token, none it refuses at once. And whether the grammar chose them: whether they
+        are other than the latest two, or cut."""
         assert self._fits is not None
         t = self._tokens
-        found: list[tuple[bool, list[int]]] = []
-        for start in reversed(starts[-self._choices :]):
+        found: list[tuple[bool, int, list[int]]] = []
+        for i, start in enumerate(reversed(starts[-self._choices :])):
             draft = t[start : start + limit]
             taken = self._fits(draft)
             if taken:
-                found.append((taken < len(draft), draft[:taken]))
-                if sum(not cut for cut, _ in found) == 2:
+                found.append((taken < len(draft), i, draft[:taken]))
+                if sum(not cut for cut, _, _ in found) == 2:
                     break  # the latest two taken whole: nothing ranks above them
         # Stable: latest first among those taken whole, and among equals.
-        found.sort(key=lambda f: (f[0], -len(f[1]) if f[0] else 0))
-        return [draft for _, draft in found[:2]]
+        found.sort(key=lambda f: (f[0], -len(f[2]) if f[0] else 0))
+        chosen = found[:2]
+        plain = [(False, i, d) for i, (_, _, d) in enumerate(chosen)]
+        return [draft for _, _, draft in chosen], chosen != plain
 
 
 def _agreed(draft: list[int], other: Sequence[int] | None, n: int) -> tuple[list[int], int]:
@@ -223,8 +231,9 @@ POOL_MATCH = -1
 #: where the occurrence before it went on otherwise from the first token: counted apart.
 CONTESTED_MATCH = -2
 
-#: The match :class:`NgramDrafter` reports, for a sequence held to a grammar, for what two
-#: continuations the grammar takes agree on: counted apart.
+#: The match :class:`NgramDrafter` reports, for a sequence held to a grammar, where the
+#: grammar chose the continuations (not the latest two, or one cut) and two agree: counted
+#: apart.
 AGREED_MATCH = -3
 
 
@@ -291,7 +300,9 @@ class PooledDrafter:
     (the sequence's acceptance of drafts found so: the pool's drafts are reported with
     :data:`POOL_MATCH` and learn their own rate); a tie goes to the pool, whose match is
     ``pool.n`` tokens long (prompt lookup's is at most 4). Without ``rate``, the longer
-    draft, the pool's on a tie.
+    draft, the pool's on a tie. ``fits`` (a sequence held to a grammar, as
+    :class:`NgramDrafter`'s) cuts the pool's draft where the grammar refuses a token before
+    the two are compared.
     """
 
     def __init__(
@@ -300,10 +311,12 @@ class PooledDrafter:
         pool: NgramPool,
         tokens: Sequence[int],
         rate: Callable[[int], float] | None = None,
+        fits: Callable[[Sequence[int]], int] | None = None,
     ) -> None:
         self._own = own
         self._pool = pool
         self._rate = rate
+        self._fits = fits
         self._tail: deque[int] = deque(tokens, maxlen=pool.n)
         pool.add((), tokens)
 
@@ -324,6 +337,8 @@ class PooledDrafter:
     def propose(self, limit: int) -> tuple[list[int], int]:
         draft, match = self._own.propose(limit)
         pooled = self._pool.propose(self._tail, limit)
+        if pooled and self._fits is not None:
+            pooled = pooled[: self._fits(pooled)]
         if pooled and (not draft or self._worth(pooled, POOL_MATCH) >= self._worth(draft, match)):
             return pooled, POOL_MATCH
         return draft, match
