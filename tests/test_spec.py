@@ -909,3 +909,32 @@ def test_a_remainder_the_steps_cannot_tell_apart_is_priced_by_the_prior() -> Non
 
 def test_repacked_file_types() -> None:
     assert repacked("15") and repacked("2") and not repacked("7") and not repacked(None)
+
+
+@pytest.mark.parametrize("idle_s", [60.0, 1.0])
+def test_after_an_idle_gap_every_shape_follows_the_machines_new_speed(idle_s: float) -> None:
+    """An engine idle past ``gap_s`` may find the machine faster (another process left):
+    the first shape measured again sets the speed of all those measured before, so plain
+    steps measured fast are not fitted against drafting steps measured slow (which made
+    drafts look dear for a whole batch)."""
+    c = StepCosts(gap_s=5.0)
+    plain, drafted = Shape.of([8]), Shape.of([24])
+    t = 0.0
+    for shape, outputs, ms in ((plain, 8, 80.0), (drafted, 24, 200.0)):
+        for _ in range(5):
+            c.measured(ms, outputs=outputs, shape=shape, at=t)
+            t += 0.1
+    before = c.predict(24, shape=drafted)
+    assert before == pytest.approx(200.0, rel=0.01)
+    t += idle_s
+    for _ in range(3):  # now twice as fast
+        c.measured(40.0, outputs=8, shape=plain, at=t)
+        t += 0.1
+    if idle_s > c.gap_s:
+        assert c.predict(8, shape=plain) == pytest.approx(40.0, rel=0.01)
+        assert c.predict(24, shape=drafted) == pytest.approx(100.0, rel=0.01)
+    else:
+        # No gap: each shape keeps its own last times (the plain shape's median is still
+        # that of its five from before; three fast steps may be a lull, not a new speed).
+        assert c.predict(8, shape=plain) == pytest.approx(80.0, rel=0.01)
+        assert c.predict(24, shape=drafted) == pytest.approx(200.0, rel=0.01)

@@ -238,6 +238,7 @@ class EngineCore:
                 outputs=sum(part.tokens for part in parts if part.start is None),
                 prefill=sum(part.tokens for part in parts if part.start is not None),
                 shape=Shape.of(sizes),
+                at=started,
             )
         return outputs
 

@@ -471,6 +471,12 @@ class Acceptance:
         self._relax(self._priors())
 
 
+def _median(times: Sequence[float]) -> float:
+    """The middle of ``times`` (the upper one of an even count)."""
+    ordered = sorted(times)
+    return ordered[len(ordered) // 2]
+
+
 def micro_batch_sizes(
     tokens: Sequence[tuple[int, int]], *, split: bool, n_ubatch: int
 ) -> list[int]:
@@ -648,10 +654,15 @@ class StepCosts:
     prior_ratio: float = 9.0
     remainder_prior: float = 0.0
     weight: float = 0.25
+    gap_s: float = 5.0
     _shapes: dict[tuple[Shape, int], tuple[list[float], int]] = attrs.field(factory=dict)
     _prefill_ms: float | None = None
     _clock: int = 0
     _fit: _Fit | None = None
+    _last_at: float | None = None
+    #: After a gap: each shape's median before it, and a shape's times since (see measured).
+    _before_gap: dict[tuple[Shape, int], float] = attrs.field(factory=dict)
+    _since_gap: dict[tuple[Shape, int], list[float]] = attrs.field(factory=dict)
 
     def measured(
         self,
@@ -662,13 +673,22 @@ class StepCosts:
         batches: int = 1,
         singles: int = 0,
         shape: Shape | None = None,
+        at: float | None = None,
     ) -> None:
         """A step of ``ms`` with ``outputs`` positions with logits and ``prefill`` prompt
-        tokens, in micro-batches of ``shape`` (or ``batches``, ``singles`` of one token)."""
+        tokens, in micro-batches of ``shape`` (or ``batches``, ``singles`` of one token),
+        begun at ``at`` (seconds, a monotonic clock; see :meth:`_after_gap`)."""
         if outputs <= 0 and prefill <= 0:
             return
         shape = self._shape(outputs, batches, singles, shape)
         self._clock += 1
+        if at is not None:
+            if self._last_at is not None and at - self._last_at > self.gap_s:
+                self._before_gap = {
+                    key: _median(recent) for key, (recent, _) in self._shapes.items()
+                }
+                self._since_gap = {}
+            self._last_at = at
         if prefill:
             fit = self._coefficients()
             if outputs and fit is not None:
@@ -687,6 +707,34 @@ class StepCosts:
         del recent[: -self.samples]
         self._shapes[key] = (recent, self._clock)
         self._fit = None
+        if key in self._before_gap:
+            self._after_gap(key, ms)
+
+    def _after_gap(self, key: tuple[Shape, int], ms: float) -> None:
+        """After ``gap_s`` without steps (an idle engine) the machine's speed may have moved
+        (other processes came or went), and the shapes measured before the gap would be
+        fitted against shapes measured after it: a budget that stopped drafting while its
+        plain steps got faster found drafts dearer than they were, and drafted less for a
+        whole batch. So the first shape from before the gap measured ``settled`` times
+        after it sets the speed: every other shape from before the gap is scaled by how
+        much its median moved, and it keeps only its times since."""
+        since = self._since_gap.setdefault(key, [])
+        since.append(ms)
+        if len(since) < self.settled:
+            return
+        ratio = _median(since) / self._before_gap[key] if self._before_gap[key] > 0 else 1.0
+        for other in self._before_gap:
+            entry = self._shapes.get(other)
+            if entry is None:
+                continue
+            recent, at = entry
+            if other == key:
+                self._shapes[other] = (list(since), at)
+            else:
+                self._shapes[other] = ([t * ratio for t in recent], at)
+        if self._prefill_ms is not None:
+            self._prefill_ms *= ratio
+        self._before_gap, self._since_gap = {}, {}
 
     @staticmethod
     def _shape(outputs: int, batches: int, singles: int, shape: Shape | None) -> Shape:
@@ -706,8 +754,7 @@ class StepCosts:
             return self._fit
         rows = []
         for (shape, outputs), (recent, _) in self._shapes.items():
-            ordered = sorted(recent)
-            rows.append((shape, float(outputs), ordered[len(ordered) // 2], float(len(recent))))
+            rows.append((shape, float(outputs), _median(recent), float(len(recent))))
         # A shape seen once or twice may be a stalled step: it takes part once it has a
         # median of three (unless nothing has yet).
         settled = [row for row in rows if row[3] >= self.settled]
