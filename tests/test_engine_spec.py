@@ -515,16 +515,17 @@ def test_a_grammar_held_request_drafts_the_key_its_grammar_wants_next(
         sampling = Sampling(temperature=0)
         request = core_request(0, prompt, 48, grammar=RECORD_GRAMMAR, sampling=sampling)
         run = run_core(core, [request])
+        # Rendered before the model (its vocabulary) is freed.
+        text = b"".join(model.piece(t) for t in run.tokens[0]).decode()
+        (drafter,) = SpyNgramDrafter.made
+        agreed = [
+            b"".join(map(model.piece, draft)).decode()
+            for draft, match in drafter.proposed
+            if match == AGREED_MATCH
+        ]
     finally:
         model.close()
-    text = b"".join(model.piece(t) for t in run.tokens[0]).decode()
     assert text.startswith('{"name": "') and '", "year": "' in text, text
-    (drafter,) = SpyNgramDrafter.made
-    agreed = [
-        b"".join(map(model.piece, draft)).decode()
-        for draft, match in drafter.proposed
-        if match == AGREED_MATCH
-    ]
     # Drafted where the value before it ended: the key, as far as the examples agree.
     assert any('"city": "' in a for a in agreed), drafter.proposed
     assert any('"year": "' in a for a in agreed), drafter.proposed
