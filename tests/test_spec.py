@@ -901,6 +901,39 @@ def test_repacked_file_types() -> None:
     assert repacked("15") and repacked("2") and not repacked("7") and not repacked(None)
 
 
+def test_the_fit_follows_the_machines_speed_between_gaps_too() -> None:
+    """A shared machine's speed moves within minutes with no idle gap: once most of the
+    last steps of a shape already known run at a new speed, every shape is priced at it,
+    those not measured since included (a budget that stopped drafting while its plain
+    steps got faster otherwise found drafts dearer than they were, and did not try them)."""
+    c = StepCosts()
+    plain, drafted = Shape.of([8]), Shape.of([24])
+    for shape, outputs, ms in ((plain, 8, 80.0), (drafted, 24, 200.0)):
+        for _ in range(5):
+            c.measured(ms, outputs=outputs, shape=shape)
+    for _ in range(c.samples):  # 30% faster, and no drafts measured since
+        c.measured(56.0, outputs=8, shape=plain)
+    assert c.predict(8, shape=plain) == pytest.approx(56.0, rel=0.01)
+    assert c.predict(24, shape=drafted) == pytest.approx(140.0, rel=0.01)
+    # Its times are kept at the speed they were measured at: the drafts' steps measured
+    # at the new speed agree with what was kept for them, and move nothing.
+    for _ in range(3):
+        c.measured(140.0, outputs=24, shape=drafted)
+    assert c.predict(24, shape=drafted) == pytest.approx(140.0, rel=0.01)
+    assert c.predict(8, shape=plain) == pytest.approx(56.0, rel=0.01)
+
+
+def test_a_stalled_step_moves_neither_the_speed_nor_its_shape() -> None:
+    c = StepCosts()
+    plain, drafted = Shape.of([8]), Shape.of([24])
+    for shape, outputs, ms in ((plain, 8, 80.0), (drafted, 24, 200.0)):
+        for _ in range(5):
+            c.measured(ms, outputs=outputs, shape=shape)
+    c.measured(3000.0, outputs=8, shape=plain)  # another process held the cores
+    assert c.predict(8, shape=plain) == pytest.approx(80.0, rel=0.01)
+    assert c.predict(24, shape=drafted) == pytest.approx(200.0, rel=0.01)
+
+
 @pytest.mark.parametrize("idle_s", [60.0, 1.0])
 def test_after_an_idle_gap_every_shape_follows_the_machines_new_speed(idle_s: float) -> None:
     """An engine idle past ``gap_s`` may find the machine faster (another process left):

@@ -626,10 +626,13 @@ class StepCosts:
     Measured per shape (:class:`Shape` and ``outputs``): each shape keeps the median of its
     last ``samples`` steps, so a step stalled by another process (seconds, on a shared
     machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten (the load
-    changes). ``single`` is the mean over the shapes made of single-token micro-batches
-    only; the rest is the least-squares fit over the other shapes (what their single-token
-    and short micro-batches cost taken off), over the medians of the shapes seen ``settled``
-    times or more, weighted by their samples. Where the shapes seen cannot tell ``gemv``
+    changes). Each time is kept at the machine's speed when it was measured, and every
+    prediction is made at its speed now (:meth:`_follow`): shapes measured minutes apart
+    on a machine whose speed moves by a third are fitted at one speed. ``single`` is the
+    mean over the shapes made of single-token micro-batches only; the rest is the
+    least-squares fit over the other shapes (what their single-token and short
+    micro-batches cost taken off), over the medians of the shapes seen ``settled`` times or
+    more, weighted by their samples. Where the shapes seen cannot tell ``gemv``
     apart (none with a remainder, or none without), the fit leaves it out, over the shapes
     without a remainder where there are some (a remainder never seen is not priced: such a
     plan is tried, and measured); where they cannot tell ``base`` from ``position`` either
@@ -655,14 +658,16 @@ class StepCosts:
     remainder_prior: float = 0.0
     weight: float = 0.25
     gap_s: float = 5.0
+    #: Each shape's last times over the machine's speed when each was measured, and the
+    #: step it was last seen at.
     _shapes: dict[tuple[Shape, int], tuple[list[float], int]] = attrs.field(factory=dict)
     _prefill_ms: float | None = None
     _clock: int = 0
     _fit: _Fit | None = None
     _last_at: float | None = None
-    #: After a gap: each shape's median before it, and a shape's times since (see measured).
-    _before_gap: dict[tuple[Shape, int], float] = attrs.field(factory=dict)
-    _since_gap: dict[tuple[Shape, int], list[float]] = attrs.field(factory=dict)
+    #: The machine's speed now (see :meth:`_follow`), and what it was taken from.
+    _speed: float = 1.0
+    _ratios: list[float] = attrs.field(factory=list)
 
     def measured(
         self,
@@ -677,17 +682,14 @@ class StepCosts:
     ) -> None:
         """A step of ``ms`` with ``outputs`` positions with logits and ``prefill`` prompt
         tokens, in micro-batches of ``shape`` (or ``batches``, ``singles`` of one token),
-        begun at ``at`` (seconds, a monotonic clock; see :meth:`_after_gap`)."""
+        begun at ``at`` (seconds, a monotonic clock; see :meth:`_follow`)."""
         if outputs <= 0 and prefill <= 0:
             return
         shape = self._shape(outputs, batches, singles, shape)
         self._clock += 1
         if at is not None:
             if self._last_at is not None and at - self._last_at > self.gap_s:
-                self._before_gap = {
-                    key: _median(recent) for key, (recent, _) in self._shapes.items()
-                }
-                self._since_gap = {}
+                self._ratios.clear()
             self._last_at = at
         if prefill:
             fit = self._coefficients()
@@ -697,44 +699,38 @@ class StepCosts:
                 per = ms / prefill
             else:
                 return
+            per /= self._speed
             old = self._prefill_ms
             self._prefill_ms = per if old is None else old + (per - old) * self.weight
             return
         key = (shape, outputs)
         entry = self._shapes.get(key)
         recent = entry[0] if entry is not None else []
-        recent.append(ms)
+        if len(recent) >= self.settled:
+            self._follow(ms / _median(recent))
+        recent.append(ms / self._speed)
         del recent[: -self.samples]
         self._shapes[key] = (recent, self._clock)
         self._fit = None
-        if key in self._before_gap:
-            self._after_gap(key, ms)
 
-    def _after_gap(self, key: tuple[Shape, int], ms: float) -> None:
-        """After ``gap_s`` without steps (an idle engine) the machine's speed may have moved
-        (other processes came or went), and the shapes measured before the gap would be
-        fitted against shapes measured after it: a budget that stopped drafting while its
-        plain steps got faster found drafts dearer than they were, and drafted less for a
-        whole batch. So the first shape from before the gap measured ``settled`` times
-        after it sets the speed: every other shape from before the gap is scaled by how
-        much its median moved, and it keeps only its times since."""
-        since = self._since_gap.setdefault(key, [])
-        since.append(ms)
-        if len(since) < self.settled:
-            return
-        ratio = _median(since) / self._before_gap[key] if self._before_gap[key] > 0 else 1.0
-        for other in self._before_gap:
-            entry = self._shapes.get(other)
-            if entry is None:
-                continue
-            recent, at = entry
-            if other == key:
-                self._shapes[other] = (list(since), at)
-            else:
-                self._shapes[other] = ([t * ratio for t in recent], at)
-        if self._prefill_ms is not None:
-            self._prefill_ms *= ratio
-        self._before_gap, self._since_gap = {}, {}
+    def _follow(self, ratio: float) -> None:
+        """The machine's speed follows a step of a shape seen ``settled`` times or more:
+        ``ratio`` is its time over the shape's median. The speed is the median of the last
+        ``samples`` ratios (one stalled step moves nothing), taken once there are
+        ``settled`` of them.
+
+        A shared machine's speed moves by a third within minutes (other processes come
+        and go). Without this, shapes measured at different speeds were fitted against
+        each other: a budget that stopped drafting while its plain steps got faster found
+        drafts dearer than they were, did not try them, and so never measured them again
+        until they were forgotten. Every kept time is a step's ms over the speed it was
+        measured at, and every prediction is one at the speed now. After ``gap_s`` without
+        steps (an idle engine) the ratios from before the gap are dropped: the first
+        steps after it set the speed."""
+        self._ratios.append(ratio)
+        del self._ratios[: -self.samples]
+        if len(self._ratios) >= self.settled:
+            self._speed = _median(self._ratios)
 
     @staticmethod
     def _shape(outputs: int, batches: int, singles: int, shape: Shape | None) -> Shape:
@@ -828,13 +824,15 @@ class StepCosts:
         """The fitted ``(fixed, position)`` ms, ``fixed`` a micro-batch of whole blocks
         (zeros while nothing was measured)."""
         fit = self._coefficients()
-        return (fit.base, fit.position) if fit is not None else (0.0, 0.0)
+        if fit is None:
+            return (0.0, 0.0)
+        return (fit.base * self._speed, fit.position * self._speed)
 
     @property
     def remainder(self) -> float:
         """The fitted ms a micro-batch's remainder past whole blocks adds (``gemv``)."""
         fit = self._coefficients()
-        return fit.gemv if fit is not None else 0.0
+        return fit.gemv * self._speed if fit is not None else 0.0
 
     @property
     def single(self) -> float:
@@ -843,7 +841,8 @@ class StepCosts:
         fit = self._coefficients()
         if fit is None:
             return 0.0
-        return fit.single if fit.single is not None else fit.base + fit.position
+        single = fit.single if fit.single is not None else fit.base + fit.position
+        return single * self._speed
 
     def predict(
         self,
@@ -869,7 +868,7 @@ class StepCosts:
                 ones = s.singles + s.short_tokens
                 decode = fit.single * ones + fit.base * s.long + fit.gemv * s.partial
                 decode += fit.position * max(0, outputs - ones)
-        return decode + prefill * (self._prefill_ms or 0.0)
+        return (decode + prefill * (self._prefill_ms or 0.0)) * self._speed
 
 
 @attrs.frozen
