@@ -22,6 +22,7 @@ from llmtrio.engine import DecodeError, EngineStats, Sampling, StopReason
 from llmtrio.engine import _core as core_module
 from llmtrio.engine._core import Drafter
 from llmtrio.engine._llama import Batch, LlamaModel
+from llmtrio.engine._slot_sampler import SlotSampler
 from llmtrio.engine._spec import AGREED_MATCH, POOL_MATCH, NgramDrafter
 
 from ._core_helpers import (
@@ -473,14 +474,26 @@ def test_without_the_pool_a_request_drafts_from_its_own_tokens_only(
 
 
 class SpyNgramDrafter(NgramDrafter):
-    """Prompt lookup that keeps what it proposed."""
+    """Prompt lookup that keeps what it proposed, and counts the grammar walks (``fits``)
+    it made proposing."""
 
     made: list[SpyNgramDrafter] = []
 
     def __init__(self, tokens: Sequence[int], **kwargs: Any) -> None:
+        fits = kwargs.get("fits")
+        if fits is not None:
+            kwargs["fits"] = self._counted(fits)
         super().__init__(tokens, **kwargs)
         self.proposed: list[tuple[list[int], int]] = []
+        self.walks = 0
         SpyNgramDrafter.made.append(self)
+
+    def _counted(self, fits: Any) -> Any:
+        def counted(draft: Sequence[int]) -> int:
+            self.walks += 1
+            return int(fits(draft))
+
+        return counted
 
     def propose(self, limit: int) -> tuple[list[int], int]:
         draft, match = super().propose(limit)
@@ -508,6 +521,15 @@ def test_a_grammar_held_request_drafts_the_key_its_grammar_wants_next(
     continuations that lead into the key it wants next, which the examples agree on."""
     monkeypatch.setattr(core_module, "NgramDrafter", SpyNgramDrafter)
     SpyNgramDrafter.made = []
+    walks = 0
+    allowed = SlotSampler.allowed
+
+    def counted(sampler: SlotSampler, tokens: Sequence[int]) -> int:
+        nonlocal walks
+        walks += 1
+        return allowed(sampler, tokens)
+
+    monkeypatch.setattr(SlotSampler, "allowed", counted)
     model = LlamaModel(gemma_path, slots=1, ctx_size=512, threads=2, n_batch=512)
     try:
         prompt = model.tokenize(EXAMPLES, add_special=model.add_bos)
@@ -529,5 +551,8 @@ def test_a_grammar_held_request_drafts_the_key_its_grammar_wants_next(
     # Drafted where the value before it ended: the key, as far as the examples agree.
     assert any('"city": "' in a for a in agreed), drafter.proposed
     assert any('"year": "' in a for a in agreed), drafter.proposed
+    # The drafter cut its drafts where the grammar refuses a token: the draft budget did
+    # not walk the grammar through them again.
+    assert drafter.walks > 0 and walks == drafter.walks
     assert all('"name"' not in a for a in agreed)
     assert stats.spec_accepted_tokens > 0

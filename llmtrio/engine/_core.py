@@ -137,6 +137,7 @@ class EngineCore:
         # occurrences by what the grammar takes (a JSON key the schema wants next).
         held = grammar is not None and grammar.trigger is None
         fits = sampler.allowed if held and sampler is not None else None
+        job.drafts_fit = fits is not None
         own = NgramDrafter(tokens, fits=fits)
         if self._ngrams is None:
             return own

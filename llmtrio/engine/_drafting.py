@@ -88,7 +88,7 @@ class DraftBudget:
             if job.drafter is None or limit <= 0:
                 continue
             draft, match = job.drafter.propose(limit)
-            if draft and job.sampler is not None:
+            if draft and job.sampler is not None and not job.drafts_fit:
                 # Held to a grammar: not past the first token it refuses (a string's
                 # newline, its length limit, a key other than the one the schema wants).
                 draft = draft[: job.sampler.allowed(draft)]

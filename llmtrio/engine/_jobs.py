@@ -52,6 +52,9 @@ class Job:
     #: Generated tokens decoded into the sequence's memory, after the prompt.
     fed: list[int] = attrs.field(factory=list)
     drafter: Drafter | None = None
+    #: Its drafter cuts each draft where the grammar refuses a token itself (the core's,
+    #: for a sequence held to a grammar from its first token): the budget need not again.
+    drafts_fit: bool = False
     acceptance: Acceptance = attrs.field(factory=Acceptance)
     drafted: int = 0
     accepted: int = 0

@@ -13,7 +13,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from ._constrained import Candidates, GrammarSearch
+from ._constrained import Candidates, GrammarSearch, OneToken
 from ._grammar import Grammar
 from ._sampling import Penalties, RawLogprob, logprob_of
 
@@ -83,7 +83,7 @@ class SlotSampler:
         self.last_logprob: RawLogprob | None = None
         self._all: Candidates | None = None  # the whole vocabulary, made on first use
         if grammar is not None:
-            self._one = Candidates(1)
+            self._one = OneToken()
             self._search = GrammarSearch(model.vocab_index)
             if isinstance(grammar, str):
                 grammar = Grammar(grammar)
@@ -243,13 +243,7 @@ class SlotSampler:
             llama_cpp.llama_sampler_free(grammar)
 
     def _allows(self, token: int, grammar: Any = None) -> bool:
-        one = self._one
-        one.data["id"][0] = token
-        one.data["logit"][0] = 0.0
-        one.data["p"][0] = 0.0
-        one.reset(1)
-        llama_cpp.llama_sampler_apply(grammar or self._grammar, one.ref)
-        return bool(np.isfinite(one.data["logit"][0]))
+        return self._one.allowed(grammar or self._grammar, token)
 
     def close(self) -> None:
         if self._chain is not None:
