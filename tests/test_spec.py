@@ -934,6 +934,22 @@ def test_a_stalled_step_moves_neither_the_speed_nor_its_shape() -> None:
     assert c.predict(24, shape=drafted) == pytest.approx(200.0, rel=0.01)
 
 
+def test_after_several_stalled_steps_every_shape_is_priced_as_before() -> None:
+    """Another process held the cores for five steps (two to six times slower): once the
+    steps are back to their time, a shape not measured since is priced as before. Steps
+    that far from the speed do not set it (followed, their times were kept at it, and the
+    speed taken from the steps after them stayed 20% off, pricing drafts cheap for good)."""
+    c = StepCosts()
+    plain, drafted = Shape.of([8]), Shape.of([24])
+    for shape, outputs, ms in ((plain, 8, 80.0), (drafted, 24, 200.0)):
+        for _ in range(5):
+            c.measured(ms, outputs=outputs, shape=shape)
+    for ms in (480.0, 160.0, 400.0, 200.0, 320.0, *[80.0] * 100):
+        c.measured(ms, outputs=8, shape=plain)
+    assert c.predict(8, shape=plain) == pytest.approx(80.0, rel=0.01)
+    assert c.predict(24, shape=drafted) == pytest.approx(200.0, rel=0.01)
+
+
 @pytest.mark.parametrize("idle_s", [60.0, 1.0])
 def test_after_an_idle_gap_every_shape_follows_the_machines_new_speed(idle_s: float) -> None:
     """An engine idle past ``gap_s`` may find the machine faster (another process left):

@@ -79,7 +79,7 @@ class Candidates:
 class OneToken:
     """A ``llama_token_data_array`` of one token, for asking a grammar whether it takes
     that token: drafts are walked through the grammar a token at a time. Its fields are set
-    through ctypes, not a numpy structured array's (2.4 against 5.4 us an ask here)."""
+    through ctypes, not a numpy structured array's (2.4-2.7 against 5.4 us an ask here)."""
 
     def __init__(self) -> None:
         self._data: Any = (llama_cpp.llama_token_data * 1)()

@@ -626,10 +626,11 @@ class StepCosts:
     Measured per shape (:class:`Shape` and ``outputs``): each shape keeps the median of its
     last ``samples`` steps, so a step stalled by another process (seconds, on a shared
     machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten (the load
-    changes). Each time is kept at the machine's speed when it was measured, and every
-    prediction is made at its speed now (:meth:`_follow`): shapes measured minutes apart
-    on a machine whose speed moves by a third are fitted at one speed. ``single`` is the
-    mean over the shapes made of single-token micro-batches only; the rest is the
+    changes). Each time is kept divided by the machine's speed when it was measured, and
+    every prediction is made at its speed now (:meth:`_follow`), so shapes measured
+    minutes apart on a machine whose speed moves by a third are fitted at about one speed
+    (in simulations: a sudden change of up to ``band`` followed, a gradual one in part).
+    ``single`` is the mean over the shapes made of single-token micro-batches only; the rest is the
     least-squares fit over the other shapes (what their single-token and short
     micro-batches cost taken off), over the medians of the shapes seen ``settled`` times or
     more, weighted by their samples. Where the shapes seen cannot tell ``gemv``
@@ -658,6 +659,7 @@ class StepCosts:
     remainder_prior: float = 0.0
     weight: float = 0.25
     gap_s: float = 5.0
+    band: float = 1.5
     #: Each shape's last times over the machine's speed when each was measured, and the
     #: step it was last seen at.
     _shapes: dict[tuple[Shape, int], tuple[list[float], int]] = attrs.field(factory=dict)
@@ -665,9 +667,11 @@ class StepCosts:
     _clock: int = 0
     _fit: _Fit | None = None
     _last_at: float | None = None
-    #: The machine's speed now (see :meth:`_follow`), and what it was taken from.
+    #: The machine's speed now (see :meth:`_follow`), what it was taken from, and whether
+    #: it is being taken afresh (after an idle gap).
     _speed: float = 1.0
     _ratios: list[float] = attrs.field(factory=list)
+    _fresh: bool = True
 
     def measured(
         self,
@@ -690,6 +694,7 @@ class StepCosts:
         if at is not None:
             if self._last_at is not None and at - self._last_at > self.gap_s:
                 self._ratios.clear()
+                self._fresh = True
             self._last_at = at
         if prefill:
             fit = self._coefficients()
@@ -706,8 +711,9 @@ class StepCosts:
         key = (shape, outputs)
         entry = self._shapes.get(key)
         recent = entry[0] if entry is not None else []
-        if len(recent) >= self.settled:
-            self._follow(ms / _median(recent))
+        median = _median(recent) if len(recent) >= self.settled else 0.0
+        if median > 0 and ms > 0:
+            self._follow(ms / median)
         recent.append(ms / self._speed)
         del recent[: -self.samples]
         self._shapes[key] = (recent, self._clock)
@@ -716,21 +722,32 @@ class StepCosts:
     def _follow(self, ratio: float) -> None:
         """The machine's speed follows a step of a shape seen ``settled`` times or more:
         ``ratio`` is its time over the shape's median. The speed is the median of the last
-        ``samples`` ratios (one stalled step moves nothing), taken once there are
-        ``settled`` of them.
+        ``samples`` ratios, taken once there are ``settled`` of them; a step more than
+        ``band`` times faster or slower than the speed now is left out.
 
         A shared machine's speed moves by a third within minutes (other processes come
         and go). Without this, shapes measured at different speeds were fitted against
         each other: a budget that stopped drafting while its plain steps got faster found
         drafts dearer than they were, did not try them, and so never measured them again
-        until they were forgotten. Every kept time is a step's ms over the speed it was
-        measured at, and every prediction is one at the speed now. After ``gap_s`` without
-        steps (an idle engine) the ratios from before the gap are dropped: the first
-        steps after it set the speed."""
+        until they were forgotten. Every kept time is a step's ms divided by the speed it
+        was measured at, and every prediction is one at the speed now.
+
+        The band keeps stalls out: steps slowed several times over by another process for
+        a few steps would otherwise set the speed, their times would be kept at it, and
+        the speed taken from the steps after them would stay off by as much (in a
+        simulation, random stalls of 2-6x left a shape not measured since priced anywhere
+        from 0.3x to 2.9x its cost). A change of more than ``band`` at once is then not
+        followed (as before this existed): the shape measured at it keeps the new times,
+        the others the old, until measured again or forgotten. After ``gap_s`` without
+        steps (an idle engine) the ratios from before the gap are dropped and the first
+        ``settled`` steps after it set the speed, whatever it has become."""
+        if not self._fresh and not 1 / self.band <= ratio / self._speed <= self.band:
+            return
         self._ratios.append(ratio)
         del self._ratios[: -self.samples]
         if len(self._ratios) >= self.settled:
             self._speed = _median(self._ratios)
+            self._fresh = False
 
     @staticmethod
     def _shape(outputs: int, batches: int, singles: int, shape: Shape | None) -> Shape:
