@@ -674,6 +674,34 @@ def test_requests_held_to_a_grammar_share_their_own_rates() -> None:
     assert budget.constrained.rate(4) < before == budget.acceptance.rate(4)
 
 
+@pytest.mark.parametrize("drafts_fit", [False, True])
+def test_the_budget_cuts_a_draft_where_the_grammar_refuses_unless_its_drafter_did(
+    drafts_fit: bool,
+) -> None:
+    """A drafter that does not know the sequence's grammar (a lazy one, a test's own)
+    gets its drafts cut by the budget at the first token the grammar refuses; the core's
+    drafter under a grammar cuts its own, and the grammar is not walked again."""
+    every = lambda candidates, *_, **__: [c.tokens for c in candidates]  # noqa: E731
+    budget = attention_budget(every)
+    budget.costs.measured(20.0, outputs=1)
+    asked: list[list[int]] = []
+
+    class Sampler:
+        def allowed(self, tokens: list[int]) -> int:
+            asked.append(list(tokens))
+            return 2  # refuses the third
+
+    job = Job(core_request(0, [1, 2, 3], 32), seq=0, pos=3, drafts_fit=drafts_fit)
+    job.sampler = Sampler()  # type: ignore[assignment]
+    job.drafter = NgramDrafter([5, 6, 7, 8, 9, 4, 5])  # proposes 6, 7, 8, 9, 4, 5
+    part = Part(job, None, 1, 0)
+    budget.draft([part], [])
+    if drafts_fit:
+        assert part.draft == [6, 7, 8, 9, 4, 5] and asked == []
+    else:
+        assert part.draft == [6, 7] and asked == [[6, 7, 8, 9, 4, 5]]
+
+
 def test_a_draft_not_verified_puts_the_sequence_on_a_run_once_it_proves_right() -> None:
     """A sequence the budget gives no drafts keeps its drafter's proposal's first four
     tokens and checks them against what it emits: all four right (a copy back on track
