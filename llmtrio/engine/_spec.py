@@ -626,14 +626,10 @@ class StepCosts:
     Measured per shape (:class:`Shape` and ``outputs``): each shape keeps the median of its
     last ``samples`` steps, so a step stalled by another process (seconds, on a shared
     machine) moves nothing, and a shape not seen in ``horizon`` steps is forgotten (the load
-    changes). Each time is kept divided by the machine's speed when it was measured, and
-    every prediction is made at its speed now (:meth:`_follow`), so shapes measured
-    minutes apart on a machine whose speed moves by a third are fitted at about one speed
-    (in simulations: a sudden change of up to ``band`` followed, a gradual one in part).
-    ``single`` is the mean over the shapes made of single-token micro-batches only; the rest is the
-    least-squares fit over the other shapes (what their single-token and short
-    micro-batches cost taken off), over the medians of the shapes seen ``settled`` times or
-    more, weighted by their samples. Where the shapes seen cannot tell ``gemv``
+    changes). ``single`` is the mean over the shapes made of single-token micro-batches
+    only; the rest is the least-squares fit over the other shapes (what their single-token
+    and short micro-batches cost taken off), over the medians of the shapes seen ``settled``
+    times or more, weighted by their samples. Where the shapes seen cannot tell ``gemv``
     apart (none with a remainder, or none without), the fit leaves it out, over the shapes
     without a remainder where there are some (a remainder never seen is not priced: such a
     plan is tried, and measured); where they cannot tell ``base`` from ``position`` either
@@ -659,19 +655,14 @@ class StepCosts:
     remainder_prior: float = 0.0
     weight: float = 0.25
     gap_s: float = 5.0
-    band: float = 1.5
-    #: Each shape's last times over the machine's speed when each was measured, and the
-    #: step it was last seen at.
     _shapes: dict[tuple[Shape, int], tuple[list[float], int]] = attrs.field(factory=dict)
     _prefill_ms: float | None = None
     _clock: int = 0
     _fit: _Fit | None = None
     _last_at: float | None = None
-    #: The machine's speed now (see :meth:`_follow`), what it was taken from, and whether
-    #: it is being taken afresh (after an idle gap).
-    _speed: float = 1.0
-    _ratios: list[float] = attrs.field(factory=list)
-    _fresh: bool = True
+    #: After a gap: each shape's median before it, and a shape's times since (see measured).
+    _before_gap: dict[tuple[Shape, int], float] = attrs.field(factory=dict)
+    _since_gap: dict[tuple[Shape, int], list[float]] = attrs.field(factory=dict)
 
     def measured(
         self,
@@ -686,15 +677,17 @@ class StepCosts:
     ) -> None:
         """A step of ``ms`` with ``outputs`` positions with logits and ``prefill`` prompt
         tokens, in micro-batches of ``shape`` (or ``batches``, ``singles`` of one token),
-        begun at ``at`` (seconds, a monotonic clock; see :meth:`_follow`)."""
+        begun at ``at`` (seconds, a monotonic clock; see :meth:`_after_gap`)."""
         if outputs <= 0 and prefill <= 0:
             return
         shape = self._shape(outputs, batches, singles, shape)
         self._clock += 1
         if at is not None:
             if self._last_at is not None and at - self._last_at > self.gap_s:
-                self._ratios.clear()
-                self._fresh = True
+                self._before_gap = {
+                    key: _median(recent) for key, (recent, _) in self._shapes.items()
+                }
+                self._since_gap = {}
             self._last_at = at
         if prefill:
             fit = self._coefficients()
@@ -704,50 +697,44 @@ class StepCosts:
                 per = ms / prefill
             else:
                 return
-            per /= self._speed
             old = self._prefill_ms
             self._prefill_ms = per if old is None else old + (per - old) * self.weight
             return
         key = (shape, outputs)
         entry = self._shapes.get(key)
         recent = entry[0] if entry is not None else []
-        median = _median(recent) if len(recent) >= self.settled else 0.0
-        if median > 0 and ms > 0:
-            self._follow(ms / median)
-        recent.append(ms / self._speed)
+        recent.append(ms)
         del recent[: -self.samples]
         self._shapes[key] = (recent, self._clock)
         self._fit = None
+        if key in self._before_gap:
+            self._after_gap(key, ms)
 
-    def _follow(self, ratio: float) -> None:
-        """The machine's speed follows a step of a shape seen ``settled`` times or more:
-        ``ratio`` is its time over the shape's median. The speed is the median of the last
-        ``samples`` ratios, taken once there are ``settled`` of them; a step more than
-        ``band`` times faster or slower than the speed now is left out.
-
-        A shared machine's speed moves by a third within minutes (other processes come
-        and go). Without this, shapes measured at different speeds were fitted against
-        each other: a budget that stopped drafting while its plain steps got faster found
-        drafts dearer than they were, did not try them, and so never measured them again
-        until they were forgotten. Every kept time is a step's ms divided by the speed it
-        was measured at, and every prediction is one at the speed now.
-
-        The band keeps stalls out: steps slowed several times over by another process for
-        a few steps would otherwise set the speed, their times would be kept at it, and
-        the speed taken from the steps after them would stay off by as much (in a
-        simulation, random stalls of 2-6x left a shape not measured since priced anywhere
-        from 0.3x to 2.9x its cost). A change of more than ``band`` at once is then not
-        followed (as before this existed): the shape measured at it keeps the new times,
-        the others the old, until measured again or forgotten. After ``gap_s`` without
-        steps (an idle engine) the ratios from before the gap are dropped and the first
-        ``settled`` steps after it set the speed, whatever it has become."""
-        if not self._fresh and not 1 / self.band <= ratio / self._speed <= self.band:
+    def _after_gap(self, key: tuple[Shape, int], ms: float) -> None:
+        """After ``gap_s`` without steps (an idle engine) the machine's speed may have moved
+        (other processes came or went), and the shapes measured before the gap would be
+        fitted against shapes measured after it: a budget that stopped drafting while its
+        plain steps got faster found drafts dearer than they were, and drafted less for a
+        whole batch. So the first shape from before the gap measured ``settled`` times
+        after it sets the speed: every other shape from before the gap is scaled by how
+        much its median moved, and it keeps only its times since."""
+        since = self._since_gap.setdefault(key, [])
+        since.append(ms)
+        if len(since) < self.settled:
             return
-        self._ratios.append(ratio)
-        del self._ratios[: -self.samples]
-        if len(self._ratios) >= self.settled:
-            self._speed = _median(self._ratios)
-            self._fresh = False
+        ratio = _median(since) / self._before_gap[key] if self._before_gap[key] > 0 else 1.0
+        for other in self._before_gap:
+            entry = self._shapes.get(other)
+            if entry is None:
+                continue
+            recent, at = entry
+            if other == key:
+                self._shapes[other] = (list(since), at)
+            else:
+                self._shapes[other] = ([t * ratio for t in recent], at)
+        if self._prefill_ms is not None:
+            self._prefill_ms *= ratio
+        self._before_gap, self._since_gap = {}, {}
 
     @staticmethod
     def _shape(outputs: int, batches: int, singles: int, shape: Shape | None) -> Shape:
@@ -841,15 +828,13 @@ class StepCosts:
         """The fitted ``(fixed, position)`` ms, ``fixed`` a micro-batch of whole blocks
         (zeros while nothing was measured)."""
         fit = self._coefficients()
-        if fit is None:
-            return (0.0, 0.0)
-        return (fit.base * self._speed, fit.position * self._speed)
+        return (fit.base, fit.position) if fit is not None else (0.0, 0.0)
 
     @property
     def remainder(self) -> float:
         """The fitted ms a micro-batch's remainder past whole blocks adds (``gemv``)."""
         fit = self._coefficients()
-        return fit.gemv * self._speed if fit is not None else 0.0
+        return fit.gemv if fit is not None else 0.0
 
     @property
     def single(self) -> float:
@@ -858,8 +843,7 @@ class StepCosts:
         fit = self._coefficients()
         if fit is None:
             return 0.0
-        single = fit.single if fit.single is not None else fit.base + fit.position
-        return single * self._speed
+        return fit.single if fit.single is not None else fit.base + fit.position
 
     def predict(
         self,
@@ -885,7 +869,7 @@ class StepCosts:
                 ones = s.singles + s.short_tokens
                 decode = fit.single * ones + fit.base * s.long + fit.gemv * s.partial
                 decode += fit.position * max(0, outputs - ones)
-        return (decode + prefill * (self._prefill_ms or 0.0)) * self._speed
+        return decode + prefill * (self._prefill_ms or 0.0)
 
 
 @attrs.frozen
