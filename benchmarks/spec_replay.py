@@ -1,32 +1,38 @@
 """What prompt lookup can gain at one stream, and how much of it the draft budget takes
 (issue 18), without the noise of a shared machine: each workload's greedy replies are
 generated once without drafts, then replayed step by step against step costs measured on
-this machine (one sequence, ``1 + draft`` positions with logits, medians).
+this machine (one sequence holding as many tokens as the workload's replies do halfway,
+``1 + draft`` positions with logits, the least of a few measurements).
 
     .venv/bin/python benchmarks/spec_replay.py [--workloads rewrite extract chat]
-        [--texts 16] [--max-tokens 160] [--threads 2] [--repeat 5] [--outputs FILE]
-        [--costs FILE]
+        [--texts 16] [--max-tokens 160] [--threads 2] [--repeat 15] [--context N]
+        [--outputs FILE] [--costs FILE]
 
-Three drafting policies are replayed over the same replies, each priced with the same
-measured costs:
+The same replies are replayed under four policies, each priced with the same costs:
 
-- ``budget``: the engine's own drafter and budget as one stream meets them (``NgramDrafter``,
-  under the schema's grammar for extraction; ``Acceptance`` shared by the requests of a
-  workload, as a server's are; ``plan_drafts`` on ``StepCosts`` fed each replayed step's
-  measured cost; shadow drafts), over the workload's replies twice, the second pass
-  measured (a server past its first requests);
-- ``oracle length``: the same drafter's proposals, each verified exactly as far as it pays
-  knowing the reply (the best any budget could do with this drafter);
-- ``oracle occurrence``: every earlier occurrence of the last 1-4 tokens looked at, the one
-  whose continuation the reply follows furthest taken, as far as it pays (the best any
-  prompt lookup of at most ``--spec-draft-max`` tokens could do).
+- ``plain``: no drafts, one token a step (the figures' base);
+- ``budget``: the engine's own ``DraftBudget`` for one decoding sequence, with the
+  bookkeeping the core does after each step (its drafter ``NgramDrafter``, under the
+  schema's grammar for extraction; ``Acceptance`` shared by the requests of a workload, as
+  a server's are; ``StepCosts`` fed each replayed step's cost; shadow drafts), over the
+  workload's replies twice, the second pass counted (a server past its first requests);
+- ``oracle length``: drafts that are, at each position, a prefix of what the same drafter
+  proposes there, their lengths chosen knowing the reply for the least time over the whole
+  reply (the best any budget can do with this drafter);
+- ``oracle occurrence``: the same, a draft being a prefix of the continuation of any
+  earlier occurrence of the last token (so of the last 1-4: the best any prompt lookup of
+  at most ``--spec-draft-max`` tokens can do).
 
 Each prints decode tokens per second (the first token, which the prompt's step samples,
-left out), its ratio to one token a step, the steps, the steps that emitted one token, and
-the draft tokens verified and accepted.
-A replay assumes a reply with drafts is the reply without: verifying drafts in one batch
-can tip a near tie (README), which the servers' figures include and this does not; nor does
-it count the Python a step spends outside ``llama_decode`` (a few percent here).
+left out; a reply that stopped pays the step that sampled its end), the ratio to
+``plain``, the steps, those that emitted one token, and the draft tokens verified and
+accepted. A replay assumes a reply with drafts is the reply without: verifying drafts in
+one batch can tip a near tie (README), which the servers' figures include and this does
+not; nor does it count sampling or the Python a step spends outside ``llama_decode``
+(drafting under a grammar: about 0.7 ms a step at one stream here, 3.5% of a drafting
+step). ``--outputs`` and ``--costs`` keep the replies and costs, so that two budgets can be
+compared on the same ones (costs are kept per workload, with the settings they were
+measured with).
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ from _spec_texts import (
 from llmtrio.engine import EngineConfig, EngineStats, GenerateRequest, demo_model_path
 from llmtrio.engine._constrained import OneToken
 from llmtrio.engine._core import EngineCore
-from llmtrio.engine._drafting import DraftBudget, judge_shadow
+from llmtrio.engine._drafting import DraftBudget, judge_shadow, spec_draft_limit
 from llmtrio.engine._grammar import request_grammar
 from llmtrio.engine._jobs import Job, Part
 from llmtrio.engine._llama import Batch, LlamaModel
@@ -125,8 +131,9 @@ def generate(model: LlamaModel, path: Path, args: argparse.Namespace) -> list[Re
 
 
 def step_costs(model: LlamaModel, context: int, repeat: int) -> list[float]:
-    """The median ms of ``llama_decode`` of one sequence holding ``context`` tokens, with
-    ``n`` positions with logits, for ``n`` = 1 .. ``DRAFT_MAX + 1`` (index ``n``)."""
+    """The ms of ``llama_decode`` of one sequence holding ``context`` tokens, with ``n``
+    positions with logits, for ``n`` = 1 .. ``DRAFT_MAX + 1`` (index ``n``): the least of
+    ``repeat`` measurements (another process on the machine only adds time)."""
     sentence = model.tokenize(" The sea is salt water over most of the earth.", add_special=False)
     prompt = np.resize(np.asarray(sentence, np.int32), context)
     batch = Batch(max(context, DRAFT_MAX + 1))
@@ -145,7 +152,7 @@ def step_costs(model: LlamaModel, context: int, repeat: int) -> list[float]:
             times[n].append((time.perf_counter() - t0) * 1000)
             model.forget(0, context)
     model.forget(0)
-    return [statistics.median(t) if t else 0.0 for t in times]
+    return [min(t) if t else 0.0 for t in times]
 
 
 class Walk:
@@ -190,13 +197,21 @@ class Tally:
     drafted: int = 0
     accepted: int = 0
 
-    def step(self, ms: float, drafted: int, emitted: int) -> None:
+    def step(self, ms: float, drafted: int, right: int) -> None:
+        """A step that verified ``drafted`` draft tokens, ``right`` of them right: it emits
+        ``right + 1`` tokens."""
         self.ms += ms
         self.steps += 1
-        self.ones += emitted == 1
-        self.tokens += emitted
+        self.ones += right == 0
+        self.tokens += right + 1
         self.drafted += drafted
-        self.accepted += emitted - 1
+        self.accepted += right
+
+    def end(self, ms: float) -> None:
+        """The step that samples the end of generation (a reply that stopped): it emits
+        nothing the reply counts."""
+        self.ms += ms
+        self.steps += 1
 
     @property
     def rate(self) -> float:
@@ -211,9 +226,9 @@ def right(draft: Sequence[int], reply: Sequence[int], at: int) -> int:
     return n
 
 
-def paying(costs: Sequence[float], right: int) -> int:
-    """The draft length an oracle verifies: the most tokens per ms, knowing ``right``."""
-    return max(range(right + 1), key=lambda k: (k + 1) / costs[k + 1])
+def stopped(reply: Reply) -> bool:
+    """Whether the reply ended before its limit (a step sampled its end of generation)."""
+    return len(reply.output) < reply.max_tokens
 
 
 def replay(
@@ -224,8 +239,14 @@ def replay(
     model: LlamaModel,
     config: EngineConfig,
 ) -> Tally:
-    """Replay ``replies`` under ``policy``; the budget's is the engine's own
-    (``DraftBudget``, with the bookkeeping the core does after each step)."""
+    """Replay ``replies`` under ``policy``: ``plain`` (no drafts), ``budget`` (the engine's
+    own ``DraftBudget``, with the bookkeeping the core does after each step), or an oracle
+    (:func:`oracle`)."""
+    if policy.startswith("oracle"):
+        tally = Tally()
+        for reply in replies:
+            oracle(reply, costs, policy, walks(reply), tally)
+        return tally
     budget = DraftBudget(model, config, model.n_batch, plan_drafts)
     tally = Tally()
     # The budget's rates and costs are learned: its first pass over the replies warms
@@ -235,7 +256,6 @@ def replay(
         for key, reply in enumerate(replies):
             walk = walks(reply)
             out = reply.output
-            history = reply.prompt + out[:1]
             if walk is not None:
                 walk.accept(out[:1])
             request = CoreRequest(
@@ -247,54 +267,95 @@ def replay(
             )
             job = Job(request, seq=0, pos=len(reply.prompt), generated=1)
             job.acceptance = Acceptance(shared=budget.shared(request))
-            job.drafter = NgramDrafter(history, fits=walk.fits if walk else None)
+            job.drafter = NgramDrafter(reply.prompt + out[:1], fits=walk.fits if walk else None)
             job.drafts_fit = walk is not None
             at = 1
             while at < len(out):
-                limit = min(DRAFT_MAX, reply.max_tokens - at - 1)
-                if policy == "oracle occurrence":
-                    count = paying(costs, min(limit, best_occurrence(history, out, at)))
-                    draft, match = out[at : at + count], 0
-                elif policy == "oracle length":
-                    draft, match = job.drafter.propose(limit) if limit > 0 else ([], 0)
-                    draft = draft[: paying(costs, right(draft, out, at))]
-                else:
+                draft: list[int] = []
+                if policy == "budget":
                     part = Part(job, None, 1, 0)
                     budget.draft([part], [])
-                    draft, match = part.draft, part.match
-                emitted = out[at : at + right(draft, out, at) + 1]
+                    draft = part.draft
+                ok = right(draft, out, at)
+                emitted = out[at : at + ok + 1]
                 ms = costs[1 + len(draft)]
-                tally.step(ms, len(draft), len(emitted))
+                tally.step(ms, len(draft), ok)
                 if policy == "budget":
                     budget.costs.measured(
                         ms, outputs=1 + len(draft), shape=Shape.of([1 + len(draft)])
                     )
                     if draft:
-                        job.acceptance.verified(match, len(draft), len(emitted) - 1)
+                        job.acceptance.verified(part.match, len(draft), ok)
                     if job.shadow:
                         judge_shadow(job, emitted)
                 job.drafter.extend(emitted)
                 job.generated += len(emitted)
                 job.pos += len(emitted)
-                history += emitted
                 if walk is not None:
                     walk.accept(emitted)
                 at += len(emitted)
+            if stopped(reply):
+                tally.end(costs[1])
             if walk is not None:
                 walk.close()
     return tally
 
 
+def oracle(
+    reply: Reply, costs: Sequence[float], policy: str, walk: Walk | None, tally: Tally
+) -> None:
+    """The fastest replay of ``reply`` whose drafts are, at each position, a prefix of the
+    drafter's proposal there (``oracle length``) or of the continuation of an earlier
+    occurrence of the last 1..``MAX_N`` tokens (``oracle occurrence``), each at most
+    ``DRAFT_MAX`` tokens: what a draft at a position can be depends only on the tokens
+    before it, so the best lengths are one pass backwards over the positions."""
+    out = reply.output
+    drafter = NgramDrafter(reply.prompt + out[:1], fits=walk.fits if walk else None)
+    history = reply.prompt + out[:1]
+    if walk is not None:
+        walk.accept(out[:1])
+    # reach[at]: how far the reply from ``at`` follows the best draft there.
+    reach = [0] * len(out)
+    for at in range(1, len(out)):
+        limit = min(DRAFT_MAX, reply.max_tokens - at - 1)
+        if limit > 0 and policy == "oracle occurrence":
+            reach[at] = min(limit, best_occurrence(history, out, at))
+        elif limit > 0:
+            reach[at] = right(drafter.propose(limit)[0], out, at)
+        drafter.extend(out[at : at + 1])
+        history.append(out[at])
+        if walk is not None:
+            walk.accept(out[at : at + 1])
+    if walk is not None:
+        walk.close()
+    # best[at]: the least ms from ``at`` to the reply's end, and the draft length for it.
+    best = [0.0] * (len(out) + 1)
+    take = [0] * len(out)
+    for at in range(len(out) - 1, 0, -1):
+        options = range(min(reach[at], len(out) - at - 1) + 1)
+        take[at] = min(options, key=lambda k: costs[k + 1] + best[at + k + 1])
+        best[at] = costs[take[at] + 1] + best[at + take[at] + 1]
+    at = 1
+    while at < len(out):
+        tally.step(costs[take[at] + 1], take[at], take[at])
+        at += take[at] + 1
+    if stopped(reply):
+        tally.end(costs[1])
+
+
 def best_occurrence(history: Sequence[int], out: Sequence[int], at: int) -> int:
     """How far the reply from ``at`` follows the continuation of the earlier occurrence of
-    its last 1..``MAX_N`` tokens that it follows furthest."""
-    best = 0
-    for n in range(1, MAX_N + 1):
-        gram = list(history[-n:])
-        for start in range(n, len(history)):
-            if history[start - n : start] == gram:
-                best = max(best, right(history[start : start + DRAFT_MAX], out, at))
-    return best
+    its last tokens that it follows furthest (an occurrence of the last 2..``MAX_N`` tokens
+    is one of the last token: the 1-gram's are all of them)."""
+    last = history[-1]
+    return max(
+        (
+            right(history[start : start + DRAFT_MAX], out, at)
+            for start in range(1, len(history))
+            if history[start - 1] == last
+        ),
+        default=0,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -309,8 +370,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--texts", type=int, default=16, help="requests per workload")
     parser.add_argument("--max-tokens", type=int, default=160, help="rewrite's and chat's")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=5, help="measurements of each cost")
-    parser.add_argument("--context", type=int, default=500, help="tokens the costed sequence holds")
+    parser.add_argument("--repeat", type=int, default=15, help="measurements of each cost")
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        help="tokens the costed sequence holds (default: each workload's middle position, "
+        "the median over its replies of the prompt and half the reply)",
+    )
     parser.add_argument(
         "--outputs",
         type=Path,
@@ -324,49 +391,56 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     path = args.model or demo_model_path()
-    model = LlamaModel(
-        path, slots=SLOTS, ctx_size=CTX, threads=args.threads, n_batch=max(512, args.context)
-    )
+    model = LlamaModel(path, slots=SLOTS, ctx_size=CTX, threads=args.threads, n_batch=CTX)
+    settings = {"model": path.name, "threads": args.threads, "context": args.context}
     try:
+        config = EngineConfig(model=path, max_inflight=SLOTS, ctx_size=CTX, spec="ngram")
+        if spec_draft_limit(model, config) < DRAFT_MAX:
+            raise SystemExit(f"{path.name}: its memory cannot take {DRAFT_MAX} drafts back")
         if args.outputs and args.outputs.exists():
             replies = [Reply(**r) for r in json.loads(args.outputs.read_text())]
-            replies = [r for r in replies if r.workload in args.workloads]
         else:
             replies = generate(model, path, args)
             if args.outputs:
                 args.outputs.write_text(json.dumps([r.__dict__ for r in replies]))
-        if args.costs and args.costs.exists():
-            costs = json.loads(args.costs.read_text())
-        else:
-            costs = step_costs(model, args.context, args.repeat)
-            if args.costs:
-                args.costs.write_text(json.dumps(costs))
-        print(
-            f"{path.name}, {args.threads} threads, one sequence holding {args.context} tokens;"
-            f" ms a step of 1, 2, 4, 8, 16, {DRAFT_MAX + 1} positions: "
-            + ", ".join(f"{costs[n]:.1f}" for n in (1, 2, 4, 8, 16, DRAFT_MAX + 1))
-        )
-
-        config = EngineConfig(model=path, max_inflight=SLOTS, ctx_size=CTX, spec="ngram")
+        kept = json.loads(args.costs.read_text()) if args.costs and args.costs.exists() else {}
+        if kept and (not isinstance(kept, dict) or kept.get("settings") != settings):
+            raise SystemExit(f"{args.costs}: not measured with {settings}")
+        costs: dict[str, list[float]] = kept.get("costs", {})
 
         def walks(reply: Reply) -> Walk | None:
             if reply.workload != "extract":
                 return None
             return Walk(model, GenerateRequest(tokens=reply.prompt, json_schema=EXTRACT_SCHEMA))
 
+        print(f"{path.name}, {args.threads} threads, one sequence")
         for workload in args.workloads:
             mine = [r for r in replies if r.workload == workload]
+            if not mine:
+                print(f"\n{workload}: no replies in {args.outputs}")
+                continue
+            middle = statistics.median_low(len(r.prompt) + len(r.output) // 2 for r in mine)
+            context = args.context or middle
+            if workload not in costs:
+                costs[workload] = step_costs(model, context, args.repeat)
+            cost = costs[workload]
             tokens = sum(len(r.output) - 1 for r in mine)
-            plain = 1000 / costs[1]
-            print(f"\n{workload}: {len(mine)} replies, {tokens} tokens after the first")
-            print(f"  {'one token a step':20} {plain:7.1f} tok/s")
-            for policy in ("budget", "oracle length", "oracle occurrence"):
-                t = replay(mine, costs, policy, walks, model, config)
+            print(
+                f"\n{workload}: {len(mine)} replies, {tokens} tokens after the first; a step of 1,"
+                f" 2, 4, 8, 16, {DRAFT_MAX + 1} positions at {context} tokens held: "
+                + ", ".join(f"{cost[n]:.1f}" for n in (1, 2, 4, 8, 16, DRAFT_MAX + 1))
+                + " ms"
+            )
+            plain = replay(mine, cost, "plain", walks, model, config)
+            for policy in ("plain", "budget", "oracle length", "oracle occurrence"):
+                t = plain if policy == "plain" else replay(mine, cost, policy, walks, model, config)
                 print(
-                    f"  {policy:20} {t.rate:7.1f} tok/s  x{t.rate / plain:.2f}  steps {t.steps:5d}"
-                    f"  one-token {t.ones:5d} ({t.ones / t.steps:.0%} of the steps)"
+                    f"  {policy:18} {t.rate:6.1f} tok/s x{t.rate / plain.rate:.2f}"
+                    f"  steps {t.steps:5d}, one-token {t.ones:5d} ({t.ones / t.steps:.0%})"
                     f"  drafted {t.drafted:5d} accepted {t.accepted:5d}"
                 )
+        if args.costs:
+            args.costs.write_text(json.dumps({"settings": settings, "costs": costs}))
     finally:
         model.close()
 
