@@ -168,17 +168,7 @@ class Walk:
         self._one = OneToken()
 
     def fits(self, tokens: Sequence[int]) -> int:
-        clone = llama_cpp.llama_sampler_clone(self._grammar)
-        try:
-            for i, token in enumerate(tokens):
-                if not self._one.allowed(clone, token):
-                    return i
-                if token in self._model.eog:
-                    return i + 1
-                llama_cpp.llama_sampler_accept(clone, token)
-            return len(tokens)
-        finally:
-            llama_cpp.llama_sampler_free(clone)
+        return self._one.taken(self._grammar, tokens, self._model.eog)
 
     def accept(self, tokens: Sequence[int]) -> None:
         for token in tokens:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Container, Sequence
 from typing import Any, cast
 
 import llama_cpp
@@ -95,6 +96,22 @@ class OneToken:
         array.size, array.selected, array.sorted = 1, -1, False
         llama_cpp.llama_sampler_apply(grammar, self._ref)
         return math.isfinite(item.logit)
+
+    def taken(self, grammar: Any, tokens: Sequence[int], eog: Container[int]) -> int:
+        """How many of ``tokens``, one after another from ``grammar``'s state now, it takes
+        (walked on a copy: ``grammar`` is left as it is); an end-of-generation token
+        (``eog``) it takes is the last."""
+        walk = llama_cpp.llama_sampler_clone(grammar)
+        try:
+            for i, token in enumerate(tokens):
+                if not self.allowed(walk, token):
+                    return i
+                if token in eog:
+                    return i + 1
+                llama_cpp.llama_sampler_accept(walk, token)
+            return len(tokens)
+        finally:
+            llama_cpp.llama_sampler_free(walk)
 
 
 def ranked(logits: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.int64]:

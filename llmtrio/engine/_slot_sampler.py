@@ -230,17 +230,7 @@ class SlotSampler:
         waits for its trigger; an end-of-generation token the grammar takes is the last."""
         if self._grammar is None or self._lazy is not None:
             return len(tokens)
-        grammar = llama_cpp.llama_sampler_clone(self._grammar)
-        try:
-            for i, token in enumerate(tokens):
-                if not self._allows(token, grammar):
-                    return i
-                if token in self._model.eog:
-                    return i + 1
-                llama_cpp.llama_sampler_accept(grammar, token)
-            return len(tokens)
-        finally:
-            llama_cpp.llama_sampler_free(grammar)
+        return self._one.taken(self._grammar, tokens, self._model.eog)
 
     def _allows(self, token: int, grammar: Any = None) -> bool:
         return self._one.allowed(grammar or self._grammar, token)
