@@ -300,22 +300,26 @@ def oracle(
     ``DRAFT_MAX`` tokens: what a draft at a position can be depends only on the tokens
     before it, so the best lengths are one pass backwards over the positions."""
     out = reply.output
-    drafter = NgramDrafter(reply.prompt + out[:1], fits=walk.fits if walk else None)
     history = reply.prompt + out[:1]
-    if walk is not None:
-        walk.accept(out[:1])
+    # Only the drafter's proposals need it and the grammar it walks.
+    drafter = None
+    if policy == "oracle length":
+        drafter = NgramDrafter(history, fits=walk.fits if walk else None)
+        if walk is not None:
+            walk.accept(out[:1])
     # reach[at]: how far the reply from ``at`` follows the best draft there.
     reach = [0] * len(out)
     for at in range(1, len(out)):
         limit = min(DRAFT_MAX, reply.max_tokens - at - 1)
-        if limit > 0 and policy == "oracle occurrence":
+        if limit > 0 and drafter is None:
             reach[at] = min(limit, best_occurrence(history, out, at))
-        elif limit > 0:
+        elif limit > 0 and drafter is not None:
             reach[at] = right(drafter.propose(limit)[0], out, at)
-        drafter.extend(out[at : at + 1])
+        if drafter is not None:
+            drafter.extend(out[at : at + 1])
+            if walk is not None:
+                walk.accept(out[at : at + 1])
         history.append(out[at])
-        if walk is not None:
-            walk.accept(out[at : at + 1])
     if walk is not None:
         walk.close()
     # best[at]: the least ms from ``at`` to the reply's end, and the draft length for it.
