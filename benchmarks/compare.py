@@ -81,8 +81,8 @@ import psutil
 import trio
 
 from llmtrio.engine import demo_model_path
-from llmtrio.engine._gguf import check_gguf
-from llmtrio.engine._llama import LlamaModel
+from llmtrio.engine.llama import LlamaModel
+from llmtrio.engine.models._gguf import check_gguf
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent

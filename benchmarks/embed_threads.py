@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embed_compare import MINILM, sentence
 
 from llmtrio.engine import EmbeddingEngine, EngineConfig
-from llmtrio.engine._llama import Batch, LlamaModel
+from llmtrio.engine.llama import Batch, LlamaModel
 
 SIZES = (1, 8, 64)
 

@@ -19,7 +19,7 @@ import trio
 import trio.lowlevel
 
 from llmtrio.engine import Done, Engine, EngineConfig, GenerateRequest, Token, demo_model_path
-from llmtrio.engine._llama import Batch, LlamaModel
+from llmtrio.engine.llama import Batch, LlamaModel
 
 PROMPTS = [
     "The capital of France is",

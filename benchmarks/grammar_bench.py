@@ -40,8 +40,8 @@ from llmtrio.engine import (
     demo_model_path,
     json_schema_grammar,
 )
-from llmtrio.engine._grammar_cache import GrammarCache
-from llmtrio.engine._llama import Batch, LlamaModel, SlotSampler
+from llmtrio.engine.llama import Batch, LlamaModel, SlotSampler
+from llmtrio.engine.llama._grammar_cache import GrammarCache
 from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 

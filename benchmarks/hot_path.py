@@ -22,8 +22,8 @@ import trio
 
 import llmtrio
 from llmtrio.engine import Engine, EngineConfig, GenerateRequest, demo_model_path
-from llmtrio.engine._core import StepOutput
-from llmtrio.engine._llama import Batch, LlamaModel, SlotSampler
+from llmtrio.engine.generate._step import StepOutput
+from llmtrio.engine.llama import Batch, LlamaModel, SlotSampler
 
 
 def best(f: Callable[[], object], n: int, rounds: int = 7) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from llmtrio.engine import demo_model_path
-from llmtrio.engine._llama import Batch, LlamaModel
+from llmtrio.engine.llama import Batch, LlamaModel
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -18,8 +18,8 @@ import llama_cpp
 import numpy as np
 
 from llmtrio.engine import demo_model_path
-from llmtrio.engine._constrained import Candidates
-from llmtrio.engine._llama import Batch, LlamaModel, SlotSampler
+from llmtrio.engine.llama import Batch, LlamaModel, SlotSampler
+from llmtrio.engine.llama._constrained import Candidates
 
 
 def main() -> None:
@@ -74,7 +74,7 @@ def main() -> None:
 def extras(model: LlamaModel, index: int, repeat: int) -> None:
     """Per-sample cost of each extra, on the same logits (greedy)."""
     from llmtrio.engine import JSON_OBJECT_GRAMMAR
-    from llmtrio.engine._sampling import Penalties
+    from llmtrio.engine.llama import Penalties
 
     base = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, bias={})
     logits = model.logits(index).copy()

@@ -63,14 +63,14 @@ from _spec_texts import (
 )
 
 from llmtrio.engine import EngineConfig, EngineStats, GenerateRequest, demo_model_path
-from llmtrio.engine._constrained import OneToken
-from llmtrio.engine._core import EngineCore
-from llmtrio.engine._drafting import DraftBudget, judge_shadow, spec_draft_limit
-from llmtrio.engine._grammar import request_grammar
-from llmtrio.engine._jobs import Job, Part
-from llmtrio.engine._llama import Batch, LlamaModel
-from llmtrio.engine._spec import Acceptance, NgramDrafter, Shape, plan_drafts
-from llmtrio.engine._step import CoreRequest
+from llmtrio.engine.generate._core import EngineCore
+from llmtrio.engine.generate._drafting import DraftBudget, judge_shadow, spec_draft_limit
+from llmtrio.engine.generate._jobs import Job, Part
+from llmtrio.engine.generate._request_grammar import request_grammar
+from llmtrio.engine.generate._step import CoreRequest
+from llmtrio.engine.llama import Batch, LlamaModel
+from llmtrio.engine.llama._constrained import OneToken
+from llmtrio.engine.spec import Acceptance, NgramDrafter, Shape, plan_drafts
 
 DRAFT_MAX = int(EngineConfig.__attrs_attrs__.spec_draft_max.default)
 MAX_N = 4  # NgramDrafter's longest n-gram

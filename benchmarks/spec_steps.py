@@ -36,10 +36,10 @@ from _spec_texts import (
 )
 
 from llmtrio.engine import EngineConfig, EngineStats, GenerateRequest, demo_model_path
-from llmtrio.engine._core import EngineCore
-from llmtrio.engine._grammar import request_grammar
-from llmtrio.engine._llama import LlamaModel
-from llmtrio.engine._step import CoreRequest
+from llmtrio.engine.generate._core import EngineCore
+from llmtrio.engine.generate._request_grammar import request_grammar
+from llmtrio.engine.generate._step import CoreRequest
+from llmtrio.engine.llama import LlamaModel
 
 SLOTS = 8
 CTX = 1024

@@ -8,7 +8,7 @@ consecutive ids), each reading all the weights again; ``--kv-unified`` does not.
         [--context 600]
 
 Each line: the tokens per sequence, the positions with logits, the micro-batches
-``llmtrio.engine._spec.micro_batches`` predicts, and the median ms.
+``llmtrio.engine.spec._batches.micro_batches`` predicts, and the median ms.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from llmtrio.engine import demo_model_path
-from llmtrio.engine._llama import Batch, LlamaModel
-from llmtrio.engine._spec import micro_batches
+from llmtrio.engine.llama import Batch, LlamaModel
+from llmtrio.engine.spec._batches import micro_batches
 
 SHAPES: dict[str, list[int]] = {
     "1 x 1": [1],

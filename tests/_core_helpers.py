@@ -11,10 +11,12 @@ import numpy as np
 import numpy.typing as npt
 
 from llmtrio.engine import EngineConfig, EngineStats, GenerateRequest, StopReason
-from llmtrio.engine._core import CoreRequest, Drafter, EngineCore, StepOutput
-from llmtrio.engine._grammar import Grammar
-from llmtrio.engine._llama import LlamaModel
-from llmtrio.engine._spec import Candidate
+from llmtrio.engine.generate._core import EngineCore
+from llmtrio.engine.generate._jobs import Drafter
+from llmtrio.engine.generate._step import CoreRequest, StepOutput
+from llmtrio.engine.grammar import Grammar
+from llmtrio.engine.llama import LlamaModel
+from llmtrio.engine.spec import Candidate
 
 __all__ = [
     "RandomDrafter",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from llmtrio.engine import ChatMessage, GenerateRequest, InvalidRequestError
-from llmtrio.engine._chat import ChatTemplate
+from llmtrio.engine.generate._chat import ChatTemplate
 
 QWEN_STYLE = """
 {%- if messages[0].role == 'system' %}

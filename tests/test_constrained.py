@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from llmtrio.engine import Tool, json_schema_grammar, tool_call_grammar
-from llmtrio.engine._constrained import Candidates, GrammarSearch, VocabIndex
-from llmtrio.engine._llama import Batch, LlamaModel, SlotSampler
+from llmtrio.engine.llama import Batch, LlamaModel, SlotSampler
+from llmtrio.engine.llama._constrained import Candidates, GrammarSearch, VocabIndex
 
 from ._grammar_probe import GrammarProbe
 

@@ -24,7 +24,7 @@ from llmtrio.engine import (
     StopReason,
     Token,
 )
-from llmtrio.engine._llama import Batch, LlamaModel
+from llmtrio.engine.llama import Batch, LlamaModel
 
 from ._helpers import NEAR_TIE_NATS, collect, engine_config, eventually
 
@@ -429,7 +429,8 @@ async def test_cancelling_open_waits_for_no_download_and_leaks_no_load(
     """Ctrl-C (a cancellation) while the model downloads or loads ends ``Engine.open`` at
     once instead of waiting minutes for the thread; a model whose load was abandoned is
     closed once it exists."""
-    import llmtrio.engine._engine as frontend
+    import llmtrio.engine._lifecycle as lifecycle
+    import llmtrio.engine.generate._engine as frontend
 
     class Hold:
         """A download, or a load from a slow disk: until released (or 2 minutes)."""
@@ -442,7 +443,7 @@ async def test_cancelling_open_waits_for_no_download_and_leaks_no_load(
             self.release.wait(120)
             self.left.set()
 
-    resolve, load = frontend.resolve_model, frontend.LlamaModel
+    resolve, load = lifecycle.resolve_model, frontend.LlamaModel
     download, disk, closed = Hold(), Hold(), threading.Event()
 
     def slow_resolve(config: EngineConfig) -> object:
@@ -471,9 +472,9 @@ async def test_cancelling_open_waits_for_no_download_and_leaks_no_load(
         assert not hold.left.is_set()  # it did not wait for the thread
         hold.release.set()
 
-    monkeypatch.setattr(frontend, "resolve_model", slow_resolve)
+    monkeypatch.setattr(lifecycle, "resolve_model", slow_resolve)
     await cancel_once_entered(download)
-    monkeypatch.setattr(frontend, "resolve_model", resolve)
+    monkeypatch.setattr(lifecycle, "resolve_model", resolve)
     monkeypatch.setattr(frontend, "LlamaModel", SlowModel)
     await cancel_once_entered(disk)
     # The abandoned load ends in its thread, which closes the model it made.

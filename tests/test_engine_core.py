@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 
 from llmtrio.engine import EngineStats, GenerateRequest, StopReason
-from llmtrio.engine._core import CoreRequest, EngineCore, StepOutput
-from llmtrio.engine._llama import LlamaModel
+from llmtrio.engine.generate._core import EngineCore
+from llmtrio.engine.generate._step import CoreRequest, StepOutput
+from llmtrio.engine.llama import LlamaModel
 
 from ._helpers import engine_config
 

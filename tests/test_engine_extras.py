@@ -26,9 +26,9 @@ from llmtrio.engine import (
     TokenLogprob,
     json_schema_grammar,
 )
-from llmtrio.engine._llama import Batch, LlamaModel
-from llmtrio.engine._sampling import Penalties, logprob_of
 from llmtrio.engine._types import MAX_RECURRENT_DRAFT
+from llmtrio.engine.llama import Batch, LlamaModel, Penalties
+from llmtrio.engine.llama._sampling import logprob_of
 
 from ._helpers import assert_greedy_agrees, collect, collect_logprobs, engine_config, run
 
@@ -306,7 +306,7 @@ async def test_hybrid_model_with_tools_logprobs_penalties_and_a_grammar(qwen35_p
 
 def test_greedy_under_a_grammar_takes_the_best_token_it_allows(gemma_path: Path) -> None:
     """The shortlist (the 64 most likely tokens) and the whole vocabulary agree."""
-    from llmtrio.engine._llama import SlotSampler
+    from llmtrio.engine.llama import SlotSampler
 
     model = LlamaModel(gemma_path, slots=1, ctx_size=64, threads=2, n_batch=64)
     try:

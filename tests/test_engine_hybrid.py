@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from llmtrio.engine import Engine, GenerateRequest, StopReason
-from llmtrio.engine._llama import Batch, LlamaModel
+from llmtrio.engine.llama import Batch, LlamaModel
 
 from ._helpers import collect, collect_logprobs, engine_config, run_together
 

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from llmtrio.engine import DecodeError, EngineStats, Sampling, StopReason
-from llmtrio.engine import _core as core_module
-from llmtrio.engine._core import Drafter
-from llmtrio.engine._llama import Batch, LlamaModel
-from llmtrio.engine._slot_sampler import SlotSampler
-from llmtrio.engine._spec import AGREED_MATCH, POOL_MATCH, NgramDrafter
+from llmtrio.engine.generate import _core as core_module
+from llmtrio.engine.generate._jobs import Drafter
+from llmtrio.engine.llama import Batch, LlamaModel, SlotSampler
+from llmtrio.engine.spec import NgramDrafter
+from llmtrio.engine.spec._ngram import AGREED_MATCH, POOL_MATCH
 
 from ._core_helpers import (
     RandomDrafter,

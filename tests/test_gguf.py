@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llmtrio.engine import ModelLoadError
-from llmtrio.engine._gguf import GGUFArray, GGUFFormatError, check_gguf, parse_gguf
+from llmtrio.engine.models._gguf import GGUFArray, GGUFFormatError, check_gguf, parse_gguf
 
 
 def gguf_bytes(

@@ -19,7 +19,7 @@ from llmtrio.engine import (
     Sampling,
     StopReason,
 )
-from llmtrio.engine._llama import LlamaModel
+from llmtrio.engine.llama import LlamaModel
 
 from ._core_helpers import core_request, open_core, run_core
 

@@ -31,7 +31,7 @@ from llmtrio.engine import (
     demo_model_path,
     resolve_model,
 )
-from llmtrio.engine._model_source import HubSettings, NoMatchingFile, choose_gguf
+from llmtrio.engine.models._source import HubSettings, NoMatchingFile, choose_gguf
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_REPO = "someone/Other-Model-GGUF"

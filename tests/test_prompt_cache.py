@@ -13,8 +13,8 @@ import hypothesis.strategies as st
 import numpy as np
 from hypothesis import given, settings
 
-from llmtrio.engine._prompt_cache import PromptCache, common_prefix
-from llmtrio.engine._scheduler import Prefill, Scheduler, Start
+from llmtrio.engine.generate._prompt_cache import PromptCache, common_prefix
+from llmtrio.engine.generate._scheduler import Prefill, Scheduler, Start
 
 BYTES_PER_TOKEN = 10
 

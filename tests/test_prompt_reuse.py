@@ -33,8 +33,9 @@ from llmtrio.engine import (
     Token,
     TokenLogprob,
 )
-from llmtrio.engine._core import CoreRequest, EngineCore, StepOutput
-from llmtrio.engine._llama import LlamaModel
+from llmtrio.engine.generate._core import EngineCore
+from llmtrio.engine.generate._step import CoreRequest, StepOutput
+from llmtrio.engine.llama import LlamaModel
 
 from ._helpers import assert_greedy_agrees, collect, collect_logprobs, engine_config, run_together
 

@@ -31,7 +31,7 @@ from llmtrio.engine import (
     GenerateRequest,
     Token,
 )
-from llmtrio.engine._chat import ChatTemplate
+from llmtrio.engine.generate._chat import ChatTemplate
 from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 
@@ -507,7 +507,7 @@ async def test_a_dead_engine_makes_health_503_with_the_reason(
 async def test_serve_raises_when_its_engine_dies(
     gemma_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmtrio.engine._llama import LlamaModel
+    from llmtrio.engine.llama import LlamaModel
 
     def decode(self: LlamaModel, batch: object) -> int:
         raise RuntimeError("llama.cpp exploded")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmtrio.engine._scheduler import Prefill, Scheduler
+from llmtrio.engine.generate._scheduler import Prefill, Scheduler
 
 
 def test_admits_up_to_max_inflight_in_arrival_order() -> None:

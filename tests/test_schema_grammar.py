@@ -265,7 +265,7 @@ PATTERN_CASES = [
 def test_patterns_mean_what_python_re_search_means(pattern: str, text: str) -> None:
     """What a pattern's automaton accepts, ``re.search`` matches; and the converse, but for
     Python's ``$`` also matching before a final newline (a grammar writes no such string)."""
-    from llmtrio.engine._regex import pattern_dfa
+    from llmtrio.engine.grammar._regex import pattern_dfa
 
     accepted = pattern_dfa(pattern).accepts(text)
     if accepted:

@@ -11,12 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio.engine._drafting import DraftBudget, judge_shadow
-from llmtrio.engine._jobs import Job, Part
-from llmtrio.engine._spec import (
-    AGREED_MATCH,
-    CONTESTED_MATCH,
-    POOL_MATCH,
+from llmtrio.engine._types import EngineConfig
+from llmtrio.engine.generate._drafting import DraftBudget, judge_shadow
+from llmtrio.engine.generate._jobs import Job, Part
+from llmtrio.engine.spec import (
     Acceptance,
     Candidate,
     NgramDrafter,
@@ -25,11 +23,11 @@ from llmtrio.engine._spec import (
     Shape,
     StepCosts,
     micro_batch_sizes,
-    micro_batches,
     plan_drafts,
     repacked,
 )
-from llmtrio.engine._types import EngineConfig
+from llmtrio.engine.spec._batches import micro_batches
+from llmtrio.engine.spec._ngram import AGREED_MATCH, CONTESTED_MATCH, POOL_MATCH
 
 from ._core_helpers import core_request
 

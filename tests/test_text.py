@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmtrio.engine._text import StopMatcher, ThinkSplitter, Utf8Assembler
+from llmtrio.engine.generate._text import StopMatcher, ThinkSplitter, Utf8Assembler
 
 
 def test_utf8_character_split_across_tokens_is_held_until_whole() -> None:
@@ -88,8 +88,8 @@ def test_several_tokens_at_once_are_one_event_each_with_their_own_logprob() -> N
     its own log-probability (a held-back partial character goes with the piece that ends
     it)."""
     from llmtrio.engine import TokenLogprob
-    from llmtrio.engine._output import OutputProcessor
-    from llmtrio.engine._sampling import RawLogprob
+    from llmtrio.engine.generate._output import OutputProcessor
+    from llmtrio.engine.llama import RawLogprob
 
     pieces = {1: b"a", 2: b"b", 3: "é".encode()[:1], 4: "é".encode()[1:], 5: b"c"}
     output = OutputProcessor(

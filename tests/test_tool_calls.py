@@ -26,7 +26,7 @@ from llmtrio.engine import (
     ToolCallParser,
     tool_call_grammar,
 )
-from llmtrio.engine._llama import Batch, LlamaModel, SlotSampler
+from llmtrio.engine.llama import Batch, LlamaModel, SlotSampler
 
 from ._grammar_probe import GrammarProbe
 from ._helpers import collect

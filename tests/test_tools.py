@@ -18,7 +18,7 @@ from llmtrio.engine import (
     ToolCallParser,
     tool_call_grammar,
 )
-from llmtrio.engine._chat import ChatTemplate
+from llmtrio.engine.generate._chat import ChatTemplate
 from llmtrio.worker._chat_request import parse_chat_request
 from llmtrio.worker._chat_response import split_tool_calls
 

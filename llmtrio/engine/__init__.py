@@ -9,12 +9,6 @@ async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
     vectors = (await engine.embed(["a text", "another"])).vectors   # L2-normalized rows
 """
 
-from ._core import EngineStats as EngineStats
-from ._embedding import EMBEDDING_SEQUENCES as EMBEDDING_SEQUENCES
-from ._embedding import EmbeddingEngine as EmbeddingEngine
-from ._embedding import Embeddings as Embeddings
-from ._embedding import open_engine as open_engine
-from ._engine import Engine as Engine
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
@@ -24,22 +18,8 @@ from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import ModelLoadError as ModelLoadError
 from ._errors import PromptTooLongError as PromptTooLongError
 from ._errors import RequestError as RequestError
-from ._generation import Generation as Generation
-from ._gguf import model_kind_of as model_kind_of
-from ._grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
-from ._grammar import Grammar as Grammar
-from ._grammar import json_schema_grammar as json_schema_grammar
-from ._grammar import tool_call_grammar as tool_call_grammar
-from ._model_source import ResolvedModel as ResolvedModel
-from ._model_source import demo_model_path as demo_model_path
-from ._model_source import resolve_model as resolve_model
-from ._tool_stream import ToolCallArguments as ToolCallArguments
-from ._tool_stream import ToolCallEnd as ToolCallEnd
-from ._tool_stream import ToolCallEvent as ToolCallEvent
-from ._tool_stream import ToolCallStart as ToolCallStart
-from ._tool_stream import ToolCallStream as ToolCallStream
-from ._tool_stream import new_tool_call_id as new_tool_call_id
-from ._tools import ToolCallParser as ToolCallParser
+from ._open import open_engine as open_engine
+from ._stats import EngineStats as EngineStats
 from ._types import DEFAULT_QUANT as DEFAULT_QUANT
 from ._types import DEFAULT_REPO as DEFAULT_REPO
 from ._types import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
@@ -57,6 +37,26 @@ from ._types import Token as Token
 from ._types import TokenLogprob as TokenLogprob
 from ._types import Tool as Tool
 from ._types import ToolCall as ToolCall
+from .embed import EMBEDDING_SEQUENCES as EMBEDDING_SEQUENCES
+from .embed import EmbeddingEngine as EmbeddingEngine
+from .embed import Embeddings as Embeddings
+from .generate import Engine as Engine
+from .generate import Generation as Generation
+from .grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
+from .grammar import Grammar as Grammar
+from .grammar import json_schema_grammar as json_schema_grammar
+from .models import ResolvedModel as ResolvedModel
+from .models import demo_model_path as demo_model_path
+from .models import model_kind_of as model_kind_of
+from .models import resolve_model as resolve_model
+from .tools import ToolCallArguments as ToolCallArguments
+from .tools import ToolCallEnd as ToolCallEnd
+from .tools import ToolCallEvent as ToolCallEvent
+from .tools import ToolCallParser as ToolCallParser
+from .tools import ToolCallStart as ToolCallStart
+from .tools import ToolCallStream as ToolCallStream
+from .tools import new_tool_call_id as new_tool_call_id
+from .tools import tool_call_grammar as tool_call_grammar
 
 __all__ = [
     "DEFAULT_QUANT",

@@ -1,10 +1,12 @@
 """The decode thread's lifecycle, one piece for both engines (``Engine`` and
-``EmbeddingEngine``): start the thread, close it, record how it died.
+``EmbeddingEngine``): open (resolve and load the model, abandonably), start the thread,
+count capacity, close it, record how it died.
 
 Each engine's work runs in one ``trio.to_thread`` worker (the subclass's ``_loop``), fed
 through a ``threading.Condition`` and posting results back with ``run_sync_soon``. This
-class holds what is the same in both: the thread's start and stop, the closing flags the
-loop waits on, the failure a dying loop leaves and the event the owner waits for it on.
+class holds what is the same in both: the model's load and release, the thread's start and
+stop, the closing flags the loop waits on, the capacity counters and the parking lot their
+waiters park in, the failure a dying loop leaves and the event the owner waits for it on.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Self
 
 import trio
 
 from ._errors import EngineFailedError
+from ._stats import EngineStats
+from ._types import Capacity, EngineConfig
+from .llama import LlamaModel
+from .models import ResolvedModel, resolve_model
 
 __all__ = ["DecodeLoop"]
 
@@ -37,13 +43,55 @@ class DecodeLoop:
     #: How logs, errors and the thread's name call the loop.
     _loop_name = "decode loop"
 
-    def __init__(self) -> None:
+    def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:
+        self.config = config
+        self.model_name = resolved.name
+        self.model_path = resolved.path
+        self._model = model
+        self.stats = EngineStats()
+        #: Keys of requests cancelled since the loop last looked (under ``_cond``).
+        self._cancels: set[int] = set()
+        self._next_key = 0
+        #: Sequences in the decode thread's last step (written by the thread).
+        self._decoding = 0
+        #: Waiters on a change of capacity (``capacity_changed``, ``wait_idle``).
+        self._capacity_lot = trio.lowlevel.ParkingLot()
         self._trio_token = trio.lowlevel.current_trio_token()
         self._cond = threading.Condition()
         self._closing = False
         self._closed = False
         self._failure: EngineFailedError | None = None
         self._stopped = trio.Event()
+
+    @classmethod
+    @asynccontextmanager
+    async def _open(
+        cls, config: EngineConfig, load: Callable[[ResolvedModel], LlamaModel]
+    ) -> AsyncIterator[Self]:
+        """Resolve the model and ``load`` it (in threads), build the engine, run its decode
+        loop while the block runs.
+
+        A download or a load can take minutes: cancelling (Ctrl-C) must not wait for it. An
+        abandoned download finishes into the cache in its thread (or dies with the process);
+        an abandoned load is closed by its thread (:func:`_abandonable_load`).
+
+        Error handling: :class:`ModelLoadError` when the model cannot be found or loaded (or
+        the engine refuses it). Resource handling: on exit the decode thread stops and the
+        model is freed.
+        """
+        resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
+        model = await _abandonable_load(lambda: load(resolved))
+        try:
+            engine = cls(config, model, resolved)
+            logger.info("loaded %s (%s), %s", resolved.name, model.architecture, engine._shape())
+            async with engine._running():
+                yield engine
+        finally:
+            model.close()
+
+    def _shape(self) -> str:
+        """What the load's log line says of the engine after its model's name."""
+        raise NotImplementedError
 
     @asynccontextmanager
     async def _running(self) -> AsyncIterator[None]:
@@ -97,7 +145,48 @@ class DecodeLoop:
         with contextlib.suppress(trio.RunFinishedError):
             self._trio_token.run_sync_soon(deliver, results)
 
+    def _requests_in_flight(self) -> int:
+        """Requests in flight now (waiting ones included)."""
+        raise NotImplementedError
+
+    def _capacity_changed(self) -> None:
+        """Wake whoever waits on a change of capacity (a request accepted or freed)."""
+        self._capacity_lot.unpark_all()
+
     # -- public API ----------------------------------------------------------------------
+
+    @property
+    def max_inflight(self) -> int:
+        """How many requests it takes at once (the ring's claims)."""
+        return self.config.max_inflight
+
+    @property
+    def n_vocab(self) -> int:
+        return self._model.n_vocab
+
+    def capacity(self) -> Capacity:
+        inflight = self._requests_in_flight()
+        return Capacity(
+            inflight=inflight,
+            decoding=self._decoding,
+            max_inflight=self.max_inflight,
+            available_slots=max(0, self.max_inflight - inflight),
+        )
+
+    async def capacity_changed(self) -> None:
+        """Return at the next change of :meth:`capacity`'s ``inflight`` (a request accepted
+        or its slot freed)."""
+        await self._capacity_lot.park()
+
+    async def wait_idle(self) -> None:
+        """Return once no request is in flight (waiting ones included)."""
+        while self._requests_in_flight():
+            await self._capacity_lot.park()
+
+    async def wait_for_slot(self) -> None:
+        """Return once fewer than ``max_inflight`` requests are in flight."""
+        while self._requests_in_flight() >= self.max_inflight:
+            await self._capacity_lot.park()
 
     @property
     def failure(self) -> EngineFailedError | None:
@@ -113,3 +202,33 @@ class DecodeLoop:
             await trio.sleep_forever()
         assert self._failure is not None
         return self._failure
+
+
+async def _abandonable_load(load: Callable[[], LlamaModel]) -> LlamaModel:
+    """``load()`` in a worker thread, which a cancellation does not wait for.
+
+    Resource handling: a model whose load was abandoned is closed as soon as it exists, by
+    whichever side sees the abandonment last (the thread once it finishes loading, or this
+    task if the model was already there), so an abandoned load leaks nothing.
+    """
+    lock = threading.Lock()
+    loaded: list[LlamaModel] = []
+    abandoned = False
+
+    def run() -> None:
+        model = load()
+        with lock:
+            if abandoned:
+                model.close()
+            else:
+                loaded.append(model)
+
+    try:
+        await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+    except BaseException:
+        with lock:
+            abandoned = True
+            for model in loaded:
+                model.close()
+        raise
+    return loaded[0]

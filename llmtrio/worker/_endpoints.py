@@ -63,10 +63,14 @@ class _Completions:
 
     @asynccontextmanager
     async def run(self, engine: Engine, request: CompletionRequest) -> AsyncIterator[Generation]:
-        # Tokenizing a long prompt takes a while: never on the event loop.
-        generate = await trio.to_thread.run_sync(
-            request.generate, lambda text: engine.tokenize(text, add_special=True)
-        )
+        def tokenize(text: str) -> list[int]:
+            return engine.tokenize(text, add_special=True)
+
+        if len(request.prompt) <= _INLINE_TOKENIZE_CHARS:  # characters, or token ids
+            generate = request.generate(tokenize)
+        else:
+            # Tokenizing a long prompt takes a while: never on the event loop.
+            generate = await trio.to_thread.run_sync(request.generate, tokenize)
         async with engine.submit(generate) as generation:
             yield generation
 

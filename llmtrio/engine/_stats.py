@@ -1,18 +1,10 @@
-"""The values that cross the decode thread's boundary: what the core takes
-(:class:`CoreRequest`), what one step did to a request (:class:`StepOutput`), and the
-counters it keeps (:class:`EngineStats`)."""
+"""The decode loop's counters (:class:`EngineStats`), kept by both engines."""
 
 from __future__ import annotations
 
 import attrs
-import numpy as np
-import numpy.typing as npt
 
-from ._grammar import Grammar
-from ._sampling import RawLogprob
-from ._types import GenerateRequest, StopReason
-
-__all__ = ["CoreRequest", "EngineStats", "StepOutput"]
+__all__ = ["EngineStats"]
 
 
 @attrs.define
@@ -65,38 +57,3 @@ class EngineStats:
     swapped: int = 0
     swapped_bytes: int = 0
     idle_evictions: int = 0
-
-
-@attrs.frozen(eq=False)
-class CoreRequest:
-    """One request as the core takes it: the prompt's token ids, how many tokens it may
-    generate, and the prompt lengths worth a snapshot on recurrent memory (``hints``)."""
-
-    key: int
-    prompt: npt.NDArray[np.int32]
-    request: GenerateRequest
-    max_tokens: int
-    hints: tuple[int, ...] = ()
-    #: The grammar the engine compiled for it (parsed and cached: a slot copies it).
-    grammar: Grammar | None = None
-
-
-@attrs.frozen(eq=False)
-class StepOutput:
-    """What one step did to one request: tokens sampled (several when drafts were
-    accepted), and its end (``stop`` or ``error``; ``released`` once its slot is free).
-    ``cached`` prompt tokens were found in memory; ``drafted`` draft tokens were verified for
-    it so far and ``accepted`` of them were right; the times are ``time.perf_counter()``
-    values (0 until they happen)."""
-
-    key: int
-    tokens: list[int]
-    stop: StopReason | None = None
-    error: Exception | None = None
-    released: bool = False
-    logprobs: list[RawLogprob] | None = None
-    cached: int = 0
-    admitted_at: float = 0.0
-    first_token_at: float = 0.0
-    drafted: int = 0
-    accepted: int = 0

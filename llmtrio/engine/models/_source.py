@@ -40,9 +40,9 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils.tqdm import silent_tqdm
 
-from ._errors import ModelLoadError
+from .._errors import ModelLoadError
+from .._types import DEFAULT_REPO, EngineConfig
 from ._gguf import GGUFInfo, check_gguf
-from ._types import DEFAULT_REPO, EngineConfig
 
 __all__ = [
     "DEMO_MODEL_FILE",

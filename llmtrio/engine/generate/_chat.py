@@ -11,10 +11,10 @@ import attrs
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ._errors import InvalidRequestError
+from .._errors import InvalidRequestError
+from .._types import ChatMessage, Tool
+from ..tools import describe_tools, template_message
 from ._text import THINK_CLOSE, THINK_OPEN
-from ._tools import describe_tools, template_message
-from ._types import ChatMessage, Tool
 
 __all__ = ["ChatTemplate", "RenderedPrompt"]
 

@@ -12,12 +12,11 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._grammar import Grammar
-from ._llama import LlamaModel, SlotSampler
-from ._sampling import Penalties
-from ._spec import Acceptance
+from .._types import GenerateRequest
+from ..grammar import Grammar
+from ..llama import LlamaModel, Penalties, SlotSampler
+from ..spec import Acceptance
 from ._step import CoreRequest, StepOutput
-from ._types import GenerateRequest
 
 __all__ = ["Drafter", "Job", "Part", "slot_sampler"]
 

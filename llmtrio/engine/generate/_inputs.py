@@ -16,13 +16,14 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from .._errors import InvalidRequestError, PromptTooLongError
+from .._types import EngineConfig, GenerateRequest
+from ..grammar import Grammar
+from ..llama import LlamaModel
 from ._chat import ChatTemplate
 from ._drafting import cut_anywhere
-from ._errors import InvalidRequestError, PromptTooLongError
-from ._grammar import Grammar, request_grammar
-from ._llama import LlamaModel
 from ._prompt_cache import common_prefix
-from ._types import EngineConfig, GenerateRequest
+from ._request_grammar import request_grammar
 
 __all__ = ["InputProcessor", "Prepared"]
 

@@ -15,68 +15,46 @@ Three parts, with plain values and callables between them (vLLM v1's lines):
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import attrs
 import numpy as np
 import trio
 
+from .._errors import EngineClosedError, EngineFailedError
+from .._lifecycle import DecodeLoop
+from .._types import MAX_RECURRENT_DRAFT, Capacity, EngineConfig, GenerateRequest, TokenLogprob
+from ..llama import LlamaModel, RawLogprob
+from ..models import ResolvedModel
 from ._chat import ChatTemplate
-from ._core import CoreRequest, EngineCore, EngineStats, StepOutput
-from ._errors import (
-    EngineClosedError,
-    EngineFailedError,
-)
+from ._core import EngineCore
 from ._generation import Generation
 from ._inputs import InputProcessor
-from ._lifecycle import DecodeLoop
-from ._llama import LlamaModel
-from ._model_source import ResolvedModel, resolve_model
 from ._output import OutputProcessor
-from ._sampling import RawLogprob
+from ._step import CoreRequest, StepOutput
 from ._text import THINK_CLOSE, THINK_OPEN
-from ._types import (
-    MAX_RECURRENT_DRAFT,
-    Capacity,
-    EngineConfig,
-    GenerateRequest,
-    TokenLogprob,
-)
 
 __all__ = ["Engine"]
 
 logger = logging.getLogger("llmtrio.engine")
 
 
-async def _abandonable_load(load: Callable[[], LlamaModel]) -> LlamaModel:
-    """``load()`` in a worker thread, which a cancellation does not wait for.
+#: A request whose messages hold at most this many characters in all (or whose prompt is at
+#: most this many token ids), with no grammar, JSON schema or tools, is templated and
+#: tokenized on the event loop: that costs less than the hand-off to a worker thread and back
+#: (``benchmarks/prepare_inline.py``). Longer prompts, and grammars to compile, go to a
+#: worker thread.
+INLINE_PREPARE_CHARS = 1024
 
-    Resource handling: a model whose load was abandoned is closed as soon as it exists, by
-    whichever side sees the abandonment last (the thread once it finishes loading, or this
-    task if the model was already there), so an abandoned load leaks nothing.
-    """
-    lock = threading.Lock()
-    loaded: list[LlamaModel] = []
-    abandoned = False
 
-    def run() -> None:
-        model = load()
-        with lock:
-            if abandoned:
-                model.close()
-            else:
-                loaded.append(model)
-
-    try:
-        await trio.to_thread.run_sync(run, abandon_on_cancel=True)
-    except BaseException:
-        with lock:
-            abandoned = True
-            for model in loaded:
-                model.close()
-        raise
-    return loaded[0]
+def _prepares_inline(request: GenerateRequest) -> bool:
+    if request.grammar is not None or request.json_schema is not None or request.tools:
+        return False
+    if request.tokens is not None:
+        return len(request.tokens) <= INLINE_PREPARE_CHARS
+    messages = request.messages or ()
+    return sum(len(message.content) for message in messages) <= INLINE_PREPARE_CHARS
 
 
 class Engine(DecodeLoop):
@@ -89,10 +67,8 @@ class Engine(DecodeLoop):
     kind = "chat"
 
     def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:
-        self.config = config
-        self.model_name = resolved.name
-        self.model_path = resolved.path
-        self._model = model
+        super().__init__(config, model, resolved)
+        self._pieces: dict[int, bytes] = {}
         self._inputs = InputProcessor(
             config,
             model,
@@ -105,17 +81,11 @@ class Engine(DecodeLoop):
             ),
         )
         self._think_ids = self._single_tokens((THINK_OPEN, THINK_CLOSE))
-        self._pieces: dict[int, bytes] = {}
-        super().__init__()
         self._inbox: list[CoreRequest] = []
-        self._cancels: set[int] = set()
         #: The generations whose slot is not released yet, by key (Trio side only).
         self._generations: dict[int, Generation] = {}
-        self._next_key = 0
+        #: Requests accepted and not yet released (waiting ones included).
         self._inflight = 0
-        self._decoding = 0
-        self._capacity_lot = trio.lowlevel.ParkingLot()
-        self.stats = EngineStats()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -129,15 +99,12 @@ class Engine(DecodeLoop):
         Resource handling: on exit, generations still running end with
         ``Failed(EngineClosedError)``, the decode thread stops and the model is freed.
         """
-        # A download or a load can take minutes: cancelling (Ctrl-C) must not wait for it.
-        # An abandoned download finishes into the cache in its thread (or dies with the
-        # process); an abandoned load is closed by its thread (``_abandonable_load``).
-        resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
         # A step holds the prefill chunk and every sequence's token and drafts.
         drafts = config.spec_draft_max if config.spec is not None else 0
         n_batch = max(config.prefill_chunk + config.max_inflight * (1 + drafts), 64)
-        model = await _abandonable_load(
-            lambda: LlamaModel(
+        async with cls._open(
+            config,
+            lambda resolved: LlamaModel(
                 resolved.path,
                 slots=config.max_inflight,
                 ctx_size=config.ctx_size,
@@ -145,64 +112,39 @@ class Engine(DecodeLoop):
                 n_batch=n_batch,
                 kv_unified=config.kv_unified,
                 n_rs_seq=min(drafts, MAX_RECURRENT_DRAFT),
-            )
+            ),
+        ) as engine:
+            yield engine
+
+    def _shape(self) -> str:
+        model, config = self._model, self.config
+        memory = "hybrid" if model.is_hybrid else "recurrent" if model.is_recurrent else "attention"
+        pool = " in one pool" if config.kv_unified else ""
+        return (
+            f"{memory} memory, chat template: {self._inputs.template.source}, "
+            f"{config.max_inflight} slots x {config.ctx_size} tokens{pool}"
         )
-        try:
-            engine = cls(config, model, resolved)
-            logger.info(
-                "loaded %s (%s, %s memory, chat template: %s), %d slots x %d tokens%s",
-                resolved.name,
-                model.architecture,
-                "hybrid" if model.is_hybrid else "recurrent" if model.is_recurrent else "attention",
-                engine._inputs.template.source,
-                config.max_inflight,
-                config.ctx_size,
-                " in one pool" if config.kv_unified else "",
-            )
-            async with engine._running():
-                yield engine
-        finally:
-            model.close()
+
+    def _requests_in_flight(self) -> int:
+        return self._inflight
 
     # -- public API ----------------------------------------------------------------------
 
     def capacity(self) -> Capacity:
-        inflight = self._inflight
-        return Capacity(
-            inflight=inflight,
-            decoding=self._decoding,
-            max_inflight=self.config.max_inflight,
-            available_slots=max(0, self.config.max_inflight - inflight),
-            cache_hits=self.stats.prompt_cache_hits,
-            cached_tokens=self.stats.prompt_cache_reused_tokens,
-            cache_bytes=self.stats.prompt_cache_bytes,
-            kv_used=self.stats.kv_tokens,
+        stats = self.stats
+        return attrs.evolve(
+            super().capacity(),
+            cache_hits=stats.prompt_cache_hits,
+            cached_tokens=stats.prompt_cache_reused_tokens,
+            cache_bytes=stats.prompt_cache_bytes,
+            kv_used=stats.kv_tokens,
             kv_total=self.config.pool_cells,
-            spec_drafted=self.stats.spec_draft_tokens,
-            spec_accepted=self.stats.spec_accepted_tokens,
+            spec_drafted=stats.spec_draft_tokens,
+            spec_accepted=stats.spec_accepted_tokens,
         )
-
-    async def wait_idle(self) -> None:
-        """Return once no request is in flight (waiting ones included)."""
-        while self._inflight:
-            await self._capacity_lot.park()
-
-    async def capacity_changed(self) -> None:
-        """Return at the next change of :meth:`capacity`'s ``inflight`` (a request accepted
-        or its slot freed)."""
-        await self._capacity_lot.park()
-
-    async def wait_for_slot(self) -> None:
-        """Return once fewer than ``max_inflight`` requests are in flight."""
-        while self._inflight >= self.config.max_inflight:
-            await self._capacity_lot.park()
 
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         return self._model.tokenize(text, add_special=add_special)
-
-    @property
-    def n_vocab(self) -> int:
-        return self._model.n_vocab
 
     @asynccontextmanager
     async def submit(self, request: GenerateRequest) -> AsyncIterator[Generation]:
@@ -215,11 +157,14 @@ class Engine(DecodeLoop):
         if self._closed:
             raise self._failure or EngineClosedError("the engine is closed")
         self._inputs.check_size(request)
-        # Rendering and tokenizing a long prompt, or compiling a grammar, takes a while: never
-        # on the event loop.
-        prepared = await trio.to_thread.run_sync(
-            self._inputs.prepare, request, abandon_on_cancel=True
-        )
+        if _prepares_inline(request):
+            prepared = self._inputs.prepare(request)
+        else:
+            # Rendering and tokenizing a long prompt, or compiling a grammar, takes a while:
+            # never on the event loop.
+            prepared = await trio.to_thread.run_sync(
+                self._inputs.prepare, request, abandon_on_cancel=True
+            )
         prompt = prepared.tokens
         key = self._next_key
         self._next_key += 1

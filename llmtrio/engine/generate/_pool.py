@@ -34,12 +34,12 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import DecodeError
+from .._errors import DecodeError
+from .._stats import EngineStats
+from ..llama import LlamaModel
 from ._jobs import Job, Part
-from ._llama import LlamaModel
 from ._prompt_cache import PromptCache
 from ._scheduler import Scheduler
-from ._step import EngineStats
 
 __all__ = ["SharedPool"]
 

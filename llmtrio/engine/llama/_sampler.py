@@ -13,12 +13,12 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from ..grammar import Grammar
 from ._constrained import Candidates, GrammarSearch, OneToken
-from ._grammar import Grammar
 from ._sampling import Penalties, RawLogprob, logprob_of
 
 if TYPE_CHECKING:
-    from ._llama import LlamaModel
+    from ._model import LlamaModel
 
 __all__ = ["SlotSampler"]
 

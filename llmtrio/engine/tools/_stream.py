@@ -34,14 +34,14 @@ from typing import Any
 
 import attrs
 
-from ._tool_grammar import (
+from .._types import Tool
+from ._grammar import (
     FUNCTION_CLOSE,
     PARAMETER_CLOSE,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     raw_parameter,
 )
-from ._types import Tool
 
 __all__ = [
     "ToolCallArguments",

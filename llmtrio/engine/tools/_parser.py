@@ -7,7 +7,7 @@ Two output formats are understood, both inside ``<tool_call>...</tool_call>``:
 - Qwen3-Coder / Qwen3.5 XML: ``<function=get_weather><parameter=city>Paris</parameter>
   </function>``.
 
-Calls are read by :class:`ToolCallStream` (``_tool_stream``), which streams their arguments;
+Calls are read by :class:`ToolCallStream` (``_stream``), which streams their arguments;
 :class:`ToolCallParser` gathers its events into whole calls, so a reply read whole and one
 streamed give the same calls.
 
@@ -24,15 +24,9 @@ from typing import Any
 
 import attrs
 
-from ._tool_grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from ._tool_stream import (
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    ToolCallStream,
-    new_tool_call_id,
-)
-from ._types import ChatMessage, Tool, ToolCall
+from .._types import ChatMessage, Tool, ToolCall
+from ._grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from ._stream import ToolCallArguments, ToolCallEnd, ToolCallStart, ToolCallStream, new_tool_call_id
 
 __all__ = [
     "TOOL_CALL_CLOSE",

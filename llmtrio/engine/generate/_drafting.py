@@ -1,6 +1,6 @@
 """Speculative decoding's part of a decode step: which decoding sequences carry drafts and
-how many (the draft budget), carried out for the core (``_core.py``) from the pure policy in
-``_spec.py``: each sequence's drafter proposes, :func:`plan_drafts` prices the plans with
+how many (the draft budget), carried out for the core (``_core.py``) from the pure policy in the
+``spec`` package: each sequence's drafter proposes, :func:`plan_drafts` prices the plans with
 the step costs measured so far (:class:`StepCosts`) and the micro-batches llama.cpp would
 split the batch into (:func:`micro_batch_sizes`), and the plan with the most tokens per ms of
 decoding is kept. No llama.cpp calls: the model is read for its memory's layout only.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from .._types import EngineConfig
+from ..llama import LlamaModel
+from ..spec import Acceptance, Candidate, StepCosts, micro_batch_sizes, repacked
 from ._jobs import Job, Part
-from ._llama import LlamaModel
-from ._spec import Acceptance, Candidate, StepCosts, micro_batch_sizes, repacked
 from ._step import CoreRequest
-from ._types import EngineConfig
 
 __all__ = ["SHADOW", "DraftBudget", "cut_anywhere", "judge_shadow", "spec_draft_limit"]
 

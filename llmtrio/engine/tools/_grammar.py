@@ -21,10 +21,9 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._gbnf import Rules, literal
-from ._schema import SchemaConverter, SchemaError
-from ._schema_keywords import json_text
-from ._types import Tool
+from .._errors import InvalidRequestError
+from .._types import Tool
+from ..grammar import Rules, SchemaConverter, SchemaError, json_text, literal
 
 __all__ = [
     "FUNCTION_CLOSE",
@@ -32,6 +31,7 @@ __all__ = [
     "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
     "raw_parameter",
+    "tool_call_grammar",
     "tool_calls_grammar",
     "xml_properties",
 ]
@@ -159,3 +159,18 @@ def tool_calls_grammar(
     """
     key = json_text([[tool.name, tool.parameters] for tool in tools])
     return _grammar(key, xml, parallel, loose)
+
+
+def tool_call_grammar(
+    tools: Sequence[Tool], *, xml: bool = False, parallel: bool = False, loose: bool = False
+) -> str:
+    """A grammar for a call of one of ``tools``, in the XML form (``<function=...>``) when
+    ``xml``, else Hermes JSON; several calls, a newline apart, when ``parallel``. ``loose``:
+    a tool whose schema cannot be enforced takes any arguments instead of failing.
+
+    Error handling: :class:`InvalidRequestError` for a schema the grammar cannot enforce.
+    """
+    try:
+        return tool_calls_grammar(tools, xml=xml, parallel=parallel, loose=loose)
+    except SchemaError as exc:
+        raise InvalidRequestError(str(exc), param="tools") from None

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import trio
 
-from ._core import StepOutput
+from .._types import Done, Event, Failed, StopReason, Timings, Token
 from ._output import OutputProcessor
-from ._types import Done, Event, Failed, StopReason, Timings, Token
+from ._step import StepOutput
 
 __all__ = ["Generation"]
 

@@ -7,7 +7,7 @@ Requests come in and results go out as plain values (:class:`CoreRequest`,
 :class:`StepOutput`); the policies it carries out are pure objects of their own: the
 :class:`Scheduler` (who runs, how many prompt tokens each), the :class:`PromptCache`
 (which slot, what of the prompt is already in memory, what to snapshot), and speculative
-decoding's drafter and draft budget (``_spec.py``, carried out by ``_drafting.py``).
+decoding's drafter and draft budget (the ``spec`` package, carried out by ``_drafting.py``).
 
 Speculative decoding: a decoding sequence's step carries its last token and up to
 ``spec_draft_max`` draft tokens, every one with logits. Its sampler then samples the
@@ -31,27 +31,19 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from .._errors import DecodeError
+from .._stats import EngineStats
+from .._types import EngineConfig, StopReason
+from ..llama import Batch, LlamaModel, RawLogprob, verify
+from ..spec import Acceptance, NgramDrafter, NgramPool, PooledDrafter, Shape, plan_drafts
 from ._drafting import DraftBudget, cut_anywhere, judge_shadow
-from ._errors import DecodeError
 from ._jobs import Drafter, Job, Part, slot_sampler
-from ._llama import Batch, LlamaModel
 from ._pool import SharedPool
 from ._prompt_cache import PromptCache
-from ._sampling import RawLogprob
 from ._scheduler import Scheduler, Start
-from ._spec import (
-    Acceptance,
-    NgramDrafter,
-    NgramPool,
-    PooledDrafter,
-    Shape,
-    plan_drafts,
-    verify,
-)
-from ._step import CoreRequest, EngineStats, StepOutput
-from ._types import EngineConfig, StopReason
+from ._step import CoreRequest, StepOutput
 
-__all__ = ["CoreRequest", "Drafter", "EngineCore", "EngineStats", "StepOutput", "verify"]
+__all__ = ["Drafter", "EngineCore"]
 
 
 class EngineCore:

@@ -9,8 +9,8 @@ from typing import Any
 
 import llama_cpp
 
-from ._errors import GrammarError
-from ._llama_log import recent_log
+from .._errors import GrammarError
+from ._log import recent_log
 
 __all__ = ["GrammarCache"]
 

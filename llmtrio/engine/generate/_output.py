@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ._sampling import RawLogprob
+from .._types import StopReason, Token, TokenLogprob
+from ..llama import RawLogprob
 from ._text import StopMatcher, ThinkSplitter, Utf8Assembler
-from ._types import StopReason, Token, TokenLogprob
 
 __all__ = ["OutputProcessor"]
 

@@ -1,5 +1,4 @@
-"""The thin layer over llama-cpp-python's low-level bindings: model, context, batch (and the
-slot sampler, from ``_slot_sampler``).
+"""The thin layer over llama-cpp-python's low-level bindings: model, context, batch.
 
 Everything here runs on the thread that owns the context (the loader, then the decode loop);
 nothing here knows of Trio.
@@ -15,13 +14,12 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from .._errors import ModelLoadError
 from ._constrained import VocabIndex
-from ._errors import ModelLoadError
 from ._grammar_cache import GrammarCache
-from ._llama_log import recent_log
-from ._slot_sampler import SlotSampler
+from ._log import recent_log
 
-__all__ = ["Batch", "LlamaModel", "SlotSampler"]
+__all__ = ["Batch", "LlamaModel"]
 
 
 class LlamaModel:

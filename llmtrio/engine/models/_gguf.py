@@ -22,7 +22,7 @@ from pathlib import Path
 
 import attrs
 
-from ._errors import ModelLoadError
+from .._errors import ModelLoadError
 
 __all__ = [
     "GGML_BLOCK_SIZES",

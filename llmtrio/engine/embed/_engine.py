@@ -8,7 +8,7 @@ The shape follows the chat engine's:
   the decode thread and waits for their vectors; a caller that is cancelled asks for its
   queued inputs to be dropped;
 - the decode thread (one ``trio.to_thread`` worker) moves queued inputs into the pure packer
-  (``_embed_pack.py``), decodes one batch at a time, many sequences per ``llama_decode``
+  (``_pack.py``), decodes one batch at a time, many sequences per ``llama_decode``
   (up to ``EMBEDDING_DECODE_TOKENS`` tokens),
   inputs of any number of callers side by side, on the thread count that measured faster
   (``ThreadChooser``: the configured threads or 1), and posts each input's pooled vector back;
@@ -27,20 +27,12 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from ._core import EngineStats
-from ._embed_pack import EmbedPacker, Packed, ThreadChooser
-from ._engine import Engine, _abandonable_load
-from ._errors import (
-    DecodeError,
-    EngineClosedError,
-    InvalidRequestError,
-    ModelLoadError,
-)
-from ._gguf import POOLING_NAMES, model_kind_of
-from ._lifecycle import DecodeLoop
-from ._llama import Batch, LlamaModel
-from ._model_source import ResolvedModel, resolve_model
-from ._types import Capacity, EngineConfig
+from .._errors import DecodeError, EngineClosedError, InvalidRequestError, ModelLoadError
+from .._lifecycle import DecodeLoop
+from .._types import EngineConfig
+from ..llama import Batch, LlamaModel
+from ..models import POOLING_NAMES, ResolvedModel
+from ._pack import EmbedPacker, Packed, ThreadChooser
 
 __all__ = [
     "EMBEDDING_BATCH_TOKENS",
@@ -48,7 +40,6 @@ __all__ = [
     "EMBEDDING_SEQUENCES",
     "EmbeddingEngine",
     "Embeddings",
-    "open_engine",
 ]
 
 logger = logging.getLogger("llmtrio.engine")
@@ -105,25 +96,16 @@ class EmbeddingEngine(DecodeLoop):
                 f"{resolved.name} is not an embedding model: its GGUF names no mean, CLS or "
                 f"last pooling (llama.cpp pooling type {model.pooling})"
             )
-        self.config = config
-        self.model_name = resolved.name
-        self.model_path = resolved.path
+        super().__init__(config, model, resolved)
         self.pooling = pooling
         self.ctx_size = model.ctx_size
         self.dimensions = model.n_embd
-        self._model = model
-        super().__init__()
         self._inbox: list[tuple[int, list[npt.NDArray[np.int32]]]] = []
-        self._cancels: set[int] = set()
         self._calls: dict[int, _Call] = {}
-        self._next_key = 0
-        self._capacity_lot = trio.lowlevel.ParkingLot()
-        self._decoding = 0
         self._threads = ThreadChooser(config.threads)
         self._threads_now = config.threads
         #: How many decodes ran on each thread count (see ``ThreadChooser``).
         self.decodes_by_threads: dict[int, int] = {}
-        self.stats = EngineStats()
 
     @classmethod
     @asynccontextmanager
@@ -136,31 +118,27 @@ class EmbeddingEngine(DecodeLoop):
         Resource handling: on exit, callers still waiting get :class:`EngineClosedError`,
         the decode thread stops and the model is freed.
         """
-        resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
-        model = await _abandonable_load(
-            lambda: LlamaModel(
+        async with cls._open(
+            config,
+            lambda resolved: LlamaModel(
                 resolved.path,
                 slots=EMBEDDING_SEQUENCES,
                 ctx_size=config.ctx_size,
                 threads=config.threads,
                 n_batch=max(EMBEDDING_BATCH_TOKENS, config.ctx_size),
                 embeddings=True,
-            )
+            ),
+        ) as engine:
+            yield engine
+
+    def _shape(self) -> str:
+        return (
+            f"embeddings: {self.dimensions} dimensions, {self.pooling} pooling, "
+            f"{self.ctx_size} tokens per input"
         )
-        try:
-            engine = cls(config, model, resolved)
-            logger.info(
-                "loaded %s (%s, embeddings: %d dimensions, %s pooling, %d tokens per input)",
-                resolved.name,
-                model.architecture,
-                engine.dimensions,
-                engine.pooling,
-                engine.ctx_size,
-            )
-            async with engine._running():
-                yield engine
-        finally:
-            model.close()
+
+    def _requests_in_flight(self) -> int:
+        return len(self._calls)
 
     def _after_loop(self) -> None:
         for call in self._calls.values():
@@ -175,32 +153,10 @@ class EmbeddingEngine(DecodeLoop):
         one decode carries, so concurrent requests fill a batch."""
         return max(self.config.max_inflight, EMBEDDING_SEQUENCES)
 
-    def capacity(self) -> Capacity:
-        inflight = len(self._calls)
-        return Capacity(
-            inflight=inflight,
-            decoding=self._decoding,
-            max_inflight=self.max_inflight,
-            available_slots=max(0, self.max_inflight - inflight),
-        )
-
-    async def capacity_changed(self) -> None:
-        """Return at the next change of :meth:`capacity`'s ``inflight``."""
-        await self._capacity_lot.park()
-
-    async def wait_idle(self) -> None:
-        """Return once no call is in flight."""
-        while self._calls:
-            await self._capacity_lot.park()
-
     def tokenize(self, text: str) -> list[int]:
         """``text``'s tokens as the model embeds it (with its special tokens: BERT's
         ``[CLS] ... [SEP]``)."""
         return self._model.tokenize(text, add_special=True, parse_special=False)
-
-    @property
-    def n_vocab(self) -> int:
-        return self._model.n_vocab
 
     async def embed(self, inputs: Sequence[str]) -> Embeddings:
         """The embeddings of ``inputs`` (texts), tokenized in a worker thread.
@@ -362,19 +318,3 @@ class EmbeddingEngine(DecodeLoop):
 
     def _post(self, results: list[tuple[Packed, npt.NDArray[np.float32] | Exception]]) -> None:
         self._post_soon(self._deliver, results)
-
-
-@asynccontextmanager
-async def open_engine(config: EngineConfig) -> AsyncIterator[Engine | EmbeddingEngine]:
-    """The engine ``config``'s model needs, opened: an :class:`EmbeddingEngine` for a model
-    whose GGUF names a sentence pooling, an :class:`Engine` for any other (``.kind`` says
-    which).
-
-    Error handling and resource handling: as the engine's ``open``."""
-    resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
-    if await trio.to_thread.run_sync(model_kind_of, resolved.path) == "embedding":
-        async with EmbeddingEngine.open(config) as embedding:
-            yield embedding
-    else:
-        async with Engine.open(config) as engine:
-            yield engine

@@ -1,0 +1,12 @@
+"""The generating engine: :class:`Engine` (the Trio face), the decode-step core it runs on
+its decode thread (scheduler, jobs, KV pool, prompt cache, drafting), and what turns a
+request into tokens and tokens back into events (inputs, chat template, output).
+"""
+
+from ._engine import Engine as Engine
+from ._generation import Generation as Generation
+
+__all__ = [
+    "Engine",
+    "Generation",
+]

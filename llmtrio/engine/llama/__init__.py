@@ -1,0 +1,24 @@
+"""The binding to llama.cpp: the only part of llmtrio that imports ``llama_cpp``. The model,
+its context and batch (:class:`LlamaModel`, :class:`Batch`), a slot's sampler with its
+extras (penalties, log-probabilities, a grammar) and the verification of drafts beside it,
+the parsed-grammar cache, and llama.cpp's log.
+
+Everything here runs on the thread that owns the context (the loader, then the decode loop);
+nothing here knows of Trio.
+"""
+
+from ._model import Batch as Batch
+from ._model import LlamaModel as LlamaModel
+from ._sampler import SlotSampler as SlotSampler
+from ._sampling import Penalties as Penalties
+from ._sampling import RawLogprob as RawLogprob
+from ._verify import verify as verify
+
+__all__ = [
+    "Batch",
+    "LlamaModel",
+    "Penalties",
+    "RawLogprob",
+    "SlotSampler",
+    "verify",
+]

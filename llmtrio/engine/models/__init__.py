@@ -1,0 +1,17 @@
+"""Where a model comes from (a file, split GGUF parts, the Hugging Face cache, the demo
+fallback) and what its GGUF header says (its kind, pooling, file type).
+"""
+
+from ._gguf import POOLING_NAMES as POOLING_NAMES
+from ._gguf import model_kind_of as model_kind_of
+from ._source import ResolvedModel as ResolvedModel
+from ._source import demo_model_path as demo_model_path
+from ._source import resolve_model as resolve_model
+
+__all__ = [
+    "POOLING_NAMES",
+    "ResolvedModel",
+    "demo_model_path",
+    "model_kind_of",
+    "resolve_model",
+]
