@@ -329,8 +329,8 @@ def test_a_prompt_chunk_in_the_step_does_not_make_drafts_look_free() -> None:
 
 
 def test_gemma_on_two_cores_drafts_for_one_sequence_and_not_for_eight() -> None:
-    # Session 25's fit here (gemma-3-270m, 2 threads, per-slot, a line through one and a
-    # few tokens): 12 ms a micro-batch, 8.5 ms a position; drafts right 85% of the time.
+    # A fit measured on a loaded AVX2 EPYC (gemma-3-270m, 2 threads, per-slot, a line
+    # through one and a few tokens): 12 ms a micro-batch, 8.5 ms a position; drafts right 85% of the time.
     c = linear(12.0, 8.5, [(1, 1), (1, 8), (5, 12), (1, 16)])
     assert sum(plan_drafts([Candidate(8, 0.85)], c, outputs=1)) >= 2
     assert plan_drafts([Candidate(8, 0.85)] * 8, c, outputs=8) == [0] * 8
@@ -941,7 +941,7 @@ def test_a_stalled_step_moves_no_shape() -> None:
 def test_after_several_stalled_steps_every_shape_is_priced_as_before() -> None:
     """Another process held the cores for five steps (two to six times slower): once the
     steps are back to their time, a shape not measured since is priced as before (a fit
-    that followed the machine's speed with one factor, tried in session 30, kept the
+    that followed the machine's speed with one factor, tried and reverted, kept the
     stalled steps' speed and priced the drafts 20% cheap for good)."""
     c = StepCosts()
     plain, drafted = Shape.of([8]), Shape.of([24])

@@ -38,7 +38,7 @@ MAX_DRAFT = 64
 #: The most a sequence of a model with recurrent state drafts: the context keeps that many
 #: snapshots of each sequence's state to roll back to (llama.cpp's ``n_rs_seq``), memory
 #: that attention-only models do not pay; the default ``spec_draft_max`` of 16 would double
-#: it from session 25's 8 (not measured on the real Qwen3.5 here).
+#: it (not measured on the real Qwen3.5 here).
 MAX_RECURRENT_DRAFT = 8
 
 
@@ -101,7 +101,7 @@ class EngineConfig:
     chat_template: str | None = None
     #: On by default: the budget drafts only where the measured step costs say drafts pay,
     #: and free chat ran no slower with it at 1 and 8 streams (PERFORMANCE.md, "Speculative
-    #: decoding and the shared KV pool").
+    #: decoding").
     spec: str | None = "ngram"
     spec_draft_max: int = 16
     spec_pool: int = 0

@@ -303,8 +303,8 @@ class _ConnectionStream:
 
     The head: hypercorn's HTTP/1.1 protocol writes each h11 event on its own, so a response
     went out in two ``send`` calls, its head and its body, each a system call and a wake-up of
-    the client (one fewer: 0.2-0.5 ms less of this thread's CPU a single-input embeddings
-    request, PERFORMANCE.md "Session 26"). A write that is a whole final response head
+    the client (one fewer: 0.35-0.5 ms less of this thread's CPU a single-input embeddings
+    request, PERFORMANCE.md "Embeddings"). A write that is a whole final response head
     (``HTTP/1.1 `` and a status of 200 or more, ending with the blank line; h11 writes a head
     in one piece) is held and sent with the next write, which always comes: the body, a chunk
     of it, or the end of the message (hypercorn writes it even when it is empty). A ``100

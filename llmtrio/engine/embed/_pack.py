@@ -17,7 +17,7 @@ Why a budget below what a decode can take: llama.cpp runs a BERT's attention ove
 of the batch, each sequence masked off from the others, so a decode's cost per token grows
 with the batch's tokens (the mask and the attention scores are tokens x tokens a head and a
 layer); past a few hundred tokens that outweighs what a bigger batch saves in per-decode
-overhead (PERFORMANCE.md, "Session 25").
+overhead (PERFORMANCE.md, "Embeddings").
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ class ThreadChooser:
     fewer free cores than threads (other processes, or this server's own HTTP thread, which
     is busy exactly when many requests arrive), a waiting thread spins while the one it waits
     for is descheduled: a 16-token decode of all-MiniLM-L6-v2 on 2 threads took 770 ms on a
-    loaded 2-core machine and 12.5 ms on 1 thread (PERFORMANCE.md). On a quiet machine, more
+    loaded 2-core machine and 12.5 ms on 1 thread (one trial of ``OMP_WAIT_POLICY=passive``:
+    TODO.md). On a quiet machine, more
     threads are faster. So both are measured, and the faster one is used.
 
     Why by size: a decode's seconds per token depend on its size as much as on its threads
@@ -135,7 +136,7 @@ class ThreadChooser:
     threads: 15-25 ms against 3), and an average moved by one such decode made the slower
     count the choice until its next probe (a single figure, which one more such decode made
     lose, doubling the gap): a lone server answering one request at a time ran half its
-    decodes on 1 thread at 5.5 ms instead of 3 (PERFORMANCE.md, "Session 26"). The median
+    decodes on 1 thread at 5.5 ms instead of 3 (PERFORMANCE.md, "Embeddings"). The median
     moves once most of the last decodes are slow: a load that stays.
     """
 
