@@ -32,7 +32,10 @@ from llmtrio.ring import (
     _messages,
     _remote,
     _ring,
+    _router,
     _session,
+    _states,
+    _stats,
     _stream,
     _tls,
 )
@@ -89,7 +92,10 @@ def test_every_public_name_is_exported_once() -> None:
         _messages,
         _remote,
         _ring,
+        _router,
         _session,
+        _states,
+        _stats,
         _stream,
         _tls,
     )

@@ -3,39 +3,18 @@
 ``RingCore``'s event methods check each event against the current state (raising
 ``ProtocolError`` and changing nothing when it is illegal), update the state, and return the
 *effects*: messages the caller must deliver, ``ToWorker`` (an ``Assign`` or ``Cancel`` for one
-worker) or ``ToClient`` (a response message for one stream's client). The in-process ring and
-the control listener for remote workers are routers of these effects; the core is the single
-source of truth, and the only owner of routing (which worker gets which stream).
+worker) or ``ToClient`` (a response message for one stream's client). The in-process ring's
+router and the control listener for remote workers are routers of these effects; the core is
+the single source of truth, and the only owner of routing (which worker gets which stream).
 
-Stream states::
-
-    park ─▶ PARKED ─Claim─▶ ASSIGNED ─ResponseHead─▶ RESPONDING ─ResponseEnd─▶ ENDED
-              ▲               │  │                    │  ↺ ResponseData
-              └───────────────┘  │ ResponseError, or  │ ResponseError,
-              worker detach or   │ worker detach once │ worker detach
-              Release: requeued  │ assigned           │
-              at the front       │ max_assignments    │
-                                 │ times              ▼
-                                 └──────────────────▶ FAILED
-
-    cancel: PARKED ─▶ forgotten at once
-            ASSIGNED or RESPONDING ─▶ CANCELLED, and the worker is sent Cancel; the stream
-            stays in the worker's held set until it acknowledges with ResponseEnd,
-            ResponseError or Release (or detaches); anything else it sends meanwhile is dropped
-
-What a worker's message does to the stream it names is ``TRANSITIONS`` (state -> message type
--> new state), the table the drawing is drawn from; a message missing from a state's row is a
-``ProtocolError``. ENDED, FAILED and parked-then-cancelled streams are forgotten at once; a
-CANCELLED stream no longer counts against ``max_streams`` but stays in its worker's held set
-until the worker acknowledges.
+A stream's states and the legal transitions are drawn and tabled in ``_states``
+(``StreamState``, ``TRANSITIONS``); the snapshots ``stats`` returns are in ``_stats``.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any, Final, TypeAlias
+from typing import Any, TypeAlias
 
 import attrs
 
@@ -60,50 +39,10 @@ from ._messages import (
     _to_bytes,
 )
 from ._routing import ANY_MODEL, Routes, Worker
+from ._states import TRANSITIONS, StreamState
+from ._stats import ModelStats, RingStats, WorkerStats
 
-__all__ = [
-    "TRANSITIONS",
-    "Effect",
-    "ModelStats",
-    "RingCore",
-    "RingStats",
-    "StreamState",
-    "ToClient",
-    "ToWorker",
-    "WorkerStats",
-]
-
-
-class StreamState(enum.Enum):
-    """Where a stream is in its life; see the drawing at the top of this module."""
-
-    PARKED = "parked"
-    ASSIGNED = "assigned"
-    RESPONDING = "responding"
-    ENDED = "ended"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-_S = StreamState
-TRANSITIONS: Final[Mapping[StreamState, Mapping[type[Message], StreamState]]] = {
-    _S.ASSIGNED: {ResponseHead: _S.RESPONDING, ResponseError: _S.FAILED, Release: _S.PARKED},
-    _S.RESPONDING: {ResponseData: _S.RESPONDING, ResponseEnd: _S.ENDED, ResponseError: _S.FAILED},
-    # The worker has been sent Cancel: an End, an Error or a Release acknowledges it (the stream
-    # is then forgotten); a head or data still in flight is dropped.
-    _S.CANCELLED: {
-        ResponseHead: _S.CANCELLED,
-        ResponseData: _S.CANCELLED,
-        ResponseEnd: _S.ENDED,
-        ResponseError: _S.ENDED,
-        Release: _S.ENDED,
-    },
-}
-"""What a worker's message does to a stream it holds: state -> message type -> new state.
-
-PARKED streams are held by no worker, and ENDED and FAILED ones are forgotten, so a worker can
-send nothing about them. A stream leaving CANCELLED for ENDED is acknowledged and forgotten.
-"""
+__all__ = ["Effect", "RingCore", "ToClient", "ToWorker"]
 
 
 @attrs.frozen
@@ -127,72 +66,6 @@ class ToClient:
 
 
 Effect: TypeAlias = ToWorker | ToClient
-
-
-@attrs.frozen
-class WorkerStats:
-    """One attached worker: its declared bound, what it waits for, what it holds."""
-
-    worker_id: str
-    max_inflight: int
-    models: tuple[str, ...]
-    """The models it serves, as it said when attaching."""
-    waiting_claims: int
-    """Slots it has claimed that no stream has filled yet."""
-    held: tuple[int, ...]
-    """Stream ids it holds: assigned, responding, or cancelled and not yet acknowledged."""
-    capacity: Heartbeat | None
-    """Its last heartbeat, if any."""
-    last_heartbeat: float | None = None
-    """When its last heartbeat came, on the clock the caller passed to ``heartbeat``."""
-    kinds: tuple[str, ...] = ()
-    """Each model's kind, in the order of ``models`` (empty: all chat), as it attached."""
-    claims: tuple[tuple[str | None, int], ...] = ()
-    """Its unfilled claims by the model they name (``None``: any model it listed)."""
-
-    def kind(self, model: str) -> str:
-        """The kind of ``model``, one of ``models``: ``"chat"`` unless ``kinds`` says else."""
-        if self.kinds and model in self.models:
-            return self.kinds[self.models.index(model)]
-        return CHAT
-
-
-@attrs.frozen
-class ModelStats:
-    """One model the ring routes to: its name, its kind and how many workers serve it now."""
-
-    name: str
-    kind: str
-    """``"chat"`` (chat and text completions) or ``"embedding"``."""
-    workers: int
-
-
-@attrs.frozen
-class RingStats:
-    """A snapshot of the ring: stream counts by state and every attached worker."""
-
-    max_streams: int
-    parked: int
-    assigned: int
-    responding: int
-    cancelling: int
-    """Cancelled streams their worker has not acknowledged yet (not counted as open)."""
-    workers: tuple[WorkerStats, ...]
-
-    @property
-    def serving(self) -> int:
-        """Streams a worker holds and their client still waits for."""
-        return self.assigned + self.responding
-
-    @property
-    def open(self) -> int:
-        """Streams counted against ``max_streams``."""
-        return self.parked + self.serving
-
-    @property
-    def tracked(self) -> int:
-        """Every stream the core remembers; zero once all streams are finished."""
-        return self.open + self.cancelling
 
 
 @attrs.define

@@ -4,9 +4,9 @@ The ingress side parks each request as a ``RingStream`` and reads its response; 
 (``Ring.attach``), claim streams when they have a free slot and write responses through a
 ``Claimed``, whose messages their ``WorkerLink`` hands to the core. All decisions (who gets
 which stream, what is legal, what a detach does) are the core's; this module only delivers its
-effects: an ``Assign`` lands in a worker link's inbox, a ``Cancel`` sets ``Claimed.cancelled``,
-a response message lands in the stream's ``ResponseState``, which its ``RingStream`` reads
-(``_stream.py``).
+effects (``_router``): an ``Assign`` lands in a worker link's inbox, a ``Cancel`` sets
+``Claimed.cancelled``, a response message lands in the stream's ``ResponseState``, which its
+``RingStream`` reads (``_stream``).
 
 A *relayed* link (``Ring.attach(..., relay=...)``) hands the ring's messages for its worker to
 a callable instead, and takes the worker's messages as they are (``WorkerLink.post``): the
@@ -19,16 +19,14 @@ them): each chunk that enters its client's buffer is a ``Credit`` for its relay.
 
 from __future__ import annotations
 
-import math
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import TypeAlias
 
 import attrs
 import trio
 
 from ._config import RingConfig, default
-from ._core import Effect, ModelStats, RingCore, RingStats, ToClient, ToWorker
+from ._core import RingCore
 from ._errors import ProtocolError, StreamCancelledError
 from ._link import Claimed
 from ._messages import (
@@ -48,16 +46,11 @@ from ._messages import (
     Withdraw,
     Withdrawn,
 )
-from ._stream import ResponseState, RingStream
+from ._router import Relay, Router
+from ._stats import ModelStats, RingStats
+from ._stream import RingStream
 
-__all__ = ["Relay", "Ring", "WorkerLink"]
-
-Relay: TypeAlias = Callable[[Assign | Cancel | Credit | Withdrawn], None]
-"""Takes the ring's messages for a relayed worker: ``Assign``, ``Cancel``, ``Withdrawn`` (the
-answer to its ``Withdraw``) and ``Credit`` (a chunk of it entered its client's buffer). Called
-from whichever task caused the message; it must not block or raise."""
-
-_Delivery: TypeAlias = Callable[[Assign | Cancel | Credit | Withdrawn | Detach], None]
+__all__ = ["Ring", "WorkerLink"]
 
 
 @attrs.define(eq=False)
@@ -167,109 +160,18 @@ class Ring:
 
     def stats(self) -> RingStats:
         """Stream counts by state, and every attached worker with what it holds."""
-        return self._router.core.stats()
+        return self._router.stats()
 
     @property
     def takes_any_model(self) -> bool:
         """Whether an attached worker listed no model, and so takes a request for any."""
-        return self._router.core.takes_any_model
+        return self._router.takes_any_model
 
     def models(self) -> dict[str, ModelStats]:
         """Every model an attached worker serves, and every model whose last worker left
         within ``park_timeout`` (with ``workers`` 0: its requests park, as its workers may be
         briefly away), by name in attach order."""
-        served = self._router.core.models()
-        now = trio.current_time()
-        window = math.inf if self.park_timeout is None else self.park_timeout
-        for name, (kind, since) in list(self._router.gone.items()):
-            if name in served or now - since > window:
-                del self._router.gone[name]
-            else:
-                served[name] = ModelStats(name, kind, workers=0)
-        return served
-
-
-@attrs.define(eq=False)
-class Router:
-    """The inside of one ``Ring``, shared by its streams and links: the core, and where each
-    of its effects goes. Not exported: only ``Ring``, ``RingStream`` and ``WorkerLink`` use it."""
-
-    core: RingCore
-    response_buffer: int
-    park_timeout: float | None
-    responses: dict[int, ResponseState] = attrs.field(factory=dict)
-    workers: dict[str, _Delivery] = attrs.field(factory=dict)
-    relays: dict[str, Relay] = attrs.field(factory=dict)  # the relayed workers
-    gone: dict[str, tuple[str, float]] = attrs.field(factory=dict)
-    """Models no attached worker serves any more: their kind, and when their last one left."""
-
-    def park(self, head: RequestHead, body: bytes, key: str) -> tuple[int, ResponseState]:
-        stream_id, effects = self.core.park(head, body, key=key)
-        response = self.responses[stream_id] = ResponseState(self.response_buffer)
-        self.apply(effects)
-        return stream_id, response
-
-    def attach(self, message: Attach, deliver: _Delivery, relay: Relay | None) -> None:
-        self.core.attach(message)
-        self.workers[message.worker_id] = deliver
-        if relay is not None:
-            self.relays[message.worker_id] = relay
-
-    def detach(self, worker_id: str, reason: str) -> None:
-        deliver = self.workers.pop(worker_id, None)
-        self.relays.pop(worker_id, None)
-        if deliver is not None:
-            deliver(Detach(reason))
-            before = self.core.models()
-            held = self.core.held(worker_id)
-            self.apply(self.core.detach(worker_id, reason))
-            self.moved(held)  # requeued ones watch their park time again
-            after = self.core.models()
-            now = trio.current_time()
-            for name, model in before.items():
-                if name not in after:
-                    self.gone[name] = (model.kind, now)
-
-    def cancel(self, stream_id: int) -> None:
-        self.responses.pop(stream_id, None)
-        self.apply(self.core.cancel(stream_id))
-
-    def credit(self, stream_id: int) -> None:
-        """A chunk entered the client's buffer: the worker, if relayed, may send one more."""
-        if not self.relays:
-            return
-        holder = self.core.holder(stream_id)
-        relay = None if holder is None else self.relays.get(holder)
-        if relay is not None:
-            relay(Credit(stream_id, 1))
-
-    def moved(self, stream_ids: Iterable[int]) -> None:
-        """These streams were assigned or parked again: wake their park-time watches."""
-        for stream_id in stream_ids:
-            response = self.responses.get(stream_id)
-            if response is not None:
-                response.moved.unpark_all()
-
-    def apply(self, effects: Iterable[Effect]) -> None:
-        """Deliver the core's effects; none waits. A chunk past the client's buffer bound
-        waits beyond it (a worker in this process waited for room before the core saw it,
-        unless it is its last; a relayed worker's credits bound it): it is credited when it
-        enters the buffer. An assigned stream's park-time watch is woken (that one only)."""
-        for effect in effects:
-            match effect:
-                case ToClient(stream_id=stream_id, message=ResponseData() as data):
-                    response = self.responses[stream_id]
-                    response.deliver(data, None)
-                    if len(response.chunks) <= response.bound:
-                        self.credit(stream_id)
-                case ToWorker(worker_id=worker_id, message=message):
-                    if isinstance(message, Assign):
-                        self.moved((message.stream_id,))
-                    self.workers[worker_id](message)
-                case ToClient(stream_id=stream_id, message=ResponseEnd() | ResponseError() as end):
-                    self.responses.pop(stream_id).deliver(end, None)
-                case ToClient(stream_id=stream_id, message=message):
-                    self.responses[stream_id].deliver(message, self.core.holder(stream_id))
+        return self._router.models()
 
 
 @attrs.define(eq=False)
@@ -345,25 +247,23 @@ class WorkerLink:
 
         Error handling: ``ProtocolError`` (nothing changed) for a message illegal now.
         """
-        core, worker_id = self._router.core, self.worker_id
-        if isinstance(message, ResponseData):  # the most frequent, and it moves no stream
-            self._router.apply(core.respond(worker_id, message))
-            return
+        router, worker_id = self._router, self.worker_id
         match message:
+            case ResponseData():  # the most frequent, and it moves no stream
+                router.respond(worker_id, message)
             case Heartbeat():
-                core.heartbeat(worker_id, message, at=trio.current_time())
-                return
+                router.heartbeat(worker_id, message)
             case Withdraw(count=count, model=model):
-                self._deliver(Withdrawn(core.withdraw(worker_id, count, model)))
-                return
+                self._deliver(Withdrawn(router.withdraw(worker_id, count, model)))
             case Detach():
                 raise ProtocolError("a worker detaches by leaving Ring.attach's block", message)
-        effects = core.receive(worker_id, message)
-        if isinstance(message, ResponseEnd | ResponseError | Release):
-            self._claimed.pop(message.stream_id, None)
-        self._router.apply(effects)
-        if isinstance(message, Release):
-            self._router.moved((message.stream_id,))  # parked again
+            case _:
+                effects = router.judge(worker_id, message)
+                if isinstance(message, ResponseEnd | ResponseError | Release):
+                    self._claimed.pop(message.stream_id, None)
+                router.deliver(effects)
+                if isinstance(message, Release):
+                    router.moved(message.stream_id)  # parked again
 
     async def send_data(self, message: ResponseData) -> None:
         """Post a body chunk once its client's buffer has room (back-pressure on this stream
@@ -373,10 +273,10 @@ class WorkerLink:
         ``post`` otherwise.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        response = self._router.responses.get(message.stream_id)
+        response = self._router.response(message.stream_id)
         waited = False
         if response is not None:
-            if len(response.chunks) >= response.bound:
+            if response.full:
                 waited = await response.room()
             if response.closed:
                 raise StreamCancelledError(f"the client of stream {message.stream_id} went away")
@@ -402,7 +302,7 @@ class WorkerLink:
                 self._give_back_claim()
 
     def _give_back_claim(self) -> None:
-        if self._router.core.withdraw(self.worker_id, 1, self._model):
+        if self._router.withdraw(self.worker_id, 1, self._model):
             return
         # The claim was filled already: its assignment sits in the inbox; park it again.
         self._outbox.receive_nowait().release()

@@ -1,96 +1,26 @@
 """The client side of a parked request: ``RingStream``, reading the response its worker writes.
 
-The ring's router delivers a stream's response messages into its ``ResponseState`` (the head,
-body chunks, the end); the ``RingStream`` reads them from there. Chunks are never refused: a
-worker in this process waits for room in the client's buffer before its chunk reaches the
-core, a relayed worker is bounded by its credits; a chunk beyond the buffer's bound is
-credited to its relay when it enters the buffer.
+The ring's router (``_router``) delivers a stream's response messages into its
+``ResponseState`` (the head, body chunks, the end); the ``RingStream`` reads them from there,
+and asks the router (never its core) for what only the ring knows: the stream's state, and
+its cancellation.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Never, Self
+from typing import Never, Self
 
 import attrs
 import trio
 
-from ._core import StreamState
 from ._errors import ParkTimeoutError, StreamCancelledError, WorkerFailedError
-from ._messages import (
-    Outcome,
-    RequestHead,
-    ResponseData,
-    ResponseEnd,
-    ResponseError,
-    ResponseHead,
-    ResponseMessage,
-)
-
-if TYPE_CHECKING:
-    from ._ring import Router
+from ._messages import Outcome, RequestHead, ResponseHead
+from ._router import ResponseState, Router
+from ._states import StreamState
 
 __all__ = ["RingStream"]
-
-
-@attrs.define(eq=False)
-class ResponseState:
-    """One stream's response as it arrives: written by the ring's router, read through the
-    stream's ``RingStream`` (one state for both ends, as trio's memory channels share one).
-    Not exported: only the ring's router and ``RingStream`` use it."""
-
-    bound: int
-    head: ResponseHead | None = None
-    worker_id: str | None = None
-    chunks: deque[bytes] = attrs.field(factory=deque)
-    over: StreamState | None = None
-    """ENDED, FAILED or CANCELLED once the stream is over."""
-    error: str = ""
-    outcome: Outcome | None = None
-    closed: bool = False
-    """The client went away: nothing more is read."""
-    settled: trio.Event = attrs.field(factory=trio.Event)  # the head came, or it is over
-    changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    moved: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    """Unparked when the stream is assigned or parked again (its park-time watch waits here:
-    one stream's move wakes that stream only, however many others are parked)."""
-
-    def deliver(self, message: ResponseMessage, worker_id: str | None) -> None:
-        match message:
-            case ResponseHead():
-                self.head = message
-                self.worker_id = worker_id
-                self.settled.set()
-                self.moved.unpark_all()
-            case ResponseData(data=data):
-                self.chunks.append(data)
-                self.changed.unpark_all()
-            case ResponseEnd(outcome=outcome):
-                self.finish(StreamState.ENDED, outcome=outcome)
-            case ResponseError(message=text, outcome=outcome):
-                self.finish(StreamState.FAILED, text, outcome)
-
-    def finish(self, over: StreamState, error: str = "", outcome: Outcome | None = None) -> None:
-        self.over, self.error, self.outcome = over, error, outcome
-        self.settled.set()
-        self.moved.unpark_all()
-        self.changed.unpark_all()
-
-    def close(self) -> None:
-        self.closed = True
-        self.chunks.clear()
-        self.changed.unpark_all()
-
-    async def room(self) -> bool:
-        """Wait while the client's buffer is full, or until the stream is over; returns
-        whether it waited."""
-        waited = False
-        while len(self.chunks) >= self.bound and self.over is None:
-            await self.changed.park()
-            waited = True
-        return waited
 
 
 @attrs.define(eq=False)
@@ -114,7 +44,7 @@ class RingStream:
         """PARKED, ASSIGNED or RESPONDING while live; then ENDED, FAILED or CANCELLED."""
         if self._response.over is not None:
             return self._response.over
-        state = self._router.core.state(self.stream_id)
+        state = self._router.state(self.stream_id)
         assert state is not None, "a live stream is tracked by the core"
         return state
 
@@ -190,7 +120,7 @@ class RingStream:
                     await moved.park()
                     continue
                 self.cancel()
-                raise ParkTimeoutError(limit_s, self._router.core.retry_after)
+                raise ParkTimeoutError(limit_s, self._router.retry_after)
             await moved.park()
             if self._is_parked():  # requeued: its worker went away
                 parked_at = trio.current_time()
@@ -208,9 +138,8 @@ class RingStream:
             if response.closed:  # by cancel(), maybe after the end
                 raise StreamCancelledError(f"stream {self.stream_id} was cancelled")
             if response.chunks:
-                data = response.chunks.popleft()
-                response.changed.unpark_all()  # room for the worker's next chunk
-                if len(response.chunks) >= response.bound:  # one moved into the buffer
+                data = response.take()  # room for the worker's next chunk
+                if response.full:  # one moved into the buffer
                     self._router.credit(self.stream_id)
                 if not waited:
                     await trio.lowlevel.cancel_shielded_checkpoint()
