@@ -32,6 +32,7 @@ from ._grammar import json_schema_grammar as json_schema_grammar
 from ._grammar import tool_call_grammar as tool_call_grammar
 from ._model_source import ResolvedModel as ResolvedModel
 from ._model_source import demo_model_path as demo_model_path
+from ._model_source import model_name_of as model_name_of
 from ._model_source import resolve_model as resolve_model
 from ._tool_stream import ToolCallArguments as ToolCallArguments
 from ._tool_stream import ToolCallEnd as ToolCallEnd
@@ -103,6 +104,7 @@ __all__ = [
     "demo_model_path",
     "json_schema_grammar",
     "model_kind_of",
+    "model_name_of",
     "new_tool_call_id",
     "open_engine",
     "resolve_model",
