@@ -5,6 +5,7 @@ the command line."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import ssl
 import subprocess
@@ -20,6 +21,7 @@ from llmtrio import _cli as cli
 from llmtrio import _configs as configs
 from llmtrio import _parser, server
 from llmtrio._fields import RequestLimits
+from llmtrio._flags import COMMANDS, OPTIONS
 from llmtrio._remote_worker import run_worker
 from llmtrio.engine import EngineConfig, InvalidRequestError, Sampling
 from llmtrio.ring import ControlConfig, DialConfig, RingConfig
@@ -78,6 +80,30 @@ def test_every_flag_of_a_config_field_has_the_classes_default(command: str) -> N
                 assert default.value() == expected, action.dest
             checked += 1
     assert checked >= {"generate": 18, "serve": 33, "worker": 21}[command]
+
+
+def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
+    """A row ``Class.field`` of the flag table gives that field: the class (where
+    ``_parser.HOMES`` says it lives) has it, and the option's ``dest`` is its name, with the
+    field's default."""
+    rows = {id(row): row for row in OPTIONS}
+    for command in COMMANDS:
+        for part in command.sections:
+            for row in part.rows:
+                for each in row.flags if isinstance(row, _parser.OneOf) else (row,):
+                    rows[id(each)] = each
+    named = [row for row in rows.values() if "." in row.setting]
+    assert len(named) == 40
+    for row in named:
+        owner, _, name = row.setting.partition(".")
+        assert name in fields(getattr(importlib.import_module(_parser.HOMES[owner]), owner)), row
+    shown = 0
+    for parser in commands().values():
+        for action in parser._actions:
+            if isinstance(action.default, _parser.Default):
+                assert action.default.name == action.dest
+                shown += 1
+    assert shown == 20 + 15 + 32 + 23  # generate, embed, serve, worker (engine rows in each)
 
 
 @pytest.mark.parametrize("command", sorted(NEEDED))
