@@ -1,23 +1,31 @@
-"""The composition root of ``llmtrio serve``: the ingress's bring-up (``_ingress``) with a
-local worker per model (an engine attached to the in-process ring) started in it."""
+"""The composition root of ``llmtrio serve``: the ingress's bring-up (``_ingress``), alone
+or with a local worker per model (an engine attached to the in-process ring) started in it.
+
+:func:`serving` makes that choice. The engine and the worker (and llama.cpp with them) are
+imported only where a local worker runs, so that an ingress alone never loads them.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
+from functools import partial
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
+from ._fields import RequestLimits
 from ._ingress import serve_ring_ingress, until_signalled
-from .engine import EmbeddingEngine, Engine, EngineConfig, EngineFailedError, open_engine
 from .ring import ControlConfig, Ring
 from .web import ServeConfig
-from .worker import RequestLimits, WorkerMetrics, serve_link
 
-__all__ = ["serve", "serve_until_signalled"]
+if TYPE_CHECKING:
+    from .engine import EmbeddingEngine, Engine, EngineConfig, EngineFailedError
+
+__all__ = ["serve", "serve_until_signalled", "serving"]
 
 logger = logging.getLogger("llmtrio.serve")
 
@@ -48,6 +56,9 @@ async def serve(
     worker detaches at once (``/health`` answers 503 with the reason), the server shuts down
     as on ``shutdown``, then this raises. A llama.cpp abort takes the whole process down.
     """
+    from .engine import EngineConfig, EngineFailedError, open_engine
+    from .worker import WorkerMetrics, serve_link
+
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(open_engine(each)) for each in configs]
@@ -109,6 +120,8 @@ async def serve_until_signalled(
 
     Error handling: :class:`EngineFailedError` as ``serve`` raises it (the command exits
     non-zero)."""
+    from .engine import EngineFailedError
+
     failure: EngineFailedError | None = None
 
     async def run(shutdown: trio.Event) -> None:
@@ -121,3 +134,37 @@ async def serve_until_signalled(
     await until_signalled(run, graceful_timeout=config.graceful_timeout)
     if failure is not None:
         raise failure
+
+
+def serving(
+    config: ServeConfig,
+    control: ControlConfig | None,
+    limits: RequestLimits | None,
+    *,
+    local_worker: bool,
+    engine_configs: Callable[[], Sequence[EngineConfig]],
+    model_name: str = "",
+) -> Callable[[], Awaitable[None]]:
+    """What ``llmtrio serve`` runs (under ``trio.run``) until SIGINT or SIGTERM, a second
+    one stopping at once: with ``local_worker``, the ingress and a local worker per model of
+    ``engine_configs()`` (:func:`serve_until_signalled`); else the ingress alone under
+    ``model_name``, served by the remote workers that attach to ``control``'s listener
+    (``engine_configs`` is never called and llama.cpp never loaded).
+
+    Error handling: ``ValueError``, here, where no worker could ever serve (no local worker
+    and no ``control``); the function returned raises :class:`EngineFailedError` as
+    :func:`serve` does.
+    """
+    if local_worker:
+        return partial(serve_until_signalled, engine_configs(), config, control, limits)
+    if control is None:
+        raise ValueError(
+            "an ingress with no local worker needs a control listener (or nothing serves)"
+        )
+
+    async def ingress(shutdown: trio.Event) -> None:
+        await serve_ring_ingress(
+            config, control, model_name=model_name, shutdown=shutdown, limits=limits
+        )
+
+    return partial(until_signalled, ingress, graceful_timeout=config.graceful_timeout)

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from llmtrio._cli import _parser
+from llmtrio._configs import _api_keys
 from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
-from llmtrio._settings import _api_keys
 from llmtrio.ring import Ring
 from llmtrio.web import ApiKeys, ServeConfig, read_key_file
 

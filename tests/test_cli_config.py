@@ -5,7 +5,9 @@ the command line."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,8 +18,10 @@ import attrs
 import pytest
 
 from llmtrio import _cli as cli
-from llmtrio import _settings as settings
+from llmtrio import _configs as configs
+from llmtrio import _parser, server
 from llmtrio._fields import RequestLimits
+from llmtrio._flags import COMMANDS, OPTIONS
 from llmtrio._remote_worker import run_worker
 from llmtrio.engine import EngineConfig, InvalidRequestError, Sampling
 from llmtrio.ring import ControlConfig, DialConfig, RingConfig
@@ -36,7 +40,7 @@ BUILDS: dict[str, tuple[Any, ...]] = {
 }
 #: ControlConfig's host and port come from --control-host and --control-port.
 # Flags whose values are not the field's: --threads takes [NAME=]N per model
-# (settings.thread_counts, tested in test_model_resolution.py).
+# (llmtrio._threads.thread_counts, tested in test_model_resolution.py).
 OTHER_FLAG = {(ControlConfig, "host"), (ControlConfig, "port"), (EngineConfig, "threads")}
 
 
@@ -65,32 +69,56 @@ def test_every_flag_of_a_config_field_has_the_classes_default(command: str) -> N
         for owner in BUILDS[command]:
             if action.dest not in fields(owner) or (owner, action.dest) in OTHER_FLAG:
                 continue
-            expected = settings.default_of(owner, action.dest)
+            expected = _parser.default_of(owner, action.dest)
             default = action.default
             if isinstance(default, list):  # append: none given, the class gets what is given
                 assert default == [] and expected == (), action.dest
             elif default is None:  # an option with no default: the class's is None too
                 assert expected is None, action.dest
             else:
-                assert isinstance(default, settings.Default), (action.dest, default)
+                assert isinstance(default, _parser.Default), (action.dest, default)
                 assert default.value() == expected, action.dest
             checked += 1
     assert checked >= {"generate": 18, "serve": 33, "worker": 21}[command]
 
 
+def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
+    """A row ``Class.field`` of the flag table gives that field: the class (where
+    ``_parser.HOMES`` says it lives) has it, and the option's ``dest`` is its name, with the
+    field's default."""
+    rows = {id(row): row for row in OPTIONS}
+    for command in COMMANDS:
+        for part in command.sections:
+            for row in part.rows:
+                for each in row.flags if isinstance(row, _parser.OneOf) else (row,):
+                    rows[id(each)] = each
+    named = [row for row in rows.values() if "." in row.setting]
+    assert len(named) == 40
+    for row in named:
+        owner, _, name = row.setting.partition(".")
+        assert name in fields(getattr(importlib.import_module(_parser.HOMES[owner]), owner)), row
+    shown = 0
+    for parser in commands().values():
+        for action in parser._actions:
+            if isinstance(action.default, _parser.Default):
+                assert action.default.name == action.dest
+                shown += 1
+    assert shown == 20 + 15 + 32 + 23  # generate, embed, serve, worker (engine rows in each)
+
+
 @pytest.mark.parametrize("command", sorted(NEEDED))
 def test_a_command_given_no_settings_builds_the_classes_defaults(command: str) -> None:
     args = parse(command)
-    assert settings.engine_config(args) == EngineConfig()
+    assert configs.engine_config(args) == EngineConfig()
     if command == "generate":
-        assert settings.sampling(args) == Sampling()
+        assert configs.sampling(args) == Sampling()
     else:
-        assert settings.request_limits(args) == RequestLimits()
+        assert configs.request_limits(args) == RequestLimits()
     if command == "serve":
-        assert settings.serve_config(args) == ServeConfig()
-        assert settings.control_config(args, "h") is None
+        assert configs.serve_config(args) == ServeConfig()
+        assert configs.control_config(args, "h") is None
     if command == "worker":
-        assert settings.dial_config(args) == DialConfig()
+        assert configs.dial_config(args) == DialConfig()
 
 
 def test_help_shows_the_classes_defaults() -> None:
@@ -109,14 +137,14 @@ def test_given_flags_reach_the_configs() -> None:
         "--no-prompt-cache", "--no-fallback", "--cache-ram=0", "--max-tokens-limit=9",
         "--allowed-origins=https://a.example,https://b.example", "--threads=3",
     )  # fmt: skip
-    serve = settings.serve_config(args)
+    serve = configs.serve_config(args)
     assert serve.ring == RingConfig(max_streams=3, park_timeout=2.5)
     assert serve.request_timeout is None
     assert serve.allowed_origins == ("https://a.example", "https://b.example")
-    engine = settings.engine_config(args)
+    engine = configs.engine_config(args)
     assert (engine.prompt_cache, engine.allow_fallback, engine.cache_ram_mib) == (False, False, 0)
     assert engine.threads == 3
-    assert settings.request_limits(args).max_tokens == 9
+    assert configs.request_limits(args).max_tokens == 9
 
 
 REFUSALS: list[tuple[Callable[[], object], str, list[str], str]] = [
@@ -192,15 +220,15 @@ REFUSALS: list[tuple[Callable[[], object], str, list[str], str]] = [
 
 def build_all(args: argparse.Namespace) -> None:
     """Every config the command builds, as it builds them."""
-    settings.engine_config(args)
+    configs.engine_config(args)
     if args.command == "generate":
-        settings.sampling(args)
+        configs.sampling(args)
         return
-    settings.request_limits(args)
+    configs.request_limits(args)
     if args.command == "serve":
-        settings.serve_config(args)
+        configs.serve_config(args)
     else:
-        settings.dial_config(args)
+        configs.dial_config(args)
 
 
 @pytest.mark.parametrize(("refuse", "field_message", "argv", "flag_message"), REFUSALS)
@@ -229,7 +257,7 @@ def test_the_command_prints_the_flag_and_exits_without_a_traceback() -> None:
 def test_a_message_names_a_flag_only_for_a_whole_field_name() -> None:
     flags = {"max_tokens": "--max-tokens-limit", "max_stop": "--max-stop"}
     message = "max_tokens must be at least 1; max_tokens_x and max_stop_chars stay"
-    assert settings.flag_message(message, ["max_tokens", "max_stop", "other"], flags) == (
+    assert configs.flag_message(message, ["max_tokens", "max_stop", "other"], flags) == (
         "--max-tokens-limit must be at least 1; max_tokens_x and max_stop_chars stay"
     )
 
@@ -237,8 +265,36 @@ def test_a_message_names_a_flag_only_for_a_whole_field_name() -> None:
 def test_a_chat_template_file_replaces_the_models_template(tmp_path: Path) -> None:
     template = tmp_path / "qwen.jinja"
     template.write_text("{{ messages[0].content }}<function=", encoding="utf-8")
-    config = settings.engine_config(parse("serve", f"--chat-template-file={template}"))
+    config = configs.engine_config(parse("serve", f"--chat-template-file={template}"))
     assert config.chat_template == template.read_text(encoding="utf-8")
-    assert settings.engine_config(parse("serve")).chat_template is None
+    assert configs.engine_config(parse("serve")).chat_template is None
     with pytest.raises(SystemExit):
         parse("serve", f"--chat-template-file={tmp_path / 'missing.jinja'}")
+
+
+def test_serve_runs_the_ingress_alone_or_with_a_local_worker_as_the_composition_root_says() -> None:
+    """``server.serving`` makes ``llmtrio serve``'s choice: the engines' configs are asked
+    for only where a local worker runs, and an ingress with neither a local worker nor a
+    control listener is refused before anything runs; the command prints the refusal."""
+    asked: list[str] = []
+
+    def engines() -> list[EngineConfig]:
+        asked.append("engines")
+        return [EngineConfig()]
+
+    control = ControlConfig(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+    alone = server.serving(ServeConfig(), control, None, local_worker=False, engine_configs=engines)
+    assert asked == []
+    local = server.serving(ServeConfig(), None, None, local_worker=True, engine_configs=engines)
+    assert asked == ["engines"]
+    assert alone.func is not local.func  # type: ignore[attr-defined]
+    assert local.func is server.serve_until_signalled  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="no local worker needs a control listener"):
+        server.serving(ServeConfig(), None, None, local_worker=False, engine_configs=engines)
+    assert asked == ["engines"]
+    with pytest.raises(SystemExit) as exited:
+        cli._serve(parse("serve", "--no-local-worker"))
+    assert exited.value.code == (
+        "llmtrio serve: an ingress with no local worker needs a control listener "
+        "(or nothing serves)"
+    )

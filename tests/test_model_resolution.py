@@ -9,15 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from llmtrio._configs import engine_configs
 from llmtrio._openai_errors import OpenAIError
 from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
-from llmtrio._settings import (
-    ModelSpec,
-    engine_configs,
-    split_threads,
-    thread_counts,
-    threads_value,
-)
+from llmtrio._threads import split_threads, thread_counts
+from llmtrio._values import ModelSpec, threads_value
 from llmtrio.ring import ModelStats
 from llmtrio.web._models import requested_model, resolve_model
 

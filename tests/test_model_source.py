@@ -24,11 +24,14 @@ from urllib.parse import unquote, urlsplit
 import attrs
 import pytest
 
+from llmtrio._cli import _parser
+from llmtrio._configs import engine_configs
 from llmtrio.engine import (
     DEFAULT_REPO,
     EngineConfig,
     ModelLoadError,
     demo_model_path,
+    model_name_of,
     resolve_model,
 )
 from llmtrio.engine.models._source import HubSettings, NoMatchingFile, choose_gguf
@@ -164,6 +167,39 @@ def test_split_model_in_cache(hf_cache: Path, qwen_bytes: bytes) -> None:
     message = load_error(EngineConfig(hf_repo=OTHER_REPO))
     assert "1 of its 3 parts are missing" in message
     assert "Big-Q4_K_M-00002-of-00003.gguf" in message
+
+
+def test_a_split_model_is_named_alike_by_the_command_and_the_engine(
+    tmp_path: Path, hf_cache: Path, qwen_bytes: bytes
+) -> None:
+    """The command names each model before loading it (two under one name are refused, and
+    ``--threads NAME=N`` goes by that name); the engine names it when it resolves it. Both
+    take the engine's one rule, :func:`model_name_of`: a split model is named without its
+    part, from a local path and from a repo's named file alike."""
+
+    def command(*argv: str) -> list[EngineConfig]:
+        return engine_configs(_parser().parse_args(["serve", *argv]))
+
+    for part in (1, 2):
+        (tmp_path / f"Big-Q8_0-{part:05d}-of-00002.gguf").write_bytes(qwen_bytes)
+    first = tmp_path / "Big-Q8_0-00001-of-00002.gguf"
+    assert resolve_model(EngineConfig(model=first)).name == "Big-Q8_0"
+    (config,) = command(f"--model={first}", "--threads=Big-Q8_0=3")
+    assert (model_name_of(config), config.threads) == ("Big-Q8_0", 3)
+    other = tmp_path / "other.gguf"
+    with pytest.raises(SystemExit, match=r"two models served under one name: \['Big-Q8_0'\]"):
+        command(f"--model={first}", f"--model=Big-Q8_0={other}")
+
+    hf_file = "Q4_K_M/Big-Q4_K_M-00001-of-00002.gguf"
+    cache_repo(
+        hf_cache,
+        OTHER_REPO,
+        {f"Q4_K_M/Big-Q4_K_M-{i:05d}-of-00002.gguf": qwen_bytes for i in (1, 2)},
+    )
+    served = f"{OTHER_REPO}:Big-Q4_K_M"
+    assert resolve_model(EngineConfig(hf_repo=OTHER_REPO, hf_file=hf_file)).name == served
+    (config,) = command(f"--model={OTHER_REPO}", f"--hf-file={hf_file}", f"--threads={served}=2")
+    assert (model_name_of(config), config.threads) == (served, 2)
 
 
 def test_file_in_an_older_snapshot_is_found(hf_cache: Path, qwen_bytes: bytes) -> None:

@@ -64,13 +64,17 @@ def test_the_web_room_is_a_pure_ingress() -> None:
 
 
 def test_an_ingress_without_a_local_worker_loads_no_llama_cpp() -> None:
-    """``llmtrio serve --no-local-worker`` imports the CLI and the ingress's composition root
-    and builds its configs (their defaults read from their classes); none of it loads
-    llama.cpp (or the engine or the worker)."""
+    """``llmtrio serve --no-local-worker`` imports the CLI and the composition root, builds
+    its configs (their defaults read from their classes) and chooses the ingress alone; none
+    of it loads llama.cpp (or the engine or the worker)."""
     code = (
-        "import sys, llmtrio._cli as cli, llmtrio._settings as s, llmtrio._ingress; "
+        "import ssl, sys, llmtrio._cli as cli, llmtrio._configs as s, llmtrio.server; "
+        "from llmtrio.ring import ControlConfig; "
         "args = cli._parser().parse_args(['serve', '--no-local-worker']); "
-        "s.serve_config(args), s.request_limits(args), s.control_config(args, 'h'); "
+        "config = s.serve_config(args); s.control_config(args, 'h'); "
+        "control = ControlConfig(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)); "
+        "llmtrio.server.serving(config, control, s.request_limits(args), local_worker=False, "
+        "engine_configs=lambda: 1 / 0); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp' "
         "or m.startswith(('llmtrio.engine', 'llmtrio.worker'))))"
     )

@@ -48,6 +48,7 @@ from .grammar import json_schema_grammar as json_schema_grammar
 from .models import ResolvedModel as ResolvedModel
 from .models import demo_model_path as demo_model_path
 from .models import model_kind_of as model_kind_of
+from .models import model_name_of as model_name_of
 from .models import resolve_model as resolve_model
 from .tools import ToolCallArguments as ToolCallArguments
 from .tools import ToolCallEnd as ToolCallEnd
@@ -103,6 +104,7 @@ __all__ = [
     "demo_model_path",
     "json_schema_grammar",
     "model_kind_of",
+    "model_name_of",
     "new_tool_call_id",
     "open_engine",
     "resolve_model",

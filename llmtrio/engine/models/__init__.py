@@ -6,6 +6,7 @@ from ._gguf import POOLING_NAMES as POOLING_NAMES
 from ._gguf import model_kind_of as model_kind_of
 from ._source import ResolvedModel as ResolvedModel
 from ._source import demo_model_path as demo_model_path
+from ._source import model_name_of as model_name_of
 from ._source import resolve_model as resolve_model
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "ResolvedModel",
     "demo_model_path",
     "model_kind_of",
+    "model_name_of",
     "resolve_model",
 ]

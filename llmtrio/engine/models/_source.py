@@ -53,6 +53,7 @@ __all__ = [
     "ResolvedModel",
     "choose_gguf",
     "demo_model_path",
+    "model_name_of",
     "resolve_model",
 ]
 
@@ -186,9 +187,16 @@ def _strip_split(stem: str) -> str:
     return match["prefix"] if match else stem
 
 
-def _hub_name(config: EngineConfig) -> str:
+def model_name_of(config: EngineConfig) -> str:
+    """The name ``config``'s model is served under, as the config names it: ``model_name``;
+    else a local file's stem; else ``hf_repo:`` with the ``hf_file``'s stem or the ``quant``.
+    A split model's stem drops its part (``model-00001-of-00003.gguf`` is ``model``), so
+    that every part names the model alike. (The demo fallback, where the config's model
+    cannot be had, is named ``model_name`` or the demo model's name.)"""
     if config.model_name:
         return config.model_name
+    if config.model is not None:
+        return _strip_split(Path(config.model).stem)
     if config.hf_file is not None:
         return f"{config.hf_repo}:{_strip_split(Path(config.hf_file).stem)}"
     return f"{config.hf_repo}:{config.quant}"
@@ -332,7 +340,7 @@ def _not_found(config: EngineConfig, hub: HubSettings, cache_why: str, hub_why: 
 
 def _resolve_hub(config: EngineConfig, hub: HubSettings, progress: bool) -> ResolvedModel:
     repo = config.hf_repo
-    name = _hub_name(config)
+    name = model_name_of(config)
     if hub.offline:
         hub_why = "HF_HUB_OFFLINE is set, so nothing is downloaded"
     else:
@@ -461,7 +469,7 @@ def resolve_model(config: EngineConfig, *, progress: bool = True) -> ResolvedMod
     if config.model is not None:
         path = Path(config.model)
         info = check_gguf(path)
-        name = config.model_name or _strip_split(path.stem)
+        name = model_name_of(config)
         return ResolvedModel(path=path, name=name, source="path", info=info)
     hub = HubSettings.from_environ(os.environ)
     try:

@@ -1,0 +1,195 @@
+"""From the parsed flags to the config values: each class built from the flags named as its
+fields (a flag left out leaves the class's default, see ``llmtrio._parser``). The classes'
+errors name fields; :func:`build` names the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+
+from ._parser import Default
+from ._threads import thread_counts
+from ._values import ModelSpec
+
+if TYPE_CHECKING:
+    from ._fields import RequestLimits
+    from .engine import EngineConfig, Sampling
+    from .ring import ControlConfig, DialConfig
+    from .web import ServeConfig
+
+__all__ = [
+    "build",
+    "control_config",
+    "dial_config",
+    "engine_config",
+    "engine_configs",
+    "flag_message",
+    "given",
+    "request_limits",
+    "sampling",
+    "serve_config",
+]
+
+T = TypeVar("T")
+
+
+def given(value: Any) -> Any:
+    """A flag's value as given, or its class's default when it was left out."""
+    return value.value() if isinstance(value, Default) else value
+
+
+def flag_message(message: str, fields: Sequence[str], flags: dict[str, str]) -> str:
+    """``message`` (a config class's error, which names its fields) with each of ``fields``
+    that is an option of this command named by its flag instead."""
+    names = [name for name in fields if name in flags]
+    if not names:
+        return message
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    return pattern.sub(lambda found: flags[found[1]], message)
+
+
+def build(
+    cls: type[T],
+    args: argparse.Namespace,
+    errors: tuple[type[Exception], ...] = (ValueError,),
+    **values: Any,
+) -> T:
+    """``cls`` from ``values`` and every flag in ``args`` named as one of its fields that was
+    given (a flag left out leaves the class's default). A refusal exits with the command's
+    name and the message, its fields named by their flags.
+    """
+    fields = [field.name for field in attrs.fields(cls) if field.init]  # type: ignore[arg-type]
+    for name in fields:
+        value = getattr(args, name, None)
+        if name not in values and hasattr(args, name) and not isinstance(value, Default):
+            values[name] = value
+    try:
+        return cls(**values)
+    except errors as exc:
+        message = flag_message(str(exc), fields, args.flags)
+        raise SystemExit(f"llmtrio {args.command}: {message}") from None
+
+
+def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
+    """One engine config per ``--model`` (the flags shared by all; ``--threads`` per model,
+    see :func:`llmtrio._threads.thread_counts`); the default model's alone without
+    ``--model``. ``--model-name`` names a single model. A refusal exits naming the flag."""
+    from .engine import EngineConfig, model_name_of
+
+    values = [ModelSpec.parse(text) for text in (args.model or [])]
+    command = f"llmtrio {args.command}"
+    if len(values) > 1 and args.model_name:
+        raise SystemExit(f"{command}: --model-name names one model; use --model NAME=PATH")
+    if not values:
+        configs = [build(EngineConfig, args, model=None, threads=1)]
+    else:
+        configs = []
+        for spec in values:
+            fields: dict[str, Any] = {"model": spec.path, "threads": 1}
+            if spec.name or len(values) > 1:
+                fields["model_name"] = spec.name
+            if spec.hf_repo is not None:
+                fields["hf_repo"] = spec.hf_repo
+                fields["model"] = None
+                if spec.quant is not None:
+                    fields["quant"] = spec.quant
+            configs.append(build(EngineConfig, args, **fields))
+    names = [model_name_of(config) for config in configs]
+    doubled = {name for name in names if names.count(name) > 1}
+    if doubled:
+        raise SystemExit(f"{command}: two models served under one name: {sorted(doubled)}")
+    try:
+        threads = thread_counts(names, getattr(args, "threads", None) or [], os.cpu_count() or 1)
+    except ValueError as exc:
+        raise SystemExit(f"{command}: {exc}") from None
+    return [attrs.evolve(c, threads=n) for c, n in zip(configs, threads, strict=True)]
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine config of a command that runs one model (``generate``)."""
+    configs = engine_configs(args)
+    if len(configs) > 1:
+        raise SystemExit(f"llmtrio {args.command}: give one --model")
+    return configs[0]
+
+
+def request_limits(args: argparse.Namespace) -> RequestLimits:
+    from ._fields import RequestLimits  # not from .worker, which loads the engine
+
+    return build(RequestLimits, args)
+
+
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    from .web import read_key_file
+
+    keys = list(args.api_key)
+    for path in args.api_key_file:
+        try:
+            keys += read_key_file(path)
+        except OSError as exc:
+            raise ValueError(f"cannot read --api-key-file {path}: {exc}") from None
+    if args.api_key_file and not keys:
+        raise ValueError("--api-key-file holds no key")
+    return keys
+
+
+def control_config(args: argparse.Namespace, host: str) -> ControlConfig | None:
+    """The control listener's config (``None`` without ``--control-port``); ``host`` when
+    ``--control-host`` is not given."""
+    from .ring import ControlConfig, server_ssl_context
+
+    files = (args.control_cert, args.control_key, args.control_ca)
+    if args.control_port is None:
+        if any(files):
+            raise ValueError("--control-cert/--control-key/--control-ca need --control-port")
+        return None
+    if not all(files):
+        raise ValueError("--control-port needs --control-cert, --control-key and --control-ca")
+    try:
+        context = server_ssl_context(args.control_cert, args.control_key, args.control_ca)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load the control certificates: {exc}") from None
+    return build(
+        ControlConfig,
+        args,
+        ssl_context=context,
+        host=args.control_host or host,
+        port=args.control_port,
+    )
+
+
+def dial_config(args: argparse.Namespace) -> DialConfig:
+    from .ring import DialConfig
+
+    return build(DialConfig, args)
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    from .ring import RingConfig
+    from .web import ServeConfig
+
+    origins = [
+        origin.strip()
+        for value in args.allowed_origins
+        for origin in value.split(",")
+        if origin.strip()
+    ]
+    return build(
+        ServeConfig,
+        args,
+        ring=build(RingConfig, args),
+        allowed_origins=origins,
+        api_keys=_api_keys(args),
+    )
+
+
+def sampling(args: argparse.Namespace) -> Sampling:
+    from .engine import InvalidRequestError, Sampling
+
+    return build(Sampling, args, (InvalidRequestError,))
