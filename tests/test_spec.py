@@ -330,7 +330,8 @@ def test_a_prompt_chunk_in_the_step_does_not_make_drafts_look_free() -> None:
 
 def test_gemma_on_two_cores_drafts_for_one_sequence_and_not_for_eight() -> None:
     # A fit measured on a loaded AVX2 EPYC (gemma-3-270m, 2 threads, per-slot, a line
-    # through one and a few tokens): 12 ms a micro-batch, 8.5 ms a position; drafts right 85% of the time.
+    # through one and a few tokens): 12 ms a micro-batch, 8.5 ms a position; drafts right
+    # 85% of the time.
     c = linear(12.0, 8.5, [(1, 1), (1, 8), (5, 12), (1, 16)])
     assert sum(plan_drafts([Candidate(8, 0.85)], c, outputs=1)) >= 2
     assert plan_drafts([Candidate(8, 0.85)] * 8, c, outputs=8) == [0] * 8

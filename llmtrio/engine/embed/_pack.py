@@ -113,7 +113,8 @@ class ThreadChooser:
     is busy exactly when many requests arrive), a waiting thread spins while the one it waits
     for is descheduled: a 16-token decode of all-MiniLM-L6-v2 on 2 threads took 770 ms on a
     loaded 2-core machine and 12.5 ms on 1 thread (one trial of ``OMP_WAIT_POLICY=passive``:
-    TODO.md). On a quiet machine, more threads are faster. So both are measured, and the faster one is used.
+    TODO.md). On a quiet machine, more threads are faster. So both are measured, and the
+    faster one is used.
 
     Why by size: a decode's seconds per token depend on its size as much as on its threads
     (a fixed cost per decode, and attention over the whole batch): on MiniLM a one-sentence
