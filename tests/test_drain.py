@@ -54,10 +54,12 @@ async def ingress(
 
 async def wait_draining(client: httpx.AsyncClient) -> httpx.Response:
     """``/health`` once the shutdown signal reached the app (it is delivered by a task)."""
-    with trio.fail_after(10):
-        while (health := await client.get("/health")).json()["status"] != "draining":  # noqa: ASYNC110
-            await trio.sleep(0.01)
-    return health
+
+    async def draining() -> httpx.Response | None:
+        health = await client.get("/health")
+        return health if health.json()["status"] == "draining" else None
+
+    return await eventually(draining, "/health saying draining")
 
 
 async def start_stream(

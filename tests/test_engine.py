@@ -258,10 +258,8 @@ async def test_cancel_during_prefill_takes_effect_at_the_next_chunk(gemma_path: 
     async with Engine.open(cfg) as engine:
         long_prompt = engine.tokenize("the quick brown fox " * 600, add_special=True)[:3000]
         async with engine.submit(GenerateRequest(tokens=long_prompt, max_tokens=4)) as gen:
-            with trio.fail_after(60):
-                # A few chunks in (the decode thread signals no event per step).
-                while engine.stats.steps < 3:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+            # A few chunks in (the decode thread signals no event per step).
+            await eventually(lambda: engine.stats.steps >= 3, within=60)
             assert engine.capacity().decoding == 1
             gen.cancel()
             cancelled_at = engine.stats.steps
