@@ -30,7 +30,6 @@ from llmtrio.ring import (
     encode,
 )
 from llmtrio.ring._control import _serve_worker
-from llmtrio.ring._remote import RemoteLink as _RemoteLink
 
 from ._helpers import eventually
 
@@ -70,7 +69,7 @@ async def remote_worker(
     max_inflight: int,
     control: ControlConfig | None = None,
 ) -> AsyncIterator[RemoteLink]:
-    link = _RemoteLink("w", max_inflight, ("fake",), CONTEXT)
+    link = RemoteLink("w", max_inflight, ("fake",), CONTEXT)
     async with trio.open_nursery() as nursery:
         for i, ring in enumerate(rings):
             ws = await ingress_session(nursery, ring, control or config(), f"w{i}")
@@ -255,7 +254,7 @@ async def test_an_ingress_that_answers_no_ping_is_given_up(autojump_clock: trio.
     """A silent partition breaks no connection: the worker pings, and gives up an ingress that
     answers nothing for its ingress timeout (then reconnects, in connect_ring)."""
     timeout = 4.0
-    link = _RemoteLink("w", 1, (), CONTEXT, DialConfig(ingress_timeout=timeout))
+    link = RemoteLink("w", 1, (), CONTEXT, DialConfig(ingress_timeout=timeout))
     server_stream, client_stream = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
         ingress = trio.CancelScope()
