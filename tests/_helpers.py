@@ -3,11 +3,13 @@ ring streams, an ingress on a free port."""
 
 from __future__ import annotations
 
+import inspect
 import ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import attrs
 import httpx
@@ -33,7 +35,14 @@ __all__ = [
     "read_all",
     "run",
     "run_together",
+    "wait_until",
 ]
+
+T = TypeVar("T")
+
+#: What a wait awaits, for its failure message: a text, or a callable that describes the state
+#: when the wait fails (a log's tail, a /health).
+Describe = str | Callable[[], object]
 
 
 #: A chat completion request's head, as the ingress parks it on the ring.
@@ -55,13 +64,63 @@ def engine_config(model: Path, **changes: Any) -> EngineConfig:
     return attrs.evolve(base, **changes)
 
 
-async def eventually(predicate: Callable[[], bool], *, within: float = 10) -> None:
-    """Wait until ``predicate()`` holds: state that another task, thread or process changes
-    without an event to wait on. Fails after ``within`` seconds (a bound on a hang, not a
-    measure of speed)."""
-    with trio.fail_after(within):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.01)
+def _awaited(check: Callable[..., object], what: Describe | None) -> str:
+    """What a wait waits for, for its failure: ``what`` (a callable: the state at the time),
+    else the source line of ``check`` (a lambda reads as its condition)."""
+    if callable(what):
+        return str(what())
+    if what is not None:
+        return what
+    try:
+        return inspect.getsource(check).strip()
+    except (OSError, TypeError):
+        return repr(check)
+
+
+def _failure(
+    check: Callable[..., object], what: Describe | None, within: float, last: object
+) -> str:
+    seen = "" if isinstance(last, bool) or last is None else f" (last: {last!r})"
+    return f"not within {within}s: {_awaited(check, what)}{seen}"
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T]] | Callable[[], T],
+    what: Describe | None = None,
+    *,
+    within: float = 10,
+) -> T:
+    """Poll ``check`` (a function, or an async one) until it gives a true value, and return
+    that value: for state that another task, thread or process changes without an event to
+    wait on (where a ``trio.Event`` or a channel exists, wait on that instead). Fails the test
+    with an ``AssertionError`` saying what was awaited (``what``, else ``check``'s source) after
+    ``within`` seconds: a bound on a hang, not a measure of speed."""
+    last: object = None
+    try:
+        with trio.fail_after(within):
+            while True:
+                pending = check()
+                last = await pending if inspect.isawaitable(pending) else pending
+                if last:
+                    return cast(T, last)
+                await trio.sleep(0.01)
+    except trio.TooSlowError:
+        raise AssertionError(_failure(check, what, within, last)) from None
+
+
+def wait_until(
+    check: Callable[[], T], what: Describe | None = None, *, within: float = 60, every: float = 0.05
+) -> T:
+    """:func:`eventually` for code outside Trio (processes, threads): poll ``check`` every
+    ``every`` seconds until it gives a true value, and return that value; an ``AssertionError``
+    saying what was awaited after ``within`` seconds. ``check`` may raise to give up early
+    (a process that exited)."""
+    end = time.monotonic() + within
+    while not (last := check()):
+        if time.monotonic() >= end:
+            raise AssertionError(_failure(check, what, within, last))
+        time.sleep(every)
+    return last
 
 
 async def read_all(stream: RingStream) -> tuple[ResponseHead, bytes]:

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +16,8 @@ from pathlib import Path
 import attrs
 import httpx
 import trustme
+
+from ._helpers import wait_until
 
 __all__ = ["Ingress", "Proc", "Ring"]
 
@@ -33,15 +34,19 @@ class Proc:
         return self.log.read_text(errors="replace")
 
     def wait_for(self, pattern: str, timeout: float = 60) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.text())
-            if found:
-                return found
-            if self.popen.poll() is not None:
+        """The first match of ``pattern`` in the log, once it is there; fails at once if the
+        process exits first."""
+
+        def found() -> re.Match[str] | None:
+            exited = self.popen.poll() is not None
+            match = re.search(pattern, self.text())
+            if match is None and exited:
                 raise AssertionError(f"{self.name} exited: {self.text()[-3000:]}")
-            time.sleep(0.05)
-        raise AssertionError(f"{self.name}: no {pattern!r} in {timeout}s: {self.text()[-3000:]}")
+            return match
+
+        return wait_until(
+            found, lambda: f"{self.name}: {pattern!r} in {self.text()[-3000:]}", within=timeout
+        )
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -65,12 +70,11 @@ class Ingress:
         return workers
 
     def wait_workers(self, names: set[str], timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if {str(w["id"]).split("#")[0] for w in self.workers()} == names:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"workers {names} not attached: {self.workers()}")
+        wait_until(
+            lambda: {str(w["id"]).split("#")[0] for w in self.workers()} == names,
+            lambda: f"workers {names} attached: {self.workers()}",
+            within=timeout,
+        )
 
 
 @attrs.define

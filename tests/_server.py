@@ -15,6 +15,8 @@ from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 from llmtrio.worker import RequestLimits
 
+from ._helpers import wait_until
+
 __all__ = ["LiveServer", "start_server"]
 
 
@@ -39,6 +41,10 @@ class LiveServer:
         capacity = self.health()["capacity"]
         assert isinstance(capacity, dict)
         return int(capacity["inflight"])
+
+    def wait_idle(self, within: float = 15) -> None:
+        """Wait until no request is in flight (a slot freed is freed within seconds)."""
+        wait_until(lambda: self.inflight() == 0, lambda: f"idle: {self.health()}", within=within)
 
     def stop(self) -> None:
         with contextlib.suppress(trio.RunFinishedError):

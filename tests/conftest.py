@@ -17,14 +17,13 @@ from llmtrio.web import ServeConfig
 from ._helpers import engine_config
 from ._server import LiveServer, start_server
 
-# A copy of shared/test-models/qwen35-tiny-random.gguf (see data/README-qwen35.md).
-QWEN35_TINY = Path(__file__).resolve().parent / "data" / "qwen35-tiny-random.gguf"
+# The test models the repository carries (see data/README-qwen35.md, data/README-minilm.md).
+DATA = Path(__file__).resolve().parent / "data"
+QWEN35_TINY = DATA / "qwen35-tiny-random.gguf"
+# The embedding test model and the vectors sentence-transformers gives for its reference inputs.
+MINILM = DATA / "all-MiniLM-L6-v2-Q8_0.gguf"
+MINILM_REFERENCE = DATA / "minilm-reference.json"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-# The embedding test model and its reference vectors, where CI has them: ../shared beside the
-# clone (see shared/test-models/README.md).
-TEST_MODELS = Path(__file__).resolve().parents[2] / "shared" / "test-models"
-MINILM = TEST_MODELS / "all-MiniLM-L6-v2-Q8_0.gguf"
-MINILM_REFERENCE = TEST_MODELS / "minilm-reference.json"
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from llmtrio._routes import CHAT_PATH
 
+from ._helpers import wait_until
 from .test_embeddings import assert_matches
 
 LLMTRIO = [sys.executable, "-m", "llmtrio._cli"]
@@ -79,15 +79,16 @@ def serve_process(gemma_path: Path) -> Iterator[tuple[subprocess.Popen[str], str
          "--ctx-size", "256", "--threads", "2", "--graceful-timeout", "30"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
-    assert process.stderr is not None
-    url = None
-    deadline = time.monotonic() + 120
-    while url is None and time.monotonic() < deadline:
-        line = process.stderr.readline()
+    stderr = process.stderr
+    assert stderr is not None
+
+    def served_url() -> str | None:
+        line = stderr.readline()  # the next line, or "" once the process exited
         assert line, "llmtrio serve exited before serving"
         found = re.search(r"serving .* on (http://\S+)", line)
-        url = found.group(1) if found else None
-    assert url is not None
+        return found.group(1) if found else None
+
+    url = wait_until(served_url, "llmtrio serve's URL on its stderr", within=120, every=0)
     try:
         yield process, url
     finally:

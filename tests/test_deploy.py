@@ -46,8 +46,9 @@ from llmtrio.ring import (
     server_ssl_context,
 )
 
+from ._helpers import eventually
 from ._procs import ROOT
-from .test_ring_dial import Resolver, free_port
+from .test_ring_dial import Resolver
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
 SCHEMAS = DEPLOY / "schemas"
@@ -334,7 +335,6 @@ async def test_make_secrets_makes_the_secrets_of_a_working_ring(
     resolver = Resolver()
     resolver.answers["llmtrio-control"] = ["127.0.0.1"]
     trio.socket.set_custom_hostname_resolver(resolver)
-    port = free_port()
     server = server_ssl_context(
         files["llmtrio-control-tls/tls.crt"],
         files["llmtrio-control-tls/tls.key"],
@@ -347,12 +347,10 @@ async def test_make_secrets_makes_the_secrets_of_a_working_ring(
     )
     ring = Ring(max_streams=4)
     async with trio.open_nursery() as nursery:
-        await nursery.start(serve_control, ring, ControlConfig(server, port=port))
-        url = f"wss://llmtrio-control:{port}"
+        address = await nursery.start(serve_control, ring, ControlConfig(server, port=0))
+        url = f"wss://llmtrio-control:{address.rsplit(':', 1)[1]}"
         async with connect_ring([url], client, worker_id="w", max_inflight=1, config=DialConfig()):
-            with trio.fail_after(20):
-                while not ring.stats().workers:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+            await eventually(lambda: ring.stats().workers, within=20)
             (worker,) = ring.stats().workers
             assert worker.worker_id.startswith("llmtrio-worker#")  # named by its certificate
         nursery.cancel_scope.cancel()

@@ -5,6 +5,7 @@ and real signals is in ``test_drain_processes.py``."""
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -54,10 +55,12 @@ async def ingress(
 
 async def wait_draining(client: httpx.AsyncClient) -> httpx.Response:
     """``/health`` once the shutdown signal reached the app (it is delivered by a task)."""
-    with trio.fail_after(10):
-        while (health := await client.get("/health")).json()["status"] != "draining":  # noqa: ASYNC110
-            await trio.sleep(0.01)
-    return health
+
+    async def draining() -> httpx.Response | None:
+        health = await client.get("/health")
+        return health if health.json()["status"] == "draining" else None
+
+    return await eventually(draining, "/health saying draining")
 
 
 async def start_stream(
@@ -82,7 +85,9 @@ def tls(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("http", ["http/1.1", "h2"])
-async def test_a_running_stream_finishes_while_new_requests_get_503(http: str, tls: Path) -> None:
+async def test_a_running_stream_finishes_while_new_requests_get_503(
+    http: str, tls: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     ring = Ring(max_streams=8)
     async with (
         ring.attach("w#1", 2, models=["m"]) as link,
@@ -125,12 +130,16 @@ async def test_a_running_stream_finishes_while_new_requests_get_503(http: str, t
             await worker[0].end(b"data: [DONE]\n\n")
             rest = b"".join([chunk async for chunk in chunks])
         assert rest == b"data: two\n\ndata: [DONE]\n\n"
-        with trio.fail_after(10):
-            await server.stopped.wait()  # stops as soon as the last stream is done
+        with trio.fail_after(10):  # a bound on a hang
+            await server.stopped.wait()
+    # It stopped because its last stream was done: the 30 s graceful timeout cut nothing.
+    assert "cutting them" not in caplog.text
     assert ring.stats().tracked == 0
 
 
-async def test_requests_outliving_the_graceful_timeout_are_cut_with_an_error() -> None:
+async def test_requests_outliving_the_graceful_timeout_are_cut_with_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     ring = Ring(max_streams=8)
     async with (
         ring.attach("w#1", 2, models=["m"]) as link,
@@ -167,15 +176,21 @@ async def test_requests_outliving_the_graceful_timeout_are_cut_with_an_error() -
         await worker[0].end()  # acknowledges the cancel
         with trio.fail_after(10):
             await server.stopped.wait()
+    assert "2 requests still running after 0.5s: cutting them" in caplog.text
     assert ring.stats().tracked == 0
 
 
-async def test_a_shutdown_with_nothing_running_stops_at_once() -> None:
+async def test_a_shutdown_with_nothing_running_does_not_wait_out_the_graceful_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "llmtrio")
     ring = Ring(max_streams=8)
     async with ingress(ring, 3600) as server:
         server.shutdown.set()
-        with trio.fail_after(10):
+        with trio.fail_after(10):  # far below the hour of graceful timeout: nothing waited
             await server.stopped.wait()
+    assert "draining: 0 requests in flight" in caplog.text
+    assert "cutting them" not in caplog.text
 
 
 async def test_a_request_whose_body_is_still_coming_is_part_of_the_drain() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from llmtrio._routes import CHAT_PATH
 
+from ._helpers import wait_until
 from ._procs import Ingress, Ring
 
 pytestmark = pytest.mark.slow
@@ -37,13 +37,11 @@ def long_chat(max_tokens: int) -> object:
 
 
 def wait_draining(ingress: Ingress) -> httpx.Response:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    def draining() -> httpx.Response | None:
         health = httpx.get(ingress.url + "/health", timeout=10)
-        if health.json()["status"] == "draining":
-            return health
-        time.sleep(0.02)
-    raise AssertionError(f"never draining: {ingress.proc.text()[-2000:]}")
+        return health if health.json()["status"] == "draining" else None
+
+    return wait_until(draining, lambda: f"draining: {ingress.proc.text()[-2000:]}", within=20)
 
 
 def events(lines: list[str]) -> list[dict[str, object]]:

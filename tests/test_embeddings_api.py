@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -23,7 +22,7 @@ from llmtrio.ring import Ring, client_ssl_context
 from llmtrio.web import ServeConfig, serve_ingress
 from llmtrio.worker import RequestLimits
 
-from ._helpers import engine_config
+from ._helpers import engine_config, wait_until
 from ._server import LiveServer, start_server
 from .test_embeddings import assert_matches
 from .test_ring_remote import Pki, pki, start_ingress, wait_attached
@@ -151,12 +150,12 @@ def test_metrics_count_embedding_requests_inputs_and_tokens(
     before = scrape()
     response = client.embeddings.create(model="m", input=["one", "two", "three"])
     # the ingress counts a request as it ends, which may be just after the client has it
-    after = scrape()
-    for _ in range(100):
-        if after.get(http, 0.0) > before.get(http, 0.0):
-            break
-        time.sleep(0.05)
-        after = scrape()
+
+    def counted() -> dict[str, float] | None:
+        now = scrape()
+        return now if now.get(http, 0.0) > before.get(http, 0.0) else None
+
+    after = wait_until(counted, f"{http} counted", within=5)
 
     def moved(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)

@@ -258,10 +258,8 @@ async def test_cancel_during_prefill_takes_effect_at_the_next_chunk(gemma_path: 
     async with Engine.open(cfg) as engine:
         long_prompt = engine.tokenize("the quick brown fox " * 600, add_special=True)[:3000]
         async with engine.submit(GenerateRequest(tokens=long_prompt, max_tokens=4)) as gen:
-            with trio.fail_after(60):
-                # A few chunks in (the decode thread signals no event per step).
-                while engine.stats.steps < 3:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+            # A few chunks in (the decode thread signals no event per step).
+            await eventually(lambda: engine.stats.steps >= 3, within=60)
             assert engine.capacity().decoding == 1
             gen.cancel()
             cancelled_at = engine.stats.steps
@@ -305,16 +303,15 @@ async def test_target_step_ms_admits_fewer_than_max_inflight(gemma_path: Path) -
     # one sequence decodes; without a target all four would run together.
     async with Engine.open(config(gemma_path, max_inflight=4, target_step_ms=1.0)) as engine:
         request = raw(PROMPTS[0], engine, max_tokens=8, ignore_eos=True)
-        peak = 0
+        stats = engine.stats
+        steps, busy, predicted = stats.steps, stats.busy_slots, stats.tokens_predicted
         async with trio.open_nursery() as nursery:
             for _ in range(4):
                 nursery.start_soon(collect, engine, request)
-            await trio.sleep(0.05)
-            while engine.capacity().inflight:
-                assert engine.capacity().inflight <= 4
-                peak = max(peak, engine.capacity().decoding)
-                await trio.sleep(0.002)
-        assert peak == 1
+        # The engine counts its steps and the sequences in each step's batch: one in every
+        # step, so the four ran one after another (8 tokens each, in steps of their own).
+        assert stats.tokens_predicted - predicted == 4 * 8
+        assert stats.busy_slots - busy == stats.steps - steps >= 4 * 8
 
 
 async def test_a_decode_error_fails_only_its_request(gemma_path: Path) -> None:
@@ -367,10 +364,13 @@ async def test_closing_the_engine_fails_what_is_in_flight(gemma_path: Path) -> N
                     if not isinstance(event, Token):
                         events.append(event)
 
+        predicted = engine.stats.tokens_predicted
         async with trio.open_nursery() as nursery:
             await nursery.start(consume)
             await nursery.start(consume)  # waits for admission behind the first
-            await trio.sleep(0.3)
+            # The first generating, the second still waiting for its slot.
+            await eventually(lambda: engine.stats.tokens_predicted > predicted)
+            assert (engine.capacity().decoding, engine.capacity().inflight) == (1, 2)
             engine._close()
     assert len(events) == 2
     assert all(isinstance(e, Failed) and isinstance(e.error, EngineClosedError) for e in events)

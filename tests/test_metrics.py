@@ -21,7 +21,7 @@ from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
 from llmtrio.ring import Heartbeat, RequestHead, Ring, RingConfig, client_ssl_context
 from llmtrio.web import IngressMetrics, ServeConfig, serve_ingress
 
-from ._helpers import engine_config, open_ingress
+from ._helpers import engine_config, eventually, open_ingress
 from ._stack import open_stack
 from .test_ring_remote import Pki, pki, start_ingress, wait_attached
 
@@ -181,10 +181,13 @@ async def test_gauges_show_a_running_request_and_a_client_leaving(gemma_path: Pa
         async with http.stream("POST", stack.url + CHAT_PATH, json=body) as response:
             chunks = response.aiter_bytes()  # kept: a generator left behind closes the stream
             await anext(chunks)  # the first token is out: the request holds a slot
+
             # The ring's KV usage is what the worker's heartbeat (every 0.5 s) last said.
-            with trio.fail_after(30):
-                while not value(during := await scrape(http, stack.url + "/metrics"), KV):  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+            async def kv_reported() -> Samples | None:
+                samples = await scrape(http, stack.url + "/metrics")
+                return samples if value(samples, KV) else None
+
+            during = await eventually(kv_reported, f"{KV} above 0 in /metrics", within=30)
             await chunks.aclose()
         await stack.wait_idle()
         after = await scrape(http, stack.url + "/metrics")

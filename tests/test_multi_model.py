@@ -4,7 +4,6 @@ with its own engine and local worker claiming for its own model: requests route 
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
@@ -18,7 +17,7 @@ from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
 from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 
-from ._helpers import engine_config
+from ._helpers import engine_config, eventually, wait_until
 from ._procs import Ring
 
 pytestmark = pytest.mark.slow
@@ -39,13 +38,12 @@ async def two_models(gemma_path: Path, qwen35_path: Path) -> AsyncIterator[str]:
 
 def wait_models(client: httpx.Client, workers: dict[str, int]) -> list[dict[str, object]]:
     """``/v1/models`` once it lists ``workers`` (model -> workers serving it)."""
-    deadline = time.monotonic() + 120
-    while True:
-        listed: list[dict[str, object]] = client.get("/v1/models").json()["data"]
-        if {str(m["id"]): m["workers"] for m in listed} == workers:
-            return listed
-        assert time.monotonic() < deadline, listed
-        time.sleep(0.2)
+
+    def listed() -> list[dict[str, object]] | None:
+        models: list[dict[str, object]] = client.get("/v1/models").json()["data"]
+        return models if {str(m["id"]): m["workers"] for m in models} == workers else None
+
+    return wait_until(listed, lambda: f"{workers} in {client.get('/v1/models').json()}", within=120)
 
 
 def chat(model: str | None, *, max_tokens: int = 4, stream: bool = False) -> dict[str, object]:
@@ -120,11 +118,13 @@ async def test_one_models_full_slots_never_hold_up_the_other(
         client.stream("POST", CHAT_PATH, json=chat("gemma", max_tokens=200, stream=True)) as long,
     ):
         assert long.status_code == 200
+
+        async def parked() -> int:
+            return int((await client.get("/health")).json()["ring"]["parked"])
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(client.post, CHAT_PATH, json=chat("gemma")))
-            with trio.fail_after(60):
-                while (await client.get("/health")).json()["ring"]["parked"] == 0:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+            await eventually(parked, "a gemma request parked", within=60)
             other = await client.post(CHAT_PATH, json=chat(qwen35_path.stem))
             assert other.status_code == 200, other.text
             assert other.json()["model"] == qwen35_path.stem

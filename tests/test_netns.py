@@ -36,6 +36,7 @@ import pytest
 
 from llmtrio._routes import CHAT_PATH
 
+from ._helpers import wait_until
 from ._netns import Host, Topology, unavailable
 from ._procs import Proc, Ring
 
@@ -125,11 +126,12 @@ class Net:
     def wait_workers(self, ingress: NetIngress, names: set[str], timeout: float = 90) -> float:
         """Wait until exactly ``names`` are attached to ``ingress``; the seconds it took."""
         started = time.monotonic()
-        while time.monotonic() - started < timeout:
-            if set(self.workers(ingress)) == names:
-                return time.monotonic() - started
-            time.sleep(0.05)
-        raise AssertionError(f"{ingress.host.role}: not {names}: {self.workers(ingress)}")
+        wait_until(
+            lambda: set(self.workers(ingress)) == names,
+            lambda: f"{ingress.host.role}: {names} attached: {self.workers(ingress)}",
+            within=timeout,
+        )
+        return time.monotonic() - started
 
 
 @pytest.fixture
@@ -206,18 +208,21 @@ def open_files(proc: Proc) -> int:
     return len(os.listdir(f"/proc/{proc.popen.pid}/fd"))
 
 
-def settled_files(proc: Proc, baseline: int, timeout: float = 30) -> int:
-    """``proc``'s open files once back to ``baseline`` (sockets take a moment to close)."""
-    deadline = time.monotonic() + timeout
-    while (now := open_files(proc)) > baseline and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return now
+def wait_files_settled(proc: Proc, baseline: int) -> None:
+    """Wait until ``proc`` has no more open files than ``baseline`` (sockets take a moment to
+    close)."""
+    wait_until(
+        lambda: open_files(proc) <= baseline,
+        lambda: f"{proc.name}: {baseline} open files, not {open_files(proc)}",
+        within=30,
+        every=0.2,
+    )
 
 
 def idle(net: Net, ingress: NetIngress) -> dict[str, Any]:
     """``ingress``'s /health once nothing is parked, served, held or in flight."""
-    deadline = time.monotonic() + 30
-    while True:
+
+    def quiet() -> dict[str, Any] | None:
         health = net.health(ingress)
         ring, workers = health["ring"], health["workers"]
         busy = (
@@ -225,10 +230,9 @@ def idle(net: Net, ingress: NetIngress) -> dict[str, Any]:
             or ring["serving"]
             or any(w["held"] or (w["capacity"] or {}).get("inflight") for w in workers)
         )
-        if not busy:
-            return health
-        assert time.monotonic() < deadline, health
-        time.sleep(0.1)
+        return None if busy else health
+
+    return wait_until(quiet, lambda: f"idle: {net.health(ingress)}", within=30, every=0.1)
 
 
 def test_a_worker_host_partitioned_mid_stream_then_healed(net: Net) -> None:
@@ -268,8 +272,8 @@ def test_a_worker_host_partitioned_mid_stream_then_healed(net: Net) -> None:
     assert workers["w0"]["held"] == 0 and workers["w0"]["capacity"]["inflight"] == 0
     assert net.call(chat, net, i0.url, 4).completed
     idle(net, i0)
-    assert settled_files(i0.proc, files["i0"]) <= files["i0"]
-    assert settled_files(w0, files["w0"]) <= files["w0"]
+    wait_files_settled(i0.proc, files["i0"])
+    wait_files_settled(w0, files["w0"])
     w1.stop()
 
 
@@ -335,10 +339,7 @@ def test_a_black_hole_at_the_first_dial_times_out_and_retries(net: Net) -> None:
     assert net.workers(i0) == {}
     # Retried after its backoff, and again given up within the bound.
     tries = len(re.findall(bound, w0.text()))
-    deadline = time.monotonic() + 60
-    while len(re.findall(bound, w0.text())) == tries and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(re.findall(bound, w0.text())) > tries
+    wait_until(lambda: len(re.findall(bound, w0.text())) > tries, within=60, every=0.1)
     net.topology.unblock("w0", "i0")
     net.wait_workers(i0, {"w0"})
     assert net.call(chat, net, i0.url, 4).completed
@@ -419,10 +420,11 @@ def test_workers_follow_one_name_through_a_rolling_restart_under_load(net: Net) 
 
         # The load's last requests to i0 end first, so that i0 then holds late requests only
         # (counting the load's as late ones sent the SIGTERM before a late one had arrived).
-        deadline = time.monotonic() + 60
-        while (sending["i0"] or in_i0()) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not sending["i0"] and not in_i0(), net.health(i0)
+        wait_until(
+            lambda: not (sending["i0"] or in_i0()),
+            lambda: f"the load's requests to i0 ended: {net.health(i0)}",
+            every=0.02,
+        )
         late = [net.pool.submit(chat, net, i0.url, 8, stream=False) for _ in range(6)]
 
         def arrived() -> int:
@@ -430,9 +432,8 @@ def test_workers_follow_one_name_through_a_rolling_restart_under_load(net: Net) 
             connecting at the SIGTERM would be refused (a 503), not drained."""
             return in_i0() + sum(f.done() for f in late)
 
-        deadline = time.monotonic() + 30
-        while arrived() < len(late) and time.monotonic() < deadline:
-            time.sleep(0.02)  # some of them wait on i0 for a slot
+        # Some of them wait on i0 for a slot.
+        wait_until(lambda: arrived() >= len(late), lambda: net.health(i0), within=30, every=0.02)
         i0.proc.popen.send_signal(signal.SIGTERM)
         late_results = [future.result(timeout=180) for future in late]
         assert all(result.completed for result in late_results), [

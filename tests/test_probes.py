@@ -4,11 +4,12 @@ its model is loaded and an ingress attached, until it drains)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import socket
 from functools import partial
 from pathlib import Path
 
+import attrs
 import httpx
 import trio
 
@@ -26,7 +27,7 @@ from llmtrio.ring import (
 )
 from llmtrio.web import ServeConfig, serve_ingress
 
-from ._helpers import engine_config
+from ._helpers import engine_config, eventually
 from .test_ring_remote import Pki, pki, wait_attached
 
 __all__ = ["pki"]  # the fixture, used by name
@@ -60,23 +61,52 @@ async def test_an_ingress_is_ready_while_it_listens_and_not_once_it_drains() -> 
             # ready, still alive.
             key = {"Authorization": "Bearer secret"}
             nursery.start_soon(partial(http.post, CHAT_PATH, json={"messages": []}, headers=key))
-            with trio.fail_after(10):
-                while not ring.stats().parked:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+            await eventually(lambda: ring.stats().parked)
             shutdown.set()
-            with trio.fail_after(10):
-                while (ready := await http.get("/readyz")).status_code == 200:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+
+            async def not_ready() -> httpx.Response | None:
+                ready = await http.get("/readyz")
+                return None if ready.status_code == 200 else ready
+
+            ready = await eventually(not_ready, "/readyz no longer 200")
             assert (ready.status_code, ready.text) == (503, "not ready: draining\n")
             assert (await http.get("/livez")).status_code == 200
             nursery.cancel_scope.cancel()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+@attrs.define
+class Gate:
+    """A loopback port (from the system: port 0 read back) that turns connections away until
+    :meth:`open_to` names a port, and from then relays them there: a worker can be given an
+    ingress's address before that ingress listens."""
+
+    _target: int | None = None
+
+    async def serve(self, *, task_status: trio.TaskStatus[int]) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self._relay, listeners)
+
+    def open_to(self, port: int) -> None:
+        self._target = port
+
+    async def _relay(self, client: trio.SocketStream) -> None:
+        async with client:
+            if self._target is None:
+                return  # closed at once: the worker's dial fails, and it tries again later
+            async with (
+                await trio.open_tcp_stream("127.0.0.1", self._target) as upstream,
+                trio.open_nursery() as nursery,
+            ):
+                nursery.start_soon(_pipe, client, upstream)
+                nursery.start_soon(_pipe, upstream, client)
+
+
+async def _pipe(source: trio.SocketStream, sink: trio.SocketStream) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        async for data in source:
+            await sink.send_all(data)
+        await sink.send_eof()
 
 
 async def test_a_worker_is_ready_once_loaded_and_attached_until_it_drains(
@@ -84,13 +114,12 @@ async def test_a_worker_is_ready_once_loaded_and_attached_until_it_drains(
 ) -> None:
     engine = engine_config(gemma_path, max_inflight=1, ctx_size=512)
     ring = Ring(max_streams=4, park_timeout=60)
-    control_port, metrics_port = free_port(), free_port()
-    url = f"wss://127.0.0.1:{control_port}"
-    probes = f"http://127.0.0.1:{metrics_port}"
     shutdown = trio.Event()
     seen: list[str] = []
+    gate = Gate()
 
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=30) as http:
+        url = f"wss://127.0.0.1:{await nursery.start(gate.serve)}"
 
         async def readiness() -> str:
             """The worker's /readyz, remembered in ``seen`` when it changes."""
@@ -102,14 +131,10 @@ async def test_a_worker_is_ready_once_loaded_and_attached_until_it_drains(
             return state
 
         async def probe_until(state: str) -> None:
-            with trio.fail_after(60):
-                while True:
-                    try:
-                        if await readiness() == state:
-                            return
-                    except httpx.ConnectError:  # the probe port is not open yet
-                        pass
-                    await trio.sleep(0.02)
+            async def reached() -> bool:
+                return await readiness() == state
+
+            await eventually(reached, f"/readyz saying {state!r}", within=60)
 
         context = client_ssl_context(pki.worker("w1"), None, pki.ingress_ca)
         worker = partial(
@@ -118,16 +143,19 @@ async def test_a_worker_is_ready_once_loaded_and_attached_until_it_drains(
             [url],
             context,
             shutdown=shutdown,
-            metrics_address=("127.0.0.1", metrics_port),
+            metrics_address=("127.0.0.1", 0),
             dial=DialConfig(handshake_timeout=2),
         )
-        nursery.start_soon(worker)
-        # The ingress is not up yet: loaded, but attached to nothing.
+        # Started: the model loaded, the probes listening (their port read back), the worker
+        # dialing. The ingress is not up yet: attached to nothing.
+        metrics = await nursery.start(worker)
+        assert metrics is not None
+        probes = metrics.removesuffix("/metrics")
         await probe_until("not ready: attached to no ingress")
         assert (await http.get(probes + "/livez")).text == "ok\n"
         server = server_ssl_context(pki.ingress, pki.ingress, pki.worker_ca)
-        control = ControlConfig(server, port=control_port)
-        await nursery.start(serve_control, ring, control)
+        control = await nursery.start(serve_control, ring, ControlConfig(server, port=0))
+        gate.open_to(int(control.rsplit(":", 1)[1]))
         await wait_attached(ring, 1)
         await probe_until("ok")
         # Draining: a stream still held keeps the worker up, and not ready.
@@ -139,11 +167,5 @@ async def test_a_worker_is_ready_once_loaded_and_attached_until_it_drains(
         await probe_until("not ready: draining")
         stream.cancel()
         nursery.cancel_scope.cancel()
-    # The states came in this order (loading may pass before the first probe answers).
-    expected = [
-        "not ready: loading the model",
-        "not ready: attached to no ingress",
-        "ok",
-        "not ready: draining",
-    ]
-    assert seen == expected[-len(seen) :], seen
+    # The states came in this order (the probes' port is known once the model is loaded).
+    assert seen == ["not ready: attached to no ingress", "ok", "not ready: draining"], seen

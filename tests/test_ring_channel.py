@@ -30,7 +30,8 @@ from llmtrio.ring import (
     encode,
 )
 from llmtrio.ring._control import _serve_worker
-from llmtrio.ring._remote import RemoteLink as _RemoteLink
+
+from ._helpers import eventually
 
 HEAD = RequestHead("POST", CHAT_PATH, [])
 CONTEXT = ssl.create_default_context()
@@ -68,7 +69,7 @@ async def remote_worker(
     max_inflight: int,
     control: ControlConfig | None = None,
 ) -> AsyncIterator[RemoteLink]:
-    link = _RemoteLink("w", max_inflight, ("fake",), CONTEXT)
+    link = RemoteLink("w", max_inflight, ("fake",), CONTEXT)
     async with trio.open_nursery() as nursery:
         for i, ring in enumerate(rings):
             ws = await ingress_session(nursery, ring, control or config(), f"w{i}")
@@ -112,8 +113,7 @@ async def test_one_worker_over_two_ingresses_holds_at_most_its_slots(
         await answer(claimed)
 
     async with remote_worker(rings, slow, max_inflight=2) as link:
-        while len(rings[0].stats().workers) + len(rings[1].stats().workers) < 2:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        await eventually(lambda: len(rings[0].stats().workers) + len(rings[1].stats().workers) == 2)
         await trio.sleep(1)
         # Idle, the worker offers both free slots to each ingress.
         assert [ring.stats().workers[0].waiting_claims for ring in rings] == [2, 2]
@@ -131,11 +131,9 @@ async def test_a_silent_worker_is_declared_dead_after_the_worker_timeout(
     async with trio.open_nursery() as nursery:
         ws = await ingress_session(nursery, ring, config(worker_timeout=7), "mute")
         await ws.send_message(encode(Attach("mute", 1)))
-        while not ring.stats().workers:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        await eventually(lambda: ring.stats().workers)
         attached = trio.current_time()
-        while ring.stats().workers:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        await eventually(lambda: not ring.stats().workers)
         assert trio.current_time() - attached == pytest.approx(7, abs=0.05)
         nursery.cancel_scope.cancel()
 
@@ -157,8 +155,7 @@ async def test_a_cancel_not_acknowledged_is_dropped_after_its_timeout(
         await stuck.response_head()
         stuck.cancel()
         cancelled = trio.current_time()
-        while ring.stats().tracked:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        await eventually(lambda: not ring.stats().tracked)
         assert trio.current_time() - cancelled == pytest.approx(3, abs=0.05)
         # The worker's other slot still serves.
         assert await body_of(ring.park(HEAD, b"ok")) == b"ok"
@@ -226,8 +223,7 @@ async def test_a_busy_ingress_does_not_starve_a_quiet_one(
         await answer(claimed)
 
     async with remote_worker(rings, one_second, max_inflight=1):
-        while len(busy.stats().workers) + len(quiet.stats().workers) < 2:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        await eventually(lambda: len(busy.stats().workers) + len(quiet.stats().workers) == 2)
         queue = [busy.park(HEAD, b"busy-%d" % i) for i in range(20)]
         await trio.sleep(2.5)
         lone = quiet.park(HEAD, b"quiet")
@@ -250,8 +246,7 @@ async def test_a_worker_claiming_beyond_its_bound_is_sent_away(
         reply = decoder.next_message()
         assert isinstance(reply, Detach)
         assert "beyond its max_inflight of 2" in reply.reason
-        while ring.stats().workers:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        await eventually(lambda: not ring.stats().workers)
         nursery.cancel_scope.cancel()
 
 
@@ -259,7 +254,7 @@ async def test_an_ingress_that_answers_no_ping_is_given_up(autojump_clock: trio.
     """A silent partition breaks no connection: the worker pings, and gives up an ingress that
     answers nothing for its ingress timeout (then reconnects, in connect_ring)."""
     timeout = 4.0
-    link = _RemoteLink("w", 1, (), CONTEXT, DialConfig(ingress_timeout=timeout))
+    link = RemoteLink("w", 1, (), CONTEXT, DialConfig(ingress_timeout=timeout))
     server_stream, client_stream = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
         ingress = trio.CancelScope()

@@ -91,24 +91,18 @@ def cas(tmp_path: Path) -> tuple[trustme.CA, trustme.CA]:
     return ingress_ca, worker_ca
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class Ingresses:
-    """Rings behind control listeners on 127.0.0.N, one port; each can be stopped and
-    started again."""
+    """Rings behind control listeners on 127.0.0.N, one port (the one the first listener got
+    from the system); each can be stopped and started again."""
 
     def __init__(
-        self, nursery: trio.Nursery, tmp: Path, cas: tuple[trustme.CA, trustme.CA], port: int
+        self, nursery: trio.Nursery, tmp: Path, cas: tuple[trustme.CA, trustme.CA]
     ) -> None:
         self._nursery = nursery
         self._tmp = tmp
         self._ingress_ca, _ = cas
-        self.port = port
+        #: 0 until the first listener is up.
+        self.port = 0
         self.rings: dict[str, Ring] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
 
@@ -119,12 +113,13 @@ class Ingresses:
         ring = self.rings.setdefault(address, Ring(max_streams=8))
         config = ControlConfig(context, host=address, port=self.port, worker_timeout=5)
 
-        async def run(*, task_status: trio.TaskStatus[None]) -> None:
+        async def run(*, task_status: trio.TaskStatus[str]) -> None:
             with trio.CancelScope() as scope:
                 self._scopes[address] = scope
                 await serve_control(ring, config, task_status=task_status)
 
-        await self._nursery.start(run)
+        url: str = await self._nursery.start(run)  # wss://ADDRESS:PORT, the port bound
+        self.port = int(url.rsplit(":", 1)[1])
         return ring
 
     def stop(self, address: str) -> None:
@@ -160,7 +155,7 @@ async def test_every_address_of_the_name_is_dialed_and_followed(
     tmp_path: Path, cas: tuple[trustme.CA, trustme.CA], resolver: Resolver
 ) -> None:
     async with trio.open_nursery() as nursery:
-        ingresses = Ingresses(nursery, tmp_path, cas, free_port())
+        ingresses = Ingresses(nursery, tmp_path, cas)
         a, b, c = "127.0.0.1", "127.0.0.2", "127.0.0.3"
         for address in (a, b, c):
             await ingresses.start(address)
@@ -205,7 +200,7 @@ async def test_a_failed_lookup_keeps_the_addresses_and_an_empty_answer_drops_the
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with trio.open_nursery() as nursery:
-        ingresses = Ingresses(nursery, tmp_path, cas, free_port())
+        ingresses = Ingresses(nursery, tmp_path, cas)
         a = "127.0.0.1"
         await ingresses.start(a)
         resolver.answers[NAME] = [a]
@@ -241,7 +236,7 @@ async def test_each_ingress_is_verified_against_the_name(
 ) -> None:
     caplog.set_level(logging.INFO, "llmtrio.ring")
     async with trio.open_nursery() as nursery:
-        ingresses = Ingresses(nursery, tmp_path, cas, free_port())
+        ingresses = Ingresses(nursery, tmp_path, cas)
         good, impostor = "127.0.0.1", "127.0.0.2"
         await ingresses.start(good)
         await ingresses.start(impostor, name="elsewhere.test")  # right CA, wrong name

@@ -38,6 +38,7 @@ from llmtrio.ring import (
     encode,
 )
 
+from ._helpers import eventually
 from .test_ring_protocol import decode_all
 from .test_ring_remote import Pki, pki, start_ingress, worker
 
@@ -342,9 +343,8 @@ async def test_a_worker_of_the_previous_version_serves_this_ingress(
         await start_previous(
             nursery, previous, PREVIOUS_WORKER, url, pki.worker("old"), pki.ingress_ca
         )
+        await eventually(lambda: ring.stats().workers, within=30)
         with trio.fail_after(30):
-            while not ring.stats().workers:  # noqa: ASYNC110
-                await trio.sleep(0.01)
             streams = [ring.park(HEAD, b"r%d" % i) for i in range(5)]
             for i, stream in enumerate(streams):
                 head = await stream.response_head()

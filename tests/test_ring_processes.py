@@ -8,7 +8,6 @@ import concurrent.futures
 import json
 import re
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from llmtrio.ring import (
 )
 from llmtrio.ring._tls import open_control_websocket
 
+from ._helpers import wait_until
 from ._procs import Ring
 
 pytestmark = pytest.mark.slow
@@ -81,13 +81,11 @@ def test_two_ingresses_two_workers_then_kills_and_a_disconnect(ring: Ring) -> No
         for line in response.iter_lines():
             if '"content"' in line:
                 break
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        busy = [w for w in ingresses[0].workers() if w["held"] or _inflight(w)]
-        if not busy:
-            break
-        time.sleep(0.1)
-    assert busy == [], busy
+    wait_until(
+        lambda: not any(w["held"] or _inflight(w) for w in ingresses[0].workers()),
+        lambda: f"no worker busy: {ingresses[0].workers()}",
+        within=20,
+    )
 
     # A worker SIGKILLed mid-stream: a clean error event, and the stream ends.
     with (
@@ -134,12 +132,12 @@ def test_a_worker_killed_before_its_first_token_is_replaced_invisibly(
     ):
         body = chat(4, prompt=prompt, stream=stream)
         future = pool.submit(client.post, ingress.url + CHAT_PATH, json=body)
-        deadline = time.monotonic() + 30
-        holder = None
-        while holder is None and time.monotonic() < deadline:
-            holder = next((str(w["id"]) for w in ingress.workers() if w["held"]), None)
-            time.sleep(0.02)
-        assert holder is not None
+        holder = wait_until(
+            lambda: next((str(w["id"]) for w in ingress.workers() if w["held"]), None),
+            "a worker holding the request",
+            within=30,
+            every=0.02,
+        )
         killed = holder.split("#")[0]
         workers[killed].popen.send_signal(signal.SIGKILL)
         response = future.result()

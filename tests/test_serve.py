@@ -6,7 +6,6 @@ import asyncio
 import json
 import re
 import ssl
-import time
 from pathlib import Path
 
 import httpx
@@ -39,13 +38,6 @@ def sse_events(raw: bytes) -> list[str]:
     events = text[:-2].split("\n\n")
     assert all(e.startswith("data: ") for e in events), events
     return [e[len("data: ") :] for e in events]
-
-
-def wait_idle(server: LiveServer, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while server.inflight():
-        assert time.monotonic() < deadline, f"still in flight: {server.health()}"
-        time.sleep(0.05)
 
 
 # -- the official client ------------------------------------------------------------------
@@ -286,7 +278,7 @@ def test_health_answers_while_the_engine_is_busy(live_server: LiveServer) -> Non
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-    wait_idle(live_server)
+    live_server.wait_idle()
 
 
 def test_aborted_streams_free_their_slots(live_server: LiveServer) -> None:
@@ -315,7 +307,7 @@ def test_aborted_streams_free_their_slots(live_server: LiveServer) -> None:
                     nursery.start_soon(abort_after, 2 + i)
 
     trio.run(main)
-    wait_idle(live_server, timeout=15)
+    live_server.wait_idle()
     health = live_server.health()
     assert health["ring"]["parked"] == 0  # type: ignore[index]
 
@@ -387,7 +379,7 @@ def test_a_client_giving_up_on_a_non_streaming_request_frees_its_slot(
     body = {"messages": MESSAGES, "max_tokens": 400, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(live_server.url + CHAT_PATH, json=body, timeout=1.5)
-    wait_idle(live_server, timeout=5)
+    live_server.wait_idle()
 
 
 def test_the_next_turn_reports_its_reused_prompt_tokens(live_server: LiveServer) -> None:
