@@ -16,28 +16,32 @@ from llmtrio.worker._endpoints import CHAT
 
 class GoneClient:
     """The little of a claimed stream that ``serve_request`` touches before the client
-    leaves: its cancellation event."""
+    leaves: its cancellation (the event, and the scope it serves the stream in)."""
 
     def __init__(self) -> None:
         self.cancelled = trio.Event()
+        self.cancel_scope = trio.CancelScope()
         self.body = b"{}"
+
+    def cancel(self) -> None:  # as the ring's Claimed.cancel
+        self.cancelled.set()
+        self.cancel_scope.cancel()
 
 
 async def test_a_client_leaving_mid_send_ends_its_stream_without_an_error(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Seen in the ring simulation: the client left while the response's nursery had other
-    tasks; the send raised StreamCancelledError as the watcher cancelled the nursery, so the
-    two came out as one group that no ``except StreamCancelledError`` matched, and it took the
+    tasks; the send raised StreamCancelledError as the stream's scope cancelled the nursery, so
+    the two came out as one group that no ``except StreamCancelledError`` matched, and it took the
     worker's whole ``serve_link`` (every stream it held) down."""
     claimed = GoneClient()
 
     async def respond(*args: Any) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.sleep_forever)  # the engine's side, say
-            claimed.cancelled.set()  # the client goes away ...
+            claimed.cancel()  # the client goes away: the stream's scope is cancelled ...
             with trio.CancelScope(shield=True):
-                # ... the watcher sees it and cancels the response
                 await trio.lowlevel.checkpoint()
             raise StreamCancelledError("the client of stream 1 went away")  # as send() does
 

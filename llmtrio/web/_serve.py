@@ -326,6 +326,9 @@ class _ConnectionStream:
             return
         if self._held:
             data, self._held = self._held + bytes(data), b""
+        elif not data:  # the end of a body of known length: nothing to wait for
+            await self._stream.send_all(data)
+            return
         with trio.move_on_after(self._timeout) as waiting:
             await self._stream.send_all(data)
         if waiting.cancelled_caught:

@@ -203,25 +203,20 @@ async def serve_request(
     event once streaming); the caller's ``with claimed:`` acknowledges a cancellation or
     fails a stream left unfinished."""
     response = _Response(claimed, metrics, engine)
-    async with trio.open_nursery() as nursery:
-
-        async def watch() -> None:
-            await claimed.cancelled.wait()
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(watch)
+    # The claimed stream's own scope: the ring cancels it when the client goes away, which
+    # ends the engine's work at its next checkpoint (no task watches for it).
+    with claimed.cancel_scope:
         try:
             try:
                 await _respond(endpoint, engine, response, limits)
             except* StreamCancelledError:
                 # The client went away. except*: the send that found it gone may raise in a
-                # nursery that the watcher is cancelling, so it comes out grouped with a
-                # Cancelled (which this nursery's scope absorbs).
+                # nursery (an event stream's relay) while the scope cancels it, so it comes
+                # out grouped with a Cancelled (which the scope absorbs).
                 pass
         except Exception:
             logger.exception("request %s failed", request_id)
             await response.fail(server_error())
-        nursery.cancel_scope.cancel()
 
 
 async def _respond(
