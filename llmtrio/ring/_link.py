@@ -74,6 +74,16 @@ class ClaimedStream(Protocol):
         final body chunk, handed over without waiting where the transport allows;
         ``outcome`` is what it ended with, for the ingress's log and metrics."""
 
+    async def respond(
+        self,
+        status: int,
+        headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+        body: bytes = b"",
+        *,
+        outcome: Outcome | None = None,
+    ) -> None:
+        """A whole response at once: ``send_head``, then ``end(body, outcome=outcome)``."""
+
     def fail(self, message: str, *, outcome: Outcome | None = None) -> None:
         """The worker cannot finish; never blocks; nothing once the stream is finished.
         ``outcome`` is what it ended with, for the ingress's log and metrics."""
@@ -212,6 +222,27 @@ class Claimed:
             raise ProtocolError(
                 f"stream {self.stream_id} is already finished, or its worker detached"
             )
+        self._lane.post(ResponseEnd(self.stream_id, outcome=outcome))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def respond(
+        self,
+        status: int,
+        headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+        body: bytes = b"",
+        *,
+        outcome: Outcome | None = None,
+    ) -> None:
+        """A whole response at once: as ``send_head`` then ``end(body, outcome=...)``, with
+        one schedule point instead of two (a JSON body, an error response).
+
+        Error handling: as ``send_head``.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        self._lane.post(ResponseHead(self.stream_id, status, headers))
+        if body:
+            self._lane.post(ResponseData(self.stream_id, body))
         self._lane.post(ResponseEnd(self.stream_id, outcome=outcome))
         await trio.lowlevel.cancel_shielded_checkpoint()
 

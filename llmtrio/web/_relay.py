@@ -240,7 +240,7 @@ class RingRequest:
             headers = [*head.headers, *self._extra]
             if not dict(head.headers).get("content-type", "").startswith("text/event-stream"):
                 # One JSON body: whole before the head goes out, so a failure is still a 500.
-                body = b"".join([chunk async for chunk in stream.body()])
+                body = await stream.whole_body()
                 self._exchange.outcome = stream.outcome
                 # Whole or not at all: one shield for the head and the body (the last body's
                 # own, ``Exchange.watch``'s), bounded by the send timeout.

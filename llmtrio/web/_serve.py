@@ -321,8 +321,9 @@ class _ConnectionStream:
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if not self._held and _is_response_head(data):
+            # Held, without a schedule point: hypercorn writes under a shield and goes on to
+            # the next write, which sends it.
             self._held = bytes(data)
-            await trio.lowlevel.checkpoint()
             return
         if self._held:
             data, self._held = self._held + bytes(data), b""

@@ -170,11 +170,15 @@ class _Response:
     async def end(self, last: bytes) -> None:
         await self.claimed.end(last, outcome=self.outcome)
 
+    async def whole(self, status: int, headers: tuple[tuple[str, str], ...], body: bytes) -> None:
+        """A whole response at once: status, headers, body, end."""
+        self.sent_head = True
+        await self.claimed.respond(status, headers, body, outcome=self.outcome)
+
     async def error(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> None:
         """A whole error response: status, JSON body, end."""
         self.failed(error, prompt_tokens=prompt_tokens)
-        await self.head(error.status, (*JSON_HEADERS, *error.headers))
-        await self.end(error.body())
+        await self.whole(error.status, (*JSON_HEADERS, *error.headers), error.body())
 
     async def fail(self, error: OpenAIError) -> None:
         """End with ``error``: an error response before the head, an error event on an event
@@ -302,20 +306,22 @@ async def _relay(
 
 async def _whole(response: _Response, encoder: Encoder, events: Events) -> None:
     """One JSON body, written once the work is done: its head goes out with it, so a
-    failure at any point is still an error response with its status."""
+    failure at any point is still an error response with its status. The events are read to
+    their end (the last is a ``Done`` or a ``Failed``), so that no async generator of theirs is
+    left for the garbage collector to close in a task of its own."""
+    last: Event | None = None
     async for event in events:
         if isinstance(event, Token):
             encoder.event(event)
-        elif isinstance(event, Done):
-            body = encoder.finish(event)
-            response.finished(event, encoder)
-            await response.head(200, JSON_HEADERS)
-            await response.end(body)
-            return
         else:
-            assert isinstance(event, Failed)
-            await response.error(_failure(event), prompt_tokens=_prompt_tokens(event.error))
-            return
+            last = event
+    if isinstance(last, Done):
+        body = encoder.finish(last)
+        response.finished(last, encoder)
+        await response.whole(200, JSON_HEADERS, body)
+    else:
+        assert isinstance(last, Failed), "the work's events end with a Done or a Failed"
+        await response.error(_failure(last), prompt_tokens=_prompt_tokens(last.error))
 
 
 def _prompt_tokens(error: Exception) -> int | None:
