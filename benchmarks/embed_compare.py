@@ -45,6 +45,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -87,11 +88,18 @@ def llama_server_argv(binary: Path, model: Path, port: int, threads: int) -> lis
 
 @asynccontextmanager
 async def running(
-    argv: list[str], base: str, log: Path, *, model: str | None = None
+    argv: list[str],
+    base: str,
+    log: Path,
+    *,
+    model: str | None = None,
+    warm_path: str = "/v1/embeddings",
+    warm_body: dict[str, Any] | None = None,
 ) -> AsyncIterator[None]:
     """The server ``argv`` runs while the block does, up once it has answered an embeddings
-    request (for ``model``, when given)."""
-    warm: dict[str, str] = {"input": "warm up"} | ({"model": model} if model else {})
+    request (for ``model``, when given), or ``warm_body`` at ``warm_path``."""
+    warm: dict[str, Any] = {"input": "warm up"} | ({"model": model} if model else {})
+    warm = warm_body if warm_body is not None else warm
     with log.open("wb") as out:
         process = await trio.lowlevel.open_process(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
@@ -101,7 +109,7 @@ async def running(
                 with trio.move_on_after(120):
                     while process.returncode is None:
                         try:
-                            response = await client.post(base + "/v1/embeddings", json=warm)
+                            response = await client.post(base + warm_path, json=warm)
                             if response.status_code == 200:
                                 break
                         except httpx.HTTPError:

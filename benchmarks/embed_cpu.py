@@ -22,24 +22,79 @@ inputs/s over the rounds (each round's in brackets) and the least and the median
 milliseconds a request: on a shared machine the rounds move by tens of percent, the turns
 spread that over the trees alike. Without ``--trees``: the llmtrio of the working directory,
 one round.
+
+``--chat MODEL``: the same for one-token chat completions (``max_tokens: 1``, a short user
+message) to a generating model instead (the points' K is ignored; the rate is requests/s):
+
+    .venv/bin/python benchmarks/embed_cpu.py --trees ../base . --threads 1 \
+        --chat tests/data/qwen35-tiny-random.gguf --points 1x1:100
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import tempfile
+import time
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import HOST, free_port
-from embed_compare import MINILM, POINTS, llmtrio_argv, measure, running
+from embed_compare import (
+    MINILM,
+    POINTS,
+    Connection,
+    Measured,
+    llmtrio_argv,
+    measure,
+    running,
+    sentence,
+)
+
+CHAT = "/v1/chat/completions"
+
+
+def chat_body(i: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": sentence(i)}], "max_tokens": 1}
+
+
+async def measure_chat(base: str, concurrency: int, requests: int) -> Measured:
+    """Requests per second with ``concurrency`` clients (one kept-alive connection each)
+    each sending ``requests`` one-token chat requests, back to back."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    counter = iter(range(10**9))
+    connections = [Connection(host, int(port)) for _ in range(concurrency)]
+    try:
+        async with trio.open_nursery() as nursery:  # warm-up: one request on each
+            for connection in connections:
+                nursery.start_soon(connection.post, CHAT, json.dumps(chat_body(0)).encode())
+
+        async def one_client(connection: Connection) -> None:
+            for _ in range(requests):
+                body = json.dumps(chat_body(next(counter))).encode()
+                reply = await connection.post(CHAT, body)
+                assert b'"chat.completion"' in reply, reply[:300]
+
+        cpu = time.process_time()
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for connection in connections:
+                nursery.start_soon(one_client, connection)
+        elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+    finally:
+        for connection in connections:
+            await connection.aclose()
+    n = concurrency * requests
+    return Measured(n / elapsed, 1000 * cpu / n, sum(c.retries for c in connections))
 
 
 def thread_cpu_ms(pid: int) -> dict[str, tuple[str, float]]:
@@ -74,10 +129,13 @@ class Turn:
     client_ms: float
 
 
-async def turn(base: str, pid: int, point: tuple[int, int, int]) -> Turn:
+async def turn(base: str, pid: int, point: tuple[int, int, int], *, chat: bool) -> Turn:
     concurrency, inputs, requests = point
     before = thread_cpu_ms(pid)
-    measured = await measure(base, concurrency, inputs, requests)
+    if chat:
+        measured = await measure_chat(base, concurrency, requests)
+    else:
+        measured = await measure(base, concurrency, inputs, requests)
     after = thread_cpu_ms(pid)
     n = concurrency * requests
     by_name: dict[str, float] = {}
@@ -93,25 +151,32 @@ async def main(args: argparse.Namespace) -> int:
     bases = [f"http://{HOST}:{port}" for port in ports]
     logdir = Path(args.logdir or tempfile.mkdtemp(prefix="embed-cpu-"))
     await trio.to_thread.run_sync(lambda: logdir.mkdir(parents=True, exist_ok=True))
-    print(f"llmtrio from {', '.join(trees)}; {args.threads} threads, load {os.getloadavg()[0]:.2f}")
+    model = args.chat or args.model
+    unit = "requests" if args.chat else "inputs"
+    warm = {"warm_path": CHAT, "warm_body": chat_body(0)} if args.chat else {}
+    print(
+        f"llmtrio from {', '.join(trees)}; {model.name}; {args.threads} threads, "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
     points = [parse_point(point) for point in args.points]
     turns: dict[tuple[int, int], list[Turn]] = {}
     async with AsyncExitStack() as servers:
         for i, (tree, port, base) in enumerate(zip(trees, ports, bases, strict=True)):
-            argv = ["env", f"PYTHONPATH={tree}", *llmtrio_argv(args.model, port, args.threads)]
-            await servers.enter_async_context(running(argv, base, logdir / f"llmtrio-{i}.log"))
+            argv = ["env", f"PYTHONPATH={tree}", *llmtrio_argv(model, port, args.threads)]
+            log = logdir / f"llmtrio-{i}.log"
+            await servers.enter_async_context(running(argv, base, log, **warm))
         pids = [await trio.to_thread.run_sync(server_pid, port) for port in ports]
         for _ in range(args.rounds):
             for p, point in enumerate(points):
                 for i, (base, pid) in enumerate(zip(bases, pids, strict=True)):
-                    done = await turn(base, pid, point)
+                    done = await turn(base, pid, point, chat=args.chat is not None)
                     turns.setdefault((p, i), []).append(done)
                     if len(trees) == 1 and args.rounds == 1:
                         shown = ", ".join(
                             f"{name} {ms:.2f}" for name, ms in sorted(done.by_name.items()) if ms
                         )
                         print(
-                            f"  {point[0]:3} x {point[1]:2}: {done.rate:7.1f} inputs/s; server "
+                            f"  {point[0]:3} x {point[1]:2}: {done.rate:7.1f} {unit}/s; server "
                             f"CPU ms a request: {shown}; total {sum(done.by_name.values()):.2f}; "
                             f"client {done.client_ms:.2f}; load {os.getloadavg()[0]:.2f}",
                             flush=True,
@@ -124,7 +189,7 @@ async def main(args: argparse.Namespace) -> int:
                 decode = [sum(ms for n, ms in t.by_name.items() if n != "python") for t in taken]
                 print(
                     f"  {concurrency:3} x {inputs:2}  {tree}: "
-                    f"{statistics.median(t.rate for t in taken):7.1f} inputs/s "
+                    f"{statistics.median(t.rate for t in taken):7.1f} {unit}/s "
                     f"({', '.join(f'{t.rate:.0f}' for t in taken)}); python ms a request "
                     f"least {min(python):.2f}, median {statistics.median(python):.2f}; other "
                     f"threads median {statistics.median(decode):.2f}"
@@ -150,6 +215,9 @@ def server_pid(port: int) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=MINILM, help="an embedding GGUF")
+    parser.add_argument(
+        "--chat", type=Path, help="a generating GGUF: one-token chat requests instead"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
         "--points",

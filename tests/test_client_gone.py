@@ -32,7 +32,7 @@ async def test_a_client_leaving_mid_stream_ends_its_generation_and_the_worker_se
     gemma_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Seen in the ring simulation: the client left while the response's nursery had other
-    tasks; the send raised StreamCancelledError as the watcher cancelled the nursery, so the
+    tasks; the send raised StreamCancelledError as the stream was cancelled, so the
     two came out as one group that no ``except StreamCancelledError`` matched, and it took the
     worker's whole ``serve_link`` (every stream it held) down. Here the real worker serves
     streamed chats on the real engine, and clients leave after 1, 2 and 5 chunks (while the

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import Claimed, Ring, WorkerLink
 from llmtrio.web import ServeConfig
+from llmtrio.web._drain import Drain
 
 from ._helpers import Ingress, eventually, open_ingress
 
@@ -245,3 +246,21 @@ async def test_a_request_whose_body_is_still_coming_is_part_of_the_drain() -> No
                     gate.set()
         assert results[0].status_code == 200, results[0].text
         assert results[0].text == "data: [DONE]\n\n"
+
+
+async def test_the_cut_cancels_the_request_scopes_it_holds_and_only_those() -> None:
+    """No task watches the drain: it cancels the scopes handed to it, at once for one handed
+    over after the cut, and never one whose request has left."""
+    drain = Drain()
+    gone = trio.CancelScope()
+    with drain.cuts(gone):
+        pass
+    with trio.CancelScope() as running, drain.cuts(running):
+        drain.start()
+        drain.cut()
+        await trio.sleep_forever()
+    assert running.cancelled_caught
+    assert not gone.cancel_called
+    with trio.CancelScope() as late, drain.cuts(late):
+        await trio.sleep_forever()
+    assert late.cancelled_caught

@@ -37,9 +37,9 @@ class ClaimedStream(Protocol):
     """A stream a worker claimed: the request to serve and the response lane to write.
 
     Write ``send_head``, then any number of ``send``, then ``end`` (or ``fail`` at any
-    point). ``cancelled`` is set when the client goes away; the worker stops and finishes the
-    stream, which acknowledges the cancellation. Leaving ``with stream:`` without ending fails
-    the stream (or acknowledges a cancellation).
+    point). ``cancelled`` is set (and ``cancel_scope`` cancelled) when the client goes away;
+    the worker stops and finishes the stream, which acknowledges the cancellation. Leaving
+    ``with stream:`` without ending fails the stream (or acknowledges a cancellation).
     """
 
     @property
@@ -54,6 +54,12 @@ class ClaimedStream(Protocol):
     @property
     def cancelled(self) -> trio.Event: ...
 
+    @property
+    def cancel_scope(self) -> trio.CancelScope:
+        """Cancelled when ``cancelled`` is set: serve the stream inside it (``with
+        stream.cancel_scope:``) and the client going away ends the work at its next
+        checkpoint, with no task watching ``cancelled``. Enter it once, or never."""
+
     async def send_head(
         self, status: int, headers: Iterable[tuple[str, str]] | Mapping[str, str] = ()
     ) -> None:
@@ -67,6 +73,16 @@ class ClaimedStream(Protocol):
         """The response is complete (or the cancellation is acknowledged); ``last`` is a
         final body chunk, handed over without waiting where the transport allows;
         ``outcome`` is what it ended with, for the ingress's log and metrics."""
+
+    async def respond(
+        self,
+        status: int,
+        headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+        body: bytes = b"",
+        *,
+        outcome: Outcome | None = None,
+    ) -> None:
+        """A whole response at once: ``send_head``, then ``end(body, outcome=outcome)``."""
 
     def fail(self, message: str, *, outcome: Outcome | None = None) -> None:
         """The worker cannot finish; never blocks; nothing once the stream is finished.
@@ -133,8 +149,10 @@ class Claimed:
     to write, in process or over the network alike.
 
     Write ``send_head``, then any number of ``send``, then ``end`` (or ``fail`` at any
-    point). ``cancelled`` is set when the client goes away (or the ingress does); the worker
-    should stop its work and finish the stream, which acknowledges the cancellation.
+    point). ``cancelled`` is set when the client goes away (or the ingress does), and
+    ``cancel_scope`` cancelled: the worker serves the stream inside that scope, so its work
+    stops at the next checkpoint; it then finishes the stream, which acknowledges the
+    cancellation.
 
     Resource handling: leaving ``with claimed:`` without ending fails the stream (the client
     gets ``WorkerFailedError``) or, if the client had gone, acknowledges the cancellation.
@@ -145,7 +163,14 @@ class Claimed:
     head: RequestHead
     body: bytes = attrs.field(repr=lambda body: f"<{len(body)} bytes>")
     cancelled: trio.Event = attrs.field(init=False, factory=trio.Event)
+    cancel_scope: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
     _sending: bool = attrs.field(init=False, default=False)
+
+    def cancel(self) -> None:
+        """The client (or the ingress) went away: set ``cancelled`` and cancel
+        ``cancel_scope``. Called by the lane's ring side; never blocks; idempotent."""
+        self.cancelled.set()
+        self.cancel_scope.cancel()
 
     async def send_head(
         self, status: int, headers: Iterable[tuple[str, str]] | Mapping[str, str] = ()
@@ -197,6 +222,27 @@ class Claimed:
             raise ProtocolError(
                 f"stream {self.stream_id} is already finished, or its worker detached"
             )
+        self._lane.post(ResponseEnd(self.stream_id, outcome=outcome))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def respond(
+        self,
+        status: int,
+        headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+        body: bytes = b"",
+        *,
+        outcome: Outcome | None = None,
+    ) -> None:
+        """A whole response at once: as ``send_head`` then ``end(body, outcome=...)``, with
+        one schedule point instead of two (a JSON body, an error response).
+
+        Error handling: as ``send_head``.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        self._lane.post(ResponseHead(self.stream_id, status, headers))
+        if body:
+            self._lane.post(ResponseData(self.stream_id, body))
         self._lane.post(ResponseEnd(self.stream_id, outcome=outcome))
         await trio.lowlevel.cancel_shielded_checkpoint()
 

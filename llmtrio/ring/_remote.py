@@ -150,7 +150,7 @@ class _Connection:
         """The ingress cancelled the stream (its client went away)."""
         claimed = self.held.get(stream_id)
         if claimed is not None:
-            claimed.cancelled.set()
+            claimed.cancel()
             self._credited.unpark_all()
 
     def lose(self) -> None:
@@ -158,7 +158,7 @@ class _Connection:
         them) and can no longer be answered."""
         self.close()
         for claimed in self.held.values():
-            claimed.cancelled.set()
+            claimed.cancel()
         self.held.clear()
         self.credits.clear()
         self._credited.unpark_all()

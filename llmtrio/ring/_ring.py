@@ -4,9 +4,9 @@ The ingress side parks each request as a ``RingStream`` and reads its response; 
 (``Ring.attach``), claim streams when they have a free slot and write responses through a
 ``Claimed``, whose messages their ``WorkerLink`` hands to the core. All decisions (who gets
 which stream, what is legal, what a detach does) are the core's; this module only delivers its
-effects (``_router``): an ``Assign`` lands in a worker link's inbox, a ``Cancel`` sets
-``Claimed.cancelled``, a response message lands in the stream's ``ResponseState``, which its
-``RingStream`` reads (``_stream``).
+effects (``_router``): an ``Assign`` lands in a worker link's inbox, a ``Cancel`` cancels the
+``Claimed`` (sets ``cancelled``, cancels its ``cancel_scope``), a response message lands in
+the stream's ``ResponseState``, which its ``RingStream`` reads (``_stream``).
 
 A *relayed* link (``Ring.attach(..., relay=...)``) hands the ring's messages for its worker to
 a callable instead, and takes the worker's messages as they are (``WorkerLink.post``): the
@@ -320,5 +320,5 @@ class WorkerLink:
             self._claimed[message.stream_id] = claimed
             self._inbox.send_nowait(claimed)
         elif isinstance(message, Cancel):
-            self._claimed[message.stream_id].cancelled.set()
+            self._claimed[message.stream_id].cancel()
         # A Withdrawn needs nothing here: this worker takes its claims back by a call.

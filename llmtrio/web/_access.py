@@ -26,7 +26,8 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -98,6 +99,19 @@ class Exchange:
     first_byte: float | None = None
     observer: ResponseObserver = attrs.field(factory=ResponseObserver)
     outcome: Outcome | None = None
+    _shielded: bool = attrs.field(init=False, default=False)
+
+    @contextmanager
+    def shielded(self) -> Iterator[None]:
+        """Shield the sends in the block from cancellation (a response head and its whole
+        body, sent whole or not at all); the last body's send then needs no shield of its
+        own (see :meth:`watch`)."""
+        self._shielded = True
+        try:
+            with trio.CancelScope(shield=True):
+                yield
+        finally:
+            self._shielded = False
 
     def ended_with(self, error_code: str) -> None:
         """The request ended with ``error_code`` (an error the ingress answered or ended it
@@ -125,6 +139,9 @@ class Exchange:
                 # after the last body (hypercorn starts its keep-alive idle timer there, so a
                 # cancelled last send left the connection open forever). Bounded: the
                 # connection's writes give up after the send timeout.
+                if self._shielded:  # already, by ``shielded``
+                    await send(message)
+                    return
                 with trio.CancelScope(shield=True):
                     await send(message)
                 return

@@ -12,7 +12,8 @@ Three phases, each entered once and never left::
   OpenAI's shape (a 503 if its response has not started, an error event if it is streaming).
 
 The server waits on :meth:`Drain.wait_idle` between the phases; the app marks each ring
-request with :meth:`Drain.track` and watches :attr:`Drain.cut_called`.
+request with :meth:`Drain.track`, and hands the drain the request's cancel scope
+(:meth:`Drain.cuts`), which :meth:`Drain.cut` cancels: no task per request watches the drain.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Drain:
     _changed: trio.lowlevel.ParkingLot = attrs.field(init=False, factory=trio.lowlevel.ParkingLot)
     _draining: bool = attrs.field(init=False, default=False)
     _cut: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _scopes: set[trio.CancelScope] = attrs.field(init=False, factory=set)
 
     @property
     def draining(self) -> bool:
@@ -56,9 +58,24 @@ class Drain:
         self._changed.unpark_all()
 
     def cut(self) -> None:
-        """End the requests still running (after :meth:`start`)."""
+        """End the requests still running (after :meth:`start`): cancel every scope handed
+        to :meth:`cuts` that is still in its block."""
         self._draining = True
         self._cut.set()
+        for scope in self._scopes:
+            scope.cancel()
+
+    @contextmanager
+    def cuts(self, scope: trio.CancelScope) -> Iterator[None]:
+        """:meth:`cut` cancels ``scope`` while the block runs (at once if the drain is cut
+        already); a request tells it was cut by :attr:`cut_called`."""
+        if self._cut.is_set():
+            scope.cancel()
+        self._scopes.add(scope)
+        try:
+            yield
+        finally:
+            self._scopes.discard(scope)
 
     @contextmanager
     def track(self) -> Iterator[None]:

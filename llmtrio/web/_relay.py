@@ -105,43 +105,59 @@ class RingRequest:
         self.request_id = exchange.request_id
         self._extra = extra
         self._started = False  # the response head is (being) sent
+        self._left = False  # the client disconnected
+        self._done = False  # served to the end (an error response included)
         self._streaming = False  # an event stream's head is sent: errors go as events
 
     async def serve(self, receive: Receive, send: Send, max_body_bytes: int, drain: Drain) -> None:
         """Serve the request; never raises but for cancellation.
 
+        One cancel scope ends the request early, whatever ends it: the scope of the nursery
+        the request runs in, which holds its one task beside this one (the disconnect
+        watcher, once the body is read). The client disconnecting cancels it (and so the
+        ring stream, at once), ``drain`` being cut cancels it (the response ends with a
+        ``shutting_down`` error: a 503, or an error event on a started event stream), and its
+        deadline is the request's (``request_timeout`` from arrival, once it is parked: a
+        ``request_timeout`` error, told the same way).
+
         Resource handling: the ring stream is cancelled when this returns, however it
-        returns, unless its response ended; a client that disconnects at any point cancels it
-        at once, and so does ``drain`` being cut, which ends the response with a
-        ``shutting_down`` error (a 503, or an error event on a started event stream).
+        returns, unless its response ended.
         """
         try:
-            cut = False
             async with trio.open_nursery() as nursery:
+                with drain.cuts(nursery.cancel_scope):
+                    try:
+                        await self._serve(receive, send, max_body_bytes, nursery)
+                    except ClientGone:
+                        logger.debug(
+                            "request %s: the client left before its body was read",
+                            self.request_id,
+                        )
+                        self._exchange.ended_with(CLIENT_CLOSED)
+                    except Exception:
+                        await self._fault(send)
+                    self._done = True
+                    nursery.cancel_scope.cancel()  # the disconnect watcher
+        except Exception:  # the disconnect watcher's, grouped by the nursery
+            await self._fault(send)
+            return
+        if self._left:
+            if not self._exchange.observer.complete:
+                self._exchange.ended_with(CLIENT_CLOSED)
+        elif self._done:
+            pass
+        elif drain.cut_called.is_set():
+            logger.warning("request %s: cut by the shutdown", self.request_id)
+            await self._end_early(send, shutting_down(cut=True))
+        else:
+            deadline = self._gate.request_timeout
+            assert deadline is not None, "only the request's deadline is left to end it"
+            logger.info("request %s: past its %gs deadline", self.request_id, deadline)
+            await self._end_early(send, request_timeout(deadline))
 
-                async def end_when_cut() -> None:
-                    nonlocal cut
-                    await drain.cut_called.wait()
-                    cut = True
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(end_when_cut)
-                await self._serve(receive, send, max_body_bytes)
-                nursery.cancel_scope.cancel()
-            if cut:
-                logger.warning("request %s: cut by the shutdown", self.request_id)
-                await self._end_early(send, shutting_down(cut=True))
-        except ClientGone:
-            logger.debug("request %s: the client left before its body was read", self.request_id)
-            self._exchange.ended_with(CLIENT_CLOSED)
-        except Exception:
-            logger.exception("request %s failed at the ingress", self.request_id)
-            if not self._started:
-                await self._send_error(send, server_error())
-            else:
-                self._exchange.ended_with(server_error().error_code)
-
-    async def _serve(self, receive: Receive, send: Send, max_body_bytes: int) -> None:
+    async def _serve(
+        self, receive: Receive, send: Send, max_body_bytes: int, nursery: trio.Nursery
+    ) -> None:
         declared = self._headers.get("content-length", "")
         if declared.isdigit() and int(declared) > max_body_bytes:
             await self._send_error(send, request_too_large(max_body_bytes))
@@ -180,30 +196,27 @@ class RingRequest:
             await self._send_error(send, ring_full(max(1, round(exc.retry_after))))
             return
         deadline = self._gate.request_timeout
-        left = False
+        if deadline is not None:
+            nursery.cancel_scope.deadline = self._exchange.started + deadline
         with stream:  # cancels the stream on any way out that did not end it
-            with trio.move_on_at(
-                self._exchange.started + deadline if deadline is not None else float("inf")
-            ) as timer:
-                async with trio.open_nursery() as nursery:
 
-                    async def cancel_on_disconnect() -> None:
-                        nonlocal left
-                        while (await receive())["type"] != "http.disconnect":
-                            pass
-                        logger.debug("request %s: the client disconnected", self.request_id)
-                        left = True
-                        nursery.cancel_scope.cancel()
+            async def cancel_on_disconnect() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                logger.debug("request %s: the client disconnected", self.request_id)
+                self._left = True
+                nursery.cancel_scope.cancel()
 
-                    nursery.start_soon(cancel_on_disconnect)
-                    await self._relay(stream, send)
-                    nursery.cancel_scope.cancel()
-            if left and not self._exchange.observer.complete:
-                self._exchange.ended_with(CLIENT_CLOSED)
-            if timer.cancelled_caught and deadline is not None:
-                logger.info("request %s: past its %gs deadline", self.request_id, deadline)
-                stream.cancel()  # the generation ends at its next token
-                await self._end_early(send, request_timeout(deadline))
+            nursery.start_soon(cancel_on_disconnect)
+            await self._relay(stream, send)
+
+    async def _fault(self, send: Send) -> None:
+        """Something unexpected: a 500 if nothing was sent, else the response is cut."""
+        logger.exception("request %s failed at the ingress", self.request_id)
+        if not self._started:
+            await self._send_error(send, server_error())
+        else:
+            self._exchange.ended_with(server_error().error_code)
 
     async def _end_early(self, send: Send, error: OpenAIError) -> None:
         """End the response with ``error`` as far as it got (the deadline passed, or the drain
@@ -227,9 +240,11 @@ class RingRequest:
             headers = [*head.headers, *self._extra]
             if not dict(head.headers).get("content-type", "").startswith("text/event-stream"):
                 # One JSON body: whole before the head goes out, so a failure is still a 500.
-                body = b"".join([chunk async for chunk in stream.body()])
+                body = await stream.whole_body()
                 self._exchange.outcome = stream.outcome
-                with trio.CancelScope(shield=True):  # whole or not at all; bounded by send_timeout
+                # Whole or not at all: one shield for the head and the body (the last body's
+                # own, ``Exchange.watch``'s), bounded by the send timeout.
+                with self._exchange.shielded():
                     await self._start(
                         send, head.status, [*headers, ("content-length", str(len(body)))]
                     )

@@ -321,11 +321,15 @@ class _ConnectionStream:
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if not self._held and _is_response_head(data):
+            # Held, without a schedule point: hypercorn writes under a shield and goes on to
+            # the next write, which sends it.
             self._held = bytes(data)
-            await trio.lowlevel.checkpoint()
             return
         if self._held:
             data, self._held = self._held + bytes(data), b""
+        elif not data:  # the end of a body of known length: nothing to wait for
+            await self._stream.send_all(data)
+            return
         with trio.move_on_after(self._timeout) as waiting:
             await self._stream.send_all(data)
         if waiting.cancelled_caught:

@@ -170,11 +170,15 @@ class _Response:
     async def end(self, last: bytes) -> None:
         await self.claimed.end(last, outcome=self.outcome)
 
+    async def whole(self, status: int, headers: tuple[tuple[str, str], ...], body: bytes) -> None:
+        """A whole response at once: status, headers, body, end."""
+        self.sent_head = True
+        await self.claimed.respond(status, headers, body, outcome=self.outcome)
+
     async def error(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> None:
         """A whole error response: status, JSON body, end."""
         self.failed(error, prompt_tokens=prompt_tokens)
-        await self.head(error.status, (*JSON_HEADERS, *error.headers))
-        await self.end(error.body())
+        await self.whole(error.status, (*JSON_HEADERS, *error.headers), error.body())
 
     async def fail(self, error: OpenAIError) -> None:
         """End with ``error``: an error response before the head, an error event on an event
@@ -203,25 +207,20 @@ async def serve_request(
     event once streaming); the caller's ``with claimed:`` acknowledges a cancellation or
     fails a stream left unfinished."""
     response = _Response(claimed, metrics, engine)
-    async with trio.open_nursery() as nursery:
-
-        async def watch() -> None:
-            await claimed.cancelled.wait()
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(watch)
+    # The claimed stream's own scope: the ring cancels it when the client goes away, which
+    # ends the engine's work at its next checkpoint (no task watches for it).
+    with claimed.cancel_scope:
         try:
             try:
                 await _respond(endpoint, engine, response, limits)
             except* StreamCancelledError:
                 # The client went away. except*: the send that found it gone may raise in a
-                # nursery that the watcher is cancelling, so it comes out grouped with a
-                # Cancelled (which this nursery's scope absorbs).
+                # nursery (an event stream's relay) while the scope cancels it, so it comes
+                # out grouped with a Cancelled (which the scope absorbs).
                 pass
         except Exception:
             logger.exception("request %s failed", request_id)
             await response.fail(server_error())
-        nursery.cancel_scope.cancel()
 
 
 async def _respond(
@@ -307,20 +306,22 @@ async def _relay(
 
 async def _whole(response: _Response, encoder: Encoder, events: Events) -> None:
     """One JSON body, written once the work is done: its head goes out with it, so a
-    failure at any point is still an error response with its status."""
+    failure at any point is still an error response with its status. The events are read to
+    their end (the last is a ``Done`` or a ``Failed``), so that no async generator of theirs is
+    left for the garbage collector to close in a task of its own."""
+    last: Event | None = None
     async for event in events:
         if isinstance(event, Token):
             encoder.event(event)
-        elif isinstance(event, Done):
-            body = encoder.finish(event)
-            response.finished(event, encoder)
-            await response.head(200, JSON_HEADERS)
-            await response.end(body)
-            return
         else:
-            assert isinstance(event, Failed)
-            await response.error(_failure(event), prompt_tokens=_prompt_tokens(event.error))
-            return
+            last = event
+    if isinstance(last, Done):
+        body = encoder.finish(last)
+        response.finished(last, encoder)
+        await response.whole(200, JSON_HEADERS, body)
+    else:
+        assert isinstance(last, Failed), "the work's events end with a Done or a Failed"
+        await response.error(_failure(last), prompt_tokens=_prompt_tokens(last.error))
 
 
 def _prompt_tokens(error: Exception) -> int | None:

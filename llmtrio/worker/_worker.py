@@ -2,10 +2,10 @@
 with the endpoint of its route (``_endpoint.serve_request``), writing OpenAI response bytes
 to the response lane.
 
-Each claimed stream is handled in its own task and its own cancel scope: the client going
-away (``Claimed.cancelled``) cancels that scope, which ends the generation and frees the slot
-at the next token boundary. Whatever goes wrong while serving one stream ends that stream
-only, with a 500 in OpenAI's shape; the link and the other streams go on.
+Each claimed stream is handled in its own task, inside the stream's own cancel scope
+(``Claimed.cancel_scope``): the client going away cancels that scope, which ends the generation
+and frees the slot at the next token boundary. Whatever goes wrong while serving one stream
+ends that stream only, with a 500 in OpenAI's shape; the link and the other streams go on.
 
 Capacity follows the generation: a stream holds one of the link's slots while its generation
 runs; once the generation has ended, what it produced is handed to the ring in one last chunk
