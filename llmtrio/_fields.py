@@ -1,29 +1,45 @@
 """The API's request fields, written once: type, bounds, nullability, the endpoints that take
-each one and the server limit that bounds it.
+each one, the server limit that bounds it, and the shape of the nested ones (a message's
+content parts, tools, tool calls, ``response_format``, ...).
 
 Pure: no I/O. Two things are made from this one table, so that they cannot drift:
 
-- the worker's validators: :func:`read` checks a field's type and bounds (the running
-  server's :class:`RequestLimits` included) and raises one kind of error per kind of fault,
+- the worker's validators: :func:`read` checks a field whole, nested parts included (the
+  running server's :class:`RequestLimits` too) and raises one kind of error per kind of fault,
   with OpenAI's own codes (``invalid_type``, ``decimal_below_min_value``,
   ``decimal_above_max_value``, ``integer_below_min_value``, ``integer_above_max_value``,
-  ``missing_required_parameter``), ``param`` naming the field;
-- the request schemas of ``/openapi.json`` (:func:`request_schema`), with the same bounds and
-  the same limits.
+  ``missing_required_parameter``, ...), ``param`` naming the field or the part of it;
+- the request schemas of ``/openapi.json`` (:func:`request_schema` and the schemas they refer
+  to, :func:`component_schemas`), with the same bounds and the same limits.
 
-Fields whose shape is more than a type and bounds (``messages``, ``stop``, ``tools``, ...)
-carry their schema here (as a function of the limits) and are parsed by their endpoint; their
-errors use the same helpers (:func:`invalid_type`, :func:`invalid_value`, :func:`missing`).
+What the table cannot say is the endpoint's: which branch of a union a value takes (a
+message's ``role``, a content that is a string or parts, ``tool_choice``'s string or object,
+``prompt``, ``input``, ``stop``, ``logit_bias``) and rules across fields or items (a tool
+named twice, a forced tool that is not offered). Each branch is a field of this table checked
+with :func:`check`, and the errors use the same helpers (:func:`invalid_type`,
+:func:`invalid_value`, :func:`missing`). The vocabulary (:class:`Field`, :func:`check`) is
+``llmtrio._field_spec``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import attrs
-
+from ._field_spec import (
+    Field,
+    RequestLimits,
+    Schema,
+    check,
+    checked_text,
+    choices,
+    clip,
+    describe,
+    invalid_type,
+    invalid_value,
+    missing,
+    show,
+)
 from ._openai_errors import OpenAIError, invalid_request
 
 __all__ = [
@@ -33,8 +49,19 @@ __all__ = [
     "FIELDS",
     "INT32_MAX",
     "MAX_TOP_LOGPROBS",
+    "MESSAGES",
+    "MESSAGE_ROLES",
+    "NAMED_TOOL_CHOICE",
+    "RESPONSE_FORMAT_JSON_SCHEMA",
+    "TEXT_PARTS",
+    "TOOL_CHOICE_MODE",
     "Field",
     "RequestLimits",
+    "check",
+    "checked_text",
+    "choices",
+    "clip",
+    "component_schemas",
     "describe",
     "field",
     "invalid_type",
@@ -56,90 +83,6 @@ INT64_MAX: Final = 2**63 - 1
 MAX_TOP_LOGPROBS: Final = 20
 
 
-@attrs.frozen
-class RequestLimits:
-    """What one request may ask for, beyond the body's size (the ingress's) and the slot's
-    context (the engine's); a request over a limit is a 400 naming the field.
-
-    ``max_messages`` bounds ``messages`` (OpenAI's own bound is 2048), ``max_tokens`` what a
-    request may ask to generate (``max_tokens``/``max_completion_tokens``; ``None``: only the
-    context bounds it), ``max_stop`` the stop sequences (OpenAI's 4), ``max_stop_chars``
-    each one's length and ``max_embedding_inputs`` the inputs of one embeddings request
-    (OpenAI's 2048).
-
-    Error handling: ``ValueError`` naming the field for a limit below 1.
-    """
-
-    max_messages: int = 2048
-    max_tokens: int | None = None
-    max_stop: int = 4
-    max_stop_chars: int = 256
-    max_embedding_inputs: int = 2048
-
-    def __attrs_post_init__(self) -> None:
-        names = ("max_messages", "max_tokens", "max_stop", "max_stop_chars")
-        for name in (*names, "max_embedding_inputs"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, not {value}")
-
-
-Schema = dict[str, Any]
-
-
-@attrs.frozen
-class Field:
-    """One request field.
-
-    ``type`` is ``boolean``, ``integer``, ``number`` or ``string`` for a field :func:`read`
-    checks whole; any other field is ``custom``: its endpoint parses it and ``shape`` gives
-    its schema. ``minimum``/``maximum`` bound a number or integer (``exclusive_minimum``: the
-    minimum itself is refused); ``limit`` names the :class:`RequestLimits` attribute that
-    lowers ``maximum`` on this server. ``refused`` fields are OpenAI's that this server does
-    not implement: a value other than null (or ``allowed``) is a 400 naming it.
-    """
-
-    name: str
-    type: str
-    endpoints: frozenset[str]
-    description: str = ""
-    minimum: int | float | None = None
-    maximum: int | float | None = None
-    exclusive_minimum: bool = False
-    limit: str | None = None
-    required: bool = False
-    shape: Callable[[RequestLimits], Schema] | None = None
-    refused: str | None = None
-    allowed: tuple[Any, ...] = ()
-
-    def upper(self, limits: RequestLimits) -> int | float | None:
-        """The maximum on a server with ``limits``."""
-        lowered: int | None = None if self.limit is None else getattr(limits, self.limit)
-        if lowered is None:
-            return self.maximum
-        return lowered if self.maximum is None else min(lowered, self.maximum)
-
-    def schema(self, limits: RequestLimits) -> Schema:
-        """The field's JSON schema on a server with ``limits`` (``null`` allowed unless the
-        field is required)."""
-        if self.shape is not None:
-            schema = self.shape(limits)
-        elif self.refused is not None:
-            schema = {"enum": list(self.allowed)} if self.allowed else {"not": {}}
-            schema["description"] = f"Not implemented: {self.refused}."
-        else:
-            schema = {"type": self.type}
-            if self.minimum is not None:
-                key = "exclusiveMinimum" if self.exclusive_minimum else "minimum"
-                schema[key] = self.minimum
-            upper = self.upper(limits)
-            if upper is not None:
-                schema["maximum"] = upper
-        if self.description:
-            schema = {**schema, "description": self.description}
-        return schema if self.required else {"anyOf": [schema, {"type": "null"}]}
-
-
 def _both(*names: str) -> frozenset[str]:
     return frozenset(names or (CHAT, COMPLETIONS))
 
@@ -153,15 +96,6 @@ def _stop_shape(limits: RequestLimits) -> Schema:
     return {"anyOf": [text, {"type": "array", "items": text, "maxItems": limits.max_stop}]}
 
 
-def _messages_shape(limits: RequestLimits) -> Schema:
-    return {
-        "type": "array",
-        "items": _ref("ChatMessage"),
-        "minItems": 1,
-        "maxItems": limits.max_messages,
-    }
-
-
 _TOKEN_IDS: Schema = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 _TEXT: Schema = {"type": "string", "minLength": 1}
 _PROMPT: Schema = {
@@ -172,7 +106,6 @@ _PROMPT: Schema = {
         {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1},
     ]
 }
-_TOOL_CHOICE: Schema = {"anyOf": [{"enum": ["none", "auto", "required"]}, _ref("NamedToolChoice")]}
 _LOGIT_BIAS: Schema = {
     "type": "object",
     "propertyNames": {"pattern": "^[0-9]+$"},
@@ -204,9 +137,148 @@ def _refused(name: str, what: str, *endpoints: str, allowed: tuple[Any, ...] = (
     return Field(name, "custom", _both(*endpoints), refused=what, allowed=allowed)
 
 
+def _part(name: str, type: str, description: str = "", **kwargs: Any) -> Field:
+    """A property or an item of a nested field (its strings pass as they come unless
+    ``text=True``)."""
+    return Field(name, type, frozenset(), description, **{"text": False, **kwargs})
+
+
+def _as_missing(param: str, value: object) -> OpenAIError:
+    return missing(param)
+
+
+# -- nested fields: messages ----------------------------------------------------------------
+
+#: A message's roles (``developer`` is read as ``system``), in the order errors list them.
+MESSAGE_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
+
+_TEXT_PART = _part("", "object", nullable=False, component="TextPart", properties=(
+    _part("type", "string", required=True, enum=("text",), refusal="Invalid value for "
+          "'{param}': {value}. This server accepts text content parts only ('text')."),
+    _part("text", "string", nullable=False, text=True),
+))  # fmt: skip
+#: A message's content when it is not a string.
+TEXT_PARTS: Final = _part("content", "array", items=_TEXT_PART,
+                          empty="a string or at least one text part")  # fmt: skip
+_CONTENT: Schema = {
+    "anyOf": [{"type": "string"}, TEXT_PARTS.body(RequestLimits())],
+    "description": "A text, or text parts (joined by newlines).",
+}
+_TOOL_CALL = _part("", "object", nullable=False, properties=(
+    _part("id", "any", "Kept when a string; a new id otherwise."),
+    _part("function", "object", nullable=False, whole=True,
+          fault=lambda param, value: invalid_type(param, 'an object with a "name"', value),
+          properties=(
+              _part("name", "string", nullable=False),
+              _part("arguments", "any", "A JSON object, as text (other JSON is read as its text)."),
+          )),
+))  # fmt: skip
+
+
+def _message(roles: tuple[str, ...], *properties: Field) -> Field:
+    """A message of ``roles``: its role, a participant's ``name`` (unused) and ``properties``,
+    in the order they are checked."""
+    role = _part("role", "string", required=True, enum=roles)
+    return _part("", "object", nullable=False, properties=(role, _part("name", "string"),
+                                                           *properties))  # fmt: skip
+
+
+def _content(required: bool = True) -> Field:
+    """A message's content: a string or ``TEXT_PARTS``, the endpoint's to tell apart."""
+    return _part("content", "custom", required=required, shape=lambda limits: _ref("Content"))
+
+
+_SAYS = _message(("system", "developer", "user"), _content())
+#: A message's fields by its role, in the order they are checked (its ``content`` is parsed
+#: by the endpoint: a string or ``TEXT_PARTS``).
+MESSAGES: Final = {
+    "system": _SAYS,
+    "developer": _SAYS,
+    "user": _SAYS,
+    "assistant": _message(("assistant",), _part("tool_calls", "array", items=_TOOL_CALL),
+                          _content(required=False)),
+    "tool": _message(("tool",), _content(), _part("tool_call_id", "string")),
+}  # fmt: skip
+
+# -- nested fields: tools and structured output ---------------------------------------------
+
+_TOOL = _part("", "object", nullable=False, component="Tool", properties=(
+    _part("type", "string", nullable=False, default="function", enum=("function",),
+          refusal="Invalid '{param}': {value}. This server supports 'function' tools only."),
+    _part("function", "object", nullable=False, properties=(
+        _part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
+        _part("description", "string", falsy_is_null=True),
+        _part("parameters", "object", "The arguments' JSON Schema; none (or {}) takes none."),
+        _part("strict", "any", "Accepted and not read."),
+    )),
+))  # fmt: skip
+#: ``tool_choice`` as a string.
+TOOL_CHOICE_MODE: Final = _part("tool_choice", "string", enum=("none", "auto", "required"),
+                                refusal="Invalid '{param}': {value}. Supported values are: "
+                                "'none', 'auto', 'required' or a named function.")  # fmt: skip
+#: ``tool_choice`` as an object: the one function the reply must call.
+NAMED_TOOL_CHOICE: Final = _part(
+    "tool_choice", "object", "The one function the reply must call.", nullable=False,
+    component="NamedToolChoice", whole=True,
+    fault=lambda param, value: invalid_value(
+        param, 'expected {"type": "function", "function": {"name": ...}}.'),
+    properties=(
+        _part("type", "string", nullable=False, enum=("function",)),
+        _part("function", "object", nullable=False,
+              properties=(_part("name", "string", nullable=False),)),
+    ),
+)  # fmt: skip
+_FORMATS = ("text", "json_object", "json_schema")
+#: ``response_format.json_schema``, read when ``response_format.type`` is ``json_schema``.
+RESPONSE_FORMAT_JSON_SCHEMA: Final = _part(
+    "json_schema", "object", required=True, fault=_as_missing, properties=(
+        _part("name", "string", required=True, fault=_as_missing),
+        _part("strict", "boolean", "Whatever it says, the schema is enforced."),
+        _part("schema", "schema", nullable=False, default={}, expected="a JSON schema object"),
+    ))  # fmt: skip
+
+
+def _response_format(limits: RequestLimits) -> Schema:
+    return {
+        "description": "``json_object`` and ``json_schema`` constrain the output by a grammar.",
+        "anyOf": [
+            {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": {"enum": list(_FORMATS[:2])}},
+            },
+            {
+                "type": "object",
+                "required": ["type", "json_schema"],
+                "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": RESPONSE_FORMAT_JSON_SCHEMA.schema(limits),
+                },
+            },
+        ],
+    }
+
+
+def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
+    """The schemas the request schemas refer to (``#/components/schemas/<name>``)."""
+    return {
+        "ChatMessage": {
+            "description": "A message; only an assistant message may leave out its content.",
+            "anyOf": [MESSAGES[role].body(limits) for role in ("user", "assistant", "tool")],
+        },
+        "Content": _CONTENT,
+        "TextPart": _TEXT_PART.body(limits),
+        "Tool": _TOOL.body(limits),
+        "NamedToolChoice": NAMED_TOOL_CHOICE.body(limits),
+        "ResponseFormat": _response_format(limits),
+    }
+
+
 FIELDS: Final[tuple[Field, ...]] = (
     Field("model", "string", _both(), "The model's name (any name is served by this model)."),
-    Field("messages", "custom", _both(CHAT), required=True, shape=_messages_shape),
+    Field("messages", "array", _both(CHAT), required=True, limit="max_messages",
+          items=_part("", "custom", nullable=False, component="ChatMessage"),
+          empty="an array with at least one message"),
     _custom("prompt", _PROMPT, COMPLETIONS, required=True,
             description="A text, or token ids; one prompt per request."),
     Field("max_tokens", "integer", _both(CHAT), minimum=1, maximum=INT32_MAX, limit="max_tokens"),
@@ -230,10 +302,9 @@ FIELDS: Final[tuple[Field, ...]] = (
     Field("stop", "custom", _both(), "Generation stops before any of these strings.",
           shape=_stop_shape),
     Field("stream", "boolean", _both()),
-    _custom("stream_options", {
-        "type": "object",
-        "properties": {"include_usage": {"anyOf": [{"type": "boolean"}, {"type": "null"}]}},
-    }, description="Only with ``stream: true``: a usage chunk before ``[DONE]``."),
+    Field("stream_options", "object", _both(),
+          "Only with ``stream: true``: a usage chunk before ``[DONE]``.",
+          properties=(_part("include_usage", "boolean"),)),
     Field("n", "integer", _both(), "One choice per request.", minimum=1, maximum=1),
     Field("best_of", "integer", _both(COMPLETIONS), "One completion per request.",
           minimum=1, maximum=1),
@@ -246,15 +317,15 @@ FIELDS: Final[tuple[Field, ...]] = (
           minimum=0, maximum=MAX_TOP_LOGPROBS),
     _custom("logit_bias", _LOGIT_BIAS,
             description="Token id to a bias from -100 (never) to 100 (always)."),
-    _custom("response_format", _ref("ResponseFormat")),
-    _custom("tools", {"type": "array", "items": _ref("Tool")}, CHAT),
-    _custom("tool_choice", _TOOL_CHOICE, CHAT),
+    Field("response_format", "object", _both(), component="ResponseFormat", properties=(
+        _part("type", "string", nullable=False, enum=_FORMATS),)),
+    Field("tools", "array", _both(CHAT), items=_TOOL),
+    _custom("tool_choice", {"anyOf": [TOOL_CHOICE_MODE.body(RequestLimits()),
+                                      _ref("NamedToolChoice")]}, CHAT),
     Field("parallel_tool_calls", "boolean", _both(CHAT)),
     Field("think", "boolean", _both(CHAT), "Let the model reason first."),
-    _custom("chat_template_kwargs", {
-        "type": "object",
-        "properties": {"enable_thinking": {"anyOf": [{"type": "boolean"}, {"type": "null"}]}},
-    }, CHAT),
+    Field("chat_template_kwargs", "object", _both(CHAT),
+          properties=(_part("enable_thinking", "boolean"),)),
     Field("ignore_eos", "boolean", _both(), "llama.cpp's extension."),
     Field("cache_prompt", "boolean", _both(),
           "llama.cpp's extension: false ingests the whole prompt, reusing no earlier "
@@ -300,9 +371,6 @@ def request_schema(endpoint: str, limits: RequestLimits) -> Schema:
     }
 
 
-# -- reading a field ---------------------------------------------------------------------------
-
-
 def read(data: Mapping[str, Any], endpoint: str, name: str, limits: RequestLimits) -> Any:
     """The value of field ``name`` in ``data`` (a parsed body), checked against the table and
     ``limits``: ``None`` when absent or null; a ``float`` for a number, an ``int`` for an
@@ -329,122 +397,3 @@ def read(data: Mapping[str, Any], endpoint: str, name: str, limits: RequestLimit
             code="unsupported_parameter",
         )
     return check(spec, value, limits, name)
-
-
-def check(spec: Field, value: object, limits: RequestLimits, param: str) -> Any:
-    """``value`` checked as ``spec`` says (see :func:`read`); ``param`` names it in errors."""
-    kind = spec.type
-    if kind == "boolean":
-        if not isinstance(value, bool):
-            raise invalid_type(param, "a boolean", value)
-        return value
-    if kind == "string":
-        if not isinstance(value, str):
-            raise invalid_type(param, "a string", value)
-        return checked_text(value, param)
-    if kind == "integer":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise invalid_type(param, "an integer", value)
-    elif kind == "number":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise invalid_type(param, "a number", value)
-    else:
-        raise AssertionError(f"{spec.name} is parsed by its endpoint")
-    # Integers compare exactly however large they are (10**400 must not overflow a float);
-    # JSON's 1e999 is a float infinity, beyond any bound.
-    what = "integer" if kind == "integer" else "decimal"
-    low = spec.minimum
-    if low is not None and (value < low or (spec.exclusive_minimum and value == low)):
-        relation = ">" if spec.exclusive_minimum else ">="
-        raise invalid_request(
-            f"Invalid '{param}': {what} below minimum value. Expected a value {relation} "
-            f"{_number(low)}, but got {show(value)} instead.",
-            param=param,
-            code=f"{what}_below_min_value",
-        )
-    high = spec.upper(limits)
-    if high is not None and value > high:
-        ours = " (this server's limit)" if high != spec.maximum else ""
-        raise invalid_request(
-            f"Invalid '{param}': {what} above maximum value. Expected a value <= "
-            f"{_number(high)}{ours}, but got {show(value)} instead.",
-            param=param,
-            code=f"{what}_above_max_value",
-        )
-    return value if kind == "integer" else float(value)
-
-
-# -- errors, one shape -------------------------------------------------------------------------
-
-
-def missing(param: str, note: str = "") -> OpenAIError:
-    """400 ``missing_required_parameter``."""
-    return invalid_request(
-        f"Missing required parameter: '{param}'{note}.",
-        param=param,
-        code="missing_required_parameter",
-    )
-
-
-def invalid_type(param: str, expected: str, value: object) -> OpenAIError:
-    """400 ``invalid_type``: ``expected`` says what would do ("a string")."""
-    return invalid_request(
-        f"Invalid type for '{param}': expected {expected}, but got {describe(value)} instead.",
-        param=param,
-        code="invalid_type",
-    )
-
-
-def invalid_value(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
-    """400 naming ``param``: ``message`` says what is wrong with its value."""
-    return invalid_request(f"Invalid '{param}': {message}", param=param, code=code)
-
-
-def checked_text(value: str, param: str) -> str:
-    """``value``, refused when it holds a lone surrogate (JSON's ``"\\ud800"``): that is not
-    Unicode text and cannot reach the tokenizer as UTF-8."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise invalid_value(
-            param,
-            f"it contains a lone UTF-16 surrogate (\\u{ord(value[exc.start]):04x}), which is "
-            f"not valid Unicode text.",
-        ) from None
-    return value
-
-
-def describe(value: object) -> str:
-    """What kind of JSON value ``value`` is, for an error message ("a string")."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a decimal"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
-def show(value: object) -> str:
-    """A user-supplied value for an error message, quoted and clipped."""
-    if isinstance(value, str):
-        return "'" + clip(value, 40) + "'"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "infinity" if value > 0 else "-infinity"
-    return clip(repr(value), 40)
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _number(value: float) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)

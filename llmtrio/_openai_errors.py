@@ -1,24 +1,26 @@
 """OpenAI's error shapes, shared by the ingress (``llmtrio.web``) and the worker.
 
 Pure: no I/O. Every refusal is an :class:`OpenAIError` that knows its HTTP status and renders
-its own body.
+its own body. The kinds of refusal, each a status, a ``type`` and a ``code``, are one table,
+:data:`ERRORS` (the constructors below build from it and ``/openapi.json`` documents it):
 
     OpenAIError                 an error in OpenAI's shape, with its HTTP status
-      400 invalid_request_error a body, field or message this server cannot use
+      400 invalid_request_error a body, field or message this server cannot use (``code`` says
+                                how: ``invalid_type``, ``missing_required_parameter``, ...)
       400 context_length_exceeded (code) the prompt does not fit a slot's context
-      401 invalid_api_key (code) a missing or wrong API key
-      403 forbidden             a browser origin or host this server does not serve
       400 model_not_supported (code) the model is of the other kind (chat / embedding)
-      400 missing_required_parameter (code) no model named, and none to default to
-      404 / 405                 unknown path / wrong method
+      401 invalid_api_key (code) a missing or wrong API key
+      403 host_not_allowed / origin_not_allowed (code) a host or browser origin not served
       404 model_not_found (code) no worker serves the model named, and no default is set
+      404 / 405 unknown_url / method_not_allowed (code) unknown path / wrong method
       408 request_timeout (code) the body did not arrive in time
       413 request_too_large     the body is over the size limit
       429 rate_limit_exceeded (code) over the requests-per-minute limit (Retry-After)
       500 server_error          a failure on our side
       502 worker_failed (code)  the worker serving the request failed or went away
-      503 server_error          every slot is taken (code ring_full), the model is closing,
-                                or the server is shutting down (code shutting_down)
+      503 server_error          every slot is taken (code ring_full), no worker took it (code
+                                no_worker), the model is closing, or the server is shutting
+                                down (code shutting_down)
       504 timeout (code)        the request ran past the server's per-request deadline
 """
 
@@ -27,12 +29,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
+
+import attrs
 
 from ._routes import EMBEDDINGS_PATH
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "ERRORS",
+    "HOST_NOT_ALLOWED",
+    "ORIGIN_NOT_ALLOWED",
+    "ErrorKind",
     "OpenAIError",
     "body_timeout",
     "dumps",
@@ -41,6 +49,8 @@ __all__ = [
     "method_not_allowed",
     "missing_model",
     "model_not_found",
+    "model_unavailable",
+    "no_worker",
     "not_found",
     "rate_limited",
     "request_timeout",
@@ -113,21 +123,111 @@ class OpenAIError(Exception):
         )
 
 
+@attrs.frozen
+class ErrorKind:
+    """One kind of refusal: its HTTP ``status``, ``type`` and ``code``, and what it means (in
+    the API's document). ``url`` kinds answer a path or method this server does not serve; the
+    others can answer any request to a ring route. ``retry_after``: it may come with a
+    ``Retry-After`` header."""
+
+    status: int
+    code: str | None
+    meaning: str
+    type: str = "invalid_request_error"
+    retry_after: bool = False
+    url: bool = False
+
+    def error(
+        self, message: str, *, param: str | None = None, headers: Sequence[tuple[str, str]] = ()
+    ) -> OpenAIError:
+        return OpenAIError(
+            self.status, message, type=self.type, param=param, code=self.code, headers=headers
+        )
+
+
+def _field(code: str, meaning: str) -> ErrorKind:
+    return ErrorKind(400, code, f"{meaning} (``param`` names the field)")
+
+
+INVALID_REQUEST = ErrorKind(400, None, "the body is not JSON, or HTTP framing is wrong")
+CONTEXT_LENGTH_EXCEEDED = ErrorKind(400, "context_length_exceeded", "the prompt does not fit")
+MODEL_NOT_SUPPORTED = ErrorKind(400, "model_not_supported", "the model serves other routes")
+MISSING_PARAMETER = _field("missing_required_parameter", "a required field is missing")
+INVALID_API_KEY = ErrorKind(401, "invalid_api_key", "an API key is required: missing or wrong")
+HOST_NOT_ALLOWED = ErrorKind(403, "host_not_allowed", "a host name this listener does not serve")
+ORIGIN_NOT_ALLOWED = ErrorKind(403, "origin_not_allowed", "a browser origin not allowed")
+MODEL_NOT_FOUND = ErrorKind(404, "model_not_found", "no worker serves the model named")
+UNKNOWN_URL = ErrorKind(404, "unknown_url", "a path this server does not serve", url=True)
+METHOD_NOT_ALLOWED = ErrorKind(405, "method_not_allowed", "a wrong method", url=True)
+BODY_TIMEOUT = ErrorKind(408, "request_timeout", "the body did not arrive in time")
+REQUEST_TOO_LARGE = ErrorKind(413, "request_too_large", "the body is over the size limit")
+RATE_LIMITED = ErrorKind(
+    429, "rate_limit_exceeded", "too many requests for this key", type="requests", retry_after=True
+)
+SERVER_ERROR = ErrorKind(500, None, "a failure on the server's side", type="server_error")
+WORKER_FAILED = ErrorKind(
+    502, "worker_failed", "the worker serving the request failed", type="server_error"
+)
+RING_FULL = ErrorKind(503, "ring_full", "every slot is busy", type="server_error", retry_after=True)
+NO_WORKER = ErrorKind(
+    503, "no_worker", "no worker took the request in time", type="server_error", retry_after=True
+)
+SHUTTING_DOWN = ErrorKind(
+    503, "shutting_down", "the server is shutting down", type="server_error", retry_after=True
+)
+MODEL_UNAVAILABLE = ErrorKind(503, None, "the model failed or is closing", type="server_error")
+REQUEST_TIMEOUT = ErrorKind(
+    504, "timeout", "the request ran past the server's deadline", type="server_error"
+)
+
+#: Every kind of refusal, by status. The field table's codes (``llmtrio._fields``) are the
+#: 400s that name a ``param``.
+ERRORS: Final[tuple[ErrorKind, ...]] = (
+    INVALID_REQUEST,
+    _field("invalid_type", "a field of the wrong type"),
+    _field("invalid_value", "a field's value cannot be used"),
+    MISSING_PARAMETER,
+    _field("unsupported_parameter", "a field this server does not implement"),
+    _field("integer_below_min_value", "an integer below its minimum"),
+    _field("integer_above_max_value", "an integer above its maximum"),
+    _field("decimal_below_min_value", "a number below its minimum"),
+    _field("decimal_above_max_value", "a number above its maximum"),
+    _field("empty_array", "an array that must not be empty is"),
+    _field("array_above_max_length", "an array over its limit"),
+    _field("string_above_max_length", "a string over its limit"),
+    CONTEXT_LENGTH_EXCEEDED,
+    MODEL_NOT_SUPPORTED,
+    INVALID_API_KEY,
+    HOST_NOT_ALLOWED,
+    ORIGIN_NOT_ALLOWED,
+    MODEL_NOT_FOUND,
+    UNKNOWN_URL,
+    METHOD_NOT_ALLOWED,
+    BODY_TIMEOUT,
+    REQUEST_TOO_LARGE,
+    RATE_LIMITED,
+    SERVER_ERROR,
+    WORKER_FAILED,
+    RING_FULL,
+    NO_WORKER,
+    SHUTTING_DOWN,
+    MODEL_UNAVAILABLE,
+    REQUEST_TIMEOUT,
+)
+
+
 def invalid_request(
     message: str, *, param: str | None = None, code: str | None = None
 ) -> OpenAIError:
-    """400 ``invalid_request_error``."""
+    """400 ``invalid_request_error``; ``code`` one of :data:`ERRORS`' 400 codes."""
     return OpenAIError(400, message, param=param, code=code)
 
 
 def model_not_found(model: str) -> OpenAIError:
     """404 ``model_not_found``: no worker serves ``model`` and no default model is set
     (OpenAI's words, as vLLM and Ollama answer)."""
-    return OpenAIError(
-        404,
-        f"The model `{model}` does not exist or you do not have access to it.",
-        param="model",
-        code="model_not_found",
+    return MODEL_NOT_FOUND.error(
+        f"The model `{model}` does not exist or you do not have access to it.", param="model"
     )
 
 
@@ -144,12 +244,7 @@ def missing_model(served: Sequence[str], others: Sequence[str] = (), path: str =
         choices = f"none serves {path}: {listed} serve{'' if plural else 's'} {what} only"
     else:
         choices = "none is attached now"
-    return OpenAIError(
-        400,
-        f"you must provide a model parameter ({choices})",
-        param="model",
-        code="missing_required_parameter",
-    )
+    return MISSING_PARAMETER.error(f"you must provide a model parameter ({choices})", param="model")
 
 
 def wrong_model_kind(model: str, kind: str, path: str) -> OpenAIError:
@@ -158,60 +253,49 @@ def wrong_model_kind(model: str, kind: str, path: str) -> OpenAIError:
     asked for embeddings)."""
     serves = "/v1/embeddings" if kind == "embedding" else "/v1/chat/completions and /v1/completions"
     what = "an embedding model" if kind == "embedding" else "a chat and completion model"
-    return OpenAIError(
-        400,
-        f"The model '{model}' is {what}: it serves {serves}, not {path}.",
-        param="model",
-        code="model_not_supported",
+    return MODEL_NOT_SUPPORTED.error(
+        f"The model '{model}' is {what}: it serves {serves}, not {path}.", param="model"
     )
 
 
 def request_too_large(limit: int) -> OpenAIError:
     """413: the body is over ``limit`` bytes."""
-    return OpenAIError(
-        413,
-        f"The request body is larger than this server accepts ({limit} bytes).",
-        code="request_too_large",
+    return REQUEST_TOO_LARGE.error(
+        f"The request body is larger than this server accepts ({limit} bytes)."
     )
 
 
 def not_found(method: str, path: str) -> OpenAIError:
     """404 for a path this server does not serve, worded as OpenAI words it."""
-    return OpenAIError(404, f"Invalid URL ({method} {path})", code="unknown_url")
+    return UNKNOWN_URL.error(f"Invalid URL ({method} {path})")
 
 
 def method_not_allowed(method: str, path: str, allowed: Sequence[str] = ("POST",)) -> OpenAIError:
     """405, with the ``Allow`` header HTTP requires."""
-    return OpenAIError(
-        405,
+    return METHOD_NOT_ALLOWED.error(
         f"Invalid method for URL ({method} {path}); use {' or '.join(allowed)}.",
-        code="method_not_allowed",
         headers=[("Allow", ", ".join(allowed))],
     )
+
+
+def _retry(retry_after_s: int | None) -> list[tuple[str, str]]:
+    return [] if retry_after_s is None else [("Retry-After", str(retry_after_s))]
 
 
 def ring_full(retry_after_s: int | None = None) -> OpenAIError:
     """503: no worker has a free slot. ``type`` is ``server_error`` as in OpenAI's overload
     errors (llama.cpp's server says ``unavailable_error``; clients branch on the status)."""
-    headers = [] if retry_after_s is None else [("Retry-After", str(retry_after_s))]
-    return OpenAIError(
-        503,
+    return RING_FULL.error(
         "The server is overloaded: every slot is busy. Retry after a short wait.",
-        type="server_error",
-        code="ring_full",
-        headers=headers,
+        headers=_retry(retry_after_s),
     )
 
 
 def no_worker(park_timeout: float, retry_after_s: int | None = None) -> OpenAIError:
     """503: no worker took the request within ``park_timeout`` seconds."""
-    headers = [] if retry_after_s is None else [("Retry-After", str(retry_after_s))]
-    return OpenAIError(
-        503,
+    return NO_WORKER.error(
         f"No worker took the request within {park_timeout:g}s. Retry after a short wait.",
-        type="server_error",
-        code="no_worker",
-        headers=headers,
+        headers=_retry(retry_after_s),
     )
 
 
@@ -224,20 +308,19 @@ def shutting_down(retry_after_s: int = 1, *, cut: bool = False) -> OpenAIError:
         if cut
         else "The server is shutting down and takes no new requests. Retry the request."
     )
-    return OpenAIError(
-        503,
-        message,
-        type="server_error",
-        code="shutting_down",
-        headers=[("Retry-After", str(retry_after_s))],
-    )
+    return SHUTTING_DOWN.error(message, headers=_retry(retry_after_s))
 
 
 def server_error(
     message: str = "The server had an error while processing your request.",
 ) -> OpenAIError:
     """500 ``server_error``."""
-    return OpenAIError(500, message, type="server_error")
+    return SERVER_ERROR.error(message)
+
+
+def model_unavailable(message: str) -> OpenAIError:
+    """503 ``server_error``: the model failed or is closing."""
+    return MODEL_UNAVAILABLE.error(message)
 
 
 def dumps(value: object) -> bytes:
@@ -252,52 +335,35 @@ def dumps(value: object) -> bytes:
 def worker_failed() -> OpenAIError:
     """502: the worker serving the request failed or went away (its reason is logged at the
     ingress, not shown)."""
-    return OpenAIError(
-        502,
-        "The worker serving this request failed. Retry the request.",
-        type="server_error",
-        code="worker_failed",
-    )
+    return WORKER_FAILED.error("The worker serving this request failed. Retry the request.")
 
 
 def invalid_api_key() -> OpenAIError:
     """401, as OpenAI answers a missing or wrong key."""
-    return OpenAIError(
-        401,
+    return INVALID_API_KEY.error(
         "Incorrect API key provided. Send it as 'Authorization: Bearer <key>' (or 'X-Api-Key').",
-        code="invalid_api_key",
         headers=[("WWW-Authenticate", 'Bearer realm="llmtrio"')],
     )
 
 
 def rate_limited(limit_per_minute: int, retry_after_s: int) -> OpenAIError:
     """429 with ``Retry-After``: over ``limit_per_minute`` requests a minute."""
-    return OpenAIError(
-        429,
+    return RATE_LIMITED.error(
         f"Rate limit reached: {limit_per_minute} requests per minute. "
         f"Retry after {retry_after_s}s.",
-        type="requests",
         param="rate_limit",
-        code="rate_limit_exceeded",
-        headers=[("Retry-After", str(retry_after_s))],
+        headers=_retry(retry_after_s),
     )
 
 
 def request_timeout(limit_s: float) -> OpenAIError:
     """504: the request ran past the per-request deadline and was ended."""
-    return OpenAIError(
-        504,
+    return REQUEST_TIMEOUT.error(
         f"The request took longer than this server's limit of {limit_s:g}s and was stopped.",
-        type="server_error",
         param="request_timeout",
-        code="timeout",
     )
 
 
 def body_timeout(limit_s: float) -> OpenAIError:
     """408: the request body did not arrive within ``limit_s`` seconds."""
-    return OpenAIError(
-        408,
-        f"The request body did not arrive within {limit_s:g}s.",
-        code="request_timeout",
-    )
+    return BODY_TIMEOUT.error(f"The request body did not arrive within {limit_s:g}s.")

@@ -1,14 +1,71 @@
-"""The routes the workers serve, named once: the ingress (``llmtrio.web``) forwards ``POST``
-on these paths through the ring and answers everything else itself; the worker dispatches on
-the path it is given and trusts the ingress's routing (it checks no methods, answers no
-404/405)."""
+"""The public API's routes, named once: the path constants the ingress and the workers route by,
+and :data:`ROUTES`, the table ``/openapi.json`` lists its operations from.
+
+The ingress (``llmtrio.web``) forwards ``POST`` on :data:`RING_PATHS` through the ring and
+answers everything else itself; the worker dispatches on the path it is given and trusts the
+ingress's routing (it checks no methods, answers no 404/405). The ingress's other pages (``/``,
+``/metrics``, the probes) are not part of the API and not in the table.
+"""
 
 from __future__ import annotations
 
-__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "EMBEDDINGS_PATH", "RING_PATHS"]
+from typing import Final
+
+import attrs
+
+__all__ = [
+    "CHAT_PATH",
+    "COMPLETIONS_PATH",
+    "EMBEDDINGS_PATH",
+    "HEALTH_PATH",
+    "MODELS_PATH",
+    "OPENAPI_PATH",
+    "RING_PATHS",
+    "ROUTES",
+    "Route",
+]
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
+MODELS_PATH = "/v1/models"
+HEALTH_PATH = "/health"
+OPENAPI_PATH = "/openapi.json"
+
+
+@attrs.frozen
+class Route:
+    """One operation of the public API.
+
+    ``endpoint`` names the field table's endpoint (``llmtrio._fields``) whose fields make a
+    ring route's request body; a route without one is answered by the ingress itself.
+    ``open`` routes are served without an API key.
+    """
+
+    method: str
+    path: str
+    operation_id: str
+    summary: str
+    endpoint: str | None = None
+    open: bool = False
+
+    @property
+    def ring(self) -> bool:
+        """Whether a worker serves it, through the ring."""
+        return self.endpoint is not None
+
+
+ROUTES: Final[tuple[Route, ...]] = (
+    Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", "chat"),
+    Route("POST", COMPLETIONS_PATH, "createCompletion", "Create a text completion.",
+          "completions"),
+    Route("POST", EMBEDDINGS_PATH, "createEmbedding",
+          "Create embeddings (on a worker serving an embedding model).", "embeddings"),
+    Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
+    Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
+          open=True),
+    Route("GET", OPENAPI_PATH, "openapi", "This document."),
+)  # fmt: skip
+
 #: Served by the workers through the ring, ``POST`` only.
-RING_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH})
+RING_PATHS: Final = frozenset(route.path for route in ROUTES if route.ring)

@@ -1,5 +1,6 @@
 """The new OpenAI request fields, parsed without a model: response_format, penalties,
-logprobs, refused fields, ``/v1/completions`` bodies; the tool-call parser under any split."""
+logprobs, refused fields, ``/v1/completions`` bodies, every nested field the field table
+names; the tool-call parser under any split."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmtrio._fields import (
+    FIELDS,
+    MESSAGES,
+    NAMED_TOOL_CHOICE,
+    RESPONSE_FORMAT_JSON_SCHEMA,
+    TEXT_PARTS,
+    Field,
+)
 from llmtrio._openai_errors import OpenAIError
 from llmtrio.engine import (
     JSON_OBJECT_GRAMMAR,
@@ -132,6 +141,88 @@ def test_bookkeeping_and_foreign_fields_are_ignored(fields: dict[str, Any]) -> N
     # generation, the tools, the stream or the model asked for.
     base = {"max_tokens": 7, "temperature": 0.5, "stream": True}
     assert chat(**base, **fields) == chat(**base)
+
+
+# A chat body with every nested field of the field table given, and where each of the
+# table's nested fields sits in it.
+WEATHER = {"name": "get_weather", "description": "w", "parameters": {"type": "object"}}
+NESTED_BODY: dict[str, Any] = {
+    "messages": [
+        {"role": "system", "content": "s", "name": "n"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": "{}"}}]},
+        {"role": "tool", "content": "r", "tool_call_id": "c1"},
+    ],
+    "tools": [{"type": "function", "function": WEATHER}],
+    "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    "response_format": {"type": "json_schema",
+                        "json_schema": {"name": "x", "schema": {}, "strict": True}},
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "chat_template_kwargs": {"enable_thinking": False},
+}  # fmt: skip
+_CHAT_FIELDS = {f.name: f for f in FIELDS if "chat" in f.endpoints}
+NESTED_SPECS: list[tuple[str, Field]] = [
+    *((f"messages[{i}]", MESSAGES[m["role"]]) for i, m in enumerate(NESTED_BODY["messages"])),
+    ("messages[1].content", TEXT_PARTS),
+    *((name, _CHAT_FIELDS[name])
+      for name in ("tools", "response_format", "stream_options", "chat_template_kwargs")),
+    ("response_format.json_schema", RESPONSE_FORMAT_JSON_SCHEMA),
+    ("tool_choice", NAMED_TOOL_CHOICE),
+]  # fmt: skip
+_WRONG = {"string": 5, "boolean": "yes", "object": "x", "array": "x", "schema": "x"}
+
+
+def _wrong_values(spec: Field, param: str, owner: str) -> Any:
+    """``(param, wrong value, the param its error names)`` for ``spec`` and every field nested
+    in it; a ``whole`` field names itself for any fault within."""
+    owner = param if spec.whole else owner
+    if spec.enum:
+        yield param, "nope", owner or param
+    elif spec.type in _WRONG:
+        yield param, _WRONG[spec.type], owner or param
+    for part in spec.properties:
+        yield from _wrong_values(part, f"{param}.{part.name}", owner)
+    if spec.items is not None:
+        yield from _wrong_values(spec.items, f"{param}[0]", owner)
+
+
+def _set(body: Any, param: str, value: Any) -> None:
+    path = param.replace("[", ".").replace("]", "").split(".")
+    keys = [int(k) if k.isdigit() else k for k in path]
+    for key in keys[:-1]:
+        body = body[key]
+    body[keys[-1]] = value
+
+
+def test_the_nested_body_is_accepted() -> None:
+    request = parse_chat_request(json.dumps(NESTED_BODY).encode())
+    assert request.tools.mode == "required"
+    assert [m.role for m in request.generate.messages] == ["system", "user", "assistant", "tool"]
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "named"),
+    [
+        wrong
+        for where, spec in NESTED_SPECS
+        for wrong in _wrong_values(spec, where, "")
+        # The type of a union's branch is the endpoint's to tell (a message, a content).
+        if wrong[0] != where or spec.name == where
+    ],
+)
+def test_every_nested_field_of_the_table_is_checked(param: str, value: Any, named: str) -> None:
+    """A wrong value anywhere the field table describes is refused, naming that field (or the
+    field whose faults are reported whole): the validator checks what the document says."""
+    body = json.loads(json.dumps(NESTED_BODY))
+    _set(body, param, value)
+    with pytest.raises(OpenAIError) as info:
+        parse_chat_request(json.dumps(body).encode())
+    error = info.value
+    assert (error.status, error.param) == (400, named)
+    assert error.code in ("invalid_type", "invalid_value", "missing_required_parameter")
 
 
 def completion(**fields: Any) -> Any:

@@ -28,9 +28,12 @@ from schemathesis.specs.openapi.checks import (
 )
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio import _openai_errors as errors
+from llmtrio._fields import RequestLimits, request_schema
+from llmtrio._routes import ROUTES
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
+from llmtrio.web._auth import OPEN_PATHS
 from llmtrio.web._openapi import openapi
 
 from ._helpers import engine_config
@@ -39,13 +42,17 @@ from ._server import LiveServer, start_server
 
 MAX_TOKENS = 8
 SCHEMA = schemathesis.openapi.from_dict(openapi())
-OPERATIONS = [
-    ("POST", CHAT_PATH, 30),
-    ("POST", COMPLETIONS_PATH, 30),
-    ("GET", "/v1/models", 5),
-    ("GET", "/health", 5),
-    ("GET", "/openapi.json", 2),
-]
+# Examples per operation of the route table (the server serves a chat model: embeddings
+# requests are refused, in a documented way).
+EXAMPLES = {
+    "createChatCompletion": 30,
+    "createCompletion": 30,
+    "createEmbedding": 4,
+    "listModels": 5,
+    "health": 5,
+    "openapi": 2,
+}
+OPERATIONS = [(route.method, route.path, EXAMPLES[route.operation_id]) for route in ROUTES]
 
 
 def test_the_document_is_valid_openapi_3_1() -> None:
@@ -57,10 +64,97 @@ def test_the_document_is_valid_openapi_3_1() -> None:
     for name in document["components"]["schemas"]:
         assert name in text
     for ref in _refs(document):
-        assert ref.removeprefix("#/components/schemas/") in document["components"]["schemas"]
+        target: Any = document
+        for key in ref.removeprefix("#/").split("/"):
+            target = target[key]
     # Keys are optional: the empty requirement comes first; health and models stay open.
     assert document["security"][0] == {}
     assert document["paths"]["/health"]["get"]["security"] == [{}]
+
+
+def test_the_operations_are_the_route_tables() -> None:
+    document = openapi()
+    operations = {
+        (method.upper(), path): operation["operationId"]
+        for path, item in document["paths"].items()
+        for method, operation in item.items()
+    }
+    assert operations == {(route.method, route.path): route.operation_id for route in ROUTES}
+    for route in ROUTES:
+        operation = document["paths"][route.path][route.method.lower()]
+        assert operation["summary"] == route.summary
+        # Open routes need no key, in the document and at the ingress alike.
+        assert (operation.get("security") == [{}]) is route.open
+        assert (route.path in OPEN_PATHS) is route.open
+        body = operation.get("requestBody")
+        if route.endpoint is None:
+            assert body is None
+        else:
+            name = body["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+            schema = document["components"]["schemas"][name]
+            fields = request_schema(route.endpoint, RequestLimits())["properties"]
+            assert schema["properties"] == fields
+
+
+def test_the_error_responses_are_the_error_catalogs() -> None:
+    """One response per status of ``ERRORS``, listing exactly its codes and types; a ring route
+    references every status a request can be refused with (not the URL's 404/405)."""
+    document = openapi()
+    responses = document["components"]["responses"]
+    assert set(responses) == {f"Error{kind.status}" for kind in errors.ERRORS}
+    listed = []
+    for name, response in responses.items():
+        assert response["content"]["application/json"]["schema"]["allOf"][0] == {
+            "$ref": "#/components/schemas/Error"
+        }
+        error = response["content"]["application/json"]["schema"]["allOf"][1]
+        error = error["properties"]["error"]["properties"]
+        kinds = [kind for kind in errors.ERRORS if f"Error{kind.status}" == name]
+        assert error["code"]["enum"] == [kind.code for kind in kinds]
+        assert set(error["type"]["enum"]) == {kind.type for kind in kinds}
+        assert ("headers" in response) is any(kind.retry_after for kind in kinds)
+        for kind in kinds:
+            assert (f"``{kind.code}``" if kind.code else "no code") in response["description"]
+        listed += error["code"]["enum"]
+    assert len(listed) == len(errors.ERRORS)
+    request_statuses = {str(kind.status) for kind in errors.ERRORS if not kind.url}
+    for route in ROUTES:
+        operation = document["paths"][route.path][route.method.lower()]
+        referenced = {
+            status: answer["$ref"]
+            for status, answer in operation["responses"].items()
+            if "$ref" in answer
+        }
+        if route.ring:
+            assert referenced == {s: f"#/components/responses/Error{s}" for s in request_statuses}
+        else:
+            assert referenced == {}
+
+
+def test_every_error_the_server_builds_is_in_the_catalog() -> None:
+    built = [
+        errors.model_not_found("m"),
+        errors.missing_model(["a"]),
+        errors.wrong_model_kind("m", "embedding", "/v1/chat/completions"),
+        errors.request_too_large(10),
+        errors.not_found("GET", "/x"),
+        errors.method_not_allowed("GET", "/v1/completions"),
+        errors.ring_full(1),
+        errors.no_worker(5.0, 1),
+        errors.shutting_down(1, cut=True),
+        errors.server_error(),
+        errors.model_unavailable("closing"),
+        errors.worker_failed(),
+        errors.invalid_api_key(),
+        errors.rate_limited(10, 6),
+        errors.request_timeout(30),
+        errors.body_timeout(60),
+        errors.HOST_NOT_ALLOWED.error("host"),
+        errors.ORIGIN_NOT_ALLOWED.error("origin"),
+    ]
+    catalog = {(kind.status, kind.type, kind.code) for kind in errors.ERRORS}
+    for error in built:
+        assert (error.status, error.type, error.code) in catalog, error
 
 
 def _refs(value: object) -> Iterator[str]:

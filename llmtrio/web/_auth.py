@@ -13,11 +13,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .._probes import PROBE_PATHS
+from .._routes import ROUTES
 
 __all__ = ["OPEN_PATHS", "ApiKeys", "read_key_file"]
 
-#: What anyone may fetch with keys set: the chat page, health, the probes and the model list.
-OPEN_PATHS = frozenset({"/", "/health", *PROBE_PATHS, "/v1/models"})
+#: What anyone may fetch with keys set: the chat page, the probes and the API's open routes
+#: (health and the model list).
+OPEN_PATHS = frozenset({"/", *PROBE_PATHS, *(route.path for route in ROUTES if route.open)})
 
 
 def read_key_file(path: Path) -> list[str]:

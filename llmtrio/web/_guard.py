@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from .._openai_errors import OpenAIError
+from .._openai_errors import HOST_NOT_ALLOWED, ORIGIN_NOT_ALLOWED, OpenAIError
 
 __all__ = ["OriginPolicy", "header_map"]
 
@@ -96,19 +96,15 @@ class OriginPolicy:
         """The 403 for a request this policy refuses, or ``None``."""
         host = headers.get("host")
         if not self.allows_host(host):
-            return OpenAIError(
-                403,
+            return HOST_NOT_ALLOWED.error(
                 f"This server does not answer to the host name {host!r}: on a loopback "
-                "listener only loopback names and the bound address are served.",
-                code="host_not_allowed",
+                "listener only loopback names and the bound address are served."
             )
         origin = headers.get("origin")
         if origin is not None and not self.allows_origin(origin, scheme=scheme, host=host):
-            return OpenAIError(
-                403,
+            return ORIGIN_NOT_ALLOWED.error(
                 f"Requests from the web origin {origin!r} are not allowed. Start the server "
-                "with --allowed-origins to allow it.",
-                code="origin_not_allowed",
+                "with --allowed-origins to allow it."
             )
         return None
 

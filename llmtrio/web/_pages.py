@@ -22,7 +22,7 @@ from .._openai_errors import (
     not_found,
     request_too_large,
 )
-from .._routes import RING_PATHS
+from .._routes import HEALTH_PATH, MODELS_PATH, OPENAPI_PATH, RING_PATHS
 from ..ring import CHAT, ModelStats, Ring, WorkerStats
 from ._access import exchange_of
 from ._drain import Drain
@@ -76,11 +76,11 @@ def pages_app(
 
     document = json.dumps(openapi(limits)).encode()
 
-    @app.get("/openapi.json")
+    @app.get(OPENAPI_PATH)
     async def openapi_json() -> Response:
         return Response(document, content_type="application/json")
 
-    @app.get("/health")
+    @app.get(HEALTH_PATH)
     async def health() -> Response:
         stats = ring.stats()
         now = trio.current_time()
@@ -129,7 +129,7 @@ def pages_app(
 
     add_probes(app, lambda: "draining" if drain.draining else None)
 
-    @app.get("/v1/models")
+    @app.get(MODELS_PATH)
     async def models() -> Response:
         known = ring.models()
         if not known and model_name:

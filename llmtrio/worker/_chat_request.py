@@ -1,8 +1,10 @@
 """A chat completions request body in, an engine request out. Pure.
 
-The fields are read as the field table (``llmtrio._fields``) says; ``messages`` and the
-tools and structured-output fields (``_features``) have parsers of their own. Every refusal
-is an :class:`OpenAIError` (400) naming the field.
+The fields are read and checked as the field table (``llmtrio._fields``) says, nested ones
+included; what is left here (and in ``_features`` for tools and structured output) is what the
+table cannot say: a message's role picks which fields it has, its content is a string or
+text parts, and rules across fields. Every refusal is an :class:`OpenAIError` (400) naming
+the field.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ import attrs
 
 from .._fields import (
     CHAT,
+    MESSAGE_ROLES,
+    MESSAGES,
+    TEXT_PARTS,
     RequestLimits,
+    check,
     checked_text,
+    choices,
     invalid_type,
     invalid_value,
     missing,
@@ -28,7 +35,6 @@ from ._features import (
     parse_assistant_tool_calls,
     parse_response_format,
     parse_tools,
-    tool_message,
 )
 from ._requests import (
     json_body,
@@ -48,7 +54,6 @@ _NO_LIMITS = RequestLimits()
 # Text parts of one message's content are joined the way llama.cpp's server joins them
 # before templating (common_chat_msg::to_json_oaicompat with concat_typed_text).
 _PART_SEPARATOR = "\n"
-_ROLES = ("system", "user", "assistant", "tool")
 
 
 @attrs.frozen
@@ -102,12 +107,12 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
     data = json_body(body)
     reject_refused(data, CHAT, limits)
     model = read(data, CHAT, "model", limits)
-    messages = _parse_messages(data.get("messages"), limits.max_messages)
+    messages = _parse_messages(data, limits)
     max_tokens = parse_max_tokens(data, CHAT, limits)
     sampling = parse_sampling(data, CHAT, limits)
     logprobs = _parse_logprobs(data, limits)
-    tools = parse_tools(data)
-    output_format = parse_response_format(data.get("response_format"))
+    tools = parse_tools(data, limits)
+    output_format = parse_response_format(data, CHAT, limits)
     if tools.forced:
         output_format = {}  # a forced call wins over the format of a plain reply
     stop = parse_stop(data.get("stop"), limits)
@@ -163,71 +168,56 @@ def _parse_logprobs(data: dict[str, Any], limits: RequestLimits) -> int | None:
 def _parse_think(data: dict[str, Any], limits: RequestLimits) -> bool | None:
     """``think``, else ``chat_template_kwargs.enable_thinking``."""
     think: bool | None = read(data, CHAT, "think", limits)
-    kwargs = data.get("chat_template_kwargs")
-    if kwargs is not None:
-        if not isinstance(kwargs, dict):
-            raise invalid_type("chat_template_kwargs", "an object", kwargs)
-        enable = kwargs.get("enable_thinking")
-        if enable is not None and not isinstance(enable, bool):
-            raise invalid_type("chat_template_kwargs.enable_thinking", "a boolean", enable)
-        if think is None:
-            think = enable
+    kwargs = read(data, CHAT, "chat_template_kwargs", limits)
+    if kwargs is not None and think is None:
+        think = kwargs.get("enable_thinking")
     return think
 
 
-def _parse_messages(value: object, limit: int) -> list[ChatMessage]:
-    if value is None:
-        raise missing("messages")
-    if not isinstance(value, list):
-        raise invalid_type("messages", "an array", value)
-    if not value:
-        raise invalid_value(
-            "messages", "empty array. Expected an array with at least one message.", "empty_array"
-        )
-    if len(value) > limit:
-        raise invalid_value(
-            "messages",
-            f"array too long. Expected an array with maximum length {limit}, but got an array "
-            f"with length {len(value)} instead.",
-            "array_above_max_length",
-        )
+def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMessage]:
+    """``messages``: the array as the field table bounds it, each message's fields as the
+    table says for its role, and its content."""
     messages = []
-    for i, item in enumerate(value):
+    for i, item in enumerate(read(data, CHAT, "messages", limits)):
         where = f"messages[{i}]"
         if not isinstance(item, dict):
             raise invalid_type(where, "an object", item)
-        role = item.get("role")
-        if role is None:
-            raise missing(f"{where}.role")
-        if not isinstance(role, str):
-            raise invalid_type(f"{where}.role", "a string", role)
-        if role == "developer":
-            role = "system"
-        elif role not in _ROLES:
-            hint = " (use 'tool')" if role == "function" else ""
-            raise invalid_request(
-                f"Invalid value for '{where}.role': {show(role)}{hint}. Supported values are: "
-                f"'system', 'developer', 'user', 'assistant' and 'tool'.",
-                param=f"{where}.role",
-                code="invalid_value",
-            )
-        name = item.get("name")
-        if name is not None and not isinstance(name, str):  # a participant's name: unused
-            raise invalid_type(f"{where}.name", "a string", name)
-        calls = (
-            parse_assistant_tool_calls(item.get("tool_calls"), f"{where}.tool_calls")
-            if role == "assistant"
-            else []
-        )
-        content = _parse_content(item.get("content"), f"{where}.content", role)
+        role = _parse_role(item.get("role"), f"{where}.role")
+        content = ""
+        for part in MESSAGES[role].properties:
+            at = f"{where}.{part.name}"
+            if part.name == "content":
+                content = _parse_content(item.get("content"), at, role, limits)
+            else:
+                check(part, item.get(part.name, part.default), limits, at)
+        calls = parse_assistant_tool_calls(item.get("tool_calls")) if role == "assistant" else []
         if role == "tool":
-            messages.append(tool_message(content, item, where))
+            messages.append(ChatMessage("tool", content, tool_call_id=item.get("tool_call_id")))
         else:
+            role = "system" if role == "developer" else role
             messages.append(ChatMessage(role, content, tool_calls=calls))
     return messages
 
 
-def _parse_content(value: object, where: str, role: str) -> str:
+def _parse_role(role: object, param: str) -> str:
+    """A message's ``role``, which says what else the message may hold."""
+    if role is None:
+        raise missing(param)
+    if not isinstance(role, str):
+        raise invalid_type(param, "a string", role)
+    if role not in MESSAGE_ROLES:
+        hint = " (use 'tool')" if role == "function" else ""
+        raise invalid_request(
+            f"Invalid value for '{param}': {show(role)}{hint}. Supported values are: "
+            f"{choices(MESSAGE_ROLES)}.",
+            param=param,
+            code="invalid_value",
+        )
+    return role
+
+
+def _parse_content(value: object, where: str, role: str, limits: RequestLimits) -> str:
+    """A message's content: a string, or text parts (``TEXT_PARTS``) joined."""
     if isinstance(value, str):
         return checked_text(value, where)
     if value is None:
@@ -236,27 +226,5 @@ def _parse_content(value: object, where: str, role: str) -> str:
         raise missing(where, " (only assistant messages may omit it)")
     if not isinstance(value, list):
         raise invalid_type(where, "a string or an array of text parts", value)
-    if not value:
-        raise invalid_value(
-            where, "empty array. Expected a string or at least one text part.", "empty_array"
-        )
-    texts = []
-    for j, part in enumerate(value):
-        at = f"{where}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_type(at, "an object", part)
-        kind = part.get("type")
-        if kind != "text":
-            if kind is None:
-                raise missing(f"{at}.type")
-            raise invalid_request(
-                f"Invalid value for '{at}.type': {show(kind)}. This server accepts text "
-                f"content parts only ('text').",
-                param=f"{at}.type",
-                code="invalid_value",
-            )
-        piece = part.get("text")
-        if not isinstance(piece, str):
-            raise invalid_type(f"{at}.text", "a string", piece)
-        texts.append(checked_text(piece, f"{at}.text"))
-    return _PART_SEPARATOR.join(texts)
+    parts = check(TEXT_PARTS, value, limits, where)
+    return _PART_SEPARATOR.join(part["text"] for part in parts)

@@ -113,7 +113,7 @@ def parse_completion_request(body: bytes, limits: RequestLimits = _NO_LIMITS) ->
             "ignore_eos": read(data, COMPLETIONS, "ignore_eos", limits) or False,
             "cache_prompt": read(data, COMPLETIONS, "cache_prompt", limits) is not False,
             "logit_bias": parse_logit_bias(data.get("logit_bias")),
-            **parse_response_format(data.get("response_format")),
+            **parse_response_format(data, COMPLETIONS, limits),
         }
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from None

@@ -2,9 +2,12 @@
 (``response_format``) and tools (``tools``, ``tool_choice``, ``parallel_tool_calls``, and the
 tool calls and results in the history). Pure, like the rest of the request parsing.
 
-Each function reads its fields from the parsed JSON body and raises :class:`OpenAIError`
-(400, naming the field, in the one shape of ``llmtrio._fields``) for anything it cannot
-honour.
+The fields' shapes (nested parts included) are the field table's (``llmtrio._fields``), which
+checks them; what is left here is what the table cannot say: which branch of a union a value
+takes, defaults, and rules across items (a tool named twice, a forced tool that is not
+offered). Each function reads its fields from the parsed JSON body and raises
+:class:`OpenAIError` (400, naming the field, in the one shape of ``llmtrio._fields``) for
+anything it cannot honour.
 """
 
 from __future__ import annotations
@@ -14,10 +17,20 @@ from typing import Any
 
 import attrs
 
-from .._fields import invalid_type, invalid_value, missing, show
+from .._fields import (
+    CHAT,
+    NAMED_TOOL_CHOICE,
+    RESPONSE_FORMAT_JSON_SCHEMA,
+    TOOL_CHOICE_MODE,
+    RequestLimits,
+    check,
+    invalid_type,
+    invalid_value,
+    read,
+    show,
+)
 from ..engine import (
     JSON_OBJECT_GRAMMAR,
-    ChatMessage,
     Tool,
     ToolCall,
     new_tool_call_id,
@@ -28,13 +41,12 @@ __all__ = [
     "parse_assistant_tool_calls",
     "parse_response_format",
     "parse_tools",
-    "tool_message",
 ]
 
-_TOOL_CHOICES = ("none", "auto", "required")
 
-
-def parse_response_format(value: object) -> dict[str, Any]:
+def parse_response_format(
+    data: dict[str, Any], endpoint: str, limits: RequestLimits
+) -> dict[str, Any]:
     """``response_format``: ``text`` (nothing), ``json_object`` (any JSON object) or
     ``json_schema`` (``{"name", "schema", "strict"}``), as :class:`GenerateRequest` keyword
     arguments (``grammar`` or ``json_schema``).
@@ -42,32 +54,14 @@ def parse_response_format(value: object) -> dict[str, Any]:
     Whatever ``strict`` says, the schema is enforced; the engine compiles it (off the event
     loop, once per schema) and refuses a keyword the grammar cannot enforce with a 400
     naming it."""
-    if value is None:
+    value = read(data, endpoint, "response_format", limits)
+    if value is None or value["type"] == "text":
         return {}
-    if not isinstance(value, dict):
-        raise invalid_type("response_format", "an object", value)
-    kind = value.get("type")
-    if kind == "text":
-        return {}
-    if kind == "json_object":
+    if value["type"] == "json_object":
         return {"grammar": JSON_OBJECT_GRAMMAR}
-    if kind != "json_schema":
-        raise invalid_value(
-            "response_format.type",
-            f"{show(kind)}. Supported values are: 'text', 'json_object' and 'json_schema'.",
-        )
-    spec = value.get("json_schema")
-    if not isinstance(spec, dict):
-        raise missing("response_format.json_schema")
-    if not isinstance(spec.get("name"), str):
-        raise missing("response_format.json_schema.name")
-    strict = spec.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise invalid_type("response_format.json_schema.strict", "a boolean", strict)
-    schema = spec.get("schema", {})
-    if not isinstance(schema, dict | bool):
-        raise invalid_type("response_format.json_schema.schema", "a JSON schema object", schema)
-    return {"json_schema": schema}
+    param = "response_format.json_schema"
+    spec = check(RESPONSE_FORMAT_JSON_SCHEMA, value.get("json_schema"), limits, param)
+    return {"json_schema": spec.get("schema", {})}
 
 
 @attrs.frozen
@@ -100,64 +94,28 @@ class ToolChoice:
         }
 
 
-def parse_tools(data: dict[str, Any]) -> ToolChoice:
+def parse_tools(data: dict[str, Any], limits: RequestLimits) -> ToolChoice:
     """``tools`` (functions only), ``tool_choice`` and ``parallel_tool_calls``."""
-    value = data.get("tools")
     tools: list[Tool] = []
-    if value is not None:
-        if not isinstance(value, list):
-            raise invalid_type("tools", "an array", value)
-        for i, item in enumerate(value):
-            where = f"tools[{i}]"
-            if not isinstance(item, dict):
-                raise invalid_type(where, "an object", item)
-            if item.get("type", "function") != "function":
-                raise invalid_value(
-                    f"{where}.type",
-                    f"{show(item.get('type'))}. This server supports 'function' tools only.",
-                )
-            function = item.get("function")
-            if not isinstance(function, dict):
-                raise invalid_type(f"{where}.function", "an object", function)
-            name = function.get("name")
-            if not isinstance(name, str) or not name:
-                raise invalid_type(f"{where}.function.name", "a non-empty string", name)
-            description = function.get("description") or ""
-            if not isinstance(description, str):
-                raise invalid_type(f"{where}.function.description", "a string", description)
-            parameters = function.get("parameters")
-            if parameters is None or parameters == {}:
-                # OpenAI: no parameters is an empty parameter list, and clients write {} for
-                # it; as the empty JSON Schema (any value) a call could be any JSON at all.
-                parameters = {"type": "object", "properties": {}}
-            if not isinstance(parameters, dict):
-                raise invalid_type(f"{where}.function.parameters", "an object", parameters)
-            if any(t.name == name for t in tools):
-                raise invalid_value("tools", f"the name {show(name)} is used twice.")
-            tools.append(Tool(name, description, parameters))
-    parallel = data.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise invalid_type("parallel_tool_calls", "a boolean", parallel)
+    for item in read(data, CHAT, "tools", limits) or ():
+        function = item["function"]
+        name = function["name"]
+        if any(t.name == name for t in tools):
+            raise invalid_value("tools", f"the name {show(name)} is used twice.")
+        # OpenAI: no parameters is an empty parameter list, and clients write {} for it; as the
+        # empty JSON Schema (any value) a call could be any JSON at all.
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        tools.append(Tool(name, function.get("description") or "", parameters))
+    parallel = read(data, CHAT, "parallel_tool_calls", limits)
     choice = data.get("tool_choice")
     if choice is None:
         mode = "auto" if tools else "none"
         forced: tuple[Tool, ...] = ()
     elif isinstance(choice, str):
-        if choice not in _TOOL_CHOICES:
-            raise invalid_value(
-                "tool_choice",
-                f"{show(choice)}. Supported values are: 'none', 'auto', 'required' or a named "
-                f"function.",
-            )
-        mode = choice
+        mode = check(TOOL_CHOICE_MODE, choice, limits, "tool_choice")
         forced = tuple(tools) if choice == "required" else ()
     elif isinstance(choice, dict):
-        function = choice.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
-        if choice.get("type") != "function" or not isinstance(name, str):
-            raise invalid_value(
-                "tool_choice", 'expected {"type": "function", "function": {"name": ...}}.'
-            )
+        name = check(NAMED_TOOL_CHOICE, choice, limits, "tool_choice")["function"]["name"]
         named = [t for t in tools if t.name == name]
         if not named:
             raise invalid_value("tool_choice", f"no tool named {show(name)} in 'tools'.")
@@ -169,20 +127,13 @@ def parse_tools(data: dict[str, Any]) -> ToolChoice:
     return ToolChoice(tuple(tools), mode, forced, parallel is not False)
 
 
-def parse_assistant_tool_calls(value: object, where: str) -> list[ToolCall]:
-    """An assistant message's ``tool_calls`` from the history."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise invalid_type(where, "an array", value)
+def parse_assistant_tool_calls(value: list[dict[str, Any]] | None) -> list[ToolCall]:
+    """An assistant message's ``tool_calls`` from the history, as the field table checked
+    them: an id that is not a string gets a new one, arguments that are not text are read as
+    their JSON text."""
     calls = []
-    for i, item in enumerate(value):
-        at = f"{where}[{i}]"
-        if not isinstance(item, dict):
-            raise invalid_type(at, "an object", item)
-        function = item.get("function")
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise invalid_type(f"{at}.function", 'an object with a "name"', function)
+    for item in value or ():
+        function = item["function"]
         arguments = function.get("arguments", "{}")
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments)
@@ -195,11 +146,3 @@ def parse_assistant_tool_calls(value: object, where: str) -> list[ToolCall]:
             )
         )
     return calls
-
-
-def tool_message(content: str, item: dict[str, Any], where: str) -> ChatMessage:
-    """A ``tool`` message of the history (the result of an earlier call)."""
-    call_id = item.get("tool_call_id")
-    if call_id is not None and not isinstance(call_id, str):
-        raise invalid_type(f"{where}.tool_call_id", "a string", call_id)
-    return ChatMessage("tool", content, tool_call_id=call_id)

@@ -125,12 +125,8 @@ def parse_stream(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> 
         raise invalid_value(
             "stream_options", "it is only allowed when 'stream' is enabled.", "invalid_value"
         )
-    if not isinstance(options, dict):
-        raise invalid_type("stream_options", "an object", options)
-    include_usage = options.get("include_usage")
-    if include_usage is not None and not isinstance(include_usage, bool):
-        raise invalid_type("stream_options.include_usage", "a boolean", include_usage)
-    return stream, bool(include_usage)
+    options = read(data, endpoint, "stream_options", limits)
+    return stream, bool(options.get("include_usage"))
 
 
 def parse_stop(value: object, limits: RequestLimits) -> tuple[str, ...]:

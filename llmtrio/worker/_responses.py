@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from .._openai_errors import OpenAIError, dumps, invalid_request, server_error
+from .._openai_errors import OpenAIError, dumps, invalid_request, model_unavailable, server_error
 from ..engine import (
     Done,
     EngineClosedError,
@@ -206,7 +206,7 @@ def from_engine_error(exc: EngineError) -> OpenAIError:
     if isinstance(exc, RequestError):
         return invalid_request(str(exc), param=exc.param, code="invalid_value")
     if isinstance(exc, EngineFailedError):
-        return OpenAIError(503, "The model failed and cannot serve requests.", type="server_error")
+        return model_unavailable("The model failed and cannot serve requests.")
     if isinstance(exc, EngineClosedError):
-        return OpenAIError(503, "The model is shutting down.", type="server_error")
+        return model_unavailable("The model is shutting down.")
     return server_error(f"The model failed while generating: {exc}")
