@@ -15,6 +15,7 @@ from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 
 from ._helpers import engine_config
+from ._qwen35_real import write_qwen35_real
 from ._server import LiveServer, start_server
 
 # A copy of shared/test-models/qwen35-tiny-random.gguf (see data/README-qwen35.md).
@@ -37,6 +38,14 @@ def gemma_path() -> Path:
 def qwen35_path() -> Path:
     """A 5 MB random-weight model of the qwen35 architecture (the default model's)."""
     return QWEN35_TINY
+
+
+@pytest.fixture(scope="session")
+def qwen35_real_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The qwen35 tiny random model with the default model's own tokenizer (Qwen's 151,936
+    tokens, its added tokens) and chat template (Qwen3.5's), 167 MB, written once per test
+    session (see _qwen35_real.py)."""
+    return write_qwen35_real(tmp_path_factory.mktemp("qwen35-real") / "qwen35-real.gguf")
 
 
 @pytest.fixture(scope="session")
