@@ -14,7 +14,9 @@ from functools import partial
 from pathlib import Path
 
 import gguf
+import httpx
 import jsonschema
+import openai
 import pytest
 
 from llmtrio.engine import (
@@ -34,9 +36,12 @@ from llmtrio.engine import (
 )
 from llmtrio.engine.generate._chat import ChatTemplate
 from llmtrio.engine.llama import LlamaModel
+from llmtrio.ring import RingConfig
+from llmtrio.web import ServeConfig
 
 from ._helpers import engine_config, run
 from ._qwen35_real import ADDED_TOKENS, QWEN35_TEMPLATE, QWEN35_VOCAB, write_qwen35_real
+from ._server import LiveServer, start_server
 
 #: This file's engines: 1 thread (the machine is shared), 2 slots of 1024 tokens (the tools
 #: part of Qwen3.5's system prompt alone is some 280 tokens).
@@ -295,3 +300,122 @@ async def test_a_gguf_with_control_markers_keeps_their_text(
     [call] = [i for i in parser.feed(text) + parser.flush() if isinstance(i, ToolCall)]
     assert call.name == "get_weather"
     assert split(thought) == ("Hm", "Yes.")
+
+
+# -- through the OpenAI API, with the openai client ---------------------------------------
+
+WEATHER_JSON = {
+    "type": "function",
+    "function": {
+        "name": WEATHER.name,
+        "description": WEATHER.description,
+        "parameters": WEATHER.parameters,
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(qwen35_real_path: Path) -> Iterator[LiveServer]:
+    server = start_server(
+        config(qwen35_real_path),
+        ServeConfig(host="127.0.0.1", port=0, ring=RingConfig(max_streams=4), graceful_timeout=2),
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def model_id(server: LiveServer) -> str:
+    return str(httpx.get(server.url + "/v1/models").json()["data"][0]["id"])
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_a_forced_call_through_the_api(
+    client: openai.OpenAI, model_id: str, tool_choice: object
+) -> None:
+    reply = client.chat.completions.create(
+        model=model_id,
+        messages=ASK,  # type: ignore[arg-type]
+        tools=[WEATHER_JSON],  # type: ignore[list-item]
+        tool_choice=tool_choice,  # type: ignore[arg-type]
+        max_tokens=120,
+    )
+    [choice] = reply.choices
+    assert choice.finish_reason == "tool_calls"
+    assert not choice.message.content
+    assert getattr(choice.message, "reasoning_content", None) is None
+    [call] = choice.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "get_weather"  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER.parameters)  # type: ignore[union-attr]
+
+
+def test_a_forced_call_streamed_through_the_api(client: openai.OpenAI, model_id: str) -> None:
+    stream = client.chat.completions.create(
+        model=model_id,
+        messages=ASK,  # type: ignore[arg-type]
+        tools=[WEATHER_JSON],  # type: ignore[list-item]
+        tool_choice="required",
+        max_tokens=120,
+        stream=True,
+    )
+    names, arguments, finish, content = [], [], [], []
+    for chunk in stream:
+        for choice in chunk.choices:
+            content.append(choice.delta.content or "")
+            for delta in choice.delta.tool_calls or []:
+                assert delta.index == 0
+                if delta.function and delta.function.name:
+                    names.append(delta.function.name)
+                if delta.function and delta.function.arguments:
+                    arguments.append(delta.function.arguments)
+            if choice.finish_reason:
+                finish.append(choice.finish_reason)
+    assert names == ["get_weather"] and finish == ["tool_calls"] and "".join(content) == ""
+    assert len(arguments) > 1  # streamed as generated, not in one piece at the end
+    jsonschema.validate(json.loads("".join(arguments)), WEATHER.parameters)
+
+
+def test_reasoning_and_answer_through_the_api(client: openai.OpenAI, model_id: str) -> None:
+    """Thinking on (the template's default): the prompt opens ``<think>``, so the random
+    model's words are reasoning, none of them the answer; off, all of them are the answer."""
+    on = client.chat.completions.create(model=model_id, messages=ASK, max_tokens=6)  # type: ignore[arg-type]
+    off = client.chat.completions.create(
+        model=model_id,
+        messages=ASK,  # type: ignore[arg-type]
+        max_tokens=6,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert on.usage is not None and off.usage is not None
+    # The prompts differ in their ends only: "<think>", "\n" and "<think>", "\n\n",
+    # "</think>", "\n\n".
+    assert off.usage.prompt_tokens == on.usage.prompt_tokens + 2
+    assert on.choices[0].finish_reason == off.choices[0].finish_reason == "length"
+    assert getattr(on.choices[0].message, "reasoning_content", "")
+    assert not on.choices[0].message.content
+    assert off.choices[0].message.content
+    assert getattr(off.choices[0].message, "reasoning_content", None) is None
+
+
+@pytest.mark.parametrize("eog", [IM_END, ENDOFTEXT])
+def test_the_api_stops_at_the_end_of_generation_tokens(
+    client: openai.OpenAI, model_id: str, eog: int
+) -> None:
+    reply = client.chat.completions.create(
+        model=model_id,
+        messages=ASK,  # type: ignore[arg-type]
+        max_tokens=8,
+        logit_bias={str(eog): 100},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].message.content == ""
+    assert reply.usage is not None and reply.usage.completion_tokens == 0
