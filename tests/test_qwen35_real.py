@@ -167,6 +167,32 @@ def test_the_template_opens_a_think_block_unless_thinking_is_off() -> None:
     assert not off.opens_think
 
 
+def test_a_tool_round_trip_renders_as_qwen_writes_it() -> None:
+    """A call in the history, its result, and the turn after: the call in the XML form in a
+    closed think block (the turn after the last user message keeps one), the result as a user
+    turn in ``<tool_response>`` tags, and a new think block opened."""
+    call = ToolCall("call_1", "get_weather", json.dumps({"city": "Paris", "days": 2}))
+    messages = [
+        ChatMessage("user", "Weather in Paris?"),
+        ChatMessage("assistant", "", tool_calls=(call,)),
+        ChatMessage("tool", "Sunny", tool_call_id="call_1"),
+    ]
+    text = template().render(messages, think=None, tools=(WEATHER,)).text
+    assert text.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following")
+    listed = text[text.index("<tools>\n") + 8 : text.index("\n</tools>")]
+    assert json.loads(listed) == WEATHER.as_openai()
+    assert text[text.index("</IMPORTANT>") :] == (
+        "</IMPORTANT><|im_end|>\n"
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        "<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
+        "</function>\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nSunny\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n"
+    )
+
+
 # -- generation through the engine ----------------------------------------------------------
 
 
@@ -184,6 +210,17 @@ async def test_the_engine_templates_with_the_ggufs_template(qwen35_real_path: Pa
         with_tools = template().render(messages, think=None, tools=(WEATHER,)).text
         assert "<tools>\n" in with_tools and "<function=example_function_name>" in with_tools
         assert done.prompt_tokens == len(engine.tokenize(with_tools))
+        # A tool round trip in the history (test_a_tool_round_trip_renders_as_qwen_writes_it).
+        call = ToolCall("call_1", "get_weather", json.dumps({"city": "Paris", "days": 2}))
+        history = [
+            *messages,
+            ChatMessage("assistant", "", tool_calls=(call,)),
+            ChatMessage("tool", "Sunny", tool_call_id="call_1"),
+        ]
+        request = GenerateRequest(messages=history, tools=(WEATHER,), max_tokens=1)
+        _, done = await events_of(engine, request)
+        rendered = template().render(history, think=None, tools=(WEATHER,)).text
+        assert done.prompt_tokens == len(engine.tokenize(rendered))
 
 
 async def test_generation_stops_at_either_end_of_generation_token(qwen35_real_path: Path) -> None:
