@@ -41,11 +41,13 @@ def qwen35_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def qwen35_real_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def qwen35_real_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The qwen35 tiny random model with the default model's own tokenizer (Qwen's 151,936
     tokens, its added tokens) and chat template (Qwen3.5's), 167 MB, written once per test
-    session (see _qwen35_real.py)."""
-    return write_qwen35_real(tmp_path_factory.mktemp("qwen35-real") / "qwen35-real.gguf")
+    session (see _qwen35_real.py) and removed at its end."""
+    path = write_qwen35_real(tmp_path_factory.mktemp("qwen35-real") / "qwen35-real.gguf")
+    yield path
+    path.unlink()
 
 
 @pytest.fixture(scope="session")

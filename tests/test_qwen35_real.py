@@ -328,10 +328,13 @@ async def test_a_gguf_with_control_markers_keeps_their_text(
     thinking = GenerateRequest.user(
         "Hi", max_tokens=30, grammar=grammar, logit_bias=((THINK_CLOSE, 30.0),)
     )
-    async with Engine.open(config(path)) as engine:
-        assert len(engine.tokenize("<tool_call>")) == 1
-        tokens, _ = await events_of(engine, forced)
-        thought, _ = await events_of(engine, thinking)
+    try:
+        async with Engine.open(config(path)) as engine:
+            assert len(engine.tokenize("<tool_call>")) == 1
+            tokens, _ = await events_of(engine, forced)
+            thought, _ = await events_of(engine, thinking)
+    finally:
+        path.unlink()  # 167 MB
     parser = ToolCallParser((WEATHER,))
     _, text = split(tokens)
     [call] = [i for i in parser.feed(text) + parser.flush() if isinstance(i, ToolCall)]
