@@ -15,6 +15,7 @@ from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 
 from ._helpers import engine_config
+from ._qwen35_real import write_qwen35_real
 from ._server import LiveServer, start_server
 
 # The test models the repository carries (see data/README-qwen35.md, data/README-minilm.md).
@@ -36,6 +37,16 @@ def gemma_path() -> Path:
 def qwen35_path() -> Path:
     """A 5 MB random-weight model of the qwen35 architecture (the default model's)."""
     return QWEN35_TINY
+
+
+@pytest.fixture(scope="session")
+def qwen35_real_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The qwen35 tiny random model with the default model's own tokenizer (Qwen's 151,936
+    tokens, its added tokens) and chat template (Qwen3.5's), 167 MB, written once per test
+    session (see _qwen35_real.py) and removed at its end."""
+    path = write_qwen35_real(tmp_path_factory.mktemp("qwen35-real") / "qwen35-real.gguf")
+    yield path
+    path.unlink()
 
 
 @pytest.fixture(scope="session")

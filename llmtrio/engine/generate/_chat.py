@@ -4,11 +4,14 @@ architecture when the GGUF carries none."""
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import attrs
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .._errors import InvalidRequestError
@@ -38,6 +41,42 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+def _tojson(
+    value: Any,
+    indent: int | None = None,
+    *,
+    ensure_ascii: bool = True,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = True,
+) -> str:
+    """Jinja's ``tojson`` (keys sorted, ``<>&'`` written as ``\\u003c``...) as a plain
+    string, taking the keywords Hugging Face's ``tojson`` takes (GLM's and StepFun's templates
+    pass ``ensure_ascii``). Jinja's own returns markup, and a template that adds a string to
+    it (``'<tool_call>' + args | tojson``) got that string HTML-escaped (``&lt;tool_call&gt;``).
+    """
+    text = json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("'", "\\u0027")
+    )
+
+
+class _GenerationTag(Extension):
+    """Hugging Face's ``{% generation %}...{% endgeneration %}`` (it marks the assistant's
+    tokens for training): renders its body. Without it, a template using it (poolside's
+    Laguna) does not compile and the model cannot be opened."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 class ChatTemplate:
     """Renders chat messages into a prompt string.
 
@@ -62,10 +101,13 @@ class ChatTemplate:
         self._template = None
         if jinja_source:
             env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+                trim_blocks=True,
+                lstrip_blocks=True,
+                extensions=["jinja2.ext.loopcontrols", _GenerationTag],
             )
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = _strftime_now
+            env.filters["tojson"] = _tojson
             self._template = env.from_string(jinja_source)
         #: The Jinja template renders ``tools`` itself; otherwise they are described in a
         #: system message (see ``_tools.describe_tools``).

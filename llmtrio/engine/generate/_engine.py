@@ -27,6 +27,7 @@ from .._lifecycle import DecodeLoop
 from .._types import MAX_RECURRENT_DRAFT, Capacity, EngineConfig, GenerateRequest, TokenLogprob
 from ..llama import LlamaModel, RawLogprob
 from ..models import ResolvedModel
+from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from ._chat import ChatTemplate
 from ._core import EngineCore
 from ._generation import Generation
@@ -80,7 +81,12 @@ class Engine(DecodeLoop):
                 render_builtin=model.apply_builtin_template,
             ),
         )
-        self._think_ids = self._single_tokens((THINK_OPEN, THINK_CLOSE))
+        #: The tags the think splitter and the tool-call parser read, where one token is a
+        #: whole tag: their text is kept even when the GGUF marks them control tokens (whose
+        #: text is otherwise dropped), as llama.cpp's server keeps its "preserved tokens".
+        self._marker_ids = self._single_tokens(
+            (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+        )
         self._inbox: list[CoreRequest] = []
         #: The generations whose slot is not released yet, by key (Trio side only).
         self._generations: dict[int, Generation] = {}
@@ -228,7 +234,7 @@ class Engine(DecodeLoop):
         piece = self._pieces.get(token)
         if piece is None:
             model = self._model
-            piece = model.special_piece(token) if token in self._think_ids else model.piece(token)
+            piece = model.special_piece(token) if token in self._marker_ids else model.piece(token)
             self._pieces[token] = piece
         return piece
 

@@ -3,6 +3,7 @@
 generated text into calls and streamed argument deltas.
 """
 
+from ._grammar import TOOL_CALL_CLOSE as TOOL_CALL_CLOSE
 from ._grammar import TOOL_CALL_OPEN as TOOL_CALL_OPEN
 from ._grammar import tool_call_grammar as tool_call_grammar
 from ._parser import ToolCallParser as ToolCallParser
@@ -16,6 +17,7 @@ from ._stream import ToolCallStream as ToolCallStream
 from ._stream import new_tool_call_id as new_tool_call_id
 
 __all__ = [
+    "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
     "ToolCallArguments",
     "ToolCallEnd",
