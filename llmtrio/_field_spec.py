@@ -82,8 +82,8 @@ class Field:
     ``type`` is ``boolean``, ``integer``, ``number``, ``string``, ``object`` (its
     ``properties`` checked in their order), ``array`` (of ``items``), ``schema`` (a JSON
     Schema: an object or a boolean) or ``any``: :func:`check` checks those whole. A ``custom``
-    field is parsed by its endpoint and ``shape`` gives its schema (``shape`` may also give the
-    schema of a checked field that is one branch of a union its endpoint picks).
+    field is parsed by its endpoint and ``shape`` gives its schema (an object's ``custom``
+    properties and an array's ``custom`` items are the endpoint's too).
 
     ``minimum``/``maximum`` bound a number or an integer (``exclusive_minimum``: the minimum
     itself is refused), or an array's length; ``limit`` names the :class:`RequestLimits`
@@ -149,7 +149,7 @@ class Field:
         schema = _ref(self.component) if self.component else self.body(limits)
         if self.description:
             schema = {**schema, "description": self.description}
-        nullable = self.nullable and not self.required
+        nullable = self.nullable and not self.required and self.type != "any"
         return {"anyOf": [schema, {"type": "null"}]} if nullable else schema
 
     def body(self, limits: RequestLimits) -> Schema:

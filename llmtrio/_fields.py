@@ -269,7 +269,10 @@ def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
         "Content": _CONTENT,
         "TextPart": _TEXT_PART.body(limits),
         "Tool": _TOOL.body(limits),
-        "NamedToolChoice": NAMED_TOOL_CHOICE.body(limits),
+        "NamedToolChoice": {
+            **NAMED_TOOL_CHOICE.body(limits),
+            "description": NAMED_TOOL_CHOICE.description,
+        },
         "ResponseFormat": _response_format(limits),
     }
 
