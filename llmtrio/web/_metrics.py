@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .._probes import PROBE_PATHS
-from .._routes import RING_PATHS
+from .._routes import ROUTES
 from ..ring import Outcome, Ring, RingStats
 from ._access import CLIENT_CLOSED, Exchange
 
@@ -38,7 +38,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: whole block the picker matches is reusable; ``num_gpu_blocks`` is the cells over this.
 KV_BLOCK_TOKENS = 16
 #: Paths counted under their own name; any other is counted as ``other`` (bounded labels).
-_KNOWN_PATHS = frozenset({*RING_PATHS, *PROBE_PATHS, "/", "/health", "/v1/models", "/metrics"})
+_KNOWN_PATHS = frozenset({*(route.path for route in ROUTES), *PROBE_PATHS, "/", "/metrics"})
 _LATENCY_BUCKETS = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
     600.0,
