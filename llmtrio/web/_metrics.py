@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .._probes import PROBE_PATHS
-from .._routes import ROUTES
+from .._routes import RING_PATHS, ROUTES
 from ..ring import Outcome, Ring, RingStats
 from ._access import CLIENT_CLOSED, Exchange
 
