@@ -47,6 +47,14 @@ RUN = ("--ulimit", "nofile=1024:20000", "--ulimit", "nproc=1024:1024")
 SUBNET = "10.199.37"
 INGRESS_IP = f"{SUBNET}.10"
 CHAT = "/v1/chat/completions"
+# Plain HTTP is for loopback only: the public listener's certificate (make-secrets.sh's) names
+# "llmtrio", which the host's clients verify, connecting to podman's published loopback port.
+SNI = {"sni_hostname": "llmtrio"}
+
+
+def public_client(certificates: Path) -> httpx.Client:
+    verify = ssl.create_default_context(cafile=str(certificates / "ingress-ca.crt"))
+    return httpx.Client(timeout=120, verify=verify)
 
 
 def unavailable() -> str | None:
@@ -154,16 +162,19 @@ def until_ok(
 ) -> httpx.Response:
     """GET ``url`` until it answers 200 (failing at once if the container stops)."""
     deadline = time.monotonic() + timeout
+    last = ""
     while time.monotonic() < deadline:
         try:
-            response = client.get(url, timeout=5)
-        except httpx.TransportError:
-            response = None
-        if response is not None and response.status_code == 200:
-            return response
+            response = client.get(url, timeout=5, extensions=SNI)
+        except httpx.TransportError as exc:
+            last = repr(exc)
+        else:
+            if response.status_code == 200:
+                return response
+            last = f"{response.status_code} {response.text[:200]}"
         assert containers.running(name), containers.logs(name)[-3000:]
         time.sleep(0.2)
-    raise AssertionError(f"{url}: not 200 in {timeout} s: {containers.logs(name)[-3000:]}")
+    raise AssertionError(f"{url}: {last}, not 200 in {timeout} s: {containers.logs(name)[-3000:]}")
 
 
 def chat(max_tokens: int, *, stream: bool = False) -> dict[str, object]:
@@ -175,21 +186,26 @@ def chat(max_tokens: int, *, stream: bool = False) -> dict[str, object]:
     }
 
 
-def test_serve_as_the_image_user_on_a_read_only_root(containers: Containers, models: Path) -> None:
+def test_serve_as_the_image_user_on_a_read_only_root(
+    containers: Containers, models: Path, certificates: Path
+) -> None:
     name = containers.run(
-        "serve", "serve", "--model=/models/gemma.gguf", "--host=0.0.0.0", "--port=8080",
+        "serve", "serve", "--model=/models/gemma.gguf", "--host=0.0.0.0", "--port=8443",
+        "--tls-cert=/tls/public.crt", "--tls-key=/tls/public.key",
         "--threads=1", "--ctx-size=1024", "--max-inflight=1",
-        options=("-p", "127.0.0.1::8080", "-v", f"{models}:/models:ro"),
+        options=(
+            "-p", "127.0.0.1::8443", "-v", f"{models}:/models:ro", "-v", f"{certificates}:/tls:ro",
+        ),
     )  # fmt: skip
-    url = containers.url(name, 8080)
-    with httpx.Client(timeout=120) as client:
+    url = containers.url(name, 8443, "https")
+    with public_client(certificates) as client:
         until_ok(containers, name, url + "/readyz", client)
-        answer = client.post(url + CHAT, json=chat(8))
+        answer = client.post(url + CHAT, json=chat(8), extensions=SNI)
         assert answer.status_code == 200, answer.text
         body = answer.json()
         assert body["choices"][0]["message"]["content"]
         assert 0 < body["usage"]["completion_tokens"] <= 8
-        metrics = client.get(url + "/metrics")
+        metrics = client.get(url + "/metrics", extensions=SNI)
     assert metrics.status_code == 200
     counted = f'llmtrio_http_requests_total{{path="{CHAT}",status="200",status_class="2xx"}} 1.0'
     assert counted in metrics.text, metrics.text[-3000:]
@@ -251,47 +267,37 @@ def test_an_ingress_and_workers_in_containers_over_the_ring(
             ),
         )  # fmt: skip
 
-    # The host is a client of the public listener, verifying its certificate for "llmtrio".
     url = containers.url(ingress, 8443, "https")
-    verify = ssl.create_default_context(cafile=str(certificates / "ingress-ca.crt"))
-    sni = {"sni_hostname": "llmtrio"}
 
     def workers(client: httpx.Client) -> list[str]:
-        health = client.get(url + "/health", extensions=sni).json()
+        health = client.get(url + "/health", extensions=SNI).json()
         return [str(each["id"]) for each in health["workers"]]
 
-    def attached(client: httpx.Client, container: str, before: list[str]) -> list[str]:
+    def attached(client: httpx.Client, container: str, gone: str = "") -> str:
+        """The one worker attached, once it is not ``gone`` (the killed one)."""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             now = workers(client)
-            if now and now != before:
-                return now
+            if len(now) == 1 and now[0] != gone:
+                return now[0]
             assert containers.running(container), containers.logs(container)[-3000:]
             time.sleep(0.2)
         raise AssertionError(f"no worker attached: {containers.logs(container)[-3000:]}")
 
-    with httpx.Client(timeout=120, verify=verify) as client:
-        deadline = time.monotonic() + 60
-        while True:  # the ingress up (its probes are plain HTTPS)
-            try:
-                if client.get(url + "/livez", extensions=sni).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, containers.logs(ingress)[-3000:]
-            time.sleep(0.2)
+    with public_client(certificates) as client:
+        until_ok(containers, ingress, url + "/livez", client)
         first = worker("worker-1")
         # The worker's certificate names it to the ingress: llmtrio-worker, as in Kubernetes.
-        (first_id,) = attached(client, first, [])
+        first_id = attached(client, first)
         assert first_id.startswith("llmtrio-worker#")
 
-        served = client.post(url + CHAT, json=chat(8), extensions=sni)
+        served = client.post(url + CHAT, json=chat(8), extensions=SNI)
         assert served.status_code == 200, served.text
         assert served.json()["choices"][0]["message"]["content"]
         assert served.headers["x-llmtrio-worker"] == first_id
 
         # The worker's container killed mid-stream: the documented error event, then the end.
-        with client.stream("POST", url + CHAT, json=chat(400, stream=True), extensions=sni) as (
+        with client.stream("POST", url + CHAT, json=chat(400, stream=True), extensions=SNI) as (
             response
         ):
             assert response.headers["x-llmtrio-worker"] == first_id
@@ -307,9 +313,9 @@ def test_an_ingress_and_workers_in_containers_over_the_ring(
 
         # A new worker's container serves the next request.
         second = worker("worker-2")
-        (second_id,) = attached(client, second, [first_id])
+        second_id = attached(client, second, gone=first_id)
         assert second_id != first_id and second_id.startswith("llmtrio-worker#")
-        again = client.post(url + CHAT, json=chat(8), extensions=sni)
+        again = client.post(url + CHAT, json=chat(8), extensions=SNI)
         assert again.status_code == 200, again.text
         assert again.headers["x-llmtrio-worker"] == second_id
 
