@@ -92,12 +92,18 @@ def image(request: pytest.FixtureRequest) -> str:
     seconds = time.monotonic() - started
     assert built.returncode == 0, built.stderr[-5000:]
     size = int(ok(podman("image", "inspect", "--format", "{{.Size}}", TAG)))
-    reused = [line for line in built.stderr.splitlines() if "wheel" in line and "glibc" in line]
-    report = request.config.pluginmanager.get_plugin("terminalreporter")
-    if report is not None:
-        report.write_line(
-            f"\ntest_container: image {TAG} built in {seconds:.0f} s (base images included),"
-            f" {size / 1e6:.0f} MB; {'; '.join(reused)}"
+    # The script's own figures: debootstrap, the compiler, podman build, the wheel reused or not.
+    steps = [
+        line
+        for line in built.stderr.splitlines()
+        if line.startswith(("debootstrap: ", "build-essential: ", "built ", "this machine"))
+    ]
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    assert capture is not None
+    with capture.global_and_fixture_disabled():
+        print(
+            f"\ntest_container: {TAG} built in {seconds:.0f} s (base images included),"
+            f" {size / 1e6:.0f} MB\n  " + "\n  ".join(steps)
         )
     return TAG
 
