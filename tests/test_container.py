@@ -223,6 +223,10 @@ def test_serve_as_the_image_user_on_a_read_only_root(
 
 @pytest.fixture
 def network() -> Iterator[str]:
+    """The ring's network, on the pinned subnet (taken back from a run that was killed)."""
+    for left in ok(podman("network", "ls", "--format", "{{.Name}}")).split():
+        if left.startswith("lt37-"):
+            podman("network", "rm", "-f", left)
     name = f"lt37-{secrets.token_hex(3)}"
     ok(podman("network", "create", "--subnet", f"{SUBNET}.0/24", name))
     try:
