@@ -34,6 +34,8 @@ PODMAN=(podman --runtime runc --cgroup-manager=cgroupfs)
 # Only for CI machines: podman's default nofile limit (1048576) is over this machine's hard
 # limit (20000), and a container then fails to start.
 ULIMITS=(--ulimit nofile=1024:20000 --ulimit nproc=1024:1024)
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
 
 exists() { podman image exists "$1" && [ -z "${REBUILD:-}" ]; }
 
@@ -49,9 +51,7 @@ bases() {
     if exists "$RUNTIME_TAG" && exists "$BUILD_TAG"; then
         return
     fi
-    local rootfs started=$SECONDS
-    rootfs="$(mktemp -d)"
-    trap 'rm -rf "$rootfs"' RETURN
+    local rootfs="$work/rootfs" started=$SECONDS
     debootstrap --variant=minbase --include=python3,python3-venv,libgomp1 \
         "$SUITE" "$rootfs" "$MIRROR" >&2
     echo "debootstrap: $((SECONDS - started)) s" >&2
@@ -89,15 +89,13 @@ wheel_cache() {
 }
 
 build() { # tag
-    local tag="$1" started cache ca conf
+    local tag="$1" started cache ca conf="$work/pip.conf"
     bases
     mapfile -t cache < <(wheel_cache)
     # Only for CI machines: pip in the build stage reaches PyPI through this machine's network
     # (--network host), whose TLS is signed by a CA only this machine's bundle holds; a pip.conf
     # mounted where pip reads it names that bundle (an ENV would stay in the image).
     ca=/etc/ssl/certs/ca-certificates.crt
-    conf="$(mktemp)"
-    trap 'rm -f "$conf"' RETURN
     printf '[global]\ncert = /etc/ssl/certs/host-ca.crt\n' >"$conf"
     started=$SECONDS
     "${PODMAN[@]}" build "${ULIMITS[@]}" --network host \
