@@ -1,5 +1,7 @@
-"""The container image's build steps on a machine with no container engine: CI runs
-``scripts/image-build.sh``, the script ``deploy/Containerfile`` runs in its two stages. The
+"""The container image's build steps outside a container: CI runs ``scripts/image-build.sh``,
+the script ``deploy/Containerfile`` runs in its two stages (``tests/test_container.py`` builds
+and runs the image itself with podman, from the same llama-cpp-python wheel: whichever test
+runs first builds it, once, into ``scripts/llama-wheel.sh``'s cache). The
 wheels step builds llama.cpp at the image's CPU baseline (x86-64-v3, whatever this machine's
 CPU), the install step makes a venv from those wheels alone, and its ``llmtrio`` runs the
 model; the CPU backend it built holds AVX2 code and no AVX-512 instruction, so the image runs on
