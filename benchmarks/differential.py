@@ -5,8 +5,10 @@ compared field by field.
     .venv/bin/python benchmarks/differential.py --base /path/to/base/.venv/bin/python
 
 Each server runs alone (one, then the other) on the gemma test model, greedy, with prompt reuse
-off (so an aborted request leaves nothing that changes a later one), and gets the corpus one
-request at a time. Compared: the status, the content type, JSON bodies with what must differ
+off (so an aborted request leaves nothing that changes a later one) and speculation off (its
+budget drafts by measured step times, so a batch's shape, and with it a greedy near-tie, can
+change from run to run: one tree alone gives two answers to one tool call with it on), and
+gets the corpus one request at a time. Compared: the status, the content type, JSON bodies with what must differ
 masked (ids, ``created``, ``timings``), the events of a stream in order (each masked the same
 way), error bodies whole, and, for a request the client aborts after two chunks, those chunks.
 Every difference is printed (with the request's name) and the count of requests that differ;
@@ -498,7 +500,7 @@ def run_server(python: str, cases: list[Case], model: Path, log: Path) -> list[d
     port = _free_port()
     argv = [python, "-m", "llmtrio", "serve", "--model", str(model), "--port", str(port),
             "--max-inflight", "2", "--ctx-size", "512", "--threads", "2",
-            "--no-prompt-cache", "--request-timeout", "0"]  # fmt: skip
+            "--no-prompt-cache", "--no-spec", "--request-timeout", "0"]  # fmt: skip
     # Run from the log's folder: ``python -m`` puts the working directory first on sys.path,
     # so run from a source tree it would import that tree's llmtrio, not ``python``'s install.
     with log.open("wb") as out:
