@@ -153,7 +153,7 @@ async def test_a_chat_request_costs_two_tasks_and_six_scopes(
         "llmtrio.worker._worker:serve_link.<locals>.handle",
     ], counts.tasks
     # and the engine's: a generation's admission wait
-    assert sorted(counts.scopes) == sorted([*_SCOPES, "llmtrio.engine._engine:Engine.submit"]), (
+    assert sorted(counts.scopes) == sorted([*_SCOPES, "llmtrio.engine.generate._engine:Engine.submit"]), (
         counts.scopes
     )
 
