@@ -153,16 +153,14 @@ async def test_a_chat_request_costs_two_tasks_and_six_scopes(
         "llmtrio.worker._worker:serve_link.<locals>.handle",
     ], counts.tasks
     # and the engine's: a generation's admission wait
-    assert sorted(counts.scopes) == sorted([*_SCOPES, "llmtrio.engine.generate._engine:Engine.submit"]), (
-        counts.scopes
-    )
+    assert sorted(counts.scopes) == sorted(
+        [*_SCOPES, "llmtrio.engine.generate._engine:Engine.submit"]
+    ), counts.scopes
 
 
 async def test_an_embeddings_request_costs_two_tasks_and_five_scopes(
     counts: Counts, minilm_path: Path
 ) -> None:
-    if not minilm_path.exists():  # noqa: ASYNC240 (a stat, before anything runs)
-        pytest.skip(f"the embedding test model is not at {minilm_path}")
     async with serving(engine_config(minilm_path, max_inflight=1)) as client:
         body = {"input": "The cat sat on the mat.", "model": minilm_path.stem}
         await _counted(counts, client, EMBEDDINGS_PATH, body)
