@@ -9,8 +9,9 @@ off (so an aborted request leaves nothing that changes a later one) and speculat
 budget drafts by measured step times, so a batch's shape, and with it a greedy near-tie, can
 change from run to run: one tree alone gives two answers to one tool call with it on), and
 gets the corpus one request at a time. Compared: the status, the content type, JSON bodies
-with what must differ masked (ids, ``created``, ``timings``), the events of a stream in order (each masked the same
-way), error bodies whole, and, for a request the client aborts after two chunks, those chunks.
+with what must differ masked (ids, ``created``, ``timings``), the events of a stream in order
+(each masked the same way), error bodies whole, and, for a request the client aborts after two
+chunks, those chunks.
 Every difference is printed (with the request's name) and the count of requests that differ;
 ``--show-equal`` lists the equal ones too.
 """
