@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -210,27 +210,30 @@ class _ClosedBeforeReply(Exception):
     """The server closed the connection before a byte of the reply."""
 
 
-async def measure(base: str, concurrency: int, per_request: int, requests: int) -> Measured:
-    """Inputs per second with ``concurrency`` clients (one kept-alive connection each) each
-    sending ``requests`` requests of ``per_request`` inputs, back to back."""
+async def closed_loop(
+    base: str,
+    concurrency: int,
+    requests: int,
+    path: str,
+    warm: bytes,
+    ask: Callable[[int], bytes],
+    check: Callable[[bytes], None],
+) -> tuple[float, float, int]:
+    """``concurrency`` clients (one kept-alive connection each, first warmed with ``warm``)
+    each posting ``requests`` bodies ``ask(i)`` to ``path`` back to back, each reply passed
+    to ``check``: the seconds they took, the client's CPU ms a request, and the requests
+    resent after a kept-alive close."""
     host, port = base.removeprefix("http://").rsplit(":", 1)
     counter = iter(range(10**9))
     connections = [Connection(host, int(port)) for _ in range(concurrency)]
     try:
-        # warm-up: one request of the point's shape on each connection
         async with trio.open_nursery() as nursery:
             for connection in connections:
-                warm = json.dumps({"input": ["warm"] * per_request}).encode()
-                nursery.start_soon(connection.post, "/v1/embeddings", warm)
+                nursery.start_soon(connection.post, path, warm)
 
         async def one_client(connection: Connection) -> None:
             for _ in range(requests):
-                inputs = [sentence(next(counter)) for _ in range(per_request)]
-                body = {"input": inputs, "model": "m", "encoding_format": "float"}
-                reply = await connection.post("/v1/embeddings", json.dumps(body).encode())
-                # the reply is checked by its shape, not parsed: parsing 384 floats an input
-                # costs the client more CPU than it costs either server to write them
-                assert reply.count(b'"index":') == per_request, reply[:300]
+                check(await connection.post(path, ask(next(counter))))
 
         cpu = time.process_time()
         started = time.perf_counter()
@@ -242,8 +245,28 @@ async def measure(base: str, concurrency: int, per_request: int, requests: int) 
     finally:
         for connection in connections:
             await connection.aclose()
-    n = concurrency * requests
-    return Measured(n * per_request / elapsed, 1000 * cpu / n, sum(c.retries for c in connections))
+    return elapsed, 1000 * cpu / (concurrency * requests), sum(c.retries for c in connections)
+
+
+async def measure(base: str, concurrency: int, per_request: int, requests: int) -> Measured:
+    """Inputs per second with ``concurrency`` clients (one kept-alive connection each) each
+    sending ``requests`` requests of ``per_request`` inputs, back to back."""
+
+    def ask(i: int) -> bytes:
+        inputs = [sentence(i * per_request + k) for k in range(per_request)]
+        return json.dumps({"input": inputs, "model": "m", "encoding_format": "float"}).encode()
+
+    def check(reply: bytes) -> None:
+        # the reply is checked by its shape, not parsed: parsing 384 floats an input costs
+        # the client more CPU than it costs either server to write them
+        assert reply.count(b'"index":') == per_request, reply[:300]
+
+    # warm-up: one request of the point's shape on each connection
+    warm = json.dumps({"input": ["warm"] * per_request}).encode()
+    elapsed, cpu_ms, retries = await closed_loop(
+        base, concurrency, requests, "/v1/embeddings", warm, ask, check
+    )
+    return Measured(concurrency * requests * per_request / elapsed, cpu_ms, retries)
 
 
 @attrs.frozen

@@ -38,7 +38,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -51,8 +50,8 @@ from compare import HOST, free_port
 from embed_compare import (
     MINILM,
     POINTS,
-    Connection,
     Measured,
+    closed_loop,
     llmtrio_argv,
     measure,
     running,
@@ -69,32 +68,17 @@ def chat_body(i: int) -> dict[str, Any]:
 async def measure_chat(base: str, concurrency: int, requests: int) -> Measured:
     """Requests per second with ``concurrency`` clients (one kept-alive connection each)
     each sending ``requests`` one-token chat requests, back to back."""
-    host, port = base.removeprefix("http://").rsplit(":", 1)
-    counter = iter(range(10**9))
-    connections = [Connection(host, int(port)) for _ in range(concurrency)]
-    try:
-        async with trio.open_nursery() as nursery:  # warm-up: one request on each
-            for connection in connections:
-                nursery.start_soon(connection.post, CHAT, json.dumps(chat_body(0)).encode())
 
-        async def one_client(connection: Connection) -> None:
-            for _ in range(requests):
-                body = json.dumps(chat_body(next(counter))).encode()
-                reply = await connection.post(CHAT, body)
-                assert b'"chat.completion"' in reply, reply[:300]
+    def ask(i: int) -> bytes:
+        return json.dumps(chat_body(i)).encode()
 
-        cpu = time.process_time()
-        started = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for connection in connections:
-                nursery.start_soon(one_client, connection)
-        elapsed = time.perf_counter() - started
-        cpu = time.process_time() - cpu
-    finally:
-        for connection in connections:
-            await connection.aclose()
-    n = concurrency * requests
-    return Measured(n / elapsed, 1000 * cpu / n, sum(c.retries for c in connections))
+    def check(reply: bytes) -> None:
+        assert b'"chat.completion"' in reply, reply[:300]
+
+    elapsed, cpu_ms, retries = await closed_loop(
+        base, concurrency, requests, CHAT, ask(0), ask, check
+    )
+    return Measured(concurrency * requests / elapsed, cpu_ms, retries)
 
 
 def thread_cpu_ms(pid: int) -> dict[str, tuple[str, float]]:
