@@ -206,21 +206,27 @@ async def collect_logprobs(
     return logprobs, done
 
 
-async def run(engine: Engine, request: GenerateRequest) -> tuple[str, Done, list[TokenLogprob]]:
-    """Run ``request`` to its end: its text, its ``Done`` and its tokens' logprobs (a
-    ``Failed`` fails the test)."""
-    text: list[str] = []
-    logprobs: list[TokenLogprob] = []
+async def events_of(engine: Engine, request: GenerateRequest) -> tuple[list[Token], Done]:
+    """Run ``request`` to its end: its ``Token`` events and its ``Done`` (a ``Failed`` fails
+    the test)."""
+    tokens: list[Token] = []
     async with engine.submit(request) as generation:
         async for event in generation:
             if isinstance(event, Token):
-                text.append(event.text)
-                logprobs += event.logprobs
+                tokens.append(event)
             elif isinstance(event, Done):
-                return "".join(text), event, logprobs
+                return tokens, event
             else:
                 raise AssertionError(f"generation failed: {event}")
     raise AssertionError("no Done event")
+
+
+async def run(engine: Engine, request: GenerateRequest) -> tuple[str, Done, list[TokenLogprob]]:
+    """Run ``request`` to its end: its text, its ``Done`` and its tokens' logprobs (a
+    ``Failed`` fails the test)."""
+    tokens, done = await events_of(engine, request)
+    logprobs = [logprob for token in tokens for logprob in token.logprobs]
+    return "".join(token.text for token in tokens), done, logprobs
 
 
 async def run_together(

@@ -21,7 +21,6 @@ import pytest
 
 from llmtrio.engine import (
     ChatMessage,
-    Done,
     Engine,
     GenerateRequest,
     StopReason,
@@ -39,7 +38,7 @@ from llmtrio.engine.llama import LlamaModel
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 
-from ._helpers import engine_config, run
+from ._helpers import engine_config, events_of, run
 from ._qwen35_real import ADDED_TOKENS, QWEN35_TEMPLATE, QWEN35_VOCAB, write_qwen35_real
 from ._server import LiveServer, start_server
 
@@ -88,18 +87,6 @@ def split(events: list[Token]) -> tuple[str, str]:
     """A reply's (reasoning, answer) texts."""
     reasoning = "".join(e.text for e in events if e.reasoning)
     return reasoning, "".join(e.text for e in events if not e.reasoning)
-
-
-async def events_of(engine: Engine, request: GenerateRequest) -> tuple[list[Token], Done]:
-    tokens: list[Token] = []
-    async with engine.submit(request) as generation:
-        async for event in generation:
-            if isinstance(event, Token):
-                tokens.append(event)
-            else:
-                assert isinstance(event, Done), event
-                return tokens, event
-    raise AssertionError("no Done event")
 
 
 # -- the GGUF: vocabulary, added tokens, end of generation, template -----------------------

@@ -12,11 +12,11 @@ import httpx
 import numpy as np
 
 from llmtrio._routes import CHAT_PATH
-from llmtrio.engine import Done, Engine, GenerateRequest, Token
+from llmtrio.engine import Engine, GenerateRequest
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 
-from ._helpers import engine_config
+from ._helpers import engine_config, events_of
 from ._stack import open_stack
 from .test_engine_spec import REWRITE
 from .test_metrics import scrape, value
@@ -27,18 +27,6 @@ PROMPT = f"Text:\n{REWRITE}\n\nThe same text, copied exactly:\nText:\n"
 #: This file's engines: 2 slots of 512 tokens, drafting (whatever the default), unless a
 #: test says otherwise.
 config = partial(engine_config, max_inflight=2, spec="ngram")
-
-
-async def events_of(engine: Engine, request: GenerateRequest) -> tuple[list[Token], Done]:
-    tokens: list[Token] = []
-    async with engine.submit(request) as generation:
-        async for event in generation:
-            if isinstance(event, Token):
-                tokens.append(event)
-            else:
-                assert isinstance(event, Done), event
-                return tokens, event
-    raise AssertionError("no Done")
 
 
 def rewrite(engine: Engine, **kwargs: object) -> GenerateRequest:
