@@ -198,12 +198,12 @@ class EmbeddingEngine(DecodeLoop):
             self._inbox.append((key, arrays))
             self._cond.notify()
         self._calls[key] = call
-        self._capacity_lot.unpark_all()
+        self._capacity_changed()
         try:
             await call.done.wait()
         finally:
             if self._calls.pop(key, None) is not None:
-                self._capacity_lot.unpark_all()
+                self._capacity_changed()
             if not call.done.is_set():
                 with self._cond:
                     self._cancels.add(key)

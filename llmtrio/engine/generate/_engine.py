@@ -3,7 +3,8 @@
 Three parts, with plain values and callables between them (vLLM v1's lines):
 
 - this frontend (Trio): prepares each request with the input processor (``_inputs.py``:
-  template, tokens, checks) in a worker thread, hands
+  template, tokens, checks), on the event loop for a short prompt and in a worker thread
+  otherwise, hands
   :class:`CoreRequest` values to the decode thread, and delivers its :class:`StepOutput`
   values to each generation (one ``run_sync_soon`` per step for all of them);
 - the decode-step core (``_core.py``, no Trio): schedule → prompt reuse → one batch →
@@ -200,7 +201,7 @@ class Engine(DecodeLoop):
             self._cond.notify()
         self._generations[key] = generation
         self._inflight += 1
-        self._capacity_lot.unpark_all()
+        self._capacity_changed()
         with scope:
             try:
                 yield generation
@@ -253,7 +254,7 @@ class Engine(DecodeLoop):
             if output.released:
                 del self._generations[output.key]
                 self._inflight -= 1
-                self._capacity_lot.unpark_all()
+                self._capacity_changed()
             generation.apply(output)
 
     # -- the decode thread -------------------------------------------------------------
