@@ -327,6 +327,11 @@ class GenerateRequest:
     call (of ``tool_name`` when given), by a grammar from the first token; ``"none"``
     constrains nothing. ``parallel_tool_calls``: a call may be followed by more.
 
+    ``reasoning_budget``: at most this many tokens of reasoning (inside the think block);
+    once they are spent the engine closes the block itself with the model's end-of-thinking
+    marker, through the same path a generated marker takes, and the answer follows.
+    ``None``: unbounded. ``0`` with thinking on closes the block at once.
+
     ``cache_prompt=False`` reuses no memory of earlier requests: the whole prompt is ingested
     (llama.cpp server's ``cache_prompt``). Reuse computes the prompt's last logits from other
     batches than a whole ingestion does, and llama.cpp's logits depend on batch shapes in
@@ -351,6 +356,7 @@ class GenerateRequest:
     tool_name: str | None = None
     parallel_tool_calls: bool = True
     cache_prompt: bool = True
+    reasoning_budget: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.tokens is None):
@@ -361,6 +367,10 @@ class GenerateRequest:
             raise InvalidRequestError("tokens must not be empty", param="tokens")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
+        if self.reasoning_budget is not None and self.reasoning_budget < 0:
+            raise InvalidRequestError(
+                "reasoning_budget must not be negative", param="reasoning_budget"
+            )
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
