@@ -42,7 +42,9 @@ class RequestLimits:
     request may ask to generate (``max_tokens``/``max_completion_tokens``; ``None``: only the
     context bounds it), ``max_stop`` the stop sequences (OpenAI's 4), ``max_stop_chars``
     each one's length and ``max_embedding_inputs`` the inputs of one embeddings request
-    (OpenAI's 2048).
+    (OpenAI's 2048). ``default_max_tokens`` is what a request that names no output limit
+    generates at most, on every route (``None``: until the end of generation or of the
+    context).
 
     Error handling: ``ValueError`` naming the field for a limit below 1.
     """
@@ -52,9 +54,10 @@ class RequestLimits:
     max_stop: int = 4
     max_stop_chars: int = 256
     max_embedding_inputs: int = 2048
+    default_max_tokens: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        names = ("max_messages", "max_tokens", "max_stop", "max_stop_chars")
+        names = ("max_messages", "max_tokens", "max_stop", "max_stop_chars", "default_max_tokens")
         for name in (*names, "max_embedding_inputs"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -103,13 +103,14 @@ def parse_sampling(data: dict[str, Any], endpoint: str, limits: RequestLimits) -
 
 
 def parse_max_tokens(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> int | None:
-    """``max_tokens``, or ``max_completion_tokens`` where the endpoint takes it (it wins)."""
+    """``max_tokens``, or ``max_completion_tokens`` where the endpoint takes it (it wins);
+    ``limits.default_max_tokens`` when the request names neither."""
     value: int | None = read(data, endpoint, "max_tokens", limits)
     if endpoint == "chat":
         wins = read(data, endpoint, "max_completion_tokens", limits)
         if wins is not None:
             value = wins
-    return value
+    return value if value is not None else limits.default_max_tokens
 
 
 def parse_stream(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> tuple[bool, bool]:
