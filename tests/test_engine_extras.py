@@ -21,6 +21,7 @@ from llmtrio.engine import (
     GenerateRequest,
     GrammarError,
     InvalidRequestError,
+    PromptTooLongError,
     Sampling,
     StopReason,
     TokenLogprob,
@@ -368,3 +369,21 @@ async def test_recurrent_snapshots_stay_at_eight_whatever_the_draft_max(
         request = GenerateRequest.user("a b a b a b a b", max_tokens=8)
         _, done = await collect(engine, request)
         assert done.stop in (StopReason.MAX_TOKENS, StopReason.END_OF_GENERATION)
+
+
+async def test_count_prompt_tokens_is_the_generations_prompt_tokens(gemma_path: Path) -> None:
+    """Counting a request's prompt templates and tokenizes it exactly as generating does:
+    the count is the generation's own ``prompt_tokens``, short prompts and long ones (which
+    are prepared in a worker thread) alike."""
+    async with Engine.open(engine_config(gemma_path, max_inflight=1, ctx_size=2048)) as engine:
+        for text in ("Hello there", "A longer prompt. " * 100):
+            request = GenerateRequest.user(text, system="Be brief.", max_tokens=1)
+            counted = await engine.count_prompt_tokens(request)
+            async with engine.submit(request) as generation:
+                events = [event async for event in generation]
+            assert isinstance(events[-1], Done)
+            assert counted == events[-1].prompt_tokens
+            assert counted > len(text) // 8
+        with pytest.raises(PromptTooLongError) as info:
+            await engine.count_prompt_tokens(GenerateRequest.user("word " * 3000))
+        assert info.value.prompt_tokens >= 2048

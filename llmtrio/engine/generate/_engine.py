@@ -153,6 +153,21 @@ class Engine(DecodeLoop):
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         return self._model.tokenize(text, add_special=add_special)
 
+    async def count_prompt_tokens(self, request: GenerateRequest) -> int:
+        """The number of tokens ``request``'s prompt has, templated and tokenized exactly as
+        :meth:`submit` would (its ``usage.prompt_tokens``), without generating.
+
+        Error handling: :class:`PromptTooLongError` when it cannot fit a slot (the count is in
+        it), :class:`InvalidRequestError` for a request :meth:`submit` would refuse."""
+        if self._closed:
+            raise self._failure or EngineClosedError("the engine is closed")
+        if _prepares_inline(request):
+            return len(self._inputs.prompt(request).tokens)
+        prepared = await trio.to_thread.run_sync(
+            self._inputs.prompt, request, abandon_on_cancel=True
+        )
+        return len(prepared.tokens)
+
     @asynccontextmanager
     async def submit(self, request: GenerateRequest) -> AsyncIterator[Generation]:
         """Start a generation and yield it; it never waits for decoding or admission.

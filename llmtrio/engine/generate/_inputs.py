@@ -73,7 +73,7 @@ class InputProcessor:
         Error handling: :class:`PromptTooLongError`, :class:`InvalidRequestError` (a token
         id or a ``logit_bias`` outside the vocabulary, a schema the grammar cannot enforce),
         :class:`GrammarError` (a grammar llama.cpp cannot parse)."""
-        prepared = self._prompt(request)
+        prepared = self.prompt(request)
         self._check_logit_bias(request)
         grammar = request_grammar(
             request, xml_calls=self.template.xml_tool_calls, opens_think=prepared.opens_think
@@ -91,7 +91,12 @@ class InputProcessor:
             prompt = prompt[1:]
         return prompt
 
-    def _prompt(self, request: GenerateRequest) -> Prepared:
+    def prompt(self, request: GenerateRequest) -> Prepared:
+        """The request's prompt tokens (templated, checked against the slot's context),
+        without its grammar.
+
+        Error handling: :class:`PromptTooLongError`, :class:`InvalidRequestError` (a token id
+        outside the vocabulary)."""
         if request.tokens is not None:
             self._check_token_ids(request.tokens)
             prepared = Prepared(list(request.tokens))
