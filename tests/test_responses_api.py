@@ -42,6 +42,7 @@ def sdk_event(event: dict[str, Any]) -> Any:
     """``event`` as the SDK reads it, checked against its type."""
     return EVENTS[event["type"]].model_validate(event)
 
+
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -111,9 +112,7 @@ def test_input_items_become_the_conversation_chat_would_template() -> None:
         ChatMessage("tool", "Sunny", tool_call_id="c1"),
         ChatMessage("tool", "Rain", tool_call_id="c2"),
     )
-    assert request.tools.mode == "auto" and [t.name for t in request.tools.tools] == [
-        "get_weather"
-    ]
+    assert request.tools.mode == "auto" and [t.name for t in request.tools.tools] == ["get_weather"]
 
 
 def test_settings_map_onto_the_engine_request_and_are_echoed() -> None:
@@ -382,24 +381,49 @@ def test_create_answers_a_response(client: openai.OpenAI, model_id: str) -> None
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
 
 
+PICK = {
+    "type": "object",
+    "properties": {"colour": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer"}},
+    "required": ["colour", "n"],
+    "additionalProperties": False,
+}
+PICK_FORMAT = {"format": {"type": "json_schema", "name": "pick", "schema": PICK, "strict": True}}
+
+
 def test_stream_with_get_final_response(client: openai.OpenAI, model_id: str) -> None:
+    """``get_final_response`` needs ``response.completed``: a JSON answer ends by itself."""
     kinds, deltas = [], []
-    with client.responses.stream(
-        model=model_id, input="Name a colour.", max_output_tokens=8, temperature=0
-    ) as stream:
+    body: dict[str, Any] = {
+        "model": model_id,
+        "input": "Pick a colour and a number.",
+        "text": PICK_FORMAT,
+        "max_output_tokens": 60,
+        "temperature": 0,
+    }
+    with client.responses.stream(**body) as stream:
         for event in stream:
             kinds.append(event.type)
             if event.type == "response.output_text.delta":
                 deltas.append(event.delta)
         final = stream.get_final_response()
     assert kinds[:2] == ["response.created", "response.in_progress"]
-    assert kinds[-1] in ("response.completed", "response.incomplete")
-    assert "response.output_text.done" in kinds and len(deltas) > 1
-    assert final.output_text == "".join(deltas)
-    same = client.responses.create(
-        model=model_id, input="Name a colour.", max_output_tokens=8, temperature=0
-    )
-    assert same.output_text == final.output_text
+    assert kinds[-1] == "response.completed" and "response.output_text.done" in kinds
+    assert len(deltas) > 1 and final.output_text == "".join(deltas)
+    jsonschema.validate(json.loads(final.output_text), PICK)
+    assert client.responses.create(**body).output_text == final.output_text
+
+
+def test_a_stream_cut_by_its_output_limit_ends_incomplete(
+    client: openai.OpenAI, model_id: str
+) -> None:
+    events = list(client.responses.create(
+        model=model_id, input="Tell a long story.", max_output_tokens=3, stream=True
+    ))  # fmt: skip
+    last = events[-1]
+    assert last.type == "response.incomplete" and last.response.incomplete_details is not None
+    assert last.response.incomplete_details.reason == "max_output_tokens"
+    assert last.response.usage is not None and last.response.usage.output_tokens == 3
+    assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
 def test_a_tool_round_trip_forced_with_tool_choice(client: openai.OpenAI, model_id: str) -> None:
@@ -420,37 +444,38 @@ def test_a_tool_round_trip_forced_with_tool_choice(client: openai.OpenAI, model_
         model=model_id,
         input=[
             *ask,
-            {"type": "function_call", "call_id": call.call_id, "name": call.name,
-             "arguments": call.arguments},
-            {"type": "function_call_output", "call_id": call.call_id,
-             "output": "Sunny, 24 degrees."},
-        ],  # fmt: skip
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": "Sunny, 24 degrees.",
+            },
+        ],
         tools=[WEATHER],  # type: ignore[list-item]
         tool_choice="none",
         max_output_tokens=12,
         temperature=0,
     )
     assert [item.type for item in second.output] == ["message"] and second.output_text
-    assert first.usage is not None and second.usage is not None
-    assert second.usage.input_tokens > first.usage.input_tokens
+    # The call and its result are in the prompt: 2 more messages than the question alone.
+    alone = client.responses.input_tokens.count(model=model_id, input=ask)
+    assert second.usage is not None and second.usage.input_tokens > alone.input_tokens + 10
 
 
 def test_a_json_schema_answer_follows_its_schema(client: openai.OpenAI, model_id: str) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"colour": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer"}},
-        "required": ["colour", "n"],
-        "additionalProperties": False,
-    }
     response = client.responses.create(
-        model=model_id,
-        input="Pick a colour and a number.",
-        text={"format": {"type": "json_schema", "name": "pick", "schema": schema, "strict": True}},
+        model=model_id, input="Pick a colour and a number.", text=PICK_FORMAT,  # type: ignore[arg-type]
         max_output_tokens=60,
-    )
+    )  # fmt: skip
     assert response.status == "completed"
-    jsonschema.validate(json.loads(response.output_text), schema)
-    assert response.text is not None and response.text.format.type == "json_schema"
+    jsonschema.validate(json.loads(response.output_text), PICK)
+    assert response.text is not None and response.text.format is not None
+    assert response.text.format.type == "json_schema"
 
 
 def test_input_tokens_counts_what_the_generation_ingests(
@@ -470,16 +495,12 @@ def test_input_tokens_counts_what_the_generation_ingests(
 
 def test_turn_two_reuses_turn_ones_prompt(client: openai.OpenAI, model_id: str) -> None:
     turn: list[Any] = [{"role": "user", "content": "Tell me about the sea. " * 20}]
-    first = client.responses.create(
-        model=model_id, input=turn, max_output_tokens=6, temperature=0
-    )
+    first = client.responses.create(model=model_id, input=turn, max_output_tokens=6, temperature=0)
     turn += [
         {"role": "assistant", "content": first.output_text},
         {"role": "user", "content": "And the mountains?"},
     ]
-    second = client.responses.create(
-        model=model_id, input=turn, max_output_tokens=6, temperature=0
-    )
+    second = client.responses.create(model=model_id, input=turn, max_output_tokens=6, temperature=0)
     assert first.usage is not None and second.usage is not None
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 2
 
@@ -491,7 +512,6 @@ def test_turn_two_reuses_turn_ones_prompt(client: openai.OpenAI, model_id: str) 
         ({"input": "Hi", "temperature": "hot"}, 400, "temperature", "invalid_type"),
         ({"input": "Hi", "previous_response_id": "resp_1"}, 400, "previous_response_id",
          "unsupported_parameter"),
-        ({"input": "Hi", "model": "no-such-model"}, 404, "model", "model_not_found"),
     ],
 )  # fmt: skip
 def test_errors_in_openais_shape(
@@ -507,15 +527,18 @@ def test_errors_in_openais_shape(
 
 
 def test_a_client_that_hangs_up_frees_the_slot(server: LiveServer, model_id: str) -> None:
-    body = {"model": model_id, "input": "Tell a long story.", "stream": True,
-            "max_output_tokens": 400}  # fmt: skip
-    with httpx.Client(base_url=server.url, timeout=60) as http:
-        with http.stream("POST", RESPONSES_PATH, json=body) as response:
-            assert response.status_code == 200
-            lines = response.iter_lines()
-            seen = [line for _, line in zip(range(12), lines, strict=False)]
-            assert any("response.output_text.delta" in line for line in seen)
-            wait_until(lambda: server.inflight() == 1)
+    count = ", ".join(str(n) for n in range(1, 30))
+    body = {"model": model_id, "input": f"Count to 1000: {count},", "stream": True,
+            "max_output_tokens": 800, "temperature": 0}  # fmt: skip
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as http,
+        http.stream("POST", RESPONSES_PATH, json=body) as response,
+    ):
+        assert response.status_code == 200
+        lines = response.iter_lines()  # one iterator: leaving it would close the stream
+        while next(lines) != "event: response.output_text.delta":
+            pass
+        wait_until(lambda: server.inflight() == 1)
     server.wait_idle()
 
 
@@ -579,17 +602,23 @@ def test_over_the_ring_with_a_remote_worker(tmp_path: Path, gemma_path: Path) ->
         ingress.wait_workers({"w"}, timeout=120)
         client = openai.OpenAI(base_url=ingress.url + "/v1", api_key="none", max_retries=0)
         with client:
-            body: dict[str, Any] = {"model": gemma_path.stem, "input": "Name a colour."}
-            response = client.responses.create(**body, max_output_tokens=6, temperature=0)
-            with client.responses.stream(**body, max_output_tokens=6, temperature=0) as stream:
+            body: dict[str, Any] = {
+                "model": gemma_path.stem,
+                "input": "Pick a colour and a number.",
+            }
+            answer = {"text": PICK_FORMAT, "max_output_tokens": 60, "temperature": 0}
+            response = client.responses.create(**body, **answer)
+            with client.responses.stream(**body, **answer) as stream:
                 final = stream.get_final_response()
             counted = client.responses.input_tokens.count(**body)
             with pytest.raises(openai.BadRequestError) as caught:
                 client.responses.create(**body, conversation="conv_1")
+            with pytest.raises(openai.NotFoundError) as unknown:
+                client.responses.create(model="no-such-model", input="Hi", max_output_tokens=2)
         assert final.output_text == response.output_text and response.output_text
         assert response.usage is not None and counted.input_tokens == response.usage.input_tokens
         assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "conversation"
+        assert isinstance(unknown.value.body, dict) and unknown.value.body["param"] == "model"
+        assert unknown.value.body["code"] == "model_not_found"
         raw = httpx.post(ingress.url + RESPONSES_INPUT_TOKENS_PATH, json={"input": 5}, timeout=30)
         assert raw.status_code == 400 and raw.json()["error"]["param"] == "input"
-
-
