@@ -146,6 +146,51 @@ def test_settings_map_onto_the_engine_request_and_are_echoed() -> None:
     assert echo["text"] == {"format": {"type": "text"}} and echo["top_logprobs"] == 2
 
 
+def test_a_body_as_codex_sends_it_is_taken() -> None:
+    """Codex's shape: hosted and namespace tools beside its function tools, no output limit,
+    encrypted reasoning items and annotated assistant text in the history, and fields that
+    change nothing here."""
+    request = parse(
+        model="qwen",
+        instructions="You are Codex.",
+        input=[
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": "<permissions>"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ls"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "."}],
+             "encrypted_content": "opaque"},
+            {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "shell",
+             "arguments": '{"command": ["ls"]}', "status": "completed"},
+            {"type": "function_call_output", "call_id": "c1", "output": "README.md"},
+            {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+             "content": [{"type": "output_text", "text": "One file.", "annotations": []}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ok"}]},
+        ],
+        tools=[
+            {"type": "function", "name": "shell", "description": "Runs a command.",
+             "strict": False, "parameters": {"type": "object", "properties": {
+                 "command": {"type": "array", "items": {"type": "string"}}},
+                 "required": ["command"], "additionalProperties": False}},
+            {"type": "web_search", "external_web_access": False},
+            {"type": "namespace", "name": "mcp__x", "description": "", "tools": []},
+            {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+        ],
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        reasoning={"effort": "medium", "summary": "auto"},
+        store=False,
+        stream=True,
+        include=["reasoning.encrypted_content"],
+        prompt_cache_key="019a-session",
+        text={"verbosity": "low"},
+    )  # fmt: skip
+    roles = [m.role for m in request.generate.messages or ()]
+    assert roles == ["system", "system", "user", "assistant", "tool", "assistant", "user"]
+    assert [t.name for t in request.tools.tools] == ["shell"] and not request.tools.parallel
+    assert request.generate.max_tokens is None and request.generate.reasoning_budget == 4096
+    assert request.stream and request.call_limit == 1
+
+
 @pytest.mark.parametrize(
     ("effort", "think", "budget"),
     [(None, None, None), ("none", False, None), ("minimal", False, None), ("low", True, 1024),
@@ -371,6 +416,8 @@ def test_create_answers_a_response(client: openai.OpenAI, model_id: str) -> None
         metadata={"run": "1"},
         store=True,
         user="tester",
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
     )
     assert response.object == "response" and response.model == model_id
     assert response.status in ("completed", "incomplete")
@@ -379,6 +426,11 @@ def test_create_answers_a_response(client: openai.OpenAI, model_id: str) -> None
     usage = response.usage
     assert usage is not None and 0 < usage.output_tokens <= 8
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    [message] = response.output
+    assert message.type == "message"
+    logprobs = message.content[0].logprobs  # type: ignore[union-attr]
+    assert logprobs is not None and len(logprobs) == usage.output_tokens
+    assert all(len(entry.top_logprobs) == 2 for entry in logprobs)
 
 
 PICK = {
