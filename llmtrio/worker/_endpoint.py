@@ -15,8 +15,9 @@ text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a 
   JSON response;
 - an event stream is relayed with back-pressure while the engine works and flushed in one
   last chunk once it has finished, so the slot is free however slowly the client reads;
-- a failure after the head is an error event on an event stream (a JSON body cut after its
-  head can only be failed);
+- a failure after the head is an error event on an event stream, worded by the encoder
+  (:meth:`Encoder.failure`: chat's ``data: {"error": ...}``, the Responses API's
+  ``response.failed``); a JSON body cut after its head can only be failed;
 - every end states the response's :class:`~llmtrio.ring.Outcome` (its finish reason and
   token counts, or its error code) on the ring, for the ingress's access log and metrics,
   which never read the response's bytes;
