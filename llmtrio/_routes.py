@@ -20,6 +20,8 @@ __all__ = [
     "HEALTH_PATH",
     "MODELS_PATH",
     "OPENAPI_PATH",
+    "RESPONSES_INPUT_TOKENS_PATH",
+    "RESPONSES_PATH",
     "RING_PATHS",
     "ROUTES",
     "Route",
@@ -31,6 +33,8 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 MODELS_PATH = "/v1/models"
 HEALTH_PATH = "/health"
 OPENAPI_PATH = "/openapi.json"
+RESPONSES_PATH = "/v1/responses"
+RESPONSES_INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
 
 
 @attrs.frozen
@@ -61,6 +65,10 @@ ROUTES: Final[tuple[Route, ...]] = (
           "completions"),
     Route("POST", EMBEDDINGS_PATH, "createEmbedding",
           "Create embeddings (on a worker serving an embedding model).", "embeddings"),
+    Route("POST", RESPONSES_PATH, "createResponse",
+          "Create a response (OpenAI's Responses API, stateless).", "responses"),
+    Route("POST", RESPONSES_INPUT_TOKENS_PATH, "countResponseInputTokens",
+          "Count a response request's input tokens, templated as a generation.", "responses"),
     Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),
