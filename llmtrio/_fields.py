@@ -426,6 +426,8 @@ _ANTHROPIC_FIELDS: Final = (
           "medium's by default), ``disabled`` (off); absent: the template's default.",
           properties=ANTHROPIC_THINKING.properties),
     Field("output_config", "object", _anthropic(), properties=ANTHROPIC_OUTPUT_CONFIG.properties),
+    Field("ignore_eos", "boolean", _anthropic(MESSAGES_API),
+          "llama.cpp's extension: generate through end-of-generation tokens (benchmarks)."),
     Field("metadata", "object", _anthropic(), "Accepted and ignored.",
           properties=(_part("user_id", "any"),)),
     _ignored("cache_control"),

@@ -79,10 +79,10 @@ def parse_messages_request(
     Honoured: ``model``, ``max_tokens``, ``system``, ``messages``, ``stop_sequences``,
     ``stream``, ``temperature``, ``top_p``, ``top_k``, ``tools``, ``tool_choice`` (``auto``,
     ``any``, ``tool``, ``none``; ``disable_parallel_tool_use``), ``thinking`` and
-    ``output_config`` (``effort``, ``format``). ``metadata``, ``cache_control``,
-    ``service_tier``, ``speed``, ``container``, ``inference_geo``, ``diagnostics`` and
-    ``context_management`` are accepted and ignored; ``mcp_servers`` and image, document and
-    server-tool blocks are 400s naming them.
+    ``output_config`` (``effort``, ``format``), and llama.cpp's ``ignore_eos``.
+    ``metadata``, ``cache_control``, ``service_tier``, ``speed``, ``container``,
+    ``inference_geo``, ``diagnostics`` and ``context_management`` are accepted and
+    ignored; ``mcp_servers`` and image, document and server-tool blocks are 400s naming them.
 
     Reasoning: ``thinking.type`` ``enabled`` turns thinking on within ``budget_tokens``
     (Anthropic's bounds, at least 1024 and below ``max_tokens``, are not enforced: a local
@@ -119,17 +119,14 @@ def parse_messages_request(
         output_format = {}  # a forced call wins over the format of a plain reply
     reasoning = _reasoning(data, endpoint, limits)
     if output_format or tools.forced:
-        if reasoning.think:
-            what = (
-                "a forced tool call ('tool_choice' any or tool)"
-                if tools.forced
-                else ("'output_config.format'")
-            )
+        asked = (read(data, endpoint, "thinking", limits) or {}).get("type", "disabled")
+        if asked != "disabled":
+            what = "a forced tool call" if tools.forced else "'output_config.format'"
             raise invalid_value(
                 "thinking",
-                f"thinking cannot be combined with {what}: the grammar holds from the first token.",
+                f"thinking cannot be combined with {what}: its grammar holds from the first token.",
             )
-        reasoning = Reasoning(think=False)
+        reasoning = Reasoning(think=False)  # an effort alone asks for no thinking here
     try:
         generate = GenerateRequest(
             messages=messages,
@@ -137,9 +134,11 @@ def parse_messages_request(
             sampling=Sampling(**sampling),
             stop=stop,
             think=reasoning.think,
+            ignore_eos=endpoint == MESSAGES_API
+            and bool(read(data, endpoint, "ignore_eos", limits)),
             reasoning_budget=reasoning.budget if reasoning.think else None,
             **output_format,
-            **tools.generate_options(),
+            **_tool_options(tools),
         )
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from None
@@ -306,6 +305,15 @@ def _tools(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> ToolCh
     if not tools:
         mode = "none"
     return ToolChoice(tuple(tools), mode, forced, parallel)
+
+
+def _tool_options(tools: ToolChoice) -> dict[str, Any]:
+    """The :class:`GenerateRequest` tool arguments. Unlike chat's ``none``, Anthropic's
+    ``none`` still shows the tools to the template (they are defined, only not to be called
+    now): the prompt stays the one the conversation's other turns have, so it is reused."""
+    if tools.mode == "none" and tools.tools:
+        return {"tools": tools.tools, "tool_choice": "none"}
+    return tools.generate_options()
 
 
 def _output_format(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> dict[str, Any]:
