@@ -17,7 +17,14 @@ import httpx
 import jsonschema
 import pytest
 
-from llmtrio._openai_errors import invalid_api_key, no_worker, ring_full, server_error
+from llmtrio._openai_errors import (
+    invalid_api_key,
+    no_worker,
+    rate_limited,
+    request_timeout,
+    ring_full,
+    server_error,
+)
 from llmtrio._routes import (
     ANTHROPIC_ERRORS,
     CHAT_PATH,
@@ -329,6 +336,9 @@ def test_the_route_family_decides_the_error_shape() -> None:
     assert json.loads(invalid_api_key().body(ANTHROPIC_ERRORS))["error"]["type"] == (
         "authentication_error"
     )
+    limited = json.loads(rate_limited(10, 6).body(ANTHROPIC_ERRORS))
+    assert limited["error"]["type"] == "rate_limit_error"
+    assert request_timeout(30).status_in(ANTHROPIC_ERRORS) == 504
     assert server_error().sse(ANTHROPIC_ERRORS).startswith(b"event: error\ndata: {")
     assert server_error().sse().startswith(b'data: {"error":')
 
@@ -435,8 +445,16 @@ def test_refusals_are_in_anthropics_shape(gemma: LiveServer) -> None:
     assert "messages[0].content[0]" in image.value.body["error"]["message"]  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError):
         client.messages.count_tokens(model="g", messages=[{"role": "user", "content": 5}])  # type: ignore[typeddict-item]
-    # Paths under the route share its shape; other routes keep OpenAI's.
+    # The ingress's own refusals on the route are in its shape too.
     headers = {"x-api-key": KEY}
+    foreign = httpx.post(
+        gemma.url + MESSAGES_PATH, json={}, headers={**headers, "origin": "http://evil.example"}
+    )
+    assert foreign.status_code == 403
+    assert foreign.json()["error"]["type"] == "permission_error"
+    huge = httpx.post(gemma.url + MESSAGES_PATH, content=b"x" * (2 << 20), headers=headers)
+    assert huge.status_code == 413 and huge.json()["error"]["type"] == "request_too_large"
+    # Paths under the route share its shape; other routes keep OpenAI's.
     batches = httpx.post(gemma.url + "/v1/messages/batches", json={}, headers=headers)
     assert batches.status_code == 404 and batches.json()["error"]["type"] == "not_found_error"
     chat = httpx.post(gemma.url + CHAT_PATH, json={"messages": 1}, headers=headers)
