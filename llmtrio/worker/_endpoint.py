@@ -12,7 +12,10 @@ text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a 
   response (OpenAI's shape, its status);
 - the response head goes out with the first event of an event stream (so a request that
   fails before its first token still gets its error status), or with the whole body of a
-  JSON response;
+  JSON response; an encoder that :class:`KeepsAlive` (Anthropic's stream) opens its stream
+  before the first event when that is slow to come (a long prompt), and pings until it does;
+- every error is told in the shape of the endpoint's route family
+  (``llmtrio._routes.error_family``: OpenAI's, or Anthropic's on ``/v1/messages*``);
 - an event stream is relayed with back-pressure while the engine works and flushed in one
   last chunk once it has finished, so the slot is free however slowly the client reads;
 - a failure after the head is an error event on an event stream (a JSON body cut after its
