@@ -530,6 +530,35 @@ def test_a_long_prompt_is_kept_alive_with_pings(
     assert names.count("message_start") == 1 and names[-1] == "message_stop"
 
 
+def test_a_stream_cut_by_the_deadline_ends_with_anthropics_error_event(gemma_path: Path) -> None:
+    server = start_server(
+        engine_config(gemma_path, max_inflight=1, ctx_size=1024, threads=1),
+        ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1, request_timeout=2.0),
+    )
+    try:
+        body = {"max_tokens": 900, "stream": True, "ignore_eos": True, "messages": HELLO}
+        answer = httpx.post(server.url + MESSAGES_PATH, json=body, timeout=60)
+        assert answer.status_code == 200
+        chunks = [c for c in answer.text.split("\n\n") if c]
+        assert chunks[0].startswith("event: message_start")
+        name, data = chunks[-1].split("\n")
+        assert name == "event: error"
+        error = json.loads(data.removeprefix("data: "))
+        assert error["type"] == "error" and error["error"]["type"] == "timeout_error"
+        client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        stream = client.messages.stream(
+            model="g", max_tokens=900, messages=HELLO, extra_body={"ignore_eos": True}
+        )
+        # the SDK raises the error event
+        with pytest.raises(anthropic.APIStatusError) as cut, stream as events:
+            for _ in events:
+                pass
+        assert cut.value.body["error"]["type"] == "timeout_error"  # type: ignore[index]
+        server.wait_idle()
+    finally:
+        server.stop()
+
+
 # -- the default model's template and tokenizer ------------------------------------------------
 
 qwen_config = partial(engine_config, max_inflight=2, ctx_size=1024, threads=1)
