@@ -112,12 +112,14 @@ def _vision_header(
     writer.add_array(gguf.Keys.ClipVision.IMAGE_STD, [0.5, 0.5, 0.5])
 
 
-def write_gemma3_projector(path: Path, *, text_width: int = 640, seed: int = 0) -> Path:
+def write_gemma3_projector(
+    path: Path, *, text_width: int = 640, image_size: int = _GEMMA3_IMAGE_SIZE, seed: int = 0
+) -> Path:
     """Write a random ``gemma3`` projector to ``path`` (about 1 MB) and return it.
 
     ``text_width`` is the text model's embedding width (gemma-3-270m's is 640). An image,
     resized to 128x128, is 16x16 patches pooled 4x4 to :data:`GEMMA3_IMAGE_TOKENS` (16)
-    embeddings."""
+    embeddings (``image_size`` changes that: (image_size / 32) ** 2 tokens)."""
     width, ffn, blocks, heads = 32, 64, 2, 2
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "clip")
@@ -128,12 +130,12 @@ def write_gemma3_projector(path: Path, *, text_width: int = 640, seed: int = 0) 
         ffn=ffn,
         blocks=blocks,
         heads=heads,
-        image_size=_GEMMA3_IMAGE_SIZE,
+        image_size=image_size,
         patch=_GEMMA3_PATCH,
         projection_dim=text_width,
     )
     writer.add_uint32(gguf.Keys.ClipVision.Projector.SCALE_FACTOR, _GEMMA3_SCALE)
-    n_patches = (_GEMMA3_IMAGE_SIZE // _GEMMA3_PATCH) ** 2
+    n_patches = (image_size // _GEMMA3_PATCH) ** 2
     _vit_tensors(
         writer, rng, width=width, ffn=ffn, blocks=blocks, patch=_GEMMA3_PATCH,
         n_positions=n_patches,

@@ -32,10 +32,15 @@ class EngineStats:
     ``kv_cells_used`` held now by running and idle sequences; ``preemptions`` sequences were
     swapped out to make room, and ``swapped`` are out now, their state in ``swapped_bytes``
     of host memory; ``idle_evictions`` idle slots gave up their reusable cells for others.
+
+    Images: ``image_encodes`` images were encoded by the vision projector, in
+    ``image_encode_s`` seconds in all (on the decode thread).
     """
 
     steps: int = 0
     decode_s: float = 0.0
+    image_encodes: int = 0
+    image_encode_s: float = 0.0
     python_s: float = 0.0
     prompt_cache_hits: int = 0
     prompt_cache_reused_tokens: int = 0

@@ -272,13 +272,17 @@ class EngineCore:
             if not model.restore_state(seq, self._snapshots[plan.restore]):
                 cache.restore_failed(seq)
                 keep = 0
+        spans = tuple((start, start + chunk.n_tokens) for start, chunk in job.request.images)
+        for begin, end in spans:
+            if begin < keep < end:  # an image is in memory whole or not at all
+                keep = begin
         if keep == 0 or not model.forget(seq, keep):
             model.forget(seq)
             keep = 0
         job.pos = job.cached = keep
         job.snapshot_at = plan.snapshot_at
         self._count_cache()
-        return Start(keep, plan.snapshot_at)
+        return Start(keep, plan.snapshot_at, spans)
 
     def _snapshot(self, seq: int, tokens: npt.NDArray[np.int32]) -> None:
         data = self._model.save_state(seq)
@@ -345,6 +349,11 @@ class EngineCore:
         this step is rolled back and retried alone, so only the sequences that fail alone are
         failed. A sequence whose memory cannot be rolled back (recurrent state) is failed.
         """
+        failed: list[tuple[Job, Exception]] = []
+        if any(part.job.request.images for part in parts):
+            parts, failed = self._decode_images(parts)
+            if not parts:
+                return 0.0, [], failed
         batch = self._batch
         batch.clear()
         for part in parts:
@@ -368,7 +377,6 @@ class EngineCore:
         t0 = time.perf_counter()
         rc = self._model.decode(batch)
         decode_s = time.perf_counter() - t0
-        failed: list[tuple[Job, Exception]] = []
         if rc == 0:
             sampled = []
             for part in parts:
@@ -396,6 +404,38 @@ class EngineCore:
             sampled += ok
             failed += bad
         return decode_s, sampled, failed
+
+    def _decode_images(self, parts: list[Part]) -> tuple[list[Part], list[tuple[Job, Exception]]]:
+        """Encode and decode the image chunks among ``parts`` (each alone: the projector's
+        encode, then the embeddings in a ``llama_decode`` of their own, with causal
+        attention off where the projector says so), on this thread between two steps.
+        Returns the other parts, and the jobs whose image failed."""
+        model, stats = self._model, self._stats
+        rest: list[Part] = []
+        failed: list[tuple[Job, Exception]] = []
+        for part in parts:
+            job = part.job
+            chunk = dict(job.request.images).get(part.start) if part.start is not None else None
+            if chunk is None:
+                rest.append(part)
+                continue
+            assert part.start is not None and model.vision is not None
+            t0 = time.perf_counter()
+            embd = model.vision.encode(chunk, model.n_embd)
+            t1 = time.perf_counter()
+            stats.image_encodes += 1
+            stats.image_encode_s += t1 - t0
+            if embd is None:
+                failed.append((job, DecodeError("the vision projector could not encode an image")))
+                continue
+            rc = model.decode_embeddings(embd, part.start, job.seq, causal=not chunk.non_causal)
+            stats.decode_s += time.perf_counter() - t1
+            if rc != 0:
+                failed.append((job, DecodeError(_decode_error(rc))))
+                continue
+            job.pos = part.start + chunk.n_tokens
+            part.outputs = False
+        return rest, failed
 
     def _sample_one(self, job: Job, index: int) -> tuple[Job, list[int], list[RawLogprob] | None]:
         assert job.sampler is not None
@@ -481,6 +521,8 @@ class EngineCore:
             # Made at the first token: the index of the prompt is built once, off the
             # admission step, and only for sequences that decode.
             history = job.prompt.tolist()
+            if job.request.images:  # no image placeholder is ever a draft
+                history = [token for token in history if token >= 0]
             history += tokens
             job.drafter = self._drafter(job, history)
         if logprobs is not None:

@@ -23,8 +23,9 @@ import attrs
 import numpy as np
 import trio
 
-from .._errors import EngineClosedError, EngineFailedError
+from .._errors import EngineClosedError, EngineFailedError, ModelLoadError
 from .._lifecycle import DecodeLoop
+from .._media import MEDIA_MARKER
 from .._types import MAX_RECURRENT_DRAFT, Capacity, EngineConfig, GenerateRequest, TokenLogprob
 from ..llama import LlamaModel, RawLogprob
 from ..models import ResolvedModel
@@ -57,6 +58,21 @@ def _prepares_inline(request: GenerateRequest) -> bool:
         return len(request.tokens) <= INLINE_PREPARE_CHARS
     messages = request.messages or ()
     return sum(len(message.content) for message in messages) <= INLINE_PREPARE_CHARS
+
+
+def _load_vision(model: LlamaModel, config: EngineConfig) -> None:
+    """Load ``config.mmproj`` beside ``model``.
+
+    Error handling: :class:`ModelLoadError` when llama.cpp cannot load it, or its images'
+    positions follow M-RoPE (Qwen-VL's projectors), which the batched engine does not place
+    yet."""
+    assert config.mmproj is not None
+    vision = model.load_vision(config.mmproj, threads=config.threads, marker=MEDIA_MARKER)
+    if vision.mrope:
+        raise ModelLoadError(
+            f"{config.mmproj}: projectors whose image positions follow M-RoPE (Qwen-VL, "
+            "Qwen3.5) are not supported by the batched engine yet"
+        )
 
 
 class Engine(DecodeLoop):
@@ -109,9 +125,9 @@ class Engine(DecodeLoop):
         # A step holds the prefill chunk and every sequence's token and drafts.
         drafts = config.spec_draft_max if config.spec is not None else 0
         n_batch = max(config.prefill_chunk + config.max_inflight * (1 + drafts), 64)
-        async with cls._open(
-            config,
-            lambda resolved: LlamaModel(
+
+        def load(resolved: ResolvedModel) -> LlamaModel:
+            model = LlamaModel(
                 resolved.path,
                 slots=config.max_inflight,
                 ctx_size=config.ctx_size,
@@ -119,8 +135,16 @@ class Engine(DecodeLoop):
                 n_batch=n_batch,
                 kv_unified=config.kv_unified,
                 n_rs_seq=min(drafts, MAX_RECURRENT_DRAFT),
-            ),
-        ) as engine:
+            )
+            if config.mmproj is not None:
+                try:
+                    _load_vision(model, config)
+                except BaseException:
+                    model.close()
+                    raise
+            return model
+
+        async with cls._open(config, load) as engine:
             yield engine
 
     def _shape(self) -> str:
@@ -208,6 +232,7 @@ class Engine(DecodeLoop):
             max_tokens=min(request.max_tokens or budget, budget),
             hints=prepared.hints,
             grammar=prepared.grammar,
+            images=prepared.images,
         )
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under

@@ -17,15 +17,26 @@ import attrs
 import numpy as np
 
 from .._errors import InvalidRequestError, PromptTooLongError
+from .._media import Image
 from .._types import EngineConfig, GenerateRequest
 from ..grammar import Grammar
-from ..llama import LlamaModel
+from ..llama import ImageChunk, LlamaModel
 from ._chat import ChatTemplate
 from ._drafting import cut_anywhere
 from ._prompt_cache import common_prefix
 from ._request_grammar import request_grammar
 
-__all__ = ["InputProcessor", "Prepared"]
+__all__ = ["InputProcessor", "Prepared", "image_placeholders"]
+
+
+def image_placeholders(digest: str, count: int) -> list[int]:
+    """The ids that stand for an image's ``count`` embeddings in a prompt's token list:
+    negative (never a vocabulary id) and drawn from the image's content hash, so the prompt
+    cache finds a repeated image as a common prefix (and so never encodes it again) and
+    tells different images apart at their first position."""
+    raw = bytes.fromhex(digest) if digest else bytes(32)
+    words = [int.from_bytes(raw[i : i + 4], "little") >> 1 for i in range(0, 32, 4)]
+    return [-1 - words[i % len(words)] for i in range(count)]
 
 
 @attrs.frozen
@@ -39,6 +50,8 @@ class Prepared:
     opens_think: bool = False
     hints: tuple[int, ...] = ()
     grammar: Grammar | None = None
+    #: The prompt's images, by the offset of their first placeholder in ``tokens``.
+    images: tuple[tuple[int, ImageChunk], ...] = ()
 
 
 class InputProcessor:
@@ -102,17 +115,67 @@ class InputProcessor:
             prepared = Prepared(list(request.tokens))
         else:
             assert request.messages is not None
+            images = [image for message in request.messages for image in message.images]
+            if images:
+                self._check_images(len(images))
             rendered = self.template.render(
                 request.messages, think=request.think, tools=request.tools
             )
-            tokens = self.tokenize_prompt(rendered.text)
-            hints: tuple[int, ...] = ()
-            if self._config.prompt_cache and not cut_anywhere(self._model):
-                hints = self._hints(rendered.text, request.messages[-1].content, tokens)
-            prepared = Prepared(tokens, rendered.opens_think, hints)
+            if images:
+                tokens, spans = self._tokenize_with_images(rendered.text, images)
+                prepared = Prepared(tokens, rendered.opens_think, (), images=spans)
+            else:
+                tokens = self.tokenize_prompt(rendered.text)
+                hints: tuple[int, ...] = ()
+                if self._config.prompt_cache and not cut_anywhere(self._model):
+                    hints = self._hints(rendered.text, request.messages[-1].content, tokens)
+                prepared = Prepared(tokens, rendered.opens_think, hints)
         if len(prepared.tokens) >= self._config.request_ctx:
             raise PromptTooLongError(len(prepared.tokens), self._config.request_ctx)
         return prepared
+
+    def _check_images(self, count: int) -> None:
+        if self._model.vision is None:
+            raise InvalidRequestError(
+                "this model takes no images (it was started without a vision projector: --mmproj)",
+                param="messages",
+            )
+        if count > self._config.max_images:
+            raise InvalidRequestError(
+                f"the request has {count} images, more than the {self._config.max_images} "
+                "this server takes (--max-images)",
+                param="messages",
+            )
+
+    def _tokenize_with_images(
+        self, text: str, images: list[Image]
+    ) -> tuple[list[int], tuple[tuple[int, ImageChunk], ...]]:
+        """The templated prompt split at its media markers (llama.cpp's ``mtmd_tokenize``,
+        which adds the model's begin/end-of-image tokens): text tokens, and for each image
+        ``n_tokens`` placeholder ids (see :func:`image_placeholders`) and its chunk."""
+        model = self._model
+        assert model.vision is not None
+        tokens: list[int] = []
+        spans: list[tuple[int, ImageChunk]] = []
+        for run in model.vision.tokenize(text, images, add_special=model.add_bos):
+            if isinstance(run, list):
+                if not tokens and model.add_bos and run[:2] == [model.bos, model.bos]:
+                    run = run[1:]
+                tokens += run
+                continue
+            if run.n_tokens > model.n_batch:
+                raise InvalidRequestError(
+                    f"an image takes {run.n_tokens} tokens, more than the {model.n_batch} "
+                    "one decode of this engine holds (raise --prefill-chunk)",
+                    param="messages",
+                )
+            if run.n_pos != run.n_tokens:
+                raise InvalidRequestError(
+                    "this projector's image positions are not its token count", param="messages"
+                )
+            spans.append((len(tokens), run))
+            tokens += image_placeholders(run.digest, run.n_tokens)
+        return tokens, tuple(spans)
 
     def _hints(self, text: str, last: str, prompt: list[int]) -> tuple[int, ...]:
         """The prompt lengths where the last message's text starts (what precedes it, a

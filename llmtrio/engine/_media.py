@@ -1,0 +1,150 @@
+"""Images in: bytes decoded with Pillow into RGB values the multimodal binding takes.
+
+Pure (no llama.cpp): :func:`decode_image` reads an image's size from its header before
+decoding anything, so ``max_pixels`` refuses a decompression bomb before memory is spent;
+PNG, JPEG, WebP and GIF (its first frame) are read, the type sniffed from the bytes (never
+from a declared media type). :func:`image_from_url` takes a ``data:`` URI, as chat
+completions' ``image_url`` parts, the Responses API's ``input_image`` and (with its base64
+``source`` made into one) Anthropic's ``image`` blocks carry it.
+
+Each image part of a message becomes :data:`MEDIA_MARKER` in the message's text (a random
+string per process, so no user text can forge one) and an :class:`Image` in its ``images``;
+the engine splits the templated prompt at the markers (llama.cpp's ``mtmd_tokenize``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import secrets
+import warnings
+from typing import Final
+
+import attrs
+
+from ._errors import InvalidRequestError
+
+__all__ = [
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "IMAGE_FORMATS",
+    "MEDIA_MARKER",
+    "Image",
+    "decode_image",
+    "image_from_url",
+]
+
+#: Where an image goes in a message's text (random per process: never in user text).
+MEDIA_MARKER: Final = f"<__llmtrio_media_{secrets.token_hex(8)}__>"
+#: The most pixels an image may have unless configured otherwise (about 33 MP: a 6,000 x
+#: 5,500 photo; 100 MB as RGB).
+DEFAULT_MAX_IMAGE_PIXELS: Final = 2**25
+#: Pillow's names of the formats read.
+IMAGE_FORMATS: Final = ("PNG", "JPEG", "WEBP", "GIF")
+_MEDIA_TYPES: Final = {
+    "image/png",
+    "image/jpeg",
+    "image/jpg",
+    "image/webp",
+    "image/gif",
+}
+
+
+@attrs.frozen(eq=False)
+class Image:
+    """A decoded image: ``width`` x ``height`` RGB pixels, row-major (``rgb`` holds
+    ``width * height * 3`` bytes), and the SHA-256 of those pixels (``digest``, hex): the id
+    llama.cpp's chunks carry and the prompt cache recognizes a repeated image by."""
+
+    width: int
+    height: int
+    rgb: bytes = attrs.field(repr=False)
+    digest: str
+
+    @classmethod
+    def of_rgb(cls, width: int, height: int, rgb: bytes) -> Image:
+        if len(rgb) != width * height * 3:
+            raise ValueError(f"{width}x{height} RGB needs {width * height * 3} bytes")
+        return cls(width, height, rgb, hashlib.sha256(rgb).hexdigest())
+
+
+def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, param: str) -> Image:
+    """``data`` (PNG, JPEG, WebP or GIF; a GIF's first frame) as RGB.
+
+    Error handling: :class:`InvalidRequestError` naming ``param`` for bytes that are not
+    one of those formats, a truncated or corrupt image, or one of more than ``max_pixels``
+    pixels (refused from its header, before decoding)."""
+    from PIL import Image as PILImage
+    from PIL import UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            # Pillow's own bomb check warns or raises at its default limit; ours is below.
+            warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
+            opened = PILImage.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+    except PILImage.DecompressionBombError:
+        raise InvalidRequestError(
+            f"the image has more than the {max_pixels} pixels this server takes "
+            "(--max-image-pixels)",
+            param=param,
+        ) from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise InvalidRequestError(
+            f"the image is not a PNG, JPEG, WebP or GIF image ({_reason(exc)})", param=param
+        ) from None
+    with opened:
+        width, height = opened.size
+        if width < 1 or height < 1:
+            raise InvalidRequestError("the image has no pixels", param=param)
+        if width * height > max_pixels:
+            raise InvalidRequestError(
+                f"the image is {width}x{height} = {width * height} pixels, more than the "
+                f"{max_pixels} this server takes (--max-image-pixels)",
+                param=param,
+            )
+        try:
+            opened.seek(0)  # a GIF's (or animated WebP's) first frame
+            rgb = opened.convert("RGB")
+            pixels = rgb.tobytes()
+        except (OSError, ValueError, SyntaxError, EOFError) as exc:
+            raise InvalidRequestError(
+                f"the image could not be decoded ({_reason(exc)})", param=param
+            ) from None
+    return Image.of_rgb(width, height, pixels)
+
+
+def image_from_url(url: str, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, param: str) -> Image:
+    """An image part's URL, decoded: a ``data:`` URI (``data:image/png;base64,...``; its
+    declared type must be an image type, the bytes decide which).
+
+    Error handling: :class:`InvalidRequestError` naming ``param`` for another URL scheme,
+    a malformed URI, bad base64, or bytes :func:`decode_image` refuses."""
+    if not url.startswith("data:"):
+        scheme = url.split(":", 1)[0] if ":" in url else url[:16]
+        raise InvalidRequestError(
+            f"image URLs must be data: URIs (base64); {scheme!r} URLs are not fetched by "
+            "this server",
+            param=param,
+        )
+    header, comma, payload = url[5:].partition(",")
+    if not comma:
+        raise InvalidRequestError("the data: URI has no ',' before its data", param=param)
+    media_type, *options = header.split(";")
+    if media_type and media_type.lower() not in _MEDIA_TYPES:
+        raise InvalidRequestError(
+            f"the data: URI's type {media_type!r} is not an image type (PNG, JPEG, WebP, GIF)",
+            param=param,
+        )
+    if "base64" not in (option.strip().lower() for option in options):
+        raise InvalidRequestError("the data: URI must be base64 (';base64,')", param=param)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequestError("the data: URI's base64 is malformed", param=param) from None
+    return decode_image(data, max_pixels=max_pixels, param=param)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
