@@ -1,11 +1,13 @@
-"""Images in: bytes decoded with Pillow into RGB values the multimodal binding takes.
+"""Images in: bytes decoded with Pillow into the RGB pixels the multimodal binding takes.
 
-Pure (no llama.cpp): :func:`decode_image` reads an image's size from its header before
-decoding anything, so ``max_pixels`` refuses a decompression bomb before memory is spent;
-PNG, JPEG, WebP and GIF (its first frame) are read, the type sniffed from the bytes (never
-from a declared media type). :func:`image_from_url` takes a ``data:`` URI, as chat
-completions' ``image_url`` parts, the Responses API's ``input_image`` and (with its base64
-``source`` made into one) Anthropic's ``image`` blocks carry it.
+Pure (no llama.cpp): :func:`decode_image` reads an image's size from its header, so
+``max_pixels`` refuses a decompression bomb before memory is spent (the request's parse, on
+the event loop, costs no decoding); its pixels are decoded by :meth:`Image.pixels` when the
+engine prepares the prompt, in a worker thread. PNG, JPEG, WebP and GIF (its first frame)
+are read, the type sniffed from the bytes (never from a declared media type).
+:func:`image_from_url` takes a ``data:`` URI, as chat completions' ``image_url`` parts and
+the Responses API's ``input_image`` carry it; Anthropic's ``image`` blocks (a base64
+``source``) call :func:`decode_image` on the decoded bytes.
 
 Each image part of a message becomes :data:`MEDIA_MARKER` in the message's text (a random
 string per process, so no user text can forge one) and an :class:`Image` in its ``images``;
@@ -53,65 +55,86 @@ _MEDIA_TYPES: Final = {
 
 @attrs.frozen(eq=False)
 class Image:
-    """A decoded image: ``width`` x ``height`` RGB pixels, row-major (``rgb`` holds
-    ``width * height * 3`` bytes), and the SHA-256 of those pixels (``digest``, hex): the id
-    llama.cpp's chunks carry and the prompt cache recognizes a repeated image by."""
+    """An image of a request: ``width`` x ``height`` pixels, and the SHA-256 (hex) of its
+    bytes (``digest``): the id llama.cpp's chunks carry and the prompt cache recognizes a
+    repeated image by. Made by :func:`decode_image` from a file's bytes (its header read and
+    checked; its pixels decoded by :meth:`pixels`, in the engine's preparing thread) or by
+    :meth:`of_rgb` from pixels. ``param`` names where it came from, for errors."""
 
     width: int
     height: int
-    rgb: bytes = attrs.field(repr=False)
     digest: str
+    param: str = "image"
+    _encoded: bytes | None = attrs.field(default=None, repr=False, alias="encoded")
+    _rgb: bytes | None = attrs.field(default=None, repr=False, alias="rgb")
 
     @classmethod
-    def of_rgb(cls, width: int, height: int, rgb: bytes) -> Image:
+    def of_rgb(cls, width: int, height: int, rgb: bytes, *, param: str = "image") -> Image:
+        """Pixels as they are: ``width * height`` RGB triples, row-major."""
         if len(rgb) != width * height * 3:
             raise ValueError(f"{width}x{height} RGB needs {width * height * 3} bytes")
-        return cls(width, height, rgb, hashlib.sha256(rgb).hexdigest())
+        return cls(width, height, hashlib.sha256(rgb).hexdigest(), param, rgb=rgb)
+
+    def pixels(self) -> bytes:
+        """The RGB pixels (``width * height * 3`` bytes), decoded now if they came as a file.
+
+        Error handling: :class:`InvalidRequestError` naming :attr:`param` for a file that
+        cannot be decoded (truncated, corrupt)."""
+        if self._rgb is not None:
+            return self._rgb
+        assert self._encoded is not None
+        from PIL import Image as PILImage
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
+                with PILImage.open(io.BytesIO(self._encoded), formats=IMAGE_FORMATS) as opened:
+                    opened.seek(0)  # a GIF's (or an animated WebP's) first frame
+                    rgb = opened.convert("RGB")
+                    if rgb.size != (self.width, self.height):
+                        raise ValueError("its frame is not the size its header says")
+                    pixels = rgb.tobytes()
+        except Exception as exc:  # Pillow's decoders raise more than OSError
+            raise InvalidRequestError(
+                f"the image could not be decoded ({_reason(exc)})", param=self.param
+            ) from None
+        return pixels
 
 
 def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, param: str) -> Image:
-    """``data`` (PNG, JPEG, WebP or GIF; a GIF's first frame) as RGB.
+    """``data`` (PNG, JPEG, WebP or GIF: sniffed from the bytes) as an :class:`Image`, its
+    header read and checked now, its pixels decoded later (:meth:`Image.pixels`).
 
     Error handling: :class:`InvalidRequestError` naming ``param`` for bytes that are not
-    one of those formats, a truncated or corrupt image, or one of more than ``max_pixels``
-    pixels (refused from its header, before decoding)."""
+    one of those formats, or an image of more than ``max_pixels`` pixels (refused from its
+    header, before anything is decoded)."""
     from PIL import Image as PILImage
-    from PIL import UnidentifiedImageError
 
     try:
         with warnings.catch_warnings():
-            # Pillow's own bomb check warns or raises at its default limit; ours is below.
+            # Pillow's own bomb check warns or raises at its default limit; ours may be below.
             warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
-            opened = PILImage.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+            with PILImage.open(io.BytesIO(data), formats=IMAGE_FORMATS) as opened:
+                width, height = opened.size
     except PILImage.DecompressionBombError:
         raise InvalidRequestError(
             f"the image has more than the {max_pixels} pixels this server takes "
             "(--max-image-pixels)",
             param=param,
         ) from None
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except Exception as exc:  # Pillow's header parsers raise more than OSError
         raise InvalidRequestError(
-            f"the image is not a PNG, JPEG, WebP or GIF image ({_reason(exc)})", param=param
+            f"the data is not a PNG, JPEG, WebP or GIF image ({_reason(exc)})", param=param
         ) from None
-    with opened:
-        width, height = opened.size
-        if width < 1 or height < 1:
-            raise InvalidRequestError("the image has no pixels", param=param)
-        if width * height > max_pixels:
-            raise InvalidRequestError(
-                f"the image is {width}x{height} = {width * height} pixels, more than the "
-                f"{max_pixels} this server takes (--max-image-pixels)",
-                param=param,
-            )
-        try:
-            opened.seek(0)  # a GIF's (or animated WebP's) first frame
-            rgb = opened.convert("RGB")
-            pixels = rgb.tobytes()
-        except (OSError, ValueError, SyntaxError, EOFError) as exc:
-            raise InvalidRequestError(
-                f"the image could not be decoded ({_reason(exc)})", param=param
-            ) from None
-    return Image.of_rgb(width, height, pixels)
+    if width < 1 or height < 1:
+        raise InvalidRequestError("the image has no pixels", param=param)
+    if width * height > max_pixels:
+        raise InvalidRequestError(
+            f"the image is {width}x{height} = {width * height} pixels, more than the "
+            f"{max_pixels} this server takes (--max-image-pixels)",
+            param=param,
+        )
+    return Image(width, height, hashlib.sha256(data).hexdigest(), param, encoded=data)
 
 
 def image_from_url(url: str, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, param: str) -> Image:

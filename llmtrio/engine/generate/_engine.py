@@ -57,6 +57,8 @@ def _prepares_inline(request: GenerateRequest) -> bool:
     if request.tokens is not None:
         return len(request.tokens) <= INLINE_PREPARE_CHARS
     messages = request.messages or ()
+    if any(message.images for message in messages):
+        return False  # llama.cpp resizes each image as it tokenizes: never on the event loop
     return sum(len(message.content) for message in messages) <= INLINE_PREPARE_CHARS
 
 

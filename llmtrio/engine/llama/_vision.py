@@ -5,8 +5,8 @@
 :class:`ImageChunk` values (``mtmd_tokenize``: the model's own begin/end-of-image tokens are
 added around each image); :meth:`Vision.encode` runs the projector on one image
 (``mtmd_encode_chunk``) and returns its embeddings, which the model decodes into a sequence
-(:meth:`LlamaModel.decode_embeddings`). Images come in decoded (RGB, with their content hash
-as id: ``mtmd_bitmap_set_id``), never through the helper's file loaders.
+(:meth:`LlamaModel.decode_embeddings`). Images are decoded in Python (RGB, with their
+content hash as id: ``mtmd_bitmap_set_id``), never by the helper's file loaders.
 
 Everything here runs on one thread at a time (tokenizing in the input processor's thread is
 safe: it touches no compute context; encoding runs on the decode thread).
@@ -102,12 +102,13 @@ class Vision:
         """``text`` (with one marker per image, in order) as text-token runs and image
         chunks, in prompt order.
 
-        Error handling: :class:`InvalidRequestError` when the markers and ``images`` do not
-        agree or llama.cpp refuses an image."""
+        Error handling: :class:`InvalidRequestError` when an image cannot be decoded, the
+        markers and ``images`` do not agree, or llama.cpp refuses an image."""
         bitmaps = []
         try:
             for image in images:
-                pixels = (ctypes.c_uint8 * len(image.rgb)).from_buffer_copy(image.rgb)
+                rgb = image.pixels()
+                pixels = (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)
                 bitmap = mtmd.mtmd_bitmap_init(image.width, image.height, pixels)
                 if not bitmap:
                     raise InvalidRequestError("llama.cpp could not take an image", param="image")
