@@ -33,6 +33,9 @@ from ._projector import GEMMA3_IMAGE_TOKENS, write_gemma3_projector, write_qwen3
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
+LIMIT = 2**25
+
+
 def picture(seed: int, size: tuple[int, int] = (48, 40)) -> Image:
     rng = np.random.default_rng(seed)
     pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
@@ -258,6 +261,6 @@ async def test_mrope_projector_is_refused_at_load(tmp_path: Path, qwen35_path: P
 
 def test_decode_image_round_trip() -> None:
     image = picture(3)
-    decoded = decode_image(png_bytes(image), param="p")
+    decoded = decode_image(png_bytes(image), max_pixels=LIMIT, param="p")
     assert (decoded.width, decoded.height) == (48, 40)
     assert decoded.pixels() == image.pixels()

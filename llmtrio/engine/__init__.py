@@ -18,7 +18,6 @@ from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import ModelLoadError as ModelLoadError
 from ._errors import PromptTooLongError as PromptTooLongError
 from ._errors import RequestError as RequestError
-from ._media import DEFAULT_MAX_IMAGE_PIXELS as DEFAULT_MAX_IMAGE_PIXELS
 from ._media import MEDIA_MARKER as MEDIA_MARKER
 from ._media import Image as Image
 from ._media import decode_image as decode_image
@@ -65,7 +64,6 @@ from .tools import new_tool_call_id as new_tool_call_id
 from .tools import tool_call_grammar as tool_call_grammar
 
 __all__ = [
-    "DEFAULT_MAX_IMAGE_PIXELS",
     "DEFAULT_QUANT",
     "DEFAULT_REPO",
     "EMBEDDING_SEQUENCES",

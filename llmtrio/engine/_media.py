@@ -29,7 +29,6 @@ import attrs
 from ._errors import InvalidRequestError
 
 __all__ = [
-    "DEFAULT_MAX_IMAGE_PIXELS",
     "IMAGE_FORMATS",
     "MEDIA_MARKER",
     "Image",
@@ -39,9 +38,6 @@ __all__ = [
 
 #: Where an image goes in a message's text (random per process: never in user text).
 MEDIA_MARKER: Final = f"<__llmtrio_media_{secrets.token_hex(8)}__>"
-#: The most pixels an image may have unless configured otherwise (about 33 MP: a 6,000 x
-#: 5,500 photo; 100 MB as RGB).
-DEFAULT_MAX_IMAGE_PIXELS: Final = 2**25
 #: Pillow's names of the formats read.
 IMAGE_FORMATS: Final = ("PNG", "JPEG", "WEBP", "GIF")
 _MEDIA_TYPES: Final = {
@@ -101,7 +97,7 @@ class Image:
         return pixels
 
 
-def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, param: str) -> Image:
+def decode_image(data: bytes, *, max_pixels: int, param: str) -> Image:
     """``data`` (PNG, JPEG, WebP or GIF: sniffed from the bytes) as an :class:`Image`, its
     header read and checked now, its pixels decoded later (:meth:`Image.pixels`).
 
@@ -137,7 +133,7 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, par
     return Image(width, height, hashlib.sha256(data).hexdigest(), param, encoded=data)
 
 
-def image_from_url(url: str, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, param: str) -> Image:
+def image_from_url(url: str, *, max_pixels: int, param: str) -> Image:
     """An image part's URL, decoded: a ``data:`` URI (``data:image/png;base64,...``; its
     declared type must be an image type, the bytes decide which).
 

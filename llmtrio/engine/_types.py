@@ -86,8 +86,10 @@ class EngineConfig:
     Off, each slot has its own ``ctx_size`` cells.
 
     ``mmproj``: a vision projector (llama.cpp's ``mmproj`` GGUF) for the model: chat
-    messages may then carry images (:class:`ChatMessage`'s ``images``). ``max_images``
-    bounds the images of one request.
+    messages may then carry images (:class:`ChatMessage`'s ``images``). Without it, a model
+    from a Hugging Face repo gets the repo's own ``mmproj-*.gguf`` (F16 before F32),
+    fetched with the weights; ``vision=False`` loads none. ``max_images`` bounds the images
+    of one request.
     """
 
     model: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
@@ -113,6 +115,7 @@ class EngineConfig:
     kv_unified: bool = False
     max_request_ctx: int = 0
     mmproj: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    vision: bool = True
     max_images: int = 8
 
     def __attrs_post_init__(self) -> None:
@@ -135,6 +138,8 @@ class EngineConfig:
             raise ValueError(f"spec_draft_max must be between 1 and {MAX_DRAFT}")
         if self.spec_pool < 0:
             raise ValueError("spec_pool must be 0 (off) or more")
+        if self.max_images < 1:
+            raise ValueError("max_images must be at least 1")
         if self.max_request_ctx < 0:
             raise ValueError("max_request_ctx must be 0 (the whole context) or more")
         if self.max_request_ctx:
@@ -209,6 +214,10 @@ def _tuple_of_calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
     return _tuple_of(value, ToolCall, "tool_calls")
 
 
+def _tuple_of_images(value: Sequence[Image]) -> tuple[Image, ...]:
+    return _tuple_of(value, Image, "images")
+
+
 @attrs.frozen
 class ChatMessage:
     """One chat message. An assistant message may carry ``tool_calls``; a ``tool`` message
@@ -219,7 +228,7 @@ class ChatMessage:
     content: str
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tuple_of_calls)
     tool_call_id: str | None = None
-    images: tuple[Image, ...] = attrs.field(default=(), converter=tuple)
+    images: tuple[Image, ...] = attrs.field(default=(), converter=_tuple_of_images)
 
     def __attrs_post_init__(self) -> None:
         if self.role not in ("system", "user", "assistant", "developer", "tool"):

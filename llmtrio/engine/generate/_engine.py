@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -62,17 +63,17 @@ def _prepares_inline(request: GenerateRequest) -> bool:
     return sum(len(message.content) for message in messages) <= INLINE_PREPARE_CHARS
 
 
-def _load_vision(model: LlamaModel, config: EngineConfig) -> None:
-    """Load ``config.mmproj`` beside ``model``.
+def _load_vision(model: LlamaModel, projector: Path, config: EngineConfig) -> None:
+    """Load the vision ``projector`` beside ``model``.
 
     Error handling: :class:`ModelLoadError` when llama.cpp cannot load it, or its images'
     positions follow M-RoPE (Qwen-VL's projectors), which the batched engine does not place
     yet."""
-    assert config.mmproj is not None
-    vision = model.load_vision(config.mmproj, threads=config.threads, marker=MEDIA_MARKER)
+    vision = model.load_vision(projector, threads=config.threads, marker=MEDIA_MARKER)
     if vision.mrope:
+        model.unload_vision()
         raise ModelLoadError(
-            f"{config.mmproj}: projectors whose image positions follow M-RoPE (Qwen-VL, "
+            f"{projector}: projectors whose image positions follow M-RoPE (Qwen-VL, "
             "Qwen3.5) are not supported by the batched engine yet"
         )
 
@@ -138,12 +139,20 @@ class Engine(DecodeLoop):
                 kv_unified=config.kv_unified,
                 n_rs_seq=min(drafts, MAX_RECURRENT_DRAFT),
             )
-            if config.mmproj is not None:
-                try:
-                    _load_vision(model, config)
-                except BaseException:
+            projector = (config.mmproj or resolved.mmproj) if config.vision else None
+            if projector is None:
+                return model
+            try:
+                _load_vision(model, projector, config)
+            except ModelLoadError as exc:
+                if config.mmproj is not None:
                     model.close()
                     raise
+                # The repo's own projector, picked unasked: the model still serves text.
+                logger.warning("serving %s without images: %s", resolved.name, exc)
+            except BaseException:
+                model.close()
+                raise
             return model
 
         async with cls._open(config, load) as engine:

@@ -170,9 +170,7 @@ class LlamaModel:
 
     def close(self) -> None:
         self.grammars.clear()
-        if self.vision is not None:
-            self.vision.close()
-            self.vision = None
+        self.unload_vision()
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
@@ -249,6 +247,12 @@ class LlamaModel:
         Error handling: :class:`ModelLoadError` (see :class:`Vision`)."""
         self.vision = Vision(self._model, path, threads=threads, marker=marker)
         return self.vision
+
+    def unload_vision(self) -> None:
+        """Free :attr:`vision` (the model then takes no images)."""
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
 
     def decode_embeddings(
         self, embd: npt.NDArray[np.float32], start_pos: int, seq: int, *, causal: bool
