@@ -23,11 +23,10 @@ from llmtrio.engine import (
     GenerateRequest,
     Image,
     InvalidRequestError,
-    ModelLoadError,
     decode_image,
 )
 
-from ._helpers import collect, engine_config
+from ._helpers import collect, collect_logprobs, engine_config
 from ._projector import GEMMA3_IMAGE_TOKENS, write_gemma3_projector, write_qwen3vl_projector
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -74,11 +73,12 @@ async def vision_engine(gemma_path: Path, gemma3_projector: Path) -> AsyncIterat
 
 def llama_reference(
     model_path: Path, projector: Path, text: str, images: list[Image], steps: int, n_batch: int
-) -> tuple[str, int]:
+) -> tuple[str, int, list[float]]:
     """Greedy text straight on llama.cpp's multimodal helper: ``text`` (with llama.cpp's
     default media marker per image) tokenized by ``mtmd_tokenize``, evaluated on sequence 0
     by ``mtmd_helper_eval_chunks`` in batches of ``n_batch``, then one token a step
-    (end of generation banned). Returns their text and the prompt's positions."""
+    (end of generation banned). Returns their text, the prompt's positions and each chosen
+    token's log-probability."""
     mparams = llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
     cparams = llama_cpp.llama_context_default_params()
@@ -116,13 +116,17 @@ def llama_reference(
         prompt_len = n_past.value
         pos = prompt_len
         tokens: list[int] = []
+        logprobs: list[float] = []
         batch = llama_cpp.llama_batch_init(1, 0, 1)
         for _ in range(steps):
             logits = np.ctypeslib.as_array(
                 llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)
             ).copy()
+            shifted = logits - logits.max()
+            logprob = shifted - np.log(np.exp(shifted).sum())
             logits[eog] = -np.inf
             token = int(np.argmax(logits))
+            logprobs.append(float(logprob[token]))
             tokens.append(token)
             batch.n_tokens = 1
             batch.token[0], batch.pos[0], batch.n_seq_id[0] = token, pos, 1
@@ -135,7 +139,7 @@ def llama_reference(
         for token in tokens:
             n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
             pieces.append(buf.raw[:n])
-        return b"".join(pieces).decode("utf-8", "replace"), prompt_len
+        return b"".join(pieces).decode("utf-8", "replace"), prompt_len, logprobs
     finally:
         mtmd.mtmd_input_chunks_free(chunks)
         for bitmap in bitmaps:
@@ -154,7 +158,7 @@ async def test_image_request_matches_llama_cpp_helper(
     image = picture(1)
     text, done = await collect(vision_engine, ask(image, max_tokens=6))
     content = MEDIA_MARKER + "What is in the picture?"
-    reference, prompt_len = await trio.to_thread.run_sync(
+    reference, prompt_len, _ = await trio.to_thread.run_sync(
         llama_reference, gemma_path, gemma3_projector, GEMMA_PROMPT.format(content), [image], 6,
         vision_engine.config.prefill_chunk + vision_engine.config.max_inflight,
     )  # fmt: skip
@@ -251,12 +255,38 @@ async def test_image_larger_than_a_decode_is_refused(tmp_path: Path, gemma_path:
         assert text
 
 
-async def test_mrope_projector_is_refused_at_load(tmp_path: Path, qwen35_path: Path) -> None:
+#: Messages as they are, one after the other (so the reference gets the same text).
+PLAIN_TEMPLATE = "{% for message in messages %}{{ message.content }}{% endfor %}"
+
+
+async def test_mrope_projector_matches_llama_cpp_helper(tmp_path: Path, qwen35_path: Path) -> None:
+    """The hybrid qwen35 model with a qwen3vl_merger projector: image positions follow
+    M-RoPE (fewer positions than tokens), and the text after an image sits where llama.cpp's
+    helper puts it."""
     projector = write_qwen3vl_projector(tmp_path / "mmproj-qwen3vl.gguf")
-    config = engine_config(qwen35_path, mmproj=projector, threads=1, max_inflight=1)
-    with pytest.raises(ModelLoadError, match="M-RoPE"):
-        async with Engine.open(config):
-            pass
+    config = engine_config(
+        qwen35_path, mmproj=projector, threads=1, max_inflight=1, chat_template=PLAIN_TEMPLATE
+    )
+    image = picture(5, (64, 48))
+    content = "Look: " + MEDIA_MARKER + " What is it?"
+    request = GenerateRequest(
+        messages=[ChatMessage("user", content, images=[image])],
+        max_tokens=8,
+        ignore_eos=True,
+        logprobs=1,
+    )
+    async with Engine.open(config) as engine:
+        logprobs, done = await collect_logprobs(engine, request)
+        n_batch = config.prefill_chunk + config.max_inflight
+    reference, positions, reference_logprobs = await trio.to_thread.run_sync(
+        llama_reference, qwen35_path, projector, content, [image], 8, n_batch
+    )
+    assert positions < done.prompt_tokens  # M-RoPE: the image takes fewer positions
+    assert "".join(lp.token for lp in logprobs) == reference
+    # the same batches: the same logits. The tiny random model barely minds positions: the
+    # text after the image placed 8 positions off (as if M-RoPE were ignored) moves these
+    # log-probabilities by 1e-5, while the two paths agree to 3e-7 (float rounding).
+    assert [lp.logprob for lp in logprobs] == pytest.approx(reference_logprobs, abs=2e-6)
 
 
 def test_decode_image_round_trip() -> None:

@@ -276,7 +276,7 @@ class EngineCore:
         for begin, end in spans:
             if begin < keep < end:  # an image is in memory whole or not at all
                 keep = begin
-        if keep == 0 or not model.forget(seq, keep):
+        if keep == 0 or not model.forget(seq, job.position(keep)):
             model.forget(seq)
             keep = 0
         job.pos = job.cached = keep
@@ -362,17 +362,17 @@ class EngineCore:
                 if part.draft:
                     part.index = batch.add(
                         [job.last_token, *part.draft],
-                        job.pos,
+                        job.position(job.pos),
                         job.seq,
                         output_last=True,
                         output_all=True,
                     ) - len(part.draft)
                 else:
-                    part.index = batch.add_one(job.last_token, job.pos, job.seq)
+                    part.index = batch.add_one(job.last_token, job.position(job.pos), job.seq)
             else:
                 last = part.start + part.count == len(job.prompt)
                 chunk = job.prompt[part.start : part.start + part.count]
-                part.index = batch.add(chunk, part.start, job.seq, output_last=last)
+                part.index = batch.add(chunk, job.position(part.start), job.seq, output_last=last)
                 part.outputs = last
         t0 = time.perf_counter()
         rc = self._model.decode(batch)
@@ -393,7 +393,7 @@ class EngineCore:
         retry: list[Part] = []
         for part in parts:
             start = part.job.pos if part.start is None else part.start
-            if len(parts) > 1 and self._model.forget(part.job.seq, start):
+            if len(parts) > 1 and self._model.forget(part.job.seq, part.job.position(start)):
                 retry.append(part)
             else:
                 failed.append((part.job, DecodeError(_decode_error(rc))))
@@ -428,7 +428,14 @@ class EngineCore:
             if embd is None:
                 failed.append((job, DecodeError("the vision projector could not encode an image")))
                 continue
-            rc = model.decode_embeddings(embd, part.start, job.seq, causal=not chunk.non_causal)
+            pos0 = job.position(part.start)
+            rc = model.decode_embeddings(
+                embd,
+                pos0,
+                job.seq,
+                causal=not chunk.non_causal,
+                positions=model.vision.decoder_positions(chunk, pos0),
+            )
             stats.decode_s += time.perf_counter() - t1
             if rc != 0:
                 failed.append((job, DecodeError(_decode_error(rc))))
@@ -465,7 +472,8 @@ class EngineCore:
         ms = spent * 1000 / len(tokens)
         job.sample_ms = ms if not job.sample_ms else job.sample_ms + (ms - job.sample_ms) / 4
         accepted = len(tokens) - 1  # the draft tokens that are now in memory for good
-        if accepted < len(draft) and not self._model.forget(job.seq, job.pos + 1 + accepted):
+        cut = job.position(job.pos + 1 + accepted)
+        if accepted < len(draft) and not self._model.forget(job.seq, cut):
             # Not expected (drafts never exceed what the memory can roll back): the
             # sequence's memory is wrong now, so it fails (and its memory is cleared).
             raise DecodeError("rejected draft tokens could not be removed from memory")

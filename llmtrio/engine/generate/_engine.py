@@ -66,16 +66,9 @@ def _prepares_inline(request: GenerateRequest) -> bool:
 def _load_vision(model: LlamaModel, projector: Path, config: EngineConfig) -> None:
     """Load the vision ``projector`` beside ``model``.
 
-    Error handling: :class:`ModelLoadError` when llama.cpp cannot load it, or its images'
-    positions follow M-RoPE (Qwen-VL's projectors), which the batched engine does not place
-    yet."""
-    vision = model.load_vision(projector, threads=config.threads, marker=MEDIA_MARKER)
-    if vision.mrope:
-        model.unload_vision()
-        raise ModelLoadError(
-            f"{projector}: projectors whose image positions follow M-RoPE (Qwen-VL, "
-            "Qwen3.5) are not supported by the batched engine yet"
-        )
+    Error handling: :class:`ModelLoadError` when llama.cpp cannot load it (or it does not
+    fit the model)."""
+    model.load_vision(projector, threads=config.threads, marker=MEDIA_MARKER)
 
 
 class Engine(DecodeLoop):

@@ -169,10 +169,6 @@ class InputProcessor:
                     "one decode of this engine holds (raise --prefill-chunk)",
                     param="messages",
                 )
-            if run.n_pos != run.n_tokens:
-                raise InvalidRequestError(
-                    "this projector's image positions are not its token count", param="messages"
-                )
             spans.append((len(tokens), run))
             tokens += image_placeholders(run.digest, run.n_tokens)
         return tokens, tuple(spans)

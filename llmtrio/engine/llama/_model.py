@@ -255,15 +255,23 @@ class LlamaModel:
             self.vision = None
 
     def decode_embeddings(
-        self, embd: npt.NDArray[np.float32], start_pos: int, seq: int, *, causal: bool
+        self,
+        embd: npt.NDArray[np.float32],
+        start_pos: int,
+        seq: int,
+        *,
+        causal: bool,
+        positions: npt.NDArray[np.int32] | None = None,
     ) -> int:
         """Decode ``embd`` (rows of ``n_embd``: an image's embeddings) into ``seq`` at
-        positions ``start_pos...``, alone in one ``llama_decode`` (``causal=False``: with
-        causal attention off for it, and on again after). Outputs no logits. Returns
+        positions ``start_pos...`` (or at M-RoPE ``positions``: four per row, see
+        :meth:`Vision.decoder_positions`), alone in one ``llama_decode`` (``causal=False``:
+        with causal attention off for it, and on again after). Outputs no logits. Returns
         llama_decode's code."""
         n_embd = self.n_embd
         n = len(embd) // n_embd
         batch = llama_cpp.llama_batch_init(n, n_embd, 1)
+        own_pos = batch.pos
         try:
             ctypes.memmove(batch.embd, embd.ctypes.data, n * n_embd * 4)
             for i in range(n):
@@ -271,6 +279,8 @@ class LlamaModel:
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = seq
                 batch.logits[i] = 0
+            if positions is not None:
+                batch.pos = positions.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
             batch.n_tokens = n
             if not causal:
                 llama_cpp.llama_set_causal_attn(self.ctx, False)
@@ -280,6 +290,7 @@ class LlamaModel:
                 if not causal:
                     llama_cpp.llama_set_causal_attn(self.ctx, True)
         finally:
+            batch.pos = own_pos  # llama_batch_free frees the batch's own arrays
             llama_cpp.llama_batch_free(batch)
 
     def set_threads(self, threads: int) -> None:

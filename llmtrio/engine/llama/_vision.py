@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
 import numpy as np
 import numpy.typing as npt
 from llama_cpp import mtmd_cpp as mtmd
@@ -156,6 +155,20 @@ class Vision:
                 raise InvalidRequestError("only images are taken as media", param="messages")
         return out
 
+    def decoder_positions(self, chunk: ImageChunk, pos0: int) -> npt.NDArray[np.int32] | None:
+        """The M-RoPE positions of an image decoded from position ``pos0`` (llama.cpp's
+        layout for an embedding batch: the ``n_tokens`` t, then y, x and z values), or
+        ``None`` when the model's positions are one per token."""
+        if not self.mrope:
+            return None
+        tokens = mtmd.mtmd_input_chunk_get_tokens_image(chunk.handle)
+        n = chunk.n_tokens
+        out = np.zeros(4 * n, dtype=np.int32)
+        for i in range(n):
+            pos = mtmd.mtmd_image_tokens_get_decoder_pos(tokens, pos0, i)
+            out[i], out[i + n], out[i + 2 * n], out[i + 3 * n] = pos.t, pos.y, pos.x, pos.z
+        return out
+
     def encode(self, chunk: ImageChunk, n_embd: int) -> npt.NDArray[np.float32] | None:
         """The image's embeddings (``n_tokens`` rows of ``n_embd``), a copy; ``None`` when
         the projector failed."""
@@ -165,8 +178,3 @@ class Vision:
         if not ptr:
             return None
         return np.ctypeslib.as_array(ptr, shape=(chunk.n_tokens * n_embd,)).copy()
-
-
-def embd_batch(n_tokens: int, n_embd: int) -> Any:
-    """A ``llama_batch`` of ``n_tokens`` embeddings (free it with ``llama_batch_free``)."""
-    return llama_cpp.llama_batch_init(n_tokens, n_embd, 1)
