@@ -113,14 +113,21 @@ def _vision_header(
 
 
 def write_gemma3_projector(
-    path: Path, *, text_width: int = 640, image_size: int = _GEMMA3_IMAGE_SIZE, seed: int = 0
+    path: Path,
+    *,
+    text_width: int = 640,
+    image_size: int = _GEMMA3_IMAGE_SIZE,
+    seed: int = 0,
+    width: int = 32,
+    blocks: int = 2,
 ) -> Path:
     """Write a random ``gemma3`` projector to ``path`` (about 1 MB) and return it.
 
     ``text_width`` is the text model's embedding width (gemma-3-270m's is 640). An image,
     resized to 128x128, is 16x16 patches pooled 4x4 to :data:`GEMMA3_IMAGE_TOKENS` (16)
-    embeddings (``image_size`` changes that: (image_size / 32) ** 2 tokens)."""
-    width, ffn, blocks, heads = 32, 64, 2, 2
+    embeddings (``image_size`` changes that: (image_size / 32) ** 2 tokens). ``width`` and
+    ``blocks`` size the encoder (benchmarks make it costlier)."""
+    ffn, heads = 2 * width, 2
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "clip")
     _vision_header(

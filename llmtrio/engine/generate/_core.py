@@ -406,10 +406,10 @@ class EngineCore:
         return decode_s, sampled, failed
 
     def _decode_images(self, parts: list[Part]) -> tuple[list[Part], list[tuple[Job, Exception]]]:
-        """Encode and decode the image chunks among ``parts`` (each alone: the projector's
-        encode, then the embeddings in a ``llama_decode`` of their own, with causal
-        attention off where the projector says so), on this thread between two steps.
-        Returns the other parts, and the jobs whose image failed."""
+        """Decode the image chunks among ``parts`` (each alone: its embeddings, encoded as
+        the request was prepared, in a ``llama_decode`` of their own, with causal attention
+        off where the projector says so), on this thread between two steps. Returns the
+        other parts, and the jobs whose image failed."""
         model, stats = self._model, self._stats
         rest: list[Part] = []
         failed: list[tuple[Job, Exception]] = []
@@ -421,10 +421,11 @@ class EngineCore:
                 continue
             assert part.start is not None and model.vision is not None
             t0 = time.perf_counter()
-            embd = model.vision.encode(chunk, model.n_embd)
+            embd = chunk.embd  # encoded as the request was prepared
+            if embd is None:
+                embd = model.vision.encode(chunk, model.n_embd)
             t1 = time.perf_counter()
-            stats.image_encodes += 1
-            stats.image_encode_s += t1 - t0
+            stats.image_decode_waits_s += t1 - t0
             if embd is None:
                 failed.append((job, DecodeError("the vision projector could not encode an image")))
                 continue

@@ -93,6 +93,7 @@ class Engine(DecodeLoop):
                 eos_token=self._special_text(model.eos),
                 render_builtin=model.apply_builtin_template,
             ),
+            self.stats,
         )
         #: The tags the think splitter and the tool-call parser read, where one token is a
         #: whole tag: their text is kept even when the GGUF marks them control tokens (whose

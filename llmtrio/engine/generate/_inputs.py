@@ -5,12 +5,14 @@ turned into what the decode core takes, before anything is queued.
   prompt that cannot fit a slot whatever its tokens;
 - :meth:`InputProcessor.prepare` (in a worker thread: rendering, tokenizing and compiling a
   grammar take a while) renders the chat template, tokenizes, finds where a recurrent state
-  is worth a snapshot (the hints), and checks token ids, ``logit_bias`` and the grammar, so
-  that a bad request fails with its own error and never on the decode thread.
+  is worth a snapshot (the hints), encodes the images, and checks token ids, ``logit_bias``
+  and the grammar, so that a bad request fails with its own error and never on the decode
+  thread.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import attrs
@@ -18,6 +20,7 @@ import numpy as np
 
 from .._errors import InvalidRequestError, PromptTooLongError
 from .._media import Image
+from .._stats import EngineStats
 from .._types import EngineConfig, GenerateRequest
 from ..grammar import Grammar
 from ..llama import ImageChunk, LlamaModel
@@ -57,8 +60,15 @@ class Prepared:
 class InputProcessor:
     """Checks and prepares requests for one model (see the module's doc)."""
 
-    def __init__(self, config: EngineConfig, model: LlamaModel, template: ChatTemplate) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: LlamaModel,
+        template: ChatTemplate,
+        stats: EngineStats | None = None,
+    ) -> None:
         self.template = template
+        self._stats = stats if stats is not None else EngineStats()
         self._config = config
         self._model = model
         self._max_piece_bytes = max(1, model.max_piece_bytes)
@@ -87,6 +97,7 @@ class InputProcessor:
         id or a ``logit_bias`` outside the vocabulary, a schema the grammar cannot enforce),
         :class:`GrammarError` (a grammar llama.cpp cannot parse)."""
         prepared = self.prompt(request)
+        self._encode(prepared)
         self._check_logit_bias(request)
         grammar = request_grammar(
             request, xml_calls=self.template.xml_tool_calls, opens_think=prepared.opens_think
@@ -133,6 +144,26 @@ class InputProcessor:
         if len(prepared.tokens) >= self._config.request_ctx:
             raise PromptTooLongError(len(prepared.tokens), self._config.request_ctx)
         return prepared
+
+    def _encode(self, prepared: Prepared) -> None:
+        """Encode the prompt's images here, in the preparing thread, not on the decode
+        thread: an encode takes seconds on a CPU, and every stream would wait for it there
+        (``benchmarks/vision_bench.py``). An image encoded lately is found in the projector's
+        cache instead.
+
+        Error handling: :class:`InvalidRequestError` when the projector fails on an image."""
+        vision, stats = self._model.vision, self._stats
+        for _, chunk in prepared.images:
+            assert vision is not None
+            encodes, started = vision.encodes, time.perf_counter()
+            chunk.embd = vision.encode(chunk, self._model.n_embd)
+            if vision.encodes > encodes:  # counters: racy across threads, as all of them
+                stats.image_encodes += 1
+                stats.image_encode_s += time.perf_counter() - started
+            if chunk.embd is None:
+                raise InvalidRequestError(
+                    "the vision projector could not encode an image", param="messages"
+                )
 
     def _check_images(self, count: int) -> None:
         if self._model.vision is None:

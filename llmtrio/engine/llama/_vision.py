@@ -8,13 +8,15 @@ added around each image); :meth:`Vision.encode` runs the projector on one image
 (:meth:`LlamaModel.decode_embeddings`). Images are decoded in Python (RGB, with their
 content hash as id: ``mtmd_bitmap_set_id``), never by the helper's file loaders.
 
-Everything here runs on one thread at a time (tokenizing in the input processor's thread is
-safe: it touches no compute context; encoding runs on the decode thread).
+Tokenizing and encoding run in the input processor's threads (tokenizing touches no compute
+context; encodes take turns under a lock), decoding the embeddings on the decode thread.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,10 +29,13 @@ from .._errors import InvalidRequestError, ModelLoadError
 from .._media import Image
 from ._log import recent_log
 
-__all__ = ["ImageChunk", "Vision"]
+__all__ = ["EMBEDDINGS_CACHE_BYTES", "ImageChunk", "Vision"]
 
 _CHUNK_TEXT = 0
 _CHUNK_IMAGE = 1
+#: The host memory kept for the embeddings of images encoded lately (a conversation's next
+#: turn repeats its images: they are found here, by content hash, and not encoded again).
+EMBEDDINGS_CACHE_BYTES = 256 * 2**20
 
 
 class ImageChunk:
@@ -48,6 +53,8 @@ class ImageChunk:
         raw = mtmd.mtmd_input_chunk_get_id(handle)
         self.digest: str = raw.decode("ascii", "replace") if raw else ""
         self.non_causal = non_causal
+        #: Its embeddings once encoded (the input processor encodes them in its thread).
+        self.embd: npt.NDArray[np.float32] | None = None
 
     @property
     def handle(self) -> Any:
@@ -89,6 +96,11 @@ class Vision:
         self.path = path
         #: Whether image positions follow M-RoPE (a 2-D grid: n_pos differs from n_tokens).
         self.mrope: bool = bool(mtmd.mtmd_decode_use_mrope(self._ctx))
+        #: Images the projector encoded (a cached image's embeddings are not counted).
+        self.encodes = 0
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
+        self._cached_bytes = 0
 
     def close(self) -> None:
         if self._ctx:
@@ -170,11 +182,26 @@ class Vision:
         return out
 
     def encode(self, chunk: ImageChunk, n_embd: int) -> npt.NDArray[np.float32] | None:
-        """The image's embeddings (``n_tokens`` rows of ``n_embd``), a copy; ``None`` when
-        the projector failed."""
-        if mtmd.mtmd_encode_chunk(self._ctx, chunk.handle) != 0:
-            return None
-        ptr = mtmd.mtmd_get_output_embd(self._ctx)
-        if not ptr:
-            return None
-        return np.ctypeslib.as_array(ptr, shape=(chunk.n_tokens * n_embd,)).copy()
+        """The image's embeddings (``n_tokens`` rows of ``n_embd``, flat); ``None`` when the
+        projector failed. Safe from any thread: one encode runs at a time (the projector's
+        context is one), and an image encoded lately is not encoded again (its embeddings
+        are kept, by content hash, up to :data:`EMBEDDINGS_CACHE_BYTES`)."""
+        with self._lock:
+            cached = self._cache.get(chunk.digest) if chunk.digest else None
+            if cached is not None and len(cached) == chunk.n_tokens * n_embd:
+                self._cache.move_to_end(chunk.digest)
+                return cached
+            if mtmd.mtmd_encode_chunk(self._ctx, chunk.handle) != 0:
+                return None
+            ptr = mtmd.mtmd_get_output_embd(self._ctx)
+            if not ptr:
+                return None
+            embd = np.ctypeslib.as_array(ptr, shape=(chunk.n_tokens * n_embd,)).copy()
+            self.encodes += 1
+            if chunk.digest and embd.nbytes <= EMBEDDINGS_CACHE_BYTES:
+                self._cache[chunk.digest] = embd
+                self._cached_bytes += embd.nbytes
+                while self._cached_bytes > EMBEDDINGS_CACHE_BYTES:
+                    _, old = self._cache.popitem(last=False)
+                    self._cached_bytes -= old.nbytes
+            return embd
