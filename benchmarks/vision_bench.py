@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import statistics
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llmtrio.engine import (  # noqa: E402
+from llmtrio.engine import (
     MEDIA_MARKER,
     ChatMessage,
     Engine,
@@ -107,7 +106,6 @@ def _ms(values: list[float], q: float) -> float:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests._projector import write_gemma3_projector
 
     with tempfile.TemporaryDirectory() as folder:
@@ -154,7 +152,6 @@ async def _main(args: argparse.Namespace) -> None:
                     f"{_ms(gaps, 0.5):.1f} ms, p95 {_ms(gaps, 0.95):.1f} ms, max "
                     f"{max(gaps) * 1000:.1f} ms ({len(gaps)} gaps)"
                 )
-            print(f"mean of all encodes: {statistics.fmean([encode_ms]) * 1000:.1f} ms")
 
 
 def main() -> None:
