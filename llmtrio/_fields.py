@@ -155,7 +155,8 @@ MESSAGE_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 
 _TEXT_PART = _part("", "object", nullable=False, component="TextPart", properties=(
     _part("type", "string", required=True, enum=("text",), refusal="Invalid value for "
-          "'{param}': {value}. This server accepts text content parts only ('text')."),
+          "'{param}': {value}. This server accepts text content parts ('text'), and image "
+          "parts ('image_url') in user messages."),
     _part("text", "string", nullable=False, text=True),
 ))  # fmt: skip
 #: A message's content when it is not a string.
