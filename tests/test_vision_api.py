@@ -227,3 +227,9 @@ def test_body_limits(server: LiveServer) -> None:
     assert post(server, chat(user(image_part(big)))).status_code == 200
     huge = chat(user(image_part(b"\0" * (3 * 2**20))))
     refusal(post(server, huge), 413)
+
+
+def test_models_say_which_take_images(server: LiveServer) -> None:
+    listed = httpx.get(server.url + "/v1/models", timeout=10).json()["data"]
+    modalities = {model["id"]: model["input_modalities"] for model in listed}
+    assert modalities == {"gemma": ["text", "image"], "text-only": ["text"]}

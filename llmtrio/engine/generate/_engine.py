@@ -161,6 +161,11 @@ class Engine(DecodeLoop):
             f"{config.max_inflight} slots x {config.ctx_size} tokens{pool}"
         )
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether chat messages may carry images (a vision projector is loaded)."""
+        return self._model.vision is not None
+
     def _requests_in_flight(self) -> int:
         return self._inflight
 
