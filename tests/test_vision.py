@@ -294,3 +294,38 @@ def test_decode_image_round_trip() -> None:
     decoded = decode_image(png_bytes(image), max_pixels=LIMIT, param="p")
     assert (decoded.width, decoded.height) == (48, 40)
     assert decoded.pixels() == image.pixels()
+
+
+#: Long enough for a snapshot (the prompt cache keeps none under 64 tokens).
+LONG = "Look closely at this picture, please, and tell me everything that you can see in it: " * 3
+
+
+async def test_hybrid_model_reuses_an_image_turn(tmp_path: Path, qwen35_path: Path) -> None:
+    """Recurrent memory cannot be cut anywhere: the prompt is snapshotted where its last
+    message ends (a hint found with the images in place), so the next turn restores the
+    image from there instead of ingesting it again."""
+    projector = write_qwen3vl_projector(tmp_path / "mmproj-qwen3vl.gguf")
+    template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+    config = engine_config(
+        qwen35_path, mmproj=projector, threads=1, max_inflight=1, chat_template=template
+    )
+    first = GenerateRequest(
+        messages=[ChatMessage("user", LONG + MEDIA_MARKER + " What?", images=[picture(6)])],
+        max_tokens=4,
+        ignore_eos=True,
+    )
+    async with Engine.open(config) as engine:
+        text, done = await collect(engine, first)
+        follow = GenerateRequest(
+            messages=[
+                *first.messages,  # type: ignore[misc]
+                ChatMessage("assistant", text),
+                ChatMessage("user", "And?"),
+            ],
+            max_tokens=4,
+            ignore_eos=True,
+        )
+        _, again = await collect(engine, follow)
+    assert done.cached_tokens == 0
+    # restored where the first turn's user message ended (image and all)
+    assert done.prompt_tokens - 4 <= again.cached_tokens < done.prompt_tokens

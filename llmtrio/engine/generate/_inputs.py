@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from .._errors import InvalidRequestError, PromptTooLongError
-from .._media import Image
+from .._media import MEDIA_MARKER, Image
 from .._stats import EngineStats
 from .._types import EngineConfig, GenerateRequest
 from ..grammar import Grammar
@@ -132,14 +132,18 @@ class InputProcessor:
             rendered = self.template.render(
                 request.messages, think=request.think, tools=request.tools
             )
+            hinted = self._config.prompt_cache and not cut_anywhere(self._model)
+            last = request.messages[-1].content
+            hints: tuple[int, ...] = ()
             if images:
                 tokens, spans = self._tokenize_with_images(rendered.text, images)
-                prepared = Prepared(tokens, rendered.opens_think, (), images=spans)
+                if hinted:
+                    hints = self._image_hints(rendered.text, last, images, tokens)
+                prepared = Prepared(tokens, rendered.opens_think, hints, images=spans)
             else:
                 tokens = self.tokenize_prompt(rendered.text)
-                hints: tuple[int, ...] = ()
-                if self._config.prompt_cache and not cut_anywhere(self._model):
-                    hints = self._hints(rendered.text, request.messages[-1].content, tokens)
+                if hinted:
+                    hints = self._hints(rendered.text, last, tokens)
                 prepared = Prepared(tokens, rendered.opens_think, hints)
         if len(prepared.tokens) >= self._config.request_ctx:
             raise PromptTooLongError(len(prepared.tokens), self._config.request_ctx)
@@ -203,6 +207,23 @@ class InputProcessor:
             spans.append((len(tokens), run))
             tokens += image_placeholders(run.digest, run.n_tokens)
         return tokens, tuple(spans)
+
+    def _image_hints(
+        self, text: str, last: str, images: list[Image], prompt: list[int]
+    ) -> tuple[int, ...]:
+        """:meth:`_hints` for a prompt with images: each prefix tokenized with the images
+        its markers stand for (never a point inside an image: the placeholders of an image
+        agree whole or not at all)."""
+        start = text.rfind(last) if last else -1
+        if start <= 0:
+            return ()
+        tokens = np.asarray(prompt, dtype=np.int32)
+        hints = set()
+        for end in (start, start + len(last)):
+            prefix = text[:end]
+            before, _ = self._tokenize_with_images(prefix, images[: prefix.count(MEDIA_MARKER)])
+            hints.add(common_prefix(np.asarray(before, dtype=np.int32), tokens))
+        return tuple(sorted(h for h in hints if 0 < h < len(prompt)))
 
     def _hints(self, text: str, last: str, prompt: list[int]) -> tuple[int, ...]:
         """The prompt lengths where the last message's text starts (what precedes it, a
