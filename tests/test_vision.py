@@ -23,6 +23,7 @@ from llmtrio.engine import (
     GenerateRequest,
     Image,
     InvalidRequestError,
+    ModelLoadError,
     decode_image,
 )
 
@@ -329,3 +330,13 @@ async def test_hybrid_model_reuses_an_image_turn(tmp_path: Path, qwen35_path: Pa
     assert done.cached_tokens == 0
     # restored where the first turn's user message ended (image and all)
     assert done.prompt_tokens - 4 <= again.cached_tokens < done.prompt_tokens
+
+
+async def test_a_projector_of_another_width_is_refused_at_load(
+    tmp_path: Path, gemma_path: Path
+) -> None:
+    projector = write_gemma3_projector(tmp_path / "mmproj-256.gguf", text_width=256)
+    config = engine_config(gemma_path, mmproj=projector, threads=1, max_inflight=1)
+    with pytest.raises(ModelLoadError, match="vision projector"):
+        async with Engine.open(config):
+            pass

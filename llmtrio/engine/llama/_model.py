@@ -271,7 +271,9 @@ class LlamaModel:
         n_embd = self.n_embd
         n = len(embd) // n_embd
         batch = llama_cpp.llama_batch_init(n, n_embd, 1)
-        own_pos = batch.pos
+        # The address, not the pointer object: a pointer read from a ctypes structure lives
+        # in the structure's memory, and would follow the assignment below.
+        own_pos = ctypes.cast(batch.pos, ctypes.c_void_p).value or 0
         try:
             ctypes.memmove(batch.embd, embd.ctypes.data, n * n_embd * 4)
             for i in range(n):
@@ -290,7 +292,8 @@ class LlamaModel:
                 if not causal:
                     llama_cpp.llama_set_causal_attn(self.ctx, True)
         finally:
-            batch.pos = own_pos  # llama_batch_free frees the batch's own arrays
+            # llama_batch_free frees the batch's own arrays (never ``positions``)
+            batch.pos = ctypes.cast(own_pos, ctypes.POINTER(llama_cpp.llama_pos))
             llama_cpp.llama_batch_free(batch)
 
     def set_threads(self, threads: int) -> None:

@@ -103,9 +103,13 @@ class Vision:
         self._cached_bytes = 0
 
     def close(self) -> None:
-        if self._ctx:
-            mtmd.mtmd_free(self._ctx)
-            self._ctx = None
+        """Free the projector, once an encode in flight (a prepare thread abandoned by a
+        cancelled request) has finished."""
+        with self._lock:
+            if self._ctx:
+                mtmd.mtmd_free(self._ctx)
+                self._ctx = None
+            self._cache.clear()
 
     def tokenize(
         self, text: str, images: Sequence[Image], *, add_special: bool
@@ -115,6 +119,8 @@ class Vision:
 
         Error handling: :class:`InvalidRequestError` when an image cannot be decoded, the
         markers and ``images`` do not agree, or llama.cpp refuses an image."""
+        if not self._ctx:
+            raise InvalidRequestError("the model is closing", param="messages")
         bitmaps = []
         try:
             for image in images:
@@ -191,7 +197,7 @@ class Vision:
             if cached is not None and len(cached) == chunk.n_tokens * n_embd:
                 self._cache.move_to_end(chunk.digest)
                 return cached
-            if mtmd.mtmd_encode_chunk(self._ctx, chunk.handle) != 0:
+            if not self._ctx or mtmd.mtmd_encode_chunk(self._ctx, chunk.handle) != 0:
                 return None
             ptr = mtmd.mtmd_get_output_embd(self._ctx)
             if not ptr:
