@@ -106,9 +106,28 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
         raise SystemExit(f"{command}: two models served under one name: {sorted(doubled)}")
     try:
         threads = thread_counts(names, getattr(args, "threads", None) or [], os.cpu_count() or 1)
+        projectors = _projectors(names, getattr(args, "projectors", None) or [])
     except ValueError as exc:
         raise SystemExit(f"{command}: {exc}") from None
-    return [attrs.evolve(c, threads=n) for c, n in zip(configs, threads, strict=True)]
+    return [
+        attrs.evolve(c, threads=n, mmproj=p)
+        for c, n, p in zip(configs, threads, projectors, strict=True)
+    ]
+
+
+def _projectors(names: Sequence[str], given: Sequence[tuple[str | None, Any]]) -> list[Any]:
+    """Each model's ``--mmproj`` (``None``: none given): ``NAME=PATH``, or a plain ``PATH``
+    when one model is served.
+
+    Error handling: ``ValueError`` for a NAME not served, or a plain PATH with several."""
+    named = {name: path for name, path in given if name is not None}
+    unknown = sorted(set(named) - set(names))
+    if unknown:
+        raise ValueError(f"--mmproj names {', '.join(map(repr, unknown))}, which is not served")
+    plain = [path for name, path in given if name is None]
+    if plain and len(names) > 1:
+        raise ValueError("--mmproj PATH with several models: give NAME=PATH for each")
+    return [named.get(name, plain[-1] if plain else None) for name in names]
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

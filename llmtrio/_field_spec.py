@@ -44,7 +44,8 @@ class RequestLimits:
     each one's length and ``max_embedding_inputs`` the inputs of one embeddings request
     (OpenAI's 2048). ``default_max_tokens`` is what a request that names no output limit
     generates at most, on every route (``None``: until the end of generation or of the
-    context).
+    context). ``max_image_pixels`` bounds an image's width times height, read from its
+    header before anything is decoded (2**25: about 33 megapixels).
 
     Error handling: ``ValueError`` naming the field for a limit below 1.
     """
@@ -55,10 +56,11 @@ class RequestLimits:
     max_stop_chars: int = 256
     max_embedding_inputs: int = 2048
     default_max_tokens: int | None = None
+    max_image_pixels: int = 2**25
 
     def __attrs_post_init__(self) -> None:
         names = ("max_messages", "max_tokens", "max_stop", "max_stop_chars", "default_max_tokens")
-        for name in (*names, "max_embedding_inputs"):
+        for name in (*names, "max_embedding_inputs", "max_image_pixels"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")

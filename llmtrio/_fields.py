@@ -56,6 +56,7 @@ __all__ = [
     "COUNT_TOKENS",
     "EMBEDDINGS",
     "FIELDS",
+    "IMAGE_URL_PART",
     "INT32_MAX",
     "MAX_TOP_LOGPROBS",
     "MESSAGES",
@@ -169,16 +170,34 @@ MESSAGE_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 
 _TEXT_PART = _part("", "object", nullable=False, component="TextPart", properties=(
     _part("type", "string", required=True, enum=("text",), refusal="Invalid value for "
-          "'{param}': {value}. This server accepts text content parts only ('text')."),
+          "'{param}': {value}. This server accepts text content parts ('text'), and image "
+          "parts ('image_url') in user messages."),
     _part("text", "string", nullable=False, text=True),
 ))  # fmt: skip
 #: A message's content when it is not a string.
 TEXT_PARTS: Final = _part("content", "array", items=_TEXT_PART,
                           empty="a string or at least one text part")  # fmt: skip
+#: An image in a user message (a model with a vision projector): a ``data:`` URI.
+IMAGE_URL_PART: Final = _part("", "object", nullable=False, component="ImageUrlPart", properties=(
+    _part("type", "string", required=True, enum=("image_url",)),
+    _part("image_url", "object", required=True, nullable=False, properties=(
+        _part("url", "string", required=True, nullable=False,
+              description="A data: URI with a base64 PNG, JPEG, WebP or GIF (its first "
+                          "frame); the type is read from the bytes."),
+        _part("detail", "string", enum=("auto", "low", "high"),
+              description="Accepted and unused: the projector sets the resolution."),
+    )),
+))  # fmt: skip
 _CONTENT: Schema = {
-    "anyOf": [{"type": "string"}, TEXT_PARTS.body(RequestLimits())],
-    "description": "A text, or text parts (joined by newlines).",
-}
+    "anyOf": [
+        {"type": "string"},
+        TEXT_PARTS.body(RequestLimits()),
+        {"type": "array", "minItems": 1, "items": {"anyOf": [_ref("TextPart"),
+                                                             _ref("ImageUrlPart")]}},
+    ],
+    "description": "A text, or text parts (joined by newlines); a user message's parts may "
+    "hold images (image_url) for a model that takes them.",
+}  # fmt: skip
 _TOOL_CALL = _part("", "object", nullable=False, properties=(
     _part("id", "any", "Kept when a string; a new id otherwise."),
     _part("function", "object", nullable=False, whole=True,
@@ -409,6 +428,7 @@ def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
         },
         "Content": _CONTENT,
         "TextPart": _TEXT_PART.body(limits),
+        "ImageUrlPart": IMAGE_URL_PART.body(limits),
         "Tool": _TOOL.body(limits),
         "NamedToolChoice": {
             **NAMED_TOOL_CHOICE.body(limits),

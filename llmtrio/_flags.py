@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from ._parser import Command, OneOf, flag, section
-from ._values import mib, seconds_or_none, template_file, threads_value
+from ._values import mib, mmproj_value, seconds_or_none, template_file, threads_value
 
 __all__ = ["COMMANDS", "OPTIONS"]
 
@@ -146,6 +146,32 @@ ENGINE = section(
         "fail when the default model cannot be had, instead of using the demo model",
         action="store_false",
     ),
+    OneOf(
+        (
+            flag(
+                "--mmproj",
+                "projectors",
+                "a vision projector (llama.cpp's mmproj GGUF) for the model: PATH (one "
+                "model), or NAME=PATH for the model served as NAME (again for others); "
+                "default: a Hugging Face repo's own mmproj-*.gguf, F16 before F32",
+                type=mmproj_value,
+                action="append",
+                metavar="[NAME=]PATH",
+            ),
+            flag(
+                "--no-mmproj",
+                "EngineConfig.vision",
+                "load no vision projector: models take no images",
+                action="store_false",
+            ),
+        )
+    ),
+    flag(
+        "--max-images",
+        "EngineConfig.max_images",
+        "images per request (default %(default)s)",
+        type=int,
+    ),
 )
 
 LIMITS = section(
@@ -178,6 +204,12 @@ LIMITS = section(
         "--max-embedding-inputs",
         "RequestLimits.max_embedding_inputs",
         "inputs per embeddings request (default %(default)s)",
+        type=int,
+    ),
+    flag(
+        "--max-image-pixels",
+        "RequestLimits.max_image_pixels",
+        "an image's width x height, read from its header before decoding (default %(default)s)",
         type=int,
     ),
 )
@@ -259,6 +291,13 @@ SERVE = Command(
                 "--max-body-bytes",
                 "ServeConfig.max_body_bytes",
                 "largest request body before 413 (default %(default)s)",
+                type=int,
+            ),
+            flag(
+                "--max-image-body-bytes",
+                "ServeConfig.max_image_body_bytes",
+                "largest body of a request holding an image part, before 413 (default "
+                "%(default)s; at most 15 MiB: the ring's frame limit)",
                 type=int,
             ),
             flag(

@@ -87,6 +87,7 @@ async def run_worker(
                                 models=[engine.model_name],
                                 kinds=[engine.kind],
                                 config=dial,
+                                vision=[engine.model_name] if engine.takes_images else [],
                             )
                         )
                     )

@@ -45,6 +45,17 @@ def threads_value(text: str) -> tuple[str | None, int]:
     return (name or None, threads)
 
 
+def mmproj_value(text: str) -> tuple[str | None, Path]:
+    """One ``--mmproj`` value: ``PATH`` (the model, when one is served) or ``NAME=PATH`` (the
+    model served as NAME); the file must exist."""
+    name, sep, path = text.partition("=")
+    if not sep or "/" in name or not name:
+        name, path = "", text
+    if not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"no such projector file: {path!r}")
+    return (name or None, Path(path))
+
+
 def template_file(path: str) -> str:
     """The text of a chat template file."""
     try:

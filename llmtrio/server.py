@@ -82,6 +82,7 @@ async def serve(
                     engine.capacity().max_inflight,
                     models=[engine.model_name],
                     kinds=[engine.kind],
+                    vision=[engine.model_name] if engine.takes_images else [],
                 ) as link:
                     await serve_link(
                         engine, link, metrics=metrics, limits=limits, task_status=task_status

@@ -293,3 +293,75 @@ def test_chat_page_picks_among_the_chat_models_and_sends_the_one_chosen(
             assert errors == []
     finally:
         server.stop()
+
+
+def test_chat_page_attaches_images_from_the_picker_and_a_paste(
+    gemma_path: Path, tmp_path: Path, artifacts: Path
+) -> None:
+    import base64
+
+    import numpy as np
+    from PIL import Image as PILImage
+    from playwright.sync_api import expect
+
+    from llmtrio.web import ServeConfig
+
+    from ._projector import write_gemma3_projector
+    from ._server import start_server
+
+    projector = write_gemma3_projector(tmp_path / "mmproj-gemma3.gguf")
+    pictures = []
+    for seed in (1, 2):
+        path = tmp_path / f"picture-{seed}.png"
+        pixels = np.random.default_rng(seed).integers(0, 256, (32, 48, 3), dtype=np.uint8)
+        PILImage.fromarray(pixels).save(path)
+        pictures.append(path)
+    server = start_server(
+        engine_config(gemma_path, mmproj=projector, max_inflight=1, threads=1, spec=None),
+        ServeConfig(host="127.0.0.1", port=0, graceful_timeout=2),
+    )
+    sent: list[str] = []
+    try:
+        with opened_page(viewport={"width": 1100, "height": 800}, bypass_csp=True) as (
+            page,
+            errors,
+        ):
+            page.on(
+                "request",
+                lambda request: (
+                    sent.append(request.post_data or "")
+                    if request.url.endswith(CHAT_PATH)
+                    else None
+                ),
+            )
+            page.goto(server.url + "/")
+            expect(page.locator("#model-name")).not_to_have_text("loading model…")
+            # the file picker
+            page.set_input_files("#attach-file", str(pictures[0]))
+            expect(page.locator("#attachments img")).to_have_count(1)
+            # a paste of an image into the prompt
+            page.evaluate(
+                """async (b64) => {
+                  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+                  const data = new DataTransfer();
+                  data.items.add(new File([bytes], "pasted.png", { type: "image/png" }));
+                  document.querySelector("#prompt").dispatchEvent(new ClipboardEvent(
+                    "paste", { clipboardData: data, bubbles: true, cancelable: true }));
+                }""",
+                base64.b64encode(pictures[1].read_bytes()).decode(),
+            )
+            expect(page.locator("#attachments img")).to_have_count(2)
+            page.fill("#max-tokens", "4")
+            page.fill("#prompt", "What is in the pictures?")
+            page.click("#send")
+            turn = page.locator(".msg.assistant").nth(0)
+            expect(turn).to_have_attribute("data-finish", "length", timeout=60_000)
+            expect(page.locator(".msg.user .images img")).to_have_count(2)
+            expect(page.locator("#attachments")).to_be_hidden()
+            page.screenshot(path=str(artifacts / "chat-page-images.png"), full_page=True)
+            assert errors == []
+    finally:
+        server.stop()
+    body = sent[-1]
+    assert body.count('"type":"image_url"') == 2
+    assert body.count("data:image/png;base64,") == 2

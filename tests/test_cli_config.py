@@ -93,7 +93,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
                 for each in row.flags if isinstance(row, _parser.OneOf) else (row,):
                     rows[id(each)] = each
     named = [row for row in rows.values() if "." in row.setting]
-    assert len(named) == 40
+    assert len(named) == 44
     for row in named:
         owner, _, name = row.setting.partition(".")
         assert name in fields(getattr(importlib.import_module(_parser.HOMES[owner]), owner)), row
@@ -103,7 +103,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
             if isinstance(action.default, _parser.Default):
                 assert action.default.name == action.dest
                 shown += 1
-    assert shown == 20 + 15 + 32 + 23  # generate, embed, serve, worker (engine rows in each)
+    assert shown == 22 + 17 + 36 + 26  # generate, embed, serve, worker (engine rows in each)
 
 
 @pytest.mark.parametrize("command", sorted(NEEDED))
@@ -298,3 +298,20 @@ def test_serve_runs_the_ingress_alone_or_with_a_local_worker_as_the_composition_
         "llmtrio serve: an ingress with no local worker needs a control listener "
         "(or nothing serves)"
     )
+
+
+def test_mmproj_per_model(tmp_path: Path) -> None:
+    projector = tmp_path / "mmproj-F16.gguf"
+    projector.write_bytes(b"gguf")
+    one = configs.engine_configs(parse("serve", "--model", "a.gguf", "--mmproj", str(projector)))
+    assert [c.mmproj for c in one] == [projector]
+    args = parse("serve", "--model", "a=a.gguf", "--model", "b=b.gguf", f"--mmproj=b={projector}")
+    assert [c.mmproj for c in configs.engine_configs(args)] == [None, projector]
+    with pytest.raises(SystemExit, match="NAME=PATH for each"):
+        configs.engine_configs(
+            parse("serve", "--model", "a=a.gguf", "--model", "b=b.gguf", "--mmproj", str(projector))
+        )
+    with pytest.raises(SystemExit):  # no such file
+        parse("serve", "--mmproj", str(tmp_path / "missing.gguf"))
+    off = configs.engine_configs(parse("serve", "--model", "a.gguf", "--no-mmproj"))
+    assert off[0].vision is False

@@ -34,7 +34,12 @@ from llmtrio.engine import (
     model_name_of,
     resolve_model,
 )
-from llmtrio.engine.models._source import HubSettings, NoMatchingFile, choose_gguf
+from llmtrio.engine.models._source import (
+    HubSettings,
+    NoMatchingFile,
+    choose_gguf,
+    choose_mmproj,
+)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_REPO = "someone/Other-Model-GGUF"
@@ -405,6 +410,34 @@ def test_download_lands_in_the_cache(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     offline = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
     assert (offline.source, offline.path) == ("hub-cache", resolved.path)
+
+
+def test_the_repos_vision_projector_comes_with_the_weights(
+    hf_cache: Path, hub: FakeHub, qwen_bytes: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.repos[OTHER_REPO] = {
+        "Other-Q4_K_M.gguf": qwen_bytes,
+        "mmproj-Other-F32.gguf": b"f32",
+        "mmproj-Other-F16.gguf": b"f16",
+        "mmproj-Other-BF16.gguf": b"bf16",
+    }
+    resolved = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
+    assert resolved.mmproj is not None and resolved.mmproj.name == "mmproj-Other-F16.gguf"
+    assert resolved.mmproj.read_bytes() == b"f16"
+    fetched = {path for verb, path in hub.requests if verb == "GET" and "/resolve/" in path}
+    assert not any("F32" in path or "BF16" in path for path in fetched)
+    # offline, from the cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline = resolve_model(EngineConfig(hf_repo=OTHER_REPO), progress=False)
+    assert offline.mmproj is not None and offline.mmproj.name == "mmproj-Other-F16.gguf"
+    # --no-mmproj: none
+    assert resolve_model(EngineConfig(hf_repo=OTHER_REPO, vision=False)).mmproj is None
+
+
+def test_choose_mmproj() -> None:
+    assert choose_mmproj(["a-Q4_K_M.gguf"]) is None
+    assert choose_mmproj(["mmproj-F32.gguf", "mmproj-Q8_0.gguf"]) == "mmproj-F32.gguf"
+    assert choose_mmproj(["x/mmproj-BF16.gguf", "x/mmproj-F16.gguf"]) == "x/mmproj-F16.gguf"
 
 
 def test_download_of_a_split_model(hf_cache: Path, hub: FakeHub, qwen_bytes: bytes) -> None:

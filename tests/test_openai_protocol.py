@@ -353,10 +353,16 @@ BAD_FIELDS: list[tuple[dict[str, Any], str, str, str]] = [
         "expected an object",
     ),
     (
-        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
         "messages[0].content[0].type",
         "invalid_value",
-        "'image_url'. This server accepts text content parts only",
+        "'input_audio'. This server accepts text content parts ('text'), and image parts",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages[0].content[0].image_url.url",
+        "missing_required_parameter",
+        "url",
     ),
     (
         {"messages": [{"role": "user", "content": [{"text": "hi"}]}]},

@@ -76,6 +76,15 @@ def test_attach_carries_kinds_only_when_a_model_is_not_chat() -> None:
         Attach("w", 1, models=("a",), kinds=("vision",))
 
 
+def test_attach_carries_the_models_that_take_images_only_when_some_do() -> None:
+    assert b"vision" not in encode(Attach("w", 1, models=("a",)))
+    seeing = Attach("w", 2, models=("a", "b"), vision=("b",))
+    assert decode_all(encode(seeing)) == [seeing]
+    core = RingCore(max_streams=4)
+    core.attach(seeing)
+    assert {name: m.vision for name, m in core.models().items()} == {"a": False, "b": True}
+
+
 def test_an_older_peer_reads_a_claim_with_a_model_as_a_plain_claim() -> None:
     """The previous version's decoder ignores unknown keys: the model's absence there is a
     claim for any model, which is what an old ingress did with every claim."""

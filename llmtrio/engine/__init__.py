@@ -18,6 +18,10 @@ from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import ModelLoadError as ModelLoadError
 from ._errors import PromptTooLongError as PromptTooLongError
 from ._errors import RequestError as RequestError
+from ._media import MEDIA_MARKER as MEDIA_MARKER
+from ._media import Image as Image
+from ._media import decode_image as decode_image
+from ._media import image_from_url as image_from_url
 from ._open import open_engine as open_engine
 from ._stats import EngineStats as EngineStats
 from ._types import DEFAULT_QUANT as DEFAULT_QUANT
@@ -65,6 +69,7 @@ __all__ = [
     "EMBEDDING_SEQUENCES",
     "JSON_OBJECT_GRAMMAR",
     "MAX_TOP_LOGPROBS",
+    "MEDIA_MARKER",
     "Capacity",
     "ChatMessage",
     "DecodeError",
@@ -83,6 +88,7 @@ __all__ = [
     "Generation",
     "Grammar",
     "GrammarError",
+    "Image",
     "InvalidRequestError",
     "ModelLoadError",
     "PromptTooLongError",
@@ -101,7 +107,9 @@ __all__ = [
     "ToolCallParser",
     "ToolCallStart",
     "ToolCallStream",
+    "decode_image",
     "demo_model_path",
+    "image_from_url",
     "json_schema_grammar",
     "model_kind_of",
     "model_name_of",

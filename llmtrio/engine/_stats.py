@@ -32,10 +32,18 @@ class EngineStats:
     ``kv_cells_used`` held now by running and idle sequences; ``preemptions`` sequences were
     swapped out to make room, and ``swapped`` are out now, their state in ``swapped_bytes``
     of host memory; ``idle_evictions`` idle slots gave up their reusable cells for others.
+
+    Images: ``image_encodes`` images were encoded by the vision projector (in the threads
+    that prepare requests; a repeated image's embeddings come from its cache), in
+    ``image_encode_s`` seconds in all; ``image_decode_waits_s`` is what the decode thread
+    spent getting embeddings (0 unless a request reached it unencoded).
     """
 
     steps: int = 0
     decode_s: float = 0.0
+    image_encodes: int = 0
+    image_encode_s: float = 0.0
+    image_decode_waits_s: float = 0.0
     python_s: float = 0.0
     prompt_cache_hits: int = 0
     prompt_cache_reused_tokens: int = 0

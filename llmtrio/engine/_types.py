@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ._errors import InvalidRequestError
+from ._media import MEDIA_MARKER, Image
 
 __all__ = [
     "Capacity",
@@ -83,6 +84,12 @@ class EngineConfig:
     for free cells, and when the pool runs out idle slots give up their reusable cells, then
     the youngest running sequence is swapped out to host memory until there is room again.
     Off, each slot has its own ``ctx_size`` cells.
+
+    ``mmproj``: a vision projector (llama.cpp's ``mmproj`` GGUF) for the model: chat
+    messages may then carry images (:class:`ChatMessage`'s ``images``). Without it, a model
+    from a Hugging Face repo gets the repo's own ``mmproj-*.gguf`` (F16 before F32),
+    fetched with the weights; ``vision=False`` loads none. ``max_images`` bounds the images
+    of one request.
     """
 
     model: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
@@ -107,6 +114,9 @@ class EngineConfig:
     spec_pool: int = 0
     kv_unified: bool = False
     max_request_ctx: int = 0
+    mmproj: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    vision: bool = True
+    max_images: int = 8
 
     def __attrs_post_init__(self) -> None:
         if self.max_inflight < 1:
@@ -128,6 +138,8 @@ class EngineConfig:
             raise ValueError(f"spec_draft_max must be between 1 and {MAX_DRAFT}")
         if self.spec_pool < 0:
             raise ValueError("spec_pool must be 0 (off) or more")
+        if self.max_images < 1:
+            raise ValueError("max_images must be at least 1")
         if self.max_request_ctx < 0:
             raise ValueError("max_request_ctx must be 0 (the whole context) or more")
         if self.max_request_ctx:
@@ -202,19 +214,29 @@ def _tuple_of_calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
     return _tuple_of(value, ToolCall, "tool_calls")
 
 
+def _tuple_of_images(value: Sequence[Image]) -> tuple[Image, ...]:
+    return _tuple_of(value, Image, "images")
+
+
 @attrs.frozen
 class ChatMessage:
     """One chat message. An assistant message may carry ``tool_calls``; a ``tool`` message
-    answers the call named by ``tool_call_id``."""
+    answers the call named by ``tool_call_id``. ``images`` go where ``content`` holds
+    :data:`MEDIA_MARKER`, one marker per image, in order."""
 
     role: str
     content: str
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tuple_of_calls)
     tool_call_id: str | None = None
+    images: tuple[Image, ...] = attrs.field(default=(), converter=_tuple_of_images)
 
     def __attrs_post_init__(self) -> None:
         if self.role not in ("system", "user", "assistant", "developer", "tool"):
             raise InvalidRequestError(f"unknown message role {self.role!r}", param="messages")
+        if self.content.count(MEDIA_MARKER) != len(self.images):
+            raise InvalidRequestError(
+                "a message's content must hold one media marker per image", param="messages"
+            )
 
 
 @attrs.frozen

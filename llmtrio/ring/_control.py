@@ -185,6 +185,7 @@ async def _serve_worker(
         attach.max_inflight,
         models=attach.models,
         kinds=attach.kinds,
+        vision=attach.vision,
         relay=session.relay,
     ) as link:
         try:

@@ -162,7 +162,12 @@ class RingCore:
                 known = models.get(name)
                 kind = worker.kinds[index] if worker.kinds else CHAT
                 workers = 1 if known is None else known.workers + 1
-                models[name] = ModelStats(name, kind if known is None else known.kind, workers)
+                models[name] = ModelStats(
+                    name,
+                    kind if known is None else known.kind,
+                    workers,
+                    vision=(name in worker.vision) if known is None else known.vision,
+                )
         return models
 
     def stats(self) -> RingStats:
@@ -237,7 +242,11 @@ class RingCore:
         if message.worker_id in self._workers:
             raise ProtocolError(f"worker {message.worker_id!r} is already attached", message)
         self._workers[message.worker_id] = Worker(
-            message.worker_id, message.max_inflight, message.models, message.kinds
+            message.worker_id,
+            message.max_inflight,
+            message.models,
+            message.kinds,
+            vision=message.vision,
         )
 
     def receive(self, worker_id: str, message: Message) -> list[Effect]:

@@ -102,6 +102,8 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
             }
             if any(kind != CHAT for kind in message.kinds):  # all chat: as the previous version
                 attach["kinds"] = list(message.kinds)
+            if message.vision:  # none: as the previous version
+                attach["vision"] = list(message.vision)
             return attach, b""
         case Heartbeat(
             inflight=inflight,
@@ -246,6 +248,7 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
             models=fields.strings("models") if "models" in fields else (),
             version=fields.integer("version") if "version" in fields else 0,
             kinds=fields.strings("kinds") if "kinds" in fields else (),
+            vision=fields.strings("vision") if "vision" in fields else (),
         )
     if cls is Heartbeat:
         inflight, available = fields.integer("inflight"), fields.integer("available_slots")

@@ -147,6 +147,8 @@ class Attach:
     kinds: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """Each model's kind (``"chat"`` or ``"embedding"``), in the order of ``models``; empty
     (optional on the wire, as from a worker of the previous version) means all chat."""
+    vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
+    """The ``models`` that take images (optional on the wire: none)."""
 
     @kinds.validator
     def _check_kinds(

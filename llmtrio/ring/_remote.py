@@ -69,10 +69,12 @@ async def connect_ring(
     models: Iterable[str] = (),
     kinds: Iterable[str] = (),
     config: DialConfig | None = None,
+    vision: Iterable[str] = (),
 ) -> AsyncIterator[RemoteLink]:
     """Attach to every ingress in ``urls`` (``wss://HOST:PORT``) and yield the link. A HOST
     that is a name is resolved, and every address it stands for is an ingress (see
-    ``DialConfig``). ``models`` and their ``kinds`` go in the ``Attach``; a link serving
+    ``DialConfig``). ``models``, their ``kinds`` and those that take images (``vision``) go
+    in the ``Attach``; a link serving
     exactly one model claims for that model (``Claim.model``).
 
     Connections are made and remade in the background: the link is usable at once, and
@@ -95,6 +97,7 @@ async def connect_ring(
         ssl_context,
         config or DialConfig(),
         kinds=tuple(kinds),
+        vision=tuple(vision),
     )
     async with trio.open_nursery() as nursery:
         for target in targets:
@@ -204,6 +207,7 @@ class RemoteLink:
     _ssl_context: ssl.SSLContext
     _config: DialConfig = attrs.field(factory=DialConfig)
     kinds: tuple[str, ...] = attrs.field(default=(), kw_only=True)
+    vision: tuple[str, ...] = attrs.field(default=(), kw_only=True)
     _connections: list[_Connection] = attrs.field(init=False, factory=list)
     _wanted: int = attrs.field(init=False, default=0)  # claim() calls waiting
     _ready: deque[tuple[_Connection, Claimed]] = attrs.field(init=False, factory=deque)
@@ -335,7 +339,13 @@ class RemoteLink:
         async with trio.open_nursery() as nursery:
             send, sending = trio.open_memory_channel[Message](math.inf)
             connection = _Connection(name, send, self._stream_finished)
-            attach = Attach(self.worker_id, self.max_inflight, models=self.models, kinds=self.kinds)
+            attach = Attach(
+                self.worker_id,
+                self.max_inflight,
+                models=self.models,
+                kinds=self.kinds,
+                vision=self.vision,
+            )
             connection.send(attach)
             if self._capacity is not None:
                 connection.send(self._capacity)

@@ -124,9 +124,11 @@ class Ring:
         models: Iterable[str] = (),
         kinds: Iterable[str] = (),
         relay: Relay | None = None,
+        vision: Iterable[str] = (),
     ) -> AsyncIterator[WorkerLink]:
         """Attach a worker that will hold at most ``max_inflight`` streams at once, serving
-        ``models`` (listed by ``stats``), each of the kind ``kinds`` says (empty: all chat).
+        ``models`` (listed by ``stats``), each of the kind ``kinds`` says (empty: all chat);
+        those in ``vision`` take images.
         A worker serving exactly one model claims streams for that model only; one that lists
         several or none claims for any it listed (or any at all).
 
@@ -143,7 +145,7 @@ class Ring:
         Error handling: ``ProtocolError`` if ``worker_id`` is already attached.
         """
         await trio.lowlevel.checkpoint()
-        attach = Attach(worker_id, max_inflight, models=models, kinds=kinds)
+        attach = Attach(worker_id, max_inflight, models=models, kinds=kinds, vision=vision)
         link = WorkerLink(self._router, attach, relay)
         reason = "the worker left"
         try:

@@ -45,6 +45,8 @@ class ModelStats:
     kind: str
     """``"chat"`` (chat and text completions) or ``"embedding"``."""
     workers: int
+    vision: bool = False
+    """Whether it takes images (as its first worker said)."""
 
 
 @attrs.frozen

@@ -260,6 +260,12 @@ _SCHEMAS: dict[str, Any] = {
                 "enum": ["chat", "embedding"],
                 "description": "``chat``: chat and text completions; ``embedding``: embeddings.",
             },
+            "input_modalities": {
+                "type": "array",
+                "items": {"enum": ["text", "image"]},
+                "description": "What its prompts may hold: ``image`` for a model with a "
+                "vision projector (chat messages' ``image_url`` parts).",
+            },
             "workers": {
                 "type": "integer",
                 "minimum": 0,

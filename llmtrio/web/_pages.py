@@ -147,6 +147,7 @@ def pages_app(
                         "owned_by": "llmtrio",
                         "kind": model.kind,
                         "workers": model.workers,
+                        "input_modalities": ["text", "image"] if model.vision else ["text"],
                     }
                     for model in known.values()
                 ],

@@ -15,6 +15,7 @@ the error this ingress answered or ended it with (:func:`send_error`, an error e
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -116,8 +117,17 @@ class RingRequest:
         self._done = False  # served to the end (an error response included)
         self._streaming = False  # an event stream's head is sent: errors go as events
 
-    async def serve(self, receive: Receive, send: Send, max_body_bytes: int, drain: Drain) -> None:
-        """Serve the request; never raises but for cancellation.
+    async def serve(
+        self,
+        receive: Receive,
+        send: Send,
+        max_body_bytes: int,
+        drain: Drain,
+        image_body_bytes: int = 0,
+    ) -> None:
+        """Serve the request; never raises but for cancellation. Its body may be up to
+        ``max_body_bytes``, or ``image_body_bytes`` when it holds an image part (see
+        :func:`holds_images`).
 
         One cancel scope ends the request early, whatever ends it: the scope of the nursery
         the request runs in, which holds its one task beside this one (the disconnect
@@ -134,7 +144,7 @@ class RingRequest:
             async with trio.open_nursery() as nursery:
                 with drain.cuts(nursery.cancel_scope):
                     try:
-                        await self._serve(receive, send, max_body_bytes, nursery)
+                        await self._serve(receive, send, max_body_bytes, nursery, image_body_bytes)
                     except ClientGone:
                         logger.debug(
                             "request %s: the client left before its body was read",
@@ -163,19 +173,28 @@ class RingRequest:
             await self._end_early(send, request_timeout(deadline))
 
     async def _serve(
-        self, receive: Receive, send: Send, max_body_bytes: int, nursery: trio.Nursery
+        self,
+        receive: Receive,
+        send: Send,
+        max_body_bytes: int,
+        nursery: trio.Nursery,
+        image_body_bytes: int = 0,
     ) -> None:
+        most = max(max_body_bytes, image_body_bytes)
         declared = self._headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body_bytes:
-            await self._send_error(send, request_too_large(max_body_bytes))
+        if declared.isdigit() and int(declared) > most:
+            await self._send_error(send, request_too_large(most))
             return
         body: bytes | None = None
         with trio.move_on_after(self._gate.body_timeout) as reading:
-            body = await read_body(receive, max_body_bytes)
+            body = await read_body(receive, most)
         if reading.cancelled_caught:
             await self._send_error(send, body_timeout(self._gate.body_timeout))
             return
         if body is None:
+            await self._send_error(send, request_too_large(most))
+            return
+        if len(body) > max_body_bytes and not holds_images(body):
             await self._send_error(send, request_too_large(max_body_bytes))
             return
         head = RequestHead(
@@ -295,6 +314,19 @@ class RingRequest:
         self._exchange.ended_with(error.error_code)
         body = error.sse(error_family(self._exchange.path))
         await send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+#: An image part of any API: chat completions' ``image_url``, the Responses API's
+#: ``input_image``, Anthropic's ``image``.
+_IMAGE_PART = re.compile(rb'"type"\s*:\s*"(?:image_url|input_image|image)"')
+
+
+def holds_images(body: bytes) -> bool:
+    """Whether a request body holds an image part (a ``"type"`` of ``image_url``,
+    ``input_image`` or ``image``): only such a body may be larger than ``--max-body-bytes``,
+    up to ``--max-image-body-bytes``. A body that merely says so is still parsed, and
+    refused, by the worker, so the larger limit is all it gains."""
+    return _IMAGE_PART.search(body) is not None
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:

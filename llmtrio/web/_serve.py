@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from .._fields import RequestLimits
 from .._openai_errors import DEFAULT_MAX_BODY_BYTES
-from ..ring import Ring, RingConfig
+from ..ring import MAX_FRAME_SIZE, Ring, RingConfig
 from ._app import create_app
 from ._auth import ApiKeys
 from ._checks import Gate
@@ -40,6 +40,9 @@ from ._metrics import IngressMetrics
 __all__ = ["ServeConfig", "serve_ingress"]
 
 logger = logging.getLogger("llmtrio.serve")
+
+#: What a request's head (path, headers, ids) may take of a frame beside its body.
+_FRAME_ROOM = 1 << 20
 
 #: Seconds the connections get, once the drain is over, to send their last bytes.
 _CLOSE_S = 2.0
@@ -86,6 +89,9 @@ class ServeConfig:
     ring: RingConfig = attrs.field(factory=RingConfig)
     graceful_timeout: float = 10.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: The largest body of a request that holds an image part (base64 images are larger than
+    #: any text); below the ring's frame limit, which a request's body crosses whole.
+    max_image_body_bytes: int = 12 * 2**20
     send_timeout: float = 60.0
     #: The kernel's send buffer per connection (SO_SNDBUF): what a client that stopped
     #: reading can still be sent before the send timeout starts to count.
@@ -110,6 +116,11 @@ class ServeConfig:
             )
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be at least 1")
+        if not 0 <= self.max_image_body_bytes <= MAX_FRAME_SIZE - _FRAME_ROOM:
+            raise ValueError(
+                f"max_image_body_bytes must be between 0 and {MAX_FRAME_SIZE - _FRAME_ROOM} "
+                "(the ring's frame limit, less room for the request's head)"
+            )
         if self.rate_limit is not None and self.rate_limit < 1:
             raise ValueError("rate_limit must be at least 1")
         if self.request_timeout is not None and not self.request_timeout > 0:
@@ -166,6 +177,7 @@ async def serve_ingress(
         ring,
         model_name=model_name,
         max_body_bytes=config.max_body_bytes,
+        image_body_bytes=config.max_image_body_bytes,
         policy=policy,
         gate=config.gate(),
         metrics=IngressMetrics(ring, registry),

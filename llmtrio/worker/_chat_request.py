@@ -9,12 +9,13 @@ the field.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
 from .._fields import (
     CHAT,
+    IMAGE_URL_PART,
     MESSAGE_ROLES,
     MESSAGES,
     TEXT_PARTS,
@@ -29,13 +30,21 @@ from .._fields import (
     show,
 )
 from .._openai_errors import invalid_request
-from ..engine import ChatMessage, GenerateRequest, InvalidRequestError, Sampling
+from ..engine import (
+    MEDIA_MARKER,
+    ChatMessage,
+    GenerateRequest,
+    Image,
+    InvalidRequestError,
+    Sampling,
+)
 from ._features import (
     ToolChoice,
     parse_assistant_tool_calls,
     parse_response_format,
     parse_tools,
 )
+from ._images import image_from_part
 from ._requests import (
     json_body,
     parse_logit_bias,
@@ -184,10 +193,15 @@ def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMes
             raise invalid_type(where, "an object", item)
         role = _parse_role(item.get("role"), f"{where}.role")
         content = ""
+        images: list[Image] = []
         for part in MESSAGES[role].properties:
             at = f"{where}.{part.name}"
             if part.name == "content":
-                content = _parse_content(item.get("content"), at, role, limits)
+                value = item.get("content")
+                if role == "user" and _has_images(value):
+                    content, images = _parse_image_content(value, at, limits)
+                else:
+                    content = _parse_content(value, at, role, limits)
             else:
                 check(part, item.get(part.name, part.default), limits, at)
         calls = parse_assistant_tool_calls(item.get("tool_calls")) if role == "assistant" else []
@@ -195,8 +209,39 @@ def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMes
             messages.append(ChatMessage("tool", content, tool_call_id=item.get("tool_call_id")))
         else:
             role = "system" if role == "developer" else role
-            messages.append(ChatMessage(role, content, tool_calls=calls))
+            messages.append(ChatMessage(role, content, tool_calls=calls, images=images))
     return messages
+
+
+def _has_images(value: object) -> TypeGuard[list[Any]]:
+    return isinstance(value, list) and any(
+        isinstance(part, dict) and part.get("type") == "image_url" for part in value
+    )
+
+
+def _parse_image_content(
+    value: list[Any], where: str, limits: RequestLimits
+) -> tuple[str, list[Image]]:
+    """A user message's parts with images: text parts (``TextPart``) and ``image_url``
+    parts (``IMAGE_URL_PART``), each image a media marker in the text (parts joined by
+    newlines) and an :class:`Image`, its header read and checked (``max_image_pixels``).
+
+    Error handling: :class:`OpenAIError` (400) naming the part: a part of the wrong shape, a
+    URL that is not a ``data:`` URI, bytes that are not an image, too many pixels."""
+    texts: list[str] = []
+    images: list[Image] = []
+    for i, part in enumerate(value):
+        at = f"{where}[{i}]"
+        if isinstance(part, dict) and part.get("type") == "image_url":
+            checked = check(IMAGE_URL_PART, part, limits, at)
+            images.append(
+                image_from_part(checked["image_url"]["url"], f"{at}.image_url.url", limits)
+            )
+            texts.append(MEDIA_MARKER)
+        else:
+            assert TEXT_PARTS.items is not None
+            texts.append(check(TEXT_PARTS.items, part, limits, at).get("text") or "")
+    return _PART_SEPARATOR.join(texts), images
 
 
 def _parse_role(role: object, param: str) -> str:

@@ -87,6 +87,8 @@ class EmbeddingEngine(DecodeLoop):
     """
 
     kind = "embedding"
+    #: An embedding model takes no images.
+    takes_images = False
     _loop_name = "embedding loop"
 
     def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:

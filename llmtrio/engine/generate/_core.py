@@ -272,13 +272,17 @@ class EngineCore:
             if not model.restore_state(seq, self._snapshots[plan.restore]):
                 cache.restore_failed(seq)
                 keep = 0
-        if keep == 0 or not model.forget(seq, keep):
+        spans = tuple((start, start + chunk.n_tokens) for start, chunk in job.request.images)
+        for begin, end in spans:
+            if begin < keep < end:  # an image is in memory whole or not at all
+                keep = begin
+        if keep == 0 or not model.forget(seq, job.position(keep)):
             model.forget(seq)
             keep = 0
         job.pos = job.cached = keep
         job.snapshot_at = plan.snapshot_at
         self._count_cache()
-        return Start(keep, plan.snapshot_at)
+        return Start(keep, plan.snapshot_at, spans)
 
     def _snapshot(self, seq: int, tokens: npt.NDArray[np.int32]) -> None:
         data = self._model.save_state(seq)
@@ -345,6 +349,11 @@ class EngineCore:
         this step is rolled back and retried alone, so only the sequences that fail alone are
         failed. A sequence whose memory cannot be rolled back (recurrent state) is failed.
         """
+        failed: list[tuple[Job, Exception]] = []
+        if any(part.job.request.images for part in parts):
+            parts, failed = self._decode_images(parts)
+            if not parts:
+                return 0.0, [], failed
         batch = self._batch
         batch.clear()
         for part in parts:
@@ -353,22 +362,21 @@ class EngineCore:
                 if part.draft:
                     part.index = batch.add(
                         [job.last_token, *part.draft],
-                        job.pos,
+                        job.position(job.pos),
                         job.seq,
                         output_last=True,
                         output_all=True,
                     ) - len(part.draft)
                 else:
-                    part.index = batch.add_one(job.last_token, job.pos, job.seq)
+                    part.index = batch.add_one(job.last_token, job.position(job.pos), job.seq)
             else:
                 last = part.start + part.count == len(job.prompt)
                 chunk = job.prompt[part.start : part.start + part.count]
-                part.index = batch.add(chunk, part.start, job.seq, output_last=last)
+                part.index = batch.add(chunk, job.position(part.start), job.seq, output_last=last)
                 part.outputs = last
         t0 = time.perf_counter()
         rc = self._model.decode(batch)
         decode_s = time.perf_counter() - t0
-        failed: list[tuple[Job, Exception]] = []
         if rc == 0:
             sampled = []
             for part in parts:
@@ -385,7 +393,7 @@ class EngineCore:
         retry: list[Part] = []
         for part in parts:
             start = part.job.pos if part.start is None else part.start
-            if len(parts) > 1 and self._model.forget(part.job.seq, start):
+            if len(parts) > 1 and self._model.forget(part.job.seq, part.job.position(start)):
                 retry.append(part)
             else:
                 failed.append((part.job, DecodeError(_decode_error(rc))))
@@ -396,6 +404,46 @@ class EngineCore:
             sampled += ok
             failed += bad
         return decode_s, sampled, failed
+
+    def _decode_images(self, parts: list[Part]) -> tuple[list[Part], list[tuple[Job, Exception]]]:
+        """Decode the image chunks among ``parts`` (each alone: its embeddings, encoded as
+        the request was prepared, in a ``llama_decode`` of their own, with causal attention
+        off where the projector says so), on this thread between two steps. Returns the
+        other parts, and the jobs whose image failed."""
+        model, stats = self._model, self._stats
+        rest: list[Part] = []
+        failed: list[tuple[Job, Exception]] = []
+        for part in parts:
+            job = part.job
+            chunk = dict(job.request.images).get(part.start) if part.start is not None else None
+            if chunk is None:
+                rest.append(part)
+                continue
+            assert part.start is not None and model.vision is not None
+            t0 = time.perf_counter()
+            embd = chunk.embd  # encoded as the request was prepared
+            if embd is None:
+                embd = model.vision.encode(chunk, model.n_embd)
+            t1 = time.perf_counter()
+            stats.image_decode_waits_s += t1 - t0
+            if embd is None:
+                failed.append((job, DecodeError("the vision projector could not encode an image")))
+                continue
+            pos0 = job.position(part.start)
+            rc = model.decode_embeddings(
+                embd,
+                pos0,
+                job.seq,
+                causal=not chunk.non_causal,
+                positions=model.vision.decoder_positions(chunk, pos0),
+            )
+            stats.decode_s += time.perf_counter() - t1
+            if rc != 0:
+                failed.append((job, DecodeError(_decode_error(rc))))
+                continue
+            job.pos = part.start + chunk.n_tokens
+            part.outputs = False
+        return rest, failed
 
     def _sample_one(self, job: Job, index: int) -> tuple[Job, list[int], list[RawLogprob] | None]:
         assert job.sampler is not None
@@ -425,7 +473,8 @@ class EngineCore:
         ms = spent * 1000 / len(tokens)
         job.sample_ms = ms if not job.sample_ms else job.sample_ms + (ms - job.sample_ms) / 4
         accepted = len(tokens) - 1  # the draft tokens that are now in memory for good
-        if accepted < len(draft) and not self._model.forget(job.seq, job.pos + 1 + accepted):
+        cut = job.position(job.pos + 1 + accepted)
+        if accepted < len(draft) and not self._model.forget(job.seq, cut):
             # Not expected (drafts never exceed what the memory can roll back): the
             # sequence's memory is wrong now, so it fails (and its memory is cleared).
             raise DecodeError("rejected draft tokens could not be removed from memory")
@@ -481,6 +530,8 @@ class EngineCore:
             # Made at the first token: the index of the prompt is built once, off the
             # admission step, and only for sequences that decode.
             history = job.prompt.tolist()
+            if job.request.images:  # no image placeholder is ever a draft
+                history = [token for token in history if token >= 0]
             history += tokens
             job.drafter = self._drafter(job, history)
         if logprobs is not None:

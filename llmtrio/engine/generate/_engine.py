@@ -18,13 +18,15 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import attrs
 import numpy as np
 import trio
 
-from .._errors import EngineClosedError, EngineFailedError
+from .._errors import EngineClosedError, EngineFailedError, ModelLoadError
 from .._lifecycle import DecodeLoop
+from .._media import MEDIA_MARKER
 from .._types import MAX_RECURRENT_DRAFT, Capacity, EngineConfig, GenerateRequest, TokenLogprob
 from ..llama import LlamaModel, RawLogprob
 from ..models import ResolvedModel
@@ -56,7 +58,17 @@ def _prepares_inline(request: GenerateRequest) -> bool:
     if request.tokens is not None:
         return len(request.tokens) <= INLINE_PREPARE_CHARS
     messages = request.messages or ()
+    if any(message.images for message in messages):
+        return False  # llama.cpp resizes each image as it tokenizes: never on the event loop
     return sum(len(message.content) for message in messages) <= INLINE_PREPARE_CHARS
+
+
+def _load_vision(model: LlamaModel, projector: Path, config: EngineConfig) -> None:
+    """Load the vision ``projector`` beside ``model``.
+
+    Error handling: :class:`ModelLoadError` when llama.cpp cannot load it (or it does not
+    fit the model)."""
+    model.load_vision(projector, threads=config.threads, marker=MEDIA_MARKER)
 
 
 class Engine(DecodeLoop):
@@ -81,6 +93,7 @@ class Engine(DecodeLoop):
                 eos_token=self._special_text(model.eos),
                 render_builtin=model.apply_builtin_template,
             ),
+            self.stats,
         )
         #: The tags the think splitter and the tool-call parser read, where one token is a
         #: whole tag: their text is kept even when the GGUF marks them control tokens (whose
@@ -109,9 +122,9 @@ class Engine(DecodeLoop):
         # A step holds the prefill chunk and every sequence's token and drafts.
         drafts = config.spec_draft_max if config.spec is not None else 0
         n_batch = max(config.prefill_chunk + config.max_inflight * (1 + drafts), 64)
-        async with cls._open(
-            config,
-            lambda resolved: LlamaModel(
+
+        def load(resolved: ResolvedModel) -> LlamaModel:
+            model = LlamaModel(
                 resolved.path,
                 slots=config.max_inflight,
                 ctx_size=config.ctx_size,
@@ -119,8 +132,24 @@ class Engine(DecodeLoop):
                 n_batch=n_batch,
                 kv_unified=config.kv_unified,
                 n_rs_seq=min(drafts, MAX_RECURRENT_DRAFT),
-            ),
-        ) as engine:
+            )
+            projector = (config.mmproj or resolved.mmproj) if config.vision else None
+            if projector is None:
+                return model
+            try:
+                _load_vision(model, projector, config)
+            except ModelLoadError as exc:
+                if config.mmproj is not None:
+                    model.close()
+                    raise
+                # The repo's own projector, picked unasked: the model still serves text.
+                logger.warning("serving %s without images: %s", resolved.name, exc)
+            except BaseException:
+                model.close()
+                raise
+            return model
+
+        async with cls._open(config, load) as engine:
             yield engine
 
     def _shape(self) -> str:
@@ -131,6 +160,11 @@ class Engine(DecodeLoop):
             f"{memory} memory, chat template: {self._inputs.template.source}, "
             f"{config.max_inflight} slots x {config.ctx_size} tokens{pool}"
         )
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether chat messages may carry images (a vision projector is loaded)."""
+        return self._model.vision is not None
 
     def _requests_in_flight(self) -> int:
         return self._inflight
@@ -208,6 +242,7 @@ class Engine(DecodeLoop):
             max_tokens=min(request.max_tokens or budget, budget),
             hints=prepared.hints,
             grammar=prepared.grammar,
+            images=prepared.images,
         )
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under

@@ -75,6 +75,16 @@ class Job:
     def prompt(self) -> npt.NDArray[np.int32]:
         return self.request.prompt
 
+    def position(self, index: int) -> int:
+        """The sequence position of prompt (or generated) token ``index``: the index,
+        but on M-RoPE models an image takes fewer positions than tokens, so every token
+        after one sits that much earlier (never called for an index inside an image)."""
+        shift = 0
+        for start, chunk in self.request.images:
+            if start + chunk.n_tokens <= index:
+                shift += chunk.n_pos - chunk.n_tokens
+        return index + shift
+
     def output(self, tokens: list[int], **fields: object) -> StepOutput:
         return StepOutput(
             self.key,

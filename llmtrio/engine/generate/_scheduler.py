@@ -40,6 +40,8 @@ class Start:
 
     reused: int = 0
     stops: tuple[int, ...] = ()
+    #: Prompt ranges ``(start, end)`` ingested whole, in one chunk of their own (images).
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 @attrs.define
@@ -47,6 +49,7 @@ class _Slot:
     prompt_len: int
     prefilled: int = 0
     stops: tuple[int, ...] = ()
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 @attrs.define
@@ -61,6 +64,8 @@ class Scheduler:
     - Each step decodes one token for every sequence past its prompt, and spends up to
       ``prefill_chunk`` prompt tokens on sequences still ingesting, oldest first. A chunk
       never runs past one of its sequence's ``stops``.
+    - A span (an image) is ingested whole in a chunk of its own: a text chunk ends where
+      a span begins, and a span's chunk may exceed the step's budget (it then uses it up).
     - A shared memory pool can refuse a request (``fits``): admission then waits, in
       arrival order, for room. A running sequence :meth:`preempt` ed for room goes back to
       the head of the queue with its progress kept, and is admitted again before any other.
@@ -135,9 +140,16 @@ class Scheduler:
                     if stop > slot.prefilled:
                         count = min(count, stop - slot.prefilled)
                         break
+                for begin, end in slot.spans:
+                    if begin == slot.prefilled:  # a span is one chunk, whatever the budget
+                        count = end - begin
+                        break
+                    if begin > slot.prefilled:
+                        count = min(count, begin - slot.prefilled)
+                        break
                 prefill.append(Prefill(key, slot.prefilled, count))
                 slot.prefilled += count
-                budget -= count
+                budget -= min(count, budget)
         return StepPlan(admitted, decode, tuple(prefill))
 
     def _admit(
@@ -167,6 +179,7 @@ class Scheduler:
                 begin = start(key)
                 slot.prefilled = min(begin.reused, prompt_len - 1)
                 slot.stops = tuple(sorted(begin.stops))
+                slot.spans = tuple(sorted(begin.spans))
             self._slots[key] = slot
             admitted.append(key)
         return tuple(admitted)

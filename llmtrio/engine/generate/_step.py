@@ -9,7 +9,7 @@ import numpy.typing as npt
 
 from .._types import GenerateRequest, StopReason
 from ..grammar import Grammar
-from ..llama import RawLogprob
+from ..llama import ImageChunk, RawLogprob
 
 __all__ = ["CoreRequest", "StepOutput"]
 
@@ -26,6 +26,8 @@ class CoreRequest:
     hints: tuple[int, ...] = ()
     #: The grammar the engine compiled for it (parsed and cached: a slot copies it).
     grammar: Grammar | None = None
+    #: Its images, by the prompt offset of their placeholder ids (decoded whole, alone).
+    images: tuple[tuple[int, ImageChunk], ...] = ()
 
 
 @attrs.frozen(eq=False)

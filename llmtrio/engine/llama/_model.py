@@ -18,6 +18,7 @@ from .._errors import ModelLoadError
 from ._constrained import VocabIndex
 from ._grammar_cache import GrammarCache
 from ._log import recent_log
+from ._vision import Vision
 
 __all__ = ["Batch", "LlamaModel"]
 
@@ -97,6 +98,8 @@ class LlamaModel:
         #: Each token's first bytes, to rule tokens out before a grammar is asked.
         self.vocab_index = VocabIndex(pieces, self.eog)
         self.grammars = GrammarCache(self.vocab)
+        #: The vision projector, once loaded (:meth:`load_vision`).
+        self.vision: Vision | None = None
 
     def _init_context(
         self,
@@ -167,6 +170,7 @@ class LlamaModel:
 
     def close(self) -> None:
         self.grammars.clear()
+        self.unload_vision()
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
@@ -235,6 +239,62 @@ class LlamaModel:
 
     def decode(self, batch: Batch) -> int:
         return int(llama_cpp.llama_decode(self.ctx, batch.struct))
+
+    def load_vision(self, path: Path, *, threads: int, marker: str) -> Vision:
+        """Load the vision projector at ``path`` for this model as :attr:`vision` (freed
+        by :meth:`close`).
+
+        Error handling: :class:`ModelLoadError` (see :class:`Vision`)."""
+        self.vision = Vision(self._model, path, threads=threads, marker=marker)
+        return self.vision
+
+    def unload_vision(self) -> None:
+        """Free :attr:`vision` (the model then takes no images)."""
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
+
+    def decode_embeddings(
+        self,
+        embd: npt.NDArray[np.float32],
+        start_pos: int,
+        seq: int,
+        *,
+        causal: bool,
+        positions: npt.NDArray[np.int32] | None = None,
+    ) -> int:
+        """Decode ``embd`` (rows of ``n_embd``: an image's embeddings) into ``seq`` at
+        positions ``start_pos...`` (or at M-RoPE ``positions``: four per row, see
+        :meth:`Vision.decoder_positions`), alone in one ``llama_decode`` (``causal=False``:
+        with causal attention off for it, and on again after). Outputs no logits. Returns
+        llama_decode's code."""
+        n_embd = self.n_embd
+        n = len(embd) // n_embd
+        batch = llama_cpp.llama_batch_init(n, n_embd, 1)
+        # The address, not the pointer object: a pointer read from a ctypes structure lives
+        # in the structure's memory, and would follow the assignment below.
+        own_pos = ctypes.cast(batch.pos, ctypes.c_void_p).value or 0
+        try:
+            ctypes.memmove(batch.embd, embd.ctypes.data, n * n_embd * 4)
+            for i in range(n):
+                batch.pos[i] = start_pos + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = 0
+            if positions is not None:
+                batch.pos = positions.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
+            batch.n_tokens = n
+            if not causal:
+                llama_cpp.llama_set_causal_attn(self.ctx, False)
+            try:
+                return int(llama_cpp.llama_decode(self.ctx, batch))
+            finally:
+                if not causal:
+                    llama_cpp.llama_set_causal_attn(self.ctx, True)
+        finally:
+            # llama_batch_free frees the batch's own arrays (never ``positions``)
+            batch.pos = ctypes.cast(own_pos, ctypes.POINTER(llama_cpp.llama_pos))
+            llama_cpp.llama_batch_free(batch)
 
     def set_threads(self, threads: int) -> None:
         """Run the next decodes on ``threads`` compute threads (llama.cpp's

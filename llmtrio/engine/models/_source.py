@@ -52,6 +52,7 @@ __all__ = [
     "NoMatchingFile",
     "ResolvedModel",
     "choose_gguf",
+    "choose_mmproj",
     "demo_model_path",
     "model_name_of",
     "resolve_model",
@@ -84,6 +85,9 @@ class ResolvedModel:
     name: str
     source: ModelSource
     info: GGUFInfo = attrs.field(eq=False, repr=False)
+    #: The vision projector found beside a Hugging Face repo's weights (see
+    #: :func:`choose_mmproj`), fetched with them; ``None`` for a local file or a repo with none.
+    mmproj: Path | None = None
 
 
 @attrs.frozen
@@ -182,6 +186,24 @@ def choose_gguf(files: Iterable[str], *, hf_file: str | None, quant: str) -> tup
     return _split_set(min(firsts, key=lambda f: (len(f), f)), present)
 
 
+def choose_mmproj(files: Iterable[str]) -> str | None:
+    """The vision projector to load beside a repo's weights: of its ``mmproj*.gguf`` files,
+    the most precise one that runs well on a CPU (F16, then BF16, then F32, then any other),
+    the shortest name first; ``None`` when the repo has none."""
+
+    def rank(name: str) -> tuple[int, int, str]:
+        lowered = name.lower()
+        order = 1 if "bf16" in lowered else 0 if "f16" in lowered else 2 if "f32" in lowered else 3
+        return order, len(name), name
+
+    found = [
+        f
+        for f in files
+        if f.lower().endswith(".gguf") and f.lower().rsplit("/", 1)[-1].startswith("mmproj")
+    ]
+    return min(found, key=rank) if found else None
+
+
 def _strip_split(stem: str) -> str:
     match = _SPLIT.match(stem + ".gguf")
     return match["prefix"] if match else stem
@@ -248,16 +270,19 @@ def _describe_hub_error(error: Exception, repo: str, endpoint: str) -> str:
 
 def _from_hub(
     config: EngineConfig, hub: HubSettings, progress: bool
-) -> tuple[list[Path], ModelSource]:
-    """Ask the Hub which files the repo has, then fetch the chosen one into the cache.
+) -> tuple[list[Path], ModelSource, bool]:
+    """Ask the Hub which files the repo has, then fetch the chosen one (and its vision
+    projector, the last path, when the third value is true) into the cache.
 
     Error handling: raises :class:`NoMatchingFile` or the error ``huggingface_hub`` raised.
     """
     repo = config.hf_repo
     info = HfApi(endpoint=hub.endpoint).model_info(repo, timeout=HUB_TIMEOUT_S)
-    files = choose_gguf(
-        (s.rfilename for s in info.siblings or ()), hf_file=config.hf_file, quant=config.quant
-    )
+    listing = [s.rfilename for s in info.siblings or ()]
+    files = choose_gguf(listing, hf_file=config.hf_file, quant=config.quant)
+    projector = choose_mmproj(listing) if config.vision and config.mmproj is None else None
+    if projector is not None:
+        files = (*files, projector)
     cached = info.sha is not None and all(
         isinstance(try_to_load_from_cache(repo, f, cache_dir=hub.cache_dir, revision=info.sha), str)
         for f in files
@@ -277,7 +302,7 @@ def _from_hub(
         )
         for f in files
     ]
-    return paths, ("hub-cache" if cached else "hub-download")
+    return paths, ("hub-cache" if cached else "hub-download"), projector is not None
 
 
 def _snapshots(storage: Path) -> list[tuple[str, Path]]:
@@ -295,8 +320,11 @@ def _snapshots(storage: Path) -> list[tuple[str, Path]]:
     return [(p.name, p) for p in found]
 
 
-def _from_cache(config: EngineConfig, hub: HubSettings) -> tuple[list[Path] | None, str]:
-    """Search the cached snapshots of the repo; returns the paths, or ``None`` and why not."""
+def _from_cache(
+    config: EngineConfig, hub: HubSettings
+) -> tuple[tuple[list[Path], Path | None] | None, str]:
+    """Search the cached snapshots of the repo; returns the paths and the snapshot's vision
+    projector (if cached), or ``None`` and why not."""
     repo = config.hf_repo
     storage = hub.cache_dir / repo_folder_name(repo_id=repo, repo_type="model")
     snapshots = _snapshots(storage)
@@ -315,7 +343,8 @@ def _from_cache(config: EngineConfig, hub: HubSettings) -> tuple[list[Path] | No
         ]
         paths = [Path(p) for p in found if isinstance(p, str)]
         if len(paths) == len(files):
-            return paths, ""
+            projector = choose_mmproj(present) if config.vision and config.mmproj is None else None
+            return (paths, folder / projector if projector is not None else None), ""
     return None, why or "its cached snapshots are incomplete"
 
 
@@ -345,7 +374,7 @@ def _resolve_hub(config: EngineConfig, hub: HubSettings, progress: bool) -> Reso
         hub_why = "HF_HUB_OFFLINE is set, so nothing is downloaded"
     else:
         try:
-            paths, source = _from_hub(config, hub, progress)
+            paths, source, has_projector = _from_hub(config, hub, progress)
         except HFValidationError as e:
             raise ModelLoadError(f"{repo!r} is not a Hugging Face repo id: {e}") from None
         except NoMatchingFile as e:
@@ -354,15 +383,19 @@ def _resolve_hub(config: EngineConfig, hub: HubSettings, progress: bool) -> Reso
             # OSError covers huggingface_hub's HTTP errors, offline mode and a failed write.
             hub_why = _describe_hub_error(e, repo, hub.endpoint)
         else:
+            projector = paths.pop() if has_projector else None
             info = _checked(repo, paths)
-            return ResolvedModel(path=paths[0], name=name, source=source, info=info)
+            return ResolvedModel(
+                path=paths[0], name=name, source=source, info=info, mmproj=projector
+            )
     found, cache_why = _from_cache(config, hub)
     if found is None:
         raise ModelLoadError(_not_found(config, hub, cache_why, hub_why))
     if not hub.offline:
         logger.warning("using the cached copy of %s: %s", repo, hub_why)
-    info = _checked(repo, found)
-    return ResolvedModel(path=found[0], name=name, source="hub-cache", info=info)
+    paths, projector = found
+    info = _checked(repo, paths)
+    return ResolvedModel(path=paths[0], name=name, source="hub-cache", info=info, mmproj=projector)
 
 
 def _llmtrio_cache() -> Path:
