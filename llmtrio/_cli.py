@@ -17,11 +17,11 @@ from ._configs import (
     control_config,
     dial_config,
     engine_config,
-    engine_configs,
     given,
     request_limits,
     sampling,
     serve_config,
+    startup_configs,
 )
 from ._flags import COMMANDS, OPTIONS
 from ._parser import parser
@@ -45,7 +45,7 @@ def _worker(args: argparse.Namespace) -> int:
         context = client_ssl_context(args.tls_cert, args.tls_key, args.ca)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"llmtrio worker: cannot load the certificates: {exc}") from None
-    config = engine_configs(args)
+    config = startup_configs(args)
     limits = request_limits(args)
     dial = dial_config(args)
     metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
@@ -79,7 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
             control,
             request_limits(args),
             local_worker=not args.no_local_worker,
-            engine_configs=partial(engine_configs, args),
+            engine_configs=partial(startup_configs, args),
             model_name=args.model_name or "",
         )
     except ValueError as exc:

@@ -18,6 +18,7 @@ from ._threads import thread_counts
 from ._values import ModelSpec
 
 if TYPE_CHECKING:
+    from ._catalog import Catalog
     from ._fields import RequestLimits
     from .engine import EngineConfig, Sampling
     from .ring import ControlConfig, DialConfig
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build",
+    "catalog",
     "control_config",
     "dial_config",
     "engine_config",
@@ -34,6 +36,7 @@ __all__ = [
     "request_limits",
     "sampling",
     "serve_config",
+    "startup_configs",
 ]
 
 T = TypeVar("T")
@@ -109,6 +112,48 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     except ValueError as exc:
         raise SystemExit(f"{command}: {exc}") from None
     return [attrs.evolve(c, threads=n) for c, n in zip(configs, threads, strict=True)]
+
+
+def _has_catalog(args: argparse.Namespace) -> bool:
+    return bool(
+        getattr(args, "models_file", None)
+        or getattr(args, "models_dir", None)
+        or getattr(args, "hf_cache_models", False)
+    )
+
+
+def catalog(args: argparse.Namespace) -> Catalog:
+    """Every model the command may serve (``llmtrio._catalog``): each ``--model`` (pinned;
+    the default model when neither ``--model`` nor a catalog flag is given), then the
+    models file's, the folder's and the Hugging Face cache's, each with the command's engine
+    flags under its own settings. A refusal exits naming the model and the key."""
+    from ._catalog import CatalogError, build_catalog
+    from .engine import EngineConfig
+    from .engine.models import HubSettings
+
+    pinned = engine_configs(args) if args.model or not _has_catalog(args) else []
+    shared = [n for name, n in (getattr(args, "threads", None) or []) if name is None]
+    base = build(EngineConfig, args, model=None, **({"threads": shared[-1]} if shared else {}))
+    hub = HubSettings.from_environ(os.environ).cache_dir if args.hf_cache_models else None
+    try:
+        return build_catalog(
+            pinned,
+            base=base,
+            models_file=args.models_file,
+            models_dir=args.models_dir,
+            hf_cache=hub,
+        )
+    except CatalogError as exc:
+        raise SystemExit(f"llmtrio {args.command}: {exc}") from None
+
+
+def startup_configs(args: argparse.Namespace) -> list[EngineConfig]:
+    """The configs of the models loaded at start: each ``--model`` and each catalog model
+    whose ``load`` says so."""
+    configs = [model.config for model in catalog(args).models if model.load]
+    if not configs:
+        raise SystemExit(f"llmtrio {args.command}: no model is loaded at start (give --model)")
+    return configs
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

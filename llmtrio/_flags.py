@@ -146,6 +146,70 @@ ENGINE = section(
         "fail when the default model cannot be had, instead of using the demo model",
         action="store_false",
     ),
+    flag(
+        "-ctk --cache-type-k",
+        "EngineConfig.cache_type_k",
+        "the K cache's type: f16, q8_0 or q4_0 (default %(default)s)",
+        choices=["f16", "q8_0", "q4_0"],
+    ),
+    flag(
+        "-ctv --cache-type-v",
+        "EngineConfig.cache_type_v",
+        "the V cache's type: f16, q8_0 or q4_0; quantized needs flash attention "
+        "(default %(default)s)",
+        choices=["f16", "q8_0", "q4_0"],
+    ),
+    flag(
+        "--flash-attn",
+        "EngineConfig.flash_attn",
+        "flash attention: on, off, or auto (llama.cpp's choice; default %(default)s)",
+        choices=["auto", "on", "off"],
+    ),
+    flag(
+        "-ngl --n-gpu-layers",
+        "EngineConfig.n_gpu_layers",
+        "layers offloaded to a GPU (-1: all; 0: none; default %(default)s)",
+        type=int,
+        metavar="N",
+    ),
+    flag(
+        "--mmap",
+        "EngineConfig.mmap",
+        "map the model file instead of reading it (default: llama.cpp's choice)",
+        action=argparse.BooleanOptionalAction,
+    ),
+    flag(
+        "--mlock",
+        "EngineConfig.mlock",
+        "keep the model's weights in RAM, never swapped out",
+        action="store_true",
+    ),
+)
+
+CATALOG = section(
+    "models on demand (a catalog: loaded on first use, unloaded when idle)",
+    flag(
+        "--models-dir",
+        "models_dir",
+        "a folder of models served on demand: each *.gguf in it, and each subfolder holding "
+        "one model (its split parts and projector), under the file's or folder's name",
+        type=Path,
+        metavar="DIR",
+    ),
+    flag(
+        "--models-file",
+        "models_file",
+        "a TOML file of models served on demand, one [models.NAME] table each with its "
+        "source and settings (see the README)",
+        type=Path,
+        metavar="FILE",
+    ),
+    flag(
+        "--hf-cache-models",
+        "hf_cache_models",
+        "add every model in the Hugging Face cache (what llmtrio pull fetched) to the catalog",
+        action="store_true",
+    ),
 )
 
 LIMITS = section(
@@ -322,6 +386,7 @@ SERVE = Command(
             ),
         ),
         LIMITS,
+        CATALOG,
         section(
             "remote workers (the ring's control listener)",
             flag(
@@ -431,6 +496,7 @@ WORKER = Command(
             ),
         ),
         LIMITS,
+        CATALOG,
         ENGINE,
     ),
 )

@@ -4,6 +4,7 @@ fallback) and what its GGUF header says (its kind, pooling, file type).
 
 from ._gguf import POOLING_NAMES as POOLING_NAMES
 from ._gguf import model_kind_of as model_kind_of
+from ._source import HubSettings as HubSettings
 from ._source import ResolvedModel as ResolvedModel
 from ._source import demo_model_path as demo_model_path
 from ._source import model_name_of as model_name_of
@@ -11,6 +12,7 @@ from ._source import resolve_model as resolve_model
 
 __all__ = [
     "POOLING_NAMES",
+    "HubSettings",
     "ResolvedModel",
     "demo_model_path",
     "model_kind_of",
