@@ -18,6 +18,8 @@ from ._configs import (
     dial_config,
     engine_config,
     given,
+    host_config,
+    on_demand,
     request_limits,
     sampling,
     serve_config,
@@ -81,6 +83,8 @@ def _serve(args: argparse.Namespace) -> int:
             local_worker=not args.no_local_worker,
             engine_configs=partial(startup_configs, args),
             model_name=args.model_name or "",
+            on_demand=partial(on_demand, args),
+            host=partial(host_config, args),
         )
     except ValueError as exc:
         raise SystemExit(f"llmtrio serve: {exc}") from None

@@ -18,7 +18,7 @@ from ._threads import thread_counts
 from ._values import ModelSpec
 
 if TYPE_CHECKING:
-    from ._catalog import Catalog
+    from ._catalog import Catalog, CatalogModel
     from ._fields import RequestLimits
     from .engine import EngineConfig, Sampling
     from .ring import ControlConfig, DialConfig
@@ -33,6 +33,8 @@ __all__ = [
     "engine_configs",
     "flag_message",
     "given",
+    "host_config",
+    "on_demand",
     "request_limits",
     "sampling",
     "serve_config",
@@ -133,7 +135,8 @@ def catalog(args: argparse.Namespace) -> Catalog:
 
     pinned = engine_configs(args) if args.model or not _has_catalog(args) else []
     shared = [n for name, n in (getattr(args, "threads", None) or []) if name is None]
-    base = build(EngineConfig, args, model=None, **({"threads": shared[-1]} if shared else {}))
+    threads = shared[-1] if shared else os.cpu_count() or 1
+    base = build(EngineConfig, args, model=None, threads=threads)
     hub = HubSettings.from_environ(os.environ).cache_dir if args.hf_cache_models else None
     try:
         return build_catalog(
@@ -148,12 +151,21 @@ def catalog(args: argparse.Namespace) -> Catalog:
 
 
 def startup_configs(args: argparse.Namespace) -> list[EngineConfig]:
-    """The configs of the models loaded at start: each ``--model`` and each catalog model
-    whose ``load`` says so."""
-    configs = [model.config for model in catalog(args).models if model.load]
-    if not configs:
-        raise SystemExit(f"llmtrio {args.command}: no model is loaded at start (give --model)")
-    return configs
+    """The configs of the models loaded at start and pinned: each ``--model`` (the default
+    model's when no catalog is given)."""
+    return [model.config for model in catalog(args).models if model.origin == "model-flag"]
+
+
+def on_demand(args: argparse.Namespace) -> list[CatalogModel]:
+    """The catalog's models loaded on demand (all but ``--model``'s)."""
+    return [model for model in catalog(args).models if model.origin != "model-flag"]
+
+
+def host_config(args: argparse.Namespace) -> Any:
+    """The budget of the models on demand (``llmtrio.worker.HostConfig``)."""
+    from .worker import HostConfig
+
+    return build(HostConfig, args)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -210,6 +210,36 @@ CATALOG = section(
         "add every model in the Hugging Face cache (what llmtrio pull fetched) to the catalog",
         action="store_true",
     ),
+    flag(
+        "--max-loaded-models",
+        "HostConfig.max_loaded_models",
+        "models loaded at once, --model ones included; the least recently used idle one "
+        "unloads to make room (default %(default)s: no bound)",
+        type=int,
+        metavar="N",
+    ),
+    flag(
+        "--memory-budget",
+        "HostConfig.memory_budget_mib",
+        "memory the loaded models may take, each estimated from its file, KV cache, "
+        "recurrent state, --cache-ram and buffers (default %(default)s: no bound)",
+        type=mib,
+        metavar="MiB",
+    ),
+    flag(
+        "--keep-alive",
+        "HostConfig.keep_alive",
+        "how long an idle model stays loaded: seconds or a duration like 10m; -1: for ever "
+        "(default %(default)ss; a request's keep_alive overrides it)",
+        metavar="DURATION",
+    ),
+    flag(
+        "--load-timeout",
+        "HostConfig.load_timeout",
+        "seconds a model's load may take before its waiting requests get a 503 "
+        "(default %(default)s)",
+        type=float,
+    ),
 )
 
 LIMITS = section(

@@ -16,7 +16,7 @@ from llmtrio._catalog import (
     scan_models_dir,
 )
 from llmtrio._cli import _parser
-from llmtrio._configs import catalog, startup_configs
+from llmtrio._configs import catalog, on_demand, startup_configs
 from llmtrio._durations import FOREVER, keep_alive_seconds
 from llmtrio.engine import EngineConfig
 
@@ -262,8 +262,10 @@ def test_the_command_builds_the_catalog_from_its_flags(tmp_path: Path) -> None:
     assert built.names == ("b", "c")  # no --model: the default model is not served
     assert all(m.config.cache_type_k == "q8_0" and m.config.ctx_size == 512 for m in built.models)
     assert all(m.config.threads == 1 for m in built.models)
-    configs = startup_configs(parse(f"--model={a}", f"--models-file={file}"))
-    assert [(c.model, c.model_name) for c in configs] == [(a, None), (a, "b")]
+    both = parse(f"--model={a}", f"--models-file={file}")
+    assert [(c.model, c.model_name) for c in startup_configs(both)] == [(a, None)]
+    assert [(m.name, m.load) for m in on_demand(both)] == [("b", True), ("c", False)]
+    assert startup_configs(parse(f"--models-file={file}")) == []  # all on demand
     for argv, named in [
         ([f"--models-file={tmp_path / 'absent.toml'}"], "cannot read the models file"),
         ([f"--models-dir={tmp_path / 'absent'}"], "--models-dir"),
@@ -273,9 +275,6 @@ def test_the_command_builds_the_catalog_from_its_flags(tmp_path: Path) -> None:
     bad = models_file(tmp_path, '[models.b]\nsource = "a.gguf"\nthreads = "two"\n')
     with pytest.raises(SystemExit, match="model 'b': key 'threads': must be an integer"):
         catalog(parse(f"--models-file={bad}"))
-    lazy = models_file(tmp_path, '[models.b]\nsource = "a.gguf"\n')
-    with pytest.raises(SystemExit, match="no model is loaded at start"):
-        startup_configs(parse(f"--models-file={lazy}"))
 
 
 def test_the_new_engine_settings_as_flags(tmp_path: Path) -> None:

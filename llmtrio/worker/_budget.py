@@ -237,6 +237,11 @@ class LoadPolicy:
 
     # -- what happened ----------------------------------------------------------------------
 
+    def pin(self, name: str, cost: int, now: float) -> None:
+        """A model loaded outside the policy (``--model``, at start): counted in the budget,
+        never unloaded."""
+        self._models[name] = _Model("loaded", cost, True, math.inf, last_used=now, served=True)
+
     def want(
         self,
         name: str,

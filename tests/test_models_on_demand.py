@@ -1,0 +1,193 @@
+"""Models on demand in one ``llmtrio serve`` (in process): a catalog of the three test models
+and a corrupt GGUF, a budget for two; loading on first use (32 concurrent first requests: one
+load), LRU eviction over a rotation, a failed load answered in OpenAI's shape with the others
+untouched, ``keep_alive: 0`` unloading (and the process's RSS coming back)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from llmtrio._catalog import CatalogModel
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from llmtrio.server import serve
+from llmtrio.web import ServeConfig
+from llmtrio.worker import HostConfig
+
+from ._helpers import engine_config, eventually
+
+pytestmark = pytest.mark.slow
+
+QWEN35 = Path(__file__).parent / "data" / "qwen35-tiny-random.gguf"
+MINILM = Path(__file__).parent / "data" / "all-MiniLM-L6-v2-Q8_0.gguf"
+
+
+def rss_mib() -> float:
+    """This process's resident memory (Linux)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+class Loads(logging.Handler):
+    """The host's log of loads and unloads, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        verb = str(record.msg).split(" ", 1)[0]
+        if verb in ("loading", "loaded", "unloaded") and record.args:
+            self.events.append((verb, str(record.args[0])))
+
+    def count(self, verb: str, name: str) -> int:
+        return self.events.count((verb, name))
+
+    def most_held(self) -> int:
+        """The most models held at once (from a load's start to its unload's end)."""
+        held: set[str] = set()
+        most = 0
+        for verb, name in self.events:
+            if verb == "loading":
+                held.add(name)
+            elif verb == "unloaded":
+                held.discard(name)
+            most = max(most, len(held))
+        return most
+
+
+@pytest.fixture
+async def on_demand(gemma_path: Path, tmp_path: Path) -> AsyncIterator[tuple[str, Loads]]:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(QWEN35.read_bytes()[:4096])
+
+    def model(name: str, path: Path, **changes: object) -> CatalogModel:
+        config = engine_config(path, model_name=name, threads=1, max_inflight=2, ctx_size=256)
+        return CatalogModel(name, attrs.evolve(config, **changes), "models-file")
+
+    catalog = [
+        model("gemma", gemma_path),
+        model("qwen", QWEN35),
+        model("minilm", MINILM),
+        model("broken", broken),
+    ]
+    loads = Loads()
+    logger = logging.getLogger("llmtrio.worker")
+    logger.addHandler(loads)
+    logger.setLevel(logging.INFO)
+    shutdown = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                partial(
+                    serve,
+                    [],
+                    ServeConfig(port=0),
+                    shutdown=shutdown,
+                    on_demand=catalog,
+                    host=HostConfig(max_loaded_models=2),
+                )
+            )
+            yield binds[0], loads
+            shutdown.set()
+    finally:
+        logger.removeHandler(loads)
+
+
+def chat(model: str, **fields: object) -> dict[str, object]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        **fields,
+    }
+
+
+async def test_models_load_on_first_use_within_the_budget(
+    on_demand: tuple[str, Loads],
+) -> None:
+    url, loads = on_demand
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        listed = (await client.get("/v1/models")).json()["data"]
+        assert {m["id"]: m["kind"] for m in listed} == {
+            "gemma": "chat",
+            "qwen": "chat",
+            "minilm": "embedding",
+            "broken": "chat",
+        }
+        assert loads.events == []  # nothing is loaded before it is asked for
+
+        # 32 concurrent first requests: one load, every request answered
+        statuses: list[int] = []
+
+        async def one() -> None:
+            statuses.append((await client.post(CHAT_PATH, json=chat("qwen"))).status_code)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(32):
+                nursery.start_soon(one)
+        assert statuses == [200] * 32
+        assert loads.count("loading", "qwen") == 1 and loads.count("loaded", "qwen") == 1
+
+        # a rotation over all three with room for two: the least recently used makes room
+        for _ in range(2):
+            assert (
+                await client.post(
+                    COMPLETIONS_PATH, json={"model": "gemma", "prompt": "a", "max_tokens": 2}
+                )
+            ).status_code == 200
+            assert (
+                await client.post(EMBEDDINGS_PATH, json={"model": "minilm", "input": "a"})
+            ).status_code == 200
+            assert (await client.post(CHAT_PATH, json=chat("qwen"))).status_code == 200
+        assert loads.most_held() <= 2
+        assert loads.count("unloaded", "qwen") >= 1 and loads.count("loading", "qwen") >= 2
+
+        # a corrupt file: a clear 503 in OpenAI's shape; the others are untouched
+        failed = await client.post(CHAT_PATH, json=chat("broken"))
+        assert failed.status_code == 503
+        error = failed.json()["error"]
+        assert error["code"] == "model_load_failed" and error["type"] == "server_error"
+        assert "'broken'" in error["message"] and "truncated or corrupt" in error["message"]
+        again = await client.post(CHAT_PATH, json=chat("broken"))  # within the back-off
+        assert again.status_code == 503 and int(again.headers["retry-after"]) >= 1
+        assert loads.count("loading", "broken") == 1  # not reloaded in a loop
+        assert (await client.post(CHAT_PATH, json=chat("qwen"))).status_code == 200
+
+        # a keep_alive that is not a duration is the client's error, naming the field
+        wrong = await client.post(CHAT_PATH, json=chat("qwen", keep_alive="soon"))
+        assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "keep_alive"
+
+
+async def test_keep_alive_0_unloads_and_gives_the_memory_back(
+    on_demand: tuple[str, Loads],
+) -> None:
+    """Loaded once and unloaded first, so that what the first load of any model leaves for
+    good (llama.cpp's backends, Python's caches) is in the figure before."""
+    url, loads = on_demand
+    completion = {"model": "gemma", "prompt": "a", "max_tokens": 2}
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        figures = []
+        for cycle in (1, 2):
+            figures.append(rss_mib())
+            first = await client.post(COMPLETIONS_PATH, json=completion)
+            assert first.status_code == 200
+            figures.append(rss_mib())
+            last = await client.post(COMPLETIONS_PATH, json={**completion, "keep_alive": 0})
+            assert last.status_code == 200
+            await eventually(lambda cycle=cycle: loads.count("unloaded", "gemma") == cycle)
+        figures.append(rss_mib())
+    _, _, before, loaded, after = figures
+    print("RSS MiB (first load, loaded, unloaded, second load, unloaded):", figures)
+    # gemma's 253 MB file and its context: well over 100 MiB while loaded; unloaded, the
+    # process is back within 32 MiB of where it was (Python's allocator keeps some).
+    assert loaded - before > 100, figures
+    assert after - before < 32, figures
