@@ -48,6 +48,8 @@ def _worker(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise SystemExit(f"llmtrio worker: cannot load the certificates: {exc}") from None
     config = startup_configs(args)
+    hosted = on_demand(args)
+    host = host_config(args)
     limits = request_limits(args)
     dial = dial_config(args)
     metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
@@ -64,6 +66,8 @@ def _worker(args: argparse.Namespace) -> int:
             limits=limits,
             metrics_address=metrics,
             dial=dial,
+            on_demand=hosted,
+            host=host,
         )
 
     trio.run(partial(until_signalled, run, graceful_timeout=graceful_timeout))

@@ -23,6 +23,8 @@ from llmtrio.web import ServeConfig
 from llmtrio.worker import HostConfig
 
 from ._helpers import engine_config, eventually
+from ._procs import Ring
+from .test_multi_model import wait_models
 
 pytestmark = pytest.mark.slow
 
@@ -191,3 +193,47 @@ async def test_keep_alive_0_unloads_and_gives_the_memory_back(
     # process is back within 32 MiB of where it was (Python's allocator keeps some).
     assert loaded - before > 100, figures
     assert after - before < 32, figures
+
+
+def test_two_workers_with_different_catalogs_behind_one_ingress(
+    tmp_path: Path, gemma_path: Path
+) -> None:
+    """Real processes: an ingress and two ``llmtrio worker``s, each with its own models file
+    (the qwen35 model on one, MiniLM on the other), nothing loaded at start: the ingress lists
+    both models at once, and each request loads its model on the worker that lists it."""
+    files = {}
+    for worker, (name, path) in {
+        "w-qwen": ("qwen", QWEN35),
+        "w-minilm": ("minilm", MINILM),
+    }.items():
+        files[worker] = tmp_path / f"{worker}.toml"
+        files[worker].write_text(
+            f'[models.{name}]\nsource = "{path}"\nthreads = 1\nmax_inflight = 2\nctx_size = 256\n'
+        )
+    with Ring.opened(tmp_path, gemma_path) as ring:
+        ingress = ring.ingress("ingress")
+        workers = {
+            worker: ring.spawn(
+                worker,
+                "worker",
+                f"--ingress-url={ingress.control}",
+                f"--tls-cert={ring.certificate(worker)}",
+                f"--ca={tmp_path / 'ingress-ca.pem'}",
+                f"--models-file={file}",
+                "--threads=1",
+            )
+            for worker, file in files.items()
+        }
+        with httpx.Client(base_url=ingress.url, timeout=120) as client:
+            listed = wait_models(client, {"qwen": 1, "minilm": 1})
+            assert {m["id"]: m["kind"] for m in listed} == {"qwen": "chat", "minilm": "embedding"}
+            assert not any("loading" in proc.text() for proc in workers.values())
+            answer = client.post(CHAT_PATH, json=chat("qwen"))
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-llmtrio-worker"].split("#")[0] == "w-qwen"
+            answer = client.post(EMBEDDINGS_PATH, json={"model": "minilm", "input": "a"})
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-llmtrio-worker"].split("#")[0] == "w-minilm"
+        workers["w-qwen"].wait_for(r"loaded qwen in")
+        workers["w-minilm"].wait_for(r"loaded minilm in")
+        assert "minilm" not in workers["w-qwen"].text()
