@@ -109,7 +109,9 @@ async def run_worker(
                         )
                     )
                 hosted = [HostedModel.of(m.name, m.config, m.keep_alive) for m in on_demand]
-                model_host = ModelHost.of(hosted, host or HostConfig())
+                model_host = ModelHost.of(
+                    hosted, host or HostConfig(), registry if hosted else None
+                )
                 for engine, config in zip(engines, configs, strict=True):
                     cost = HostedModel.of(engine.model_name, config).cost
                     model_host.pin(engine.model_name, cost)

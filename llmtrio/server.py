@@ -72,13 +72,13 @@ async def serve(
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(open_engine(each)) for each in configs]
         hosted = [HostedModel.of(m.name, m.config, m.keep_alive) for m in on_demand]
-        model_host = ModelHost.of(hosted, host or HostConfig())
-        for engine, each in zip(engines, configs, strict=True):
-            model_host.pin(engine.model_name, HostedModel.of(engine.model_name, each).cost)
         if len(engines) == 1 and not hosted and config.default_model is None:
             config = attrs.evolve(config, default_model=engines[0].model_name)
         ring = Ring.from_config(config.ring)
         registry = CollectorRegistry()
+        model_host = ModelHost.of(hosted, host or HostConfig(), registry if hosted else None)
+        for engine, each in zip(engines, configs, strict=True):
+            model_host.pin(engine.model_name, HostedModel.of(engine.model_name, each).cost)
         # Every engine's figures, labelled with its model's name; the ingress exports the
         # picker's gauges for the whole ring, these engines included.
         metrics = WorkerMetrics(registry, engines, picker_gauges=False)

@@ -15,6 +15,7 @@ import attrs
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmtrio._catalog import CatalogModel
 from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
@@ -163,6 +164,22 @@ async def test_models_load_on_first_use_within_the_budget(
         assert again.status_code == 503 and int(again.headers["retry-after"]) >= 1
         assert loads.count("loading", "broken") == 1  # not reloaded in a loop
         assert (await client.post(CHAT_PATH, json=chat("qwen"))).status_code == 200
+
+        # the host's figures on /metrics
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families((await client.get("/metrics")).text)
+            for sample in family.samples
+        }
+        ok = (("model_name", "qwen"), ("outcome", "ok"))
+        assert samples[("llmtrio_model_loads_total", ok)] == loads.count("loaded", "qwen")
+        failed = (("model_name", "broken"), ("outcome", "failed"))
+        assert samples[("llmtrio_model_loads_total", failed)] == 1
+        assert samples[("llmtrio_model_unloads_total", (("model_name", "qwen"),))] >= 1
+        count = ("llmtrio_model_load_seconds_count", (("model_name", "qwen"),))
+        assert samples[count] == loads.count("loaded", "qwen")
+        assert 1 <= samples[("llmtrio_models_loaded", ())] <= 2
+        assert samples[("llmtrio_models_loaded_bytes", ())] > 0
 
         # a keep_alive that is not a duration is the client's error, naming the field
         wrong = await client.post(CHAT_PATH, json=chat("qwen", keep_alive="soon"))

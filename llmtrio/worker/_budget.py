@@ -214,6 +214,9 @@ class LoadPolicy:
         """The bytes reserved by every model loading, loaded or unloading."""
         return sum(model.cost for model in self._models.values())
 
+    def loaded_count(self) -> int:
+        return sum(1 for model in self._models.values() if model.state == "loaded")
+
     @property
     def free(self) -> int | None:
         """The bytes a load could still have without evicting (``None``: no budget)."""

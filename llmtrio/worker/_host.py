@@ -33,6 +33,7 @@ from pathlib import Path
 
 import attrs
 import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .._durations import keep_alive_seconds
 from .._fields import RequestLimits
@@ -157,6 +158,43 @@ class ModelLoadFailed(Exception):
         return model_load_failed(self.model, self.reason, retry)
 
 
+#: Load seconds: a small test model loads in well under a second, a large one from a cold
+#: disk in minutes.
+_LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class HostMetrics:
+    """The host's figures in ``registry``: loads by model and outcome (``ok``, ``failed``,
+    ``timeout``), unloads by model, load seconds, and the loaded models and their estimated
+    bytes (the budget's view)."""
+
+    def __init__(self, registry: CollectorRegistry, host: ModelHost) -> None:
+        self.loads = Counter(
+            "llmtrio_model_loads",
+            "Model loads by model and outcome (ok, failed, timeout).",
+            ["model_name", "outcome"],
+            registry=registry,
+        )
+        self.unloads = Counter(
+            "llmtrio_model_unloads", "Model unloads by model.", ["model_name"], registry=registry
+        )
+        self.load_seconds = Histogram(
+            "llmtrio_model_load_seconds",
+            "Seconds a model's load took (successful loads).",
+            ["model_name"],
+            buckets=_LOAD_BUCKETS,
+            registry=registry,
+        )
+        Gauge(
+            "llmtrio_models_loaded", "Models loaded (pinned ones included).", registry=registry
+        ).set_function(lambda: float(host.loaded_count()))
+        Gauge(
+            "llmtrio_models_loaded_bytes",
+            "The estimated bytes of the models loading, loaded or unloading.",
+            registry=registry,
+        ).set_function(lambda: float(host.reserved_bytes()))
+
+
 @attrs.define
 class _Waiters:
     done: trio.Event = attrs.field(factory=trio.Event)
@@ -180,6 +218,7 @@ class ModelHost:
     #: Loads started and how each ended, by model: (model, "ok" | "failed").
     loads: list[tuple[str, str]] = attrs.field(init=False, factory=list)
     unloads: list[str] = attrs.field(init=False, factory=list)
+    metrics: HostMetrics | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._policy = LoadPolicy(
@@ -189,8 +228,20 @@ class ModelHost:
         )
 
     @classmethod
-    def of(cls, models: Sequence[HostedModel], config: HostConfig) -> ModelHost:
-        return cls({model.name: model for model in models}, config)
+    def of(
+        cls,
+        models: Sequence[HostedModel],
+        config: HostConfig,
+        registry: CollectorRegistry | None = None,
+    ) -> ModelHost:
+        """A host of ``models``; its figures in ``registry`` when given."""
+        host = cls({model.name: model for model in models}, config)
+        if registry is not None:
+            host.metrics = HostMetrics(registry, host)
+        return host
+
+    def loaded_count(self) -> int:
+        return self._policy.loaded_count()
 
     def pin(self, name: str, cost: ModelCost) -> None:
         """Count a model loaded at start outside the host (``--model``) in the budget."""
@@ -272,9 +323,11 @@ class ModelHost:
                 with trio.move_on_at(self._policy.next_expiry()):
                     await self._wake.wait()
 
-    def _load_failed(self, name: str, reason: str) -> None:
+    def _load_failed(self, name: str, reason: str, outcome: str = "failed") -> None:
         logger.error("cannot load %s: %s", name, reason)
         self.loads.append((name, "failed"))
+        if self.metrics is not None:
+            self.metrics.loads.labels(name, outcome).inc()
         self._policy.loaded(name, trio.current_time(), error=reason)
         self._answer(name, ModelLoadFailed(name, reason))
         self._kick()
@@ -284,6 +337,9 @@ class ModelHost:
         self._engines[name] = engine
         self.loads.append((name, "ok"))
         self._policy.loaded(name, trio.current_time())
+        if self.metrics is not None:
+            self.metrics.loads.labels(name, "ok").inc()
+            self.metrics.load_seconds.labels(name).observe(trio.current_time() - started)
         logger.info("loaded %s in %.2fs", name, trio.current_time() - started)
         self._answer(name, None)
         self._kick()
@@ -311,10 +367,13 @@ class ModelHost:
             self._load_failed(name, str(exc).splitlines()[0])
             return
         if not loaded:
-            self._load_failed(name, f"the load took more than {self.config.load_timeout:g}s")
+            timeout = f"the load took more than {self.config.load_timeout:g}s"
+            self._load_failed(name, timeout, "timeout")
             return
         self.unloads.append(name)
         self._policy.unloaded(name)
+        if self.metrics is not None:
+            self.metrics.unloads.labels(name).inc()
         logger.info("unloaded %s", name)
         self._kick()
 
