@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from functools import partial
 from pathlib import Path
 
@@ -105,6 +105,10 @@ async def on_demand(gemma_path: Path, tmp_path: Path) -> AsyncIterator[tuple[str
         logger.removeHandler(loads)
 
 
+async def _equal(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
+
+
 def chat(model: str, **fields: object) -> dict[str, object]:
     return {
         "model": model,
@@ -128,6 +132,13 @@ async def test_models_load_on_first_use_within_the_budget(
         }
         assert loads.events == []  # nothing is loaded before it is asked for
 
+        async def states() -> dict[str, str]:
+            listed = (await client.get("/v1/models")).json()["data"]
+            return {str(m["id"]): str(m["state"]) for m in listed}
+
+        unloaded = dict.fromkeys(("gemma", "qwen", "minilm", "broken"), "unloaded")
+        await eventually(lambda: _equal(states(), unloaded))
+
         # 32 concurrent first requests: one load, every request answered
         statuses: list[int] = []
 
@@ -139,6 +150,7 @@ async def test_models_load_on_first_use_within_the_budget(
                 nursery.start_soon(one)
         assert statuses == [200] * 32
         assert loads.count("loading", "qwen") == 1 and loads.count("loaded", "qwen") == 1
+        await eventually(lambda: _equal(states(), {**unloaded, "qwen": "loaded"}))
 
         # a rotation over all three with room for two: the least recently used makes room
         for _ in range(2):

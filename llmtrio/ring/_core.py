@@ -157,12 +157,18 @@ class RingCore:
         """Every model an attached worker listed, by name, in attach order: its kind (as its
         first worker said) and how many workers serve it."""
         models: dict[str, ModelStats] = {}
+        order = ("unloaded", "loading", "loaded")
         for worker in self._workers.values():
+            state = (worker.capacity.model_state if worker.capacity else "") or "loaded"
             for index, name in enumerate(worker.models):
                 known = models.get(name)
                 kind = worker.kinds[index] if worker.kinds else CHAT
                 workers = 1 if known is None else known.workers + 1
-                models[name] = ModelStats(name, kind if known is None else known.kind, workers)
+                if known is not None:
+                    state = max(state, known.state, key=order.index)
+                models[name] = ModelStats(
+                    name, kind if known is None else known.kind, workers, state
+                )
         return models
 
     def stats(self) -> RingStats:

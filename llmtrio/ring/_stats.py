@@ -45,6 +45,9 @@ class ModelStats:
     kind: str
     """``"chat"`` (chat and text completions) or ``"embedding"``."""
     workers: int
+    state: str = "loaded"
+    """``loaded`` on some worker, else ``loading`` on one, else ``unloaded`` (every worker
+    listing it loads it on demand and none has it loaded)."""
 
 
 @attrs.frozen

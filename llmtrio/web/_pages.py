@@ -145,6 +145,7 @@ def pages_app(
                         "owned_by": "llmtrio",
                         "kind": model.kind,
                         "workers": model.workers,
+                        "state": model.state,
                     }
                     for model in known.values()
                 ],

@@ -418,8 +418,10 @@ async def serve_hosted_link(
     def heartbeat() -> None:
         engine = host.engine(name)
         if engine is None:
-            free = slots.value
-            link.heartbeat(Heartbeat(waiting, slots.value + waiting, free))
+            state = "loading" if host.state(name) == "loading" else "unloaded"
+            link.heartbeat(
+                Heartbeat(waiting, slots.value + waiting, slots.value, model_state=state)
+            )
             return
         capacity = engine.capacity()
         link.heartbeat(
@@ -430,6 +432,7 @@ async def serve_hosted_link(
                 capacity.decoding,
                 kv_used=capacity.kv_used,
                 kv_total=capacity.kv_total,
+                model_state="loaded",
             )
         )
 
