@@ -51,6 +51,7 @@ __all__ = [
     "MAX_TOP_LOGPROBS",
     "MESSAGES",
     "MESSAGE_ROLES",
+    "MODELS",
     "NAMED_TOOL_CHOICE",
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "TEXT_PARTS",
@@ -75,6 +76,8 @@ __all__ = [
 CHAT: Final = "chat"
 COMPLETIONS: Final = "completions"
 EMBEDDINGS: Final = "embeddings"
+#: ``/models/load`` and ``/models/unload``.
+MODELS: Final = "models"
 
 INT32_MAX: Final = 2**31 - 1  # values that reach llama.cpp as C ints
 INT64_MIN: Final = -(2**63)
@@ -353,6 +356,8 @@ FIELDS: Final[tuple[Field, ...]] = (
     _refused("dimensions", "shortened embeddings (no GGUF field says a model was trained for "
              "truncated vectors)", EMBEDDINGS),
     Field("user", "string", _both(EMBEDDINGS), "Accepted and ignored."),
+    Field("model", "string", _both(MODELS), required=True,
+          description="A catalog model's name (never a path or a repository)."),
 )  # fmt: skip
 
 _BY_KEY: Final = {(e, f.name): f for f in FIELDS for e in f.endpoints}

@@ -18,7 +18,9 @@ __all__ = [
     "COMPLETIONS_PATH",
     "EMBEDDINGS_PATH",
     "HEALTH_PATH",
+    "MODELS_LOAD_PATH",
     "MODELS_PATH",
+    "MODELS_UNLOAD_PATH",
     "OPENAPI_PATH",
     "RING_PATHS",
     "ROUTES",
@@ -31,6 +33,9 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 MODELS_PATH = "/v1/models"
 HEALTH_PATH = "/health"
 OPENAPI_PATH = "/openapi.json"
+#: llama.cpp's router names: load or unload a catalog model, by name only.
+MODELS_LOAD_PATH = "/models/load"
+MODELS_UNLOAD_PATH = "/models/unload"
 
 
 @attrs.frozen
@@ -65,6 +70,10 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),
     Route("GET", OPENAPI_PATH, "openapi", "This document."),
+    Route("POST", MODELS_LOAD_PATH, "loadModel",
+          "Load a catalog model now (by its name; never a path).", "models"),
+    Route("POST", MODELS_UNLOAD_PATH, "unloadModel",
+          "Unload an idle catalog model now (never a pinned one).", "models"),
 )  # fmt: skip
 
 #: Served by the workers through the ring, ``POST`` only.

@@ -18,7 +18,13 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmtrio._catalog import CatalogModel
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from llmtrio._routes import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    EMBEDDINGS_PATH,
+    MODELS_LOAD_PATH,
+    MODELS_UNLOAD_PATH,
+)
 from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 from llmtrio.worker import HostConfig
@@ -109,6 +115,10 @@ async def _equal(value: Awaitable[object], expected: object) -> bool:
     return await value == expected
 
 
+async def _state_of(value: Awaitable[dict[str, str]], model: str, state: str) -> bool:
+    return (await value)[model] == state
+
+
 def chat(model: str, **fields: object) -> dict[str, object]:
     return {
         "model": model,
@@ -192,6 +202,40 @@ async def test_models_load_on_first_use_within_the_budget(
         assert samples[count] == loads.count("loaded", "qwen")
         assert 1 <= samples[("llmtrio_models_loaded", ())] <= 2
         assert samples[("llmtrio_models_loaded_bytes", ())] > 0
+
+        # the operator's load and unload, by name only
+        assert (await client.post(MODELS_LOAD_PATH, json={"model": "minilm"})).json() == {
+            "success": True,
+            "model": "minilm",
+            "state": "loaded",
+        }
+        await eventually(lambda: _state_of(states(), "minilm", "loaded"))
+        unloaded_now = await client.post(MODELS_UNLOAD_PATH, json={"model": "minilm"})
+        assert unloaded_now.status_code == 200
+        assert unloaded_now.json()["state"] in ("unloading", "unloaded")
+        await eventually(lambda: _state_of(states(), "minilm", "unloaded"))
+        again = await client.post(MODELS_UNLOAD_PATH, json={"model": "minilm"})
+        assert again.json()["state"] == "unloaded"
+        for name in (
+            "../qwen",
+            "../../tests/data/qwen35-tiny-random.gguf",
+            str(QWEN35),
+            "/etc/passwd",
+            "unsloth/Qwen3.5-0.8B-GGUF:Q4_K_M",
+            "google/gemma-3-270m",
+            "%2e%2e%2fqwen",
+            "qwen%00",
+            "https://huggingface.co/unsloth/Qwen3.5-0.8B-GGUF",
+        ):
+            for path in (MODELS_LOAD_PATH, MODELS_UNLOAD_PATH):
+                refused = await client.post(path, json={"model": name})
+                assert refused.status_code == 404, (path, name, refused.text)
+                assert refused.json()["error"]["code"] == "model_not_found"
+        missing = await client.post(MODELS_LOAD_PATH, json={})
+        assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
+        assert not any(
+            name.startswith(("/", ".", "%", "unsloth", "google")) for _, name in loads.events
+        )
 
         # a keep_alive that is not a duration is the client's error, naming the field
         wrong = await client.post(CHAT_PATH, json=chat("qwen", keep_alive="soon"))

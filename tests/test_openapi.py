@@ -51,6 +51,8 @@ EXAMPLES = {
     "listModels": 5,
     "health": 5,
     "openapi": 2,
+    "loadModel": 4,
+    "unloadModel": 4,
 }
 OPERATIONS = [(route.method, route.path, EXAMPLES[route.operation_id]) for route in ROUTES]
 

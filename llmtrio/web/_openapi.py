@@ -19,6 +19,7 @@ from .._fields import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    MODELS,
     RequestLimits,
     component_schemas,
     request_schema,
@@ -230,6 +231,20 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Workers serving it now (0: its last one left within the park "
                 "timeout; its requests park).",
             },
+            "state": {
+                "enum": ["loaded", "loading", "unloaded"],
+                "description": "Loaded on some worker, else loading, else unloaded (loaded "
+                "on its first request).",
+            },
+        },
+    },
+    "ModelState": {
+        "type": "object",
+        "required": ["success", "model", "state"],
+        "properties": {
+            "success": {"const": True},
+            "model": {"type": "string"},
+            "state": {"enum": ["loaded", "unloading", "unloaded"]},
         },
     },
     "ModelList": {
@@ -371,12 +386,15 @@ _ANSWERS: dict[str, dict[str, Any]] = {
         ),
     },
     "openapi": {"200": _json_answer("The OpenAPI 3.1 document.", {"type": "object"})},
+    "loadModel": {"200": _json_answer("The model is loaded.", _ref("ModelState"))},
+    "unloadModel": {"200": _json_answer("The model is unloading or unloaded.", _ref("ModelState"))},
 }
 # The request body's schema of each endpoint of the field table.
 _REQUESTS = {
     CHAT: "ChatCompletionRequest",
     COMPLETIONS: "CompletionRequest",
     EMBEDDINGS: "EmbeddingRequest",
+    MODELS: "ModelRequest",
 }
 
 

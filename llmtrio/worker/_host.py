@@ -38,11 +38,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from .._durations import keep_alive_seconds
 from .._fields import RequestLimits
 from .._openai_errors import OpenAIError, invalid_request, model_load_failed
+from .._routes import MODELS_LOAD_PATH, MODELS_UNLOAD_PATH
 from ..engine import EngineConfig, EngineError, open_engine
 from ..engine.models import check_gguf, model_kind
 from ..ring import ClaimedStream, Heartbeat, RingLink
 from ._budget import LoadPolicy, ModelCost, ModelState, estimate_cost
 from ._endpoint import JSON_HEADERS, ModelEngine
+from ._manage import path_of, pinned, respond_error, respond_state
 from ._metrics import WorkerMetrics
 from ._worker import HEARTBEAT_INTERVAL_S, _request_id, _serve_stream
 
@@ -378,6 +380,24 @@ class ModelHost:
         self._kick()
 
 
+async def _unload(host: ModelHost, name: str, claimed: ClaimedStream) -> None:
+    """``POST /models/unload``: an idle loaded model unloads now; a pinned one, one with
+    requests in flight or one loading is refused (400, naming why)."""
+    state = host.state(name)
+    if state is None:
+        await respond_state(claimed, name, "unloaded")
+    elif host.unload(name) or state == "unloading":
+        await respond_state(claimed, name, "unloading")
+    elif host.models[name].pinned:
+        await respond_error(claimed, pinned(name))
+    else:
+        why = "is loading" if state == "loading" else "has requests in flight"
+        await respond_error(
+            claimed,
+            invalid_request(f"The model {name!r} {why}: it is not unloaded.", param="model"),
+        )
+
+
 def request_keep_alive(body: bytes) -> float | None:
     """A request body's ``keep_alive`` (Ollama's field) in seconds; ``None`` when absent.
 
@@ -445,6 +465,9 @@ async def serve_hosted_link(
         nonlocal waiting
         try:
             with claimed:
+                if path_of(claimed) == MODELS_UNLOAD_PATH:
+                    await _unload(host, name, claimed)
+                    return
                 try:
                     keep_alive = request_keep_alive(claimed.body)
                 except OpenAIError as refused:
@@ -461,6 +484,10 @@ async def serve_hosted_link(
                     return
                 finally:
                     waiting -= 1
+                if path_of(claimed) == MODELS_LOAD_PATH:
+                    host.release(name, keep_alive)
+                    await respond_state(claimed, name, "loaded")
+                    return
                 try:
                     await _serve_stream(engine, claimed, metrics, limits or RequestLimits())
                 finally:
