@@ -1,4 +1,5 @@
-"""The ``llmtrio`` command: ``generate``, ``embed``, ``serve``, ``worker`` and ``pull``."""
+"""The ``llmtrio`` command: ``generate``, ``embed``, ``serve``, ``worker``, ``pull`` and
+``ps``."""
 
 from __future__ import annotations
 
@@ -166,6 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_embed, args)
         if args.command == "worker":
             return _worker(args)
+        if args.command == "ps":
+            from ._ps import ps
+
+            return ps(args.url, args.api_key)
         if args.command == "pull":
             from ._pull import pull
 

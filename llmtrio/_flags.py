@@ -550,12 +550,29 @@ PULL = Command(
     ),
 )
 
-COMMANDS = (GENERATE, EMBED, SERVE, WORKER, PULL)
+PS = Command(
+    "ps",
+    "list the models a server has loaded, with their memory and when each unloads",
+    (
+        section(
+            None,
+            flag(
+                "--url",
+                "url",
+                "the server (default %(default)s)",
+                default="http://127.0.0.1:8080",
+            ),
+            flag("--api-key", "api_key", "an API key, if the server asks for one"),
+        ),
+    ),
+)
+
+COMMANDS = (GENERATE, EMBED, SERVE, WORKER, PULL, PS)
 
 VERBOSE = flag("-v --verbose", "verbose", "log llama.cpp and engine details", action="store_true")
 
 
-COMMANDS = (GENERATE, EMBED, SERVE, WORKER, PULL)
+COMMANDS = (GENERATE, EMBED, SERVE, WORKER, PULL, PS)
 
 #: The options before the command.
 OPTIONS = (

@@ -297,3 +297,22 @@ def test_the_new_engine_settings_as_flags(tmp_path: Path) -> None:
     refused = _parser().parse_args(["serve", f"--model={a}", "-ctv=q8_0", "--flash-attn=off"])
     with pytest.raises(SystemExit, match="--cache-type-v q8_0 needs flash attention"):
         engine_configs(refused)
+
+
+def test_ps_lists_the_loaded_models() -> None:
+    from llmtrio._ps import table
+
+    listing = [
+        {"id": "a", "kind": "chat", "workers": 2, "state": "loaded", "bytes": 300 << 20},
+        {"id": "b", "kind": "embedding", "workers": 1, "state": "unloaded"},
+        {"id": "c", "kind": "chat", "workers": 1, "state": "loaded", "unload_in_s": -1},
+        {"id": "d", "kind": "chat", "workers": 1, "state": "loaded", "unload_in_s": 125},
+        {"id": "e", "kind": "chat", "workers": 1},  # a worker of the previous version
+    ]
+    assert [line.split() for line in table(listing).splitlines()] == [
+        ["NAME", "KIND", "WORKERS", "SIZE", "UNTIL"],
+        ["a", "chat", "2", "300", "MiB", "-"],
+        ["c", "chat", "1", "-", "forever"],
+        ["d", "chat", "1", "-", "in", "2", "min", "5", "s"],
+        ["e", "chat", "1", "-", "-"],
+    ]

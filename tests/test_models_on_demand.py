@@ -18,6 +18,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmtrio._catalog import CatalogModel
+from llmtrio._cli import main
 from llmtrio._routes import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -129,7 +130,7 @@ def chat(model: str, **fields: object) -> dict[str, object]:
 
 
 async def test_models_load_on_first_use_within_the_budget(
-    on_demand: tuple[str, Loads],
+    on_demand: tuple[str, Loads], capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, loads = on_demand
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -161,6 +162,18 @@ async def test_models_load_on_first_use_within_the_budget(
         assert statuses == [200] * 32
         assert loads.count("loading", "qwen") == 1 and loads.count("loaded", "qwen") == 1
         await eventually(lambda: _equal(states(), {**unloaded, "qwen": "loaded"}))
+
+        # llmtrio ps: the loaded one, its estimated memory and when it unloads (5 minutes)
+        def ps() -> int:
+            return main(["ps", f"--url={url}"])
+
+        assert await trio.to_thread.run_sync(ps) == 0
+        header, row = capsys.readouterr().out.splitlines()
+        assert header.split() == ["NAME", "KIND", "WORKERS", "SIZE", "UNTIL"]
+        name, kind, workers, size, unit, *until = row.split()
+        assert (name, kind, workers) == ("qwen", "chat", "1")
+        assert float(size) > 0 and unit in ("MiB", "GiB")  # with its 1024 MiB prompt cache
+        assert until[0] == "in" and until[2] == "min"
 
         # a rotation over all three with room for two: the least recently used makes room
         for _ in range(2):

@@ -67,6 +67,8 @@ _OPTIONAL_BEAT_FIELDS: Final = (
     "kv_total",
     "spec_drafted",
     "spec_accepted",
+    "model_bytes",
+    "unload_in_s",
 )
 
 _OUTCOME_FIELDS: Final = tuple(field.name for field in attrs.fields(Outcome))

@@ -199,6 +199,11 @@ class Heartbeat:
     """Whether the worker's model is ``loaded``, ``loading`` or ``unloaded`` (a model it
     loads on demand; optional on the wire: ``""``, not reported, is a loaded model, as from a
     worker of the previous version)."""
+    model_bytes: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    """The loaded model's estimated memory (0: not stated; optional on the wire)."""
+    unload_in_s: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(-1))
+    """Seconds until the idle loaded model unloads: -1 never (pinned), 0 not stated (busy,
+    or not loaded on demand; optional on the wire)."""
 
 
 @attrs.frozen

@@ -48,6 +48,10 @@ class ModelStats:
     state: str = "loaded"
     """``loaded`` on some worker, else ``loading`` on one, else ``unloaded`` (every worker
     listing it loads it on demand and none has it loaded)."""
+    bytes: int = 0
+    """The estimated memory of its loaded copies (0: not stated)."""
+    unload_in_s: int = 0
+    """Seconds until its last loaded copy unloads when idle: -1 never, 0 not stated."""
 
 
 @attrs.frozen

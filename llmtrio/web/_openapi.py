@@ -236,6 +236,18 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Loaded on some worker, else loading, else unloaded (loaded "
                 "on its first request).",
             },
+            "bytes": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The estimated memory of its loaded copies (a model loaded "
+                "on demand).",
+            },
+            "unload_in_s": {
+                "type": "integer",
+                "minimum": -1,
+                "description": "Seconds until the idle model unloads (-1: never; absent: "
+                "busy, or not loaded on demand).",
+            },
         },
     },
     "ModelState": {

@@ -146,6 +146,8 @@ def pages_app(
                         "kind": model.kind,
                         "workers": model.workers,
                         "state": model.state,
+                        **({"bytes": model.bytes} if model.bytes else {}),
+                        **({"unload_in_s": model.unload_in_s} if model.unload_in_s else {}),
                     }
                     for model in known.values()
                 ],

@@ -255,6 +255,18 @@ class ModelHost:
     def engine(self, name: str) -> ModelEngine | None:
         return self._engines.get(name) if self.state(name) == "loaded" else None
 
+    def unload_in(self, name: str) -> int:
+        """Whole seconds until the idle loaded ``name`` unloads: -1 never (pinned), 0 when
+        busy (or not loaded)."""
+        if self.models[name].pinned:
+            return -1
+        if self._policy.inflight(name) or self.state(name) != "loaded":
+            return 0
+        expires = self._policy.expires(name)
+        if expires == math.inf:
+            return -1
+        return max(1, math.ceil(expires - trio.current_time()))
+
     def reserved_bytes(self) -> int:
         return self._policy.reserved
 
@@ -453,6 +465,8 @@ async def serve_hosted_link(
                 kv_used=capacity.kv_used,
                 kv_total=capacity.kv_total,
                 model_state="loaded",
+                model_bytes=host.models[name].cost.total,
+                unload_in_s=host.unload_in(name),
             )
         )
 
