@@ -139,7 +139,7 @@ def catalog(args: argparse.Namespace) -> Catalog:
     base = build(EngineConfig, args, model=None, threads=threads)
     hub = HubSettings.from_environ(os.environ).cache_dir if args.hf_cache_models else None
     try:
-        return build_catalog(
+        built = build_catalog(
             pinned,
             base=base,
             models_file=args.models_file,
@@ -148,6 +148,12 @@ def catalog(args: argparse.Namespace) -> Catalog:
         )
     except CatalogError as exc:
         raise SystemExit(f"llmtrio {args.command}: {exc}") from None
+    if not built.models:
+        raise SystemExit(
+            f"llmtrio {args.command}: no model to serve: the catalog (--models-file, "
+            "--models-dir, --hf-cache-models) is empty; give --model or a model there"
+        )
+    return built
 
 
 def startup_configs(args: argparse.Namespace) -> list[EngineConfig]:

@@ -272,6 +272,9 @@ def test_the_command_builds_the_catalog_from_its_flags(tmp_path: Path) -> None:
     ]:
         with pytest.raises(SystemExit, match=f"llmtrio serve: .*{named}"):
             catalog(parse(*argv))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no model to serve"):
+        catalog(parse(f"--models-dir={tmp_path / 'empty'}"))
     bad = models_file(tmp_path, '[models.b]\nsource = "a.gguf"\nthreads = "two"\n')
     with pytest.raises(SystemExit, match="model 'b': key 'threads': must be an integer"):
         catalog(parse(f"--models-file={bad}"))
