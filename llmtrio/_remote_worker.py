@@ -108,7 +108,9 @@ async def run_worker(
                             )
                         )
                     )
-                hosted = [HostedModel.of(m.name, m.config, m.keep_alive) for m in on_demand]
+                hosted = [
+                    HostedModel.of(m.name, m.config, m.keep_alive, m.aliases) for m in on_demand
+                ]
                 model_host = ModelHost.of(
                     hosted, host or HostConfig(), registry if hosted else None
                 )
@@ -123,8 +125,8 @@ async def run_worker(
                                 ssl_context,
                                 worker_id=f"{base}/{model.name}",
                                 max_inflight=max(model.config.max_inflight, LOAD_WAITERS),
-                                models=[model.name],
-                                kinds=[model.kind],
+                                models=model.names,
+                                kinds=[model.kind] * len(model.names),
                                 config=dial,
                             )
                         )

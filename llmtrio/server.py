@@ -71,7 +71,7 @@ async def serve(
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(open_engine(each)) for each in configs]
-        hosted = [HostedModel.of(m.name, m.config, m.keep_alive) for m in on_demand]
+        hosted = [HostedModel.of(m.name, m.config, m.keep_alive, m.aliases) for m in on_demand]
         if len(engines) == 1 and not hosted and config.default_model is None:
             config = attrs.evolve(config, default_model=engines[0].model_name)
         ring = Ring.from_config(config.ring)
@@ -144,8 +144,8 @@ async def _start_hosted(
         async with ring.attach(
             f"local-{model.name}",
             max(model.config.max_inflight, LOAD_WAITERS),
-            models=[model.name],
-            kinds=[model.kind],
+            models=model.names,
+            kinds=[model.kind] * len(model.names),
         ) as link:
             await serve_hosted_link(host, model.name, link, limits=limits, task_status=task_status)
 

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Awaitable
 from functools import partial
 from pathlib import Path
 
-import attrs
 import httpx
 import pytest
 import trio
@@ -79,13 +78,13 @@ async def on_demand(gemma_path: Path, tmp_path: Path) -> AsyncIterator[tuple[str
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(QWEN35.read_bytes()[:4096])
 
-    def model(name: str, path: Path, **changes: object) -> CatalogModel:
+    def model(name: str, path: Path, aliases: tuple[str, ...] = ()) -> CatalogModel:
         config = engine_config(path, model_name=name, threads=1, max_inflight=2, ctx_size=256)
-        return CatalogModel(name, attrs.evolve(config, **changes), "models-file")
+        return CatalogModel(name, config, "models-file", aliases=aliases)
 
     catalog = [
         model("gemma", gemma_path),
-        model("qwen", QWEN35),
+        model("qwen", QWEN35, aliases=("tiny",)),
         model("minilm", MINILM),
         model("broken", broken),
     ]
@@ -138,6 +137,7 @@ async def test_models_load_on_first_use_within_the_budget(
         assert {m["id"]: m["kind"] for m in listed} == {
             "gemma": "chat",
             "qwen": "chat",
+            "tiny": "chat",  # qwen's alias
             "minilm": "embedding",
             "broken": "chat",
         }
@@ -147,7 +147,7 @@ async def test_models_load_on_first_use_within_the_budget(
             listed = (await client.get("/v1/models")).json()["data"]
             return {str(m["id"]): str(m["state"]) for m in listed}
 
-        unloaded = dict.fromkeys(("gemma", "qwen", "minilm", "broken"), "unloaded")
+        unloaded = dict.fromkeys(("gemma", "qwen", "tiny", "minilm", "broken"), "unloaded")
         await eventually(lambda: _equal(states(), unloaded))
 
         # 32 concurrent first requests: one load, every request answered
@@ -161,15 +161,18 @@ async def test_models_load_on_first_use_within_the_budget(
                 nursery.start_soon(one)
         assert statuses == [200] * 32
         assert loads.count("loading", "qwen") == 1 and loads.count("loaded", "qwen") == 1
-        await eventually(lambda: _equal(states(), {**unloaded, "qwen": "loaded"}))
+        await eventually(lambda: _equal(states(), {**unloaded, "qwen": "loaded", "tiny": "loaded"}))
+        by_alias = await client.post(CHAT_PATH, json=chat("tiny"))  # the same model, loaded
+        assert by_alias.status_code == 200 and loads.count("loading", "qwen") == 1
 
         # llmtrio ps: the loaded one, its estimated memory and when it unloads (5 minutes)
         def ps() -> int:
             return main(["ps", f"--url={url}"])
 
         assert await trio.to_thread.run_sync(ps) == 0
-        header, row = capsys.readouterr().out.splitlines()
+        header, row, alias = capsys.readouterr().out.splitlines()
         assert header.split() == ["NAME", "KIND", "WORKERS", "SIZE", "UNTIL"]
+        assert alias.split()[0] == "tiny"
         name, kind, workers, size, unit, *until = row.split()
         assert (name, kind, workers) == ("qwen", "chat", "1")
         assert float(size) > 0 and unit in ("MiB", "GiB")  # with its 1024 MiB prompt cache

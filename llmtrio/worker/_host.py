@@ -103,22 +103,36 @@ class HostedModel:
     cost: ModelCost
     keep_alive: float | None = None
     pinned: bool = False
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """What its link lists: its name, then its aliases (each routed to it)."""
+        return (self.name, *self.aliases)
 
     @classmethod
-    def of(cls, name: str, config: EngineConfig, keep_alive: float | None = None) -> HostedModel:
+    def of(
+        cls,
+        name: str,
+        config: EngineConfig,
+        keep_alive: float | None = None,
+        aliases: Sequence[str] = (),
+    ) -> HostedModel:
         """``config``'s model with its kind and cost from its GGUF header (a repo's model
         not on disk yet: a chat model of unknown weights, counted as 0 until loaded).
 
-        Error handling: ``EngineError`` when the file is not a usable GGUF file."""
+        A file that is not a usable GGUF file is listed all the same (as a chat model of no
+        known cost): its load fails, naming why."""
+        pinned = keep_alive == math.inf
         if config.model is None:
-            return cls(name, config, "chat", ModelCost(0), keep_alive, keep_alive == math.inf)
+            return cls(name, config, "chat", ModelCost(0), keep_alive, pinned, tuple(aliases))
         try:
             weights = sum(p.stat().st_size for p in _parts(config.model))
             info = check_gguf(config.model)
         except (EngineError, OSError) as exc:
             # Listed all the same: its load fails with this reason, other models go on.
             logger.warning("catalog model %s: %s", name, str(exc).splitlines()[0])
-            return cls(name, config, "chat", ModelCost(0), keep_alive, keep_alive == math.inf)
+            return cls(name, config, "chat", ModelCost(0), keep_alive, pinned, tuple(aliases))
         kind = model_kind(info)
         drafts = config.spec_draft_max if config.spec is not None else 0
         embeddings = kind == "embedding"
@@ -134,7 +148,7 @@ class HostedModel:
             rs_snapshots=min(drafts, 8),
             embeddings=embeddings,
         )
-        return cls(name, config, kind, cost, keep_alive, keep_alive == math.inf)
+        return cls(name, config, kind, cost, keep_alive, pinned, tuple(aliases))
 
 
 def _parts(path: Path) -> list[Path]:
