@@ -1,4 +1,5 @@
-"""The ``llmtrio`` command: ``generate``, ``embed``, ``serve``, ``worker`` and ``pull``."""
+"""The ``llmtrio`` command: ``generate``, ``embed``, ``serve``, ``worker``, ``pull`` and
+``ps``."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from ._configs import (
     control_config,
     dial_config,
     engine_config,
-    engine_configs,
     given,
+    host_config,
+    on_demand,
     request_limits,
     sampling,
     serve_config,
+    startup_configs,
 )
 from ._flags import COMMANDS, OPTIONS
 from ._parser import parser
@@ -45,7 +48,9 @@ def _worker(args: argparse.Namespace) -> int:
         context = client_ssl_context(args.tls_cert, args.tls_key, args.ca)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"llmtrio worker: cannot load the certificates: {exc}") from None
-    config = engine_configs(args)
+    config = startup_configs(args)
+    hosted = on_demand(args)
+    host = host_config(args)
     limits = request_limits(args)
     dial = dial_config(args)
     metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
@@ -62,6 +67,8 @@ def _worker(args: argparse.Namespace) -> int:
             limits=limits,
             metrics_address=metrics,
             dial=dial,
+            on_demand=hosted,
+            host=host,
         )
 
     trio.run(partial(until_signalled, run, graceful_timeout=graceful_timeout))
@@ -79,8 +86,10 @@ def _serve(args: argparse.Namespace) -> int:
             control,
             request_limits(args),
             local_worker=not args.no_local_worker,
-            engine_configs=partial(engine_configs, args),
+            engine_configs=partial(startup_configs, args),
             model_name=args.model_name or "",
+            on_demand=partial(on_demand, args),
+            host=partial(host_config, args),
         )
     except ValueError as exc:
         raise SystemExit(f"llmtrio serve: {exc}") from None
@@ -158,6 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_embed, args)
         if args.command == "worker":
             return _worker(args)
+        if args.command == "ps":
+            from ._ps import ps
+
+            return ps(args.url, args.api_key)
         if args.command == "pull":
             from ._pull import pull
 

@@ -18,6 +18,7 @@ from ._threads import thread_counts
 from ._values import ModelSpec
 
 if TYPE_CHECKING:
+    from ._catalog import Catalog, CatalogModel
     from ._fields import RequestLimits
     from .engine import EngineConfig, Sampling
     from .ring import ControlConfig, DialConfig
@@ -25,15 +26,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build",
+    "catalog",
     "control_config",
     "dial_config",
     "engine_config",
     "engine_configs",
     "flag_message",
     "given",
+    "host_config",
+    "on_demand",
     "request_limits",
     "sampling",
     "serve_config",
+    "startup_configs",
 ]
 
 T = TypeVar("T")
@@ -128,6 +133,64 @@ def _projectors(names: Sequence[str], given: Sequence[tuple[str | None, Any]]) -
     if plain and len(names) > 1:
         raise ValueError("--mmproj PATH with several models: give NAME=PATH for each")
     return [named.get(name, plain[-1] if plain else None) for name in names]
+
+
+def _has_catalog(args: argparse.Namespace) -> bool:
+    return bool(
+        getattr(args, "models_file", None)
+        or getattr(args, "models_dir", None)
+        or getattr(args, "hf_cache_models", False)
+    )
+
+
+def catalog(args: argparse.Namespace) -> Catalog:
+    """Every model the command may serve (``llmtrio._catalog``): each ``--model`` (pinned;
+    the default model when neither ``--model`` nor a catalog flag is given), then the
+    models file's, the folder's and the Hugging Face cache's, each with the command's engine
+    flags under its own settings. A refusal exits naming the model and the key."""
+    from ._catalog import CatalogError, build_catalog
+    from .engine import EngineConfig
+    from .engine.models import HubSettings
+
+    pinned = engine_configs(args) if args.model or not _has_catalog(args) else []
+    shared = [n for name, n in (getattr(args, "threads", None) or []) if name is None]
+    threads = shared[-1] if shared else os.cpu_count() or 1
+    base = build(EngineConfig, args, model=None, threads=threads)
+    hub = HubSettings.from_environ(os.environ).cache_dir if args.hf_cache_models else None
+    try:
+        built = build_catalog(
+            pinned,
+            base=base,
+            models_file=args.models_file,
+            models_dir=args.models_dir,
+            hf_cache=hub,
+        )
+    except CatalogError as exc:
+        raise SystemExit(f"llmtrio {args.command}: {exc}") from None
+    if not built.models:
+        raise SystemExit(
+            f"llmtrio {args.command}: no model to serve: the catalog (--models-file, "
+            "--models-dir, --hf-cache-models) is empty; give --model or a model there"
+        )
+    return built
+
+
+def startup_configs(args: argparse.Namespace) -> list[EngineConfig]:
+    """The configs of the models loaded at start and pinned: each ``--model`` (the default
+    model's when no catalog is given)."""
+    return [model.config for model in catalog(args).models if model.origin == "model-flag"]
+
+
+def on_demand(args: argparse.Namespace) -> list[CatalogModel]:
+    """The catalog's models loaded on demand (all but ``--model``'s)."""
+    return [model for model in catalog(args).models if model.origin != "model-flag"]
+
+
+def host_config(args: argparse.Namespace) -> Any:
+    """The budget of the models on demand (``llmtrio.worker.HostConfig``)."""
+    from .worker import HostConfig
+
+    return build(HostConfig, args)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

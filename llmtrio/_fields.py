@@ -62,6 +62,7 @@ __all__ = [
     "MESSAGES",
     "MESSAGES_API",
     "MESSAGE_ROLES",
+    "MODELS",
     "NAMED_TOOL_CHOICE",
     "RESPONSES",
     "RESPONSES_FORMAT",
@@ -91,6 +92,8 @@ COMPLETIONS: Final = "completions"
 EMBEDDINGS: Final = "embeddings"
 #: OpenAI's Responses API (``POST /v1/responses`` and ``/v1/responses/input_tokens``).
 RESPONSES: Final = "responses"
+#: ``/models/load`` and ``/models/unload``.
+MODELS: Final = "models"
 
 INT32_MAX: Final = 2**31 - 1  # values that reach llama.cpp as C ints
 INT64_MIN: Final = -(2**63)
@@ -727,6 +730,8 @@ FIELDS: Final[tuple[Field, ...]] = (
     _refused("prompt", "stored prompts", RESPONSES),
     _refused("image", "image generation", RESPONSES),
     *_ANTHROPIC_FIELDS,
+    Field("model", "string", _both(MODELS), required=True,
+          description="A catalog model's name (never a path or a repository)."),
 )  # fmt: skip
 
 _BY_KEY: Final = {(e, f.name): f for f in FIELDS for e in f.endpoints}

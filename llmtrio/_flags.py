@@ -172,6 +172,100 @@ ENGINE = section(
         "images per request (default %(default)s)",
         type=int,
     ),
+    flag(
+        "-ctk --cache-type-k",
+        "EngineConfig.cache_type_k",
+        "the K cache's type: f16, q8_0 or q4_0 (default %(default)s)",
+        choices=["f16", "q8_0", "q4_0"],
+    ),
+    flag(
+        "-ctv --cache-type-v",
+        "EngineConfig.cache_type_v",
+        "the V cache's type: f16, q8_0 or q4_0; quantized needs flash attention "
+        "(default %(default)s)",
+        choices=["f16", "q8_0", "q4_0"],
+    ),
+    flag(
+        "--flash-attn",
+        "EngineConfig.flash_attn",
+        "flash attention: on, off, or auto (llama.cpp's choice; default %(default)s)",
+        choices=["auto", "on", "off"],
+    ),
+    flag(
+        "-ngl --n-gpu-layers",
+        "EngineConfig.n_gpu_layers",
+        "layers offloaded to a GPU (-1: all; 0: none; default %(default)s)",
+        type=int,
+        metavar="N",
+    ),
+    flag(
+        "--mmap",
+        "EngineConfig.mmap",
+        "map the model file instead of reading it (default: llama.cpp's choice)",
+        action=argparse.BooleanOptionalAction,
+    ),
+    flag(
+        "--mlock",
+        "EngineConfig.mlock",
+        "keep the model's weights in RAM, never swapped out",
+        action="store_true",
+    ),
+)
+
+CATALOG = section(
+    "models on demand (a catalog: loaded on first use, unloaded when idle)",
+    flag(
+        "--models-dir",
+        "models_dir",
+        "a folder of models served on demand: each *.gguf in it, and each subfolder holding "
+        "one model (its split parts and projector), under the file's or folder's name",
+        type=Path,
+        metavar="DIR",
+    ),
+    flag(
+        "--models-file",
+        "models_file",
+        "a TOML file of models served on demand, one [models.NAME] table each with its "
+        "source and settings (see the README)",
+        type=Path,
+        metavar="FILE",
+    ),
+    flag(
+        "--hf-cache-models",
+        "hf_cache_models",
+        "add every model in the Hugging Face cache (what llmtrio pull fetched) to the catalog",
+        action="store_true",
+    ),
+    flag(
+        "--max-loaded-models",
+        "HostConfig.max_loaded_models",
+        "models loaded at once, --model ones included; the least recently used idle one "
+        "unloads to make room (default %(default)s: no bound)",
+        type=int,
+        metavar="N",
+    ),
+    flag(
+        "--memory-budget",
+        "HostConfig.memory_budget_mib",
+        "memory the loaded models may take, each estimated from its file, KV cache, "
+        "recurrent state, --cache-ram and buffers (default %(default)s: no bound)",
+        type=mib,
+        metavar="MiB",
+    ),
+    flag(
+        "--keep-alive",
+        "HostConfig.keep_alive",
+        "how long an idle model stays loaded: seconds or a duration like 10m; -1: for ever "
+        "(default %(default)ss; a request's keep_alive overrides it)",
+        metavar="DURATION",
+    ),
+    flag(
+        "--load-timeout",
+        "HostConfig.load_timeout",
+        "seconds a model's load may take before its waiting requests get a 503 "
+        "(default %(default)s)",
+        type=float,
+    ),
 )
 
 LIMITS = section(
@@ -361,6 +455,7 @@ SERVE = Command(
             ),
         ),
         LIMITS,
+        CATALOG,
         section(
             "remote workers (the ring's control listener)",
             flag(
@@ -470,6 +565,7 @@ WORKER = Command(
             ),
         ),
         LIMITS,
+        CATALOG,
         ENGINE,
     ),
 )
@@ -493,12 +589,29 @@ PULL = Command(
     ),
 )
 
-COMMANDS = (GENERATE, EMBED, SERVE, WORKER, PULL)
+PS = Command(
+    "ps",
+    "list the models a server has loaded, with their memory and when each unloads",
+    (
+        section(
+            None,
+            flag(
+                "--url",
+                "url",
+                "the server (default %(default)s)",
+                default="http://127.0.0.1:8080",
+            ),
+            flag("--api-key", "api_key", "an API key, if the server asks for one"),
+        ),
+    ),
+)
+
+COMMANDS = (GENERATE, EMBED, SERVE, WORKER, PULL, PS)
 
 VERBOSE = flag("-v --verbose", "verbose", "log llama.cpp and engine details", action="store_true")
 
 
-COMMANDS = (GENERATE, EMBED, SERVE, WORKER, PULL)
+COMMANDS = (GENERATE, EMBED, SERVE, WORKER, PULL, PS)
 
 #: The options before the command.
 OPTIONS = (

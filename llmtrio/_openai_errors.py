@@ -58,6 +58,7 @@ __all__ = [
     "invalid_request",
     "method_not_allowed",
     "missing_model",
+    "model_load_failed",
     "model_not_found",
     "model_unavailable",
     "no_worker",
@@ -218,6 +219,9 @@ SHUTTING_DOWN = ErrorKind(
     503, "shutting_down", "the server is shutting down", type="server_error", retry_after=True
 )
 MODEL_UNAVAILABLE = ErrorKind(503, None, "the model failed or is closing", type="server_error")
+MODEL_LOAD_FAILED = ErrorKind(
+    503, "model_load_failed", "the model could not be loaded", type="server_error", retry_after=True
+)
 REQUEST_TIMEOUT = ErrorKind(
     504, "timeout", "the request ran past the server's deadline", type="server_error"
 )
@@ -254,6 +258,7 @@ ERRORS: Final[tuple[ErrorKind, ...]] = (
     NO_WORKER,
     SHUTTING_DOWN,
     MODEL_UNAVAILABLE,
+    MODEL_LOAD_FAILED,
     REQUEST_TIMEOUT,
 )
 
@@ -363,6 +368,14 @@ def server_error(
 def model_unavailable(message: str) -> OpenAIError:
     """503 ``server_error``: the model failed or is closing."""
     return MODEL_UNAVAILABLE.error(message)
+
+
+def model_load_failed(model: str, reason: str, retry_after_s: int | None = None) -> OpenAIError:
+    """503 ``model_load_failed``: the catalog model ``model`` could not be loaded, and why
+    (a corrupt file, a budget it cannot fit, a load past its timeout)."""
+    return MODEL_LOAD_FAILED.error(
+        f"The model {model!r} could not be loaded: {reason}", headers=_retry(retry_after_s)
+    )
 
 
 def dumps(value: object) -> bytes:

@@ -76,6 +76,7 @@ HOMES = {
     "ControlConfig": "llmtrio.ring",
     "DialConfig": "llmtrio.ring",
     "run_worker": "llmtrio._remote_worker",
+    "HostConfig": "llmtrio.worker",
 }
 
 

@@ -9,6 +9,7 @@ import ssl
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -16,7 +17,19 @@ from prometheus_client import CollectorRegistry
 from ._metrics_server import serve_metrics
 from .engine import EngineConfig, open_engine
 from .ring import DialConfig, RemoteLink, connect_ring
-from .worker import RequestLimits, WorkerMetrics, serve_link
+from .worker import (
+    LOAD_WAITERS,
+    HostConfig,
+    HostedModel,
+    ModelHost,
+    RequestLimits,
+    WorkerMetrics,
+    serve_hosted_link,
+    serve_link,
+)
+
+if TYPE_CHECKING:
+    from ._catalog import CatalogModel
 
 __all__ = ["run_worker"]
 
@@ -34,6 +47,8 @@ async def run_worker(
     limits: RequestLimits | None = None,
     metrics_address: tuple[str, int] | None = None,
     dial: DialConfig | None = None,
+    on_demand: Sequence[CatalogModel] = (),
+    host: HostConfig | None = None,
     task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load each model (one engine per config; each attaches on its own links and claims for
@@ -44,6 +59,9 @@ async def run_worker(
     probes ``/livez`` and ``/readyz`` beside them from the start (ready once the model is
     loaded and an ingress attached, until ``shutdown``); ``task_status.started`` gets that
     URL (``None`` without) once the worker is connecting.
+
+    The ``on_demand`` catalog models attach from the start, each on its own links, and load
+    on their first request within ``host``'s budget (``llmtrio.worker.ModelHost``).
 
     Resource handling: after ``shutdown`` the worker stops claiming, lets the streams it
     holds finish (up to ``graceful_timeout`` seconds; then they are cancelled and their
@@ -66,9 +84,9 @@ async def run_worker(
     async with trio.open_nursery() as probes:
         url = None
         if metrics_address is not None:
-            host, port = metrics_address
+            address, port = metrics_address
             url = await probes.start(
-                partial(serve_metrics, registry, host=host, port=port, not_ready=not_ready)
+                partial(serve_metrics, registry, host=address, port=port, not_ready=not_ready)
             )
         try:
             async with AsyncExitStack() as stack:
@@ -76,7 +94,7 @@ async def run_worker(
                 links: list[RemoteLink] = []
                 base = name or socket.gethostname()
                 for engine in engines:
-                    several = len(engines) > 1
+                    several = len(engines) > 1 or bool(on_demand)
                     links.append(
                         await stack.enter_async_context(
                             connect_ring(
@@ -91,18 +109,50 @@ async def run_worker(
                             )
                         )
                     )
+                hosted = [
+                    HostedModel.of(m.name, m.config, m.keep_alive, m.aliases) for m in on_demand
+                ]
+                model_host = ModelHost.of(
+                    hosted, host or HostConfig(), registry if hosted else None
+                )
+                for engine, config in zip(engines, configs, strict=True):
+                    cost = HostedModel.of(engine.model_name, config).cost
+                    model_host.pin(engine.model_name, cost)
+                for model in hosted:
+                    links.append(
+                        await stack.enter_async_context(
+                            connect_ring(
+                                urls,
+                                ssl_context,
+                                worker_id=f"{base}/{model.name}",
+                                max_inflight=max(model.config.max_inflight, LOAD_WAITERS),
+                                models=model.names,
+                                kinds=[model.kind] * len(model.names),
+                                config=dial,
+                            )
+                        )
+                    )
                 # Entered last, left first: the streams end before the links close.
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 # Every engine's figures, labelled with its model's name.
                 metrics = WorkerMetrics(registry, engines)
-                for engine, one in zip(engines, links, strict=True):
+                for engine, one in zip(engines, links, strict=False):
                     await nursery.start(
                         partial(serve_link, engine, one, metrics=metrics, limits=limits)
+                    )
+                if hosted:
+                    await nursery.start(model_host.run)
+                for model, one in zip(hosted, links[len(engines) :], strict=True):
+                    await nursery.start(
+                        partial(serve_hosted_link, model_host, model.name, one, limits=limits)
                     )
                 link = links[0]
                 logger.info(
                     "worker ready: %s, pulling from %s",
-                    ", ".join(engine.model_name for engine in engines),
+                    ", ".join(
+                        [engine.model_name for engine in engines]
+                        + [f"{model.name} (on demand)" for model in hosted]
+                    ),
                     ", ".join(urls),
                 )
                 task_status.started(url)

@@ -25,7 +25,9 @@ __all__ = [
     "EMBEDDINGS_PATH",
     "HEALTH_PATH",
     "MESSAGES_PATH",
+    "MODELS_LOAD_PATH",
     "MODELS_PATH",
+    "MODELS_UNLOAD_PATH",
     "OPENAI_ERRORS",
     "OPENAPI_PATH",
     "RESPONSES_INPUT_TOKENS_PATH",
@@ -51,6 +53,9 @@ COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 #: Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (its types and statuses).
 OPENAI_ERRORS: Final = "openai"
 ANTHROPIC_ERRORS: Final = "anthropic"
+#: llama.cpp's router names: load or unload a catalog model, by name only.
+MODELS_LOAD_PATH = "/models/load"
+MODELS_UNLOAD_PATH = "/models/unload"
 
 
 @attrs.frozen
@@ -96,6 +101,10 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", COUNT_TOKENS_PATH, "countMessageTokens",
           "Count a message request's input tokens (Anthropic's Messages API).", "count_tokens",
           errors=ANTHROPIC_ERRORS),
+    Route("POST", MODELS_LOAD_PATH, "loadModel",
+          "Load a catalog model now (by its name; never a path).", "models"),
+    Route("POST", MODELS_UNLOAD_PATH, "unloadModel",
+          "Unload an idle catalog model now (never a pinned one).", "models"),
 )  # fmt: skip
 
 #: Served by the workers through the ring, ``POST`` only.

@@ -23,7 +23,9 @@ from .ring import ControlConfig, Ring
 from .web import ServeConfig
 
 if TYPE_CHECKING:
+    from ._catalog import CatalogModel
     from .engine import EmbeddingEngine, Engine, EngineConfig, EngineFailedError
+    from .worker import HostConfig, HostedModel, ModelHost
 
 __all__ = ["serve", "serve_until_signalled", "serving"]
 
@@ -37,6 +39,8 @@ async def serve(
     shutdown: trio.Event,
     control: ControlConfig | None = None,
     limits: RequestLimits | None = None,
+    on_demand: Sequence[CatalogModel] = (),
+    host: HostConfig | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load each model (one engine per config, each with its own slots), attach a local
@@ -48,6 +52,11 @@ async def serve(
     The ingress's ``/metrics`` shows every engine's figures, each labelled with its
     ``model_name``; request bodies are checked against ``limits``.
 
+    The ``on_demand`` catalog models are listed from the start, each on its own local
+    worker, and loaded on their first request within ``host``'s budget
+    (``llmtrio.worker.ModelHost``; those whose ``load`` says so at start, too); the
+    ``--model`` engines count in that budget and are never unloaded.
+
     Resource handling: after ``shutdown``, no new connection is accepted; in-flight
     responses get ``config.graceful_timeout`` seconds, then are cancelled (which cancels
     their generations); then the workers stop and the models are freed.
@@ -57,15 +66,19 @@ async def serve(
     as on ``shutdown``, then this raises. A llama.cpp abort takes the whole process down.
     """
     from .engine import EngineConfig, EngineFailedError, open_engine
-    from .worker import WorkerMetrics, serve_link
+    from .worker import HostConfig, HostedModel, ModelHost, WorkerMetrics, serve_link
 
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(open_engine(each)) for each in configs]
-        if len(engines) == 1 and config.default_model is None:
+        hosted = [HostedModel.of(m.name, m.config, m.keep_alive, m.aliases) for m in on_demand]
+        if len(engines) == 1 and not hosted and config.default_model is None:
             config = attrs.evolve(config, default_model=engines[0].model_name)
         ring = Ring.from_config(config.ring)
         registry = CollectorRegistry()
+        model_host = ModelHost.of(hosted, host or HostConfig(), registry if hosted else None)
+        for engine, each in zip(engines, configs, strict=True):
+            model_host.pin(engine.model_name, HostedModel.of(engine.model_name, each).cost)
         # Every engine's figures, labelled with its model's name; the ingress exports the
         # picker's gauges for the whole ring, these engines included.
         metrics = WorkerMetrics(registry, engines, picker_gauges=False)
@@ -95,6 +108,11 @@ async def serve(
         async def start_local_workers(ring: Ring, nursery: trio.Nursery) -> None:
             for engine in engines:
                 await nursery.start(local_worker, engine)
+            if hosted:
+                await _start_hosted(ring, nursery, model_host, hosted, limits)
+            for model in on_demand:
+                if model.load:
+                    nursery.start_soon(_preload, model_host, model.name)
 
         await serve_ring_ingress(
             config,
@@ -111,11 +129,50 @@ async def serve(
         raise failure
 
 
+async def _start_hosted(
+    ring: Ring,
+    nursery: trio.Nursery,
+    host: ModelHost,
+    hosted: Sequence[HostedModel],
+    limits: RequestLimits | None,
+) -> None:
+    """The host's loop and a local worker per on-demand model, each on its own link."""
+    from .worker import LOAD_WAITERS, serve_hosted_link
+
+    await nursery.start(host.run)
+
+    async def hosted_worker(model: HostedModel, *, task_status: trio.TaskStatus[None]) -> None:
+        async with ring.attach(
+            f"local-{model.name}",
+            max(model.config.max_inflight, LOAD_WAITERS),
+            models=model.names,
+            kinds=[model.kind] * len(model.names),
+        ) as link:
+            await serve_hosted_link(host, model.name, link, limits=limits, task_status=task_status)
+
+    for model in hosted:
+        await nursery.start(hosted_worker, model)
+
+
+async def _preload(host: ModelHost, name: str) -> None:
+    """Load ``name`` at start (its ``load = true``); then it idles as any loaded model."""
+    from .worker import ModelLoadFailed
+
+    try:
+        await host.acquire(name)
+    except ModelLoadFailed as exc:
+        logger.error("cannot load %s at start: %s", name, exc.reason)
+        return
+    host.release(name)
+
+
 async def serve_until_signalled(
     engine_config: EngineConfig | Sequence[EngineConfig],
     config: ServeConfig,
     control: ControlConfig | None = None,
     limits: RequestLimits | None = None,
+    on_demand: Sequence[CatalogModel] = (),
+    host: HostConfig | None = None,
 ) -> None:
     """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once.
 
@@ -128,7 +185,15 @@ async def serve_until_signalled(
     async def run(shutdown: trio.Event) -> None:
         nonlocal failure
         try:
-            await serve(engine_config, config, shutdown=shutdown, control=control, limits=limits)
+            await serve(
+                engine_config,
+                config,
+                shutdown=shutdown,
+                control=control,
+                limits=limits,
+                on_demand=on_demand,
+                host=host,
+            )
         except EngineFailedError as exc:
             failure = exc
 
@@ -145,6 +210,8 @@ def serving(
     local_worker: bool,
     engine_configs: Callable[[], Sequence[EngineConfig]],
     model_name: str = "",
+    on_demand: Callable[[], Sequence[CatalogModel]] = tuple,
+    host: Callable[[], HostConfig | None] = lambda: None,
 ) -> Callable[[], Awaitable[None]]:
     """What ``llmtrio serve`` runs (under ``trio.run``) until SIGINT or SIGTERM, a second
     one stopping at once: with ``local_worker``, the ingress and a local worker per model of
@@ -157,7 +224,15 @@ def serving(
     :func:`serve` does.
     """
     if local_worker:
-        return partial(serve_until_signalled, engine_configs(), config, control, limits)
+        return partial(
+            serve_until_signalled,
+            engine_configs(),
+            config,
+            control,
+            limits,
+            on_demand(),
+            host(),
+        )
     if control is None:
         raise ValueError(
             "an ingress with no local worker needs a control listener (or nothing serves)"

@@ -11,7 +11,7 @@ import pytest
 
 from llmtrio._cli import _parser
 from llmtrio._configs import _api_keys
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, MODELS_LOAD_PATH, MODELS_UNLOAD_PATH
 from llmtrio.ring import Ring
 from llmtrio.web import ApiKeys, ServeConfig, read_key_file
 
@@ -74,7 +74,13 @@ async def test_keys_close_the_api_and_metrics_but_not_health_models_or_the_page(
         for path in ("/", "/health", "/v1/models"):
             response = await http.get(url + path)
             assert response.status_code in (200, 503), (path, response.status_code)  # no worker
-        for method, path in (("POST", CHAT_PATH), ("POST", COMPLETIONS_PATH), ("GET", "/metrics")):
+        for method, path in (
+            ("POST", CHAT_PATH),
+            ("POST", COMPLETIONS_PATH),
+            ("GET", "/metrics"),
+            ("POST", MODELS_LOAD_PATH),
+            ("POST", MODELS_UNLOAD_PATH),
+        ):
             assert_401(await http.request(method, url + path, json={"messages": HI}))
             wrong = {"Authorization": "Bearer k3"}
             assert_401(await http.request(method, url + path, json={}, headers=wrong))

@@ -23,6 +23,7 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -34,8 +35,10 @@ import pytest
 import trio
 import yaml
 
+from llmtrio._catalog import parse_models_file
 from llmtrio._cli import _parser
 from llmtrio._probes import LIVEZ_PATH, READYZ_PATH
+from llmtrio.engine import EngineConfig
 from llmtrio.ring import (
     ControlConfig,
     DialConfig,
@@ -263,6 +266,21 @@ def test_the_manifests_agree_with_the_processes(rendered: Rendered) -> None:
     env = {e["name"]: e.get("value") for e in engine["env"]}
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["HF_HOME"] == {e["name"]: e.get("value") for e in pull["env"]}["HF_HOME"]
+
+    # Models on demand: the models file is the ConfigMap's, mounted where the flag says, and
+    # it parses (every key of the right type); the catalog folder is a volume of the pod.
+    mounts = {m["name"]: m["mountPath"] for m in engine["volumeMounts"]}
+    volumes = {v["name"]: v for v in worker["spec"]["template"]["spec"]["volumes"]}
+    models_file = Path(flag(engine["args"], "models-file"))
+    (mounted_file,) = [n for n, path in mounts.items() if path == str(models_file.parent)]
+    config_map = volumes[mounted_file]["configMap"]["name"]
+    data = rendered.one("ConfigMap", config_map)["data"][models_file.name]
+    models = parse_models_file(tomllib.loads(data), models_file, EngineConfig(threads=1))
+    assert models and all(m.origin == "models-file" for m in models)
+    assert flag(engine["args"], "models-dir") in mounts.values()
+    budget_mib = int(flag(engine["args"], "memory-budget"))
+    limit = engine["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi") and budget_mib < int(limit[:-2]) * 1024
 
     # Disruption budgets select the pods they guard.
     for budget in rendered.all("PodDisruptionBudget"):

@@ -55,6 +55,8 @@ EXAMPLES = {
     "openapi": 2,
     "createMessage": 20,
     "countMessageTokens": 10,
+    "loadModel": 4,
+    "unloadModel": 4,
 }
 OPERATIONS = [(route.method, route.path, EXAMPLES[route.operation_id]) for route in ROUTES]
 

@@ -54,6 +54,8 @@ EVERY_MESSAGE: list[Message] = [
     Heartbeat(1, 4, 3, cache_hits=2, cached_tokens=900, cache_bytes=12_000_000),
     Heartbeat(2, 4, 2, 2, kv_used=300, kv_total=16384),
     Heartbeat(2, 4, 2, 2, spec_drafted=800, spec_accepted=600),
+    Heartbeat(0, 2, 2, model_state="unloaded"),
+    Heartbeat(1, 2, 1, 1, model_state="loaded"),
     Claim(1),
     Claim(7),
     Withdraw(3),
@@ -214,6 +216,7 @@ def test_a_heartbeat_from_an_older_worker_reports_no_kv_cache() -> None:
     (beat,) = decode_all(old)
     assert beat == Heartbeat(1, 4, 3, 1) and (beat.kv_used, beat.kv_total) == (0, 0)
     assert b"kv_" not in encode(Heartbeat(1, 4, 3, 1))  # and nothing extra goes out for them
+    assert beat.model_state == "" and b"model_state" not in encode(beat)
 
 
 def test_an_end_of_stream_inside_a_frame_is_an_error() -> None:

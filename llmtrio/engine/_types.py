@@ -41,6 +41,10 @@ MAX_DRAFT = 64
 #: that attention-only models do not pay; the default ``spec_draft_max`` of 16 would double
 #: it (not measured on the real Qwen3.5 here).
 MAX_RECURRENT_DRAFT = 8
+#: The types a context's K and V cache may be stored in (llama.cpp's ``-ctk``/``-ctv``).
+CACHE_TYPES = ("f16", "q8_0", "q4_0")
+#: Flash attention: on, off, or llama.cpp's choice for the device (``auto``).
+FLASH_ATTN = ("auto", "on", "off")
 
 
 @attrs.frozen
@@ -90,6 +94,13 @@ class EngineConfig:
     from a Hugging Face repo gets the repo's own ``mmproj-*.gguf`` (F16 before F32),
     fetched with the weights; ``vision=False`` loads none. ``max_images`` bounds the images
     of one request.
+
+    ``cache_type_k``/``cache_type_v``: the type the K and V cache cells are stored in
+    (llama.cpp's ``-ctk``/``-ctv``): ``f16``, or ``q8_0``/``q4_0`` at about a half/a quarter
+    of the memory; a quantized V cache needs flash attention (``flash_attn`` not ``off``).
+    ``n_gpu_layers``: the layers offloaded to a GPU (-1: all, llama.cpp's default; 0: none;
+    nothing on a build without one). ``mmap``: map the file instead of reading it (``None``:
+    llama.cpp's choice); ``mlock``: keep the weights in RAM (no swapping).
     """
 
     model: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
@@ -117,6 +128,12 @@ class EngineConfig:
     mmproj: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
     vision: bool = True
     max_images: int = 8
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    n_gpu_layers: int = -1
+    flash_attn: str = "auto"
+    mmap: bool | None = None
+    mlock: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.max_inflight < 1:
@@ -142,6 +159,20 @@ class EngineConfig:
             raise ValueError("max_images must be at least 1")
         if self.max_request_ctx < 0:
             raise ValueError("max_request_ctx must be 0 (the whole context) or more")
+        for name, kind in (
+            ("cache_type_k", self.cache_type_k),
+            ("cache_type_v", self.cache_type_v),
+        ):
+            if kind not in CACHE_TYPES:
+                raise ValueError(f"{name} must be one of {', '.join(CACHE_TYPES)}, not {kind!r}")
+        if self.flash_attn not in FLASH_ATTN:
+            raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}")
+        if self.cache_type_v != "f16" and self.flash_attn == "off":
+            raise ValueError(
+                f"cache_type_v {self.cache_type_v} needs flash attention: flash_attn on or auto"
+            )
+        if self.n_gpu_layers < -1:
+            raise ValueError("n_gpu_layers must be -1 (all), 0 (none) or more")
         if self.max_request_ctx:
             room = self.max_inflight * self.ctx_size if self.kv_unified else self.ctx_size
             if not 16 <= self.max_request_ctx <= room:
@@ -150,6 +181,19 @@ class EngineConfig:
                     f"max_request_ctx must be between 16 and {room} ({where}), "
                     f"not {self.max_request_ctx}"
                 )
+
+    @property
+    def load_settings(self) -> dict[str, Any]:
+        """The settings llama.cpp loads the model and its context with, as ``LlamaModel``
+        takes them."""
+        return {
+            "cache_type_k": self.cache_type_k,
+            "cache_type_v": self.cache_type_v,
+            "flash_attn": self.flash_attn,
+            "n_gpu_layers": self.n_gpu_layers,
+            "mmap": self.mmap,
+            "mlock": self.mlock,
+        }
 
     @property
     def pool_cells(self) -> int:

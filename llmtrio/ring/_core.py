@@ -157,16 +157,28 @@ class RingCore:
         """Every model an attached worker listed, by name, in attach order: its kind (as its
         first worker said) and how many workers serve it."""
         models: dict[str, ModelStats] = {}
+        order = ("unloaded", "loading", "loaded")
         for worker in self._workers.values():
+            beat = worker.capacity
+            own = (beat.model_state if beat else "") or "loaded"
+            size = beat.model_bytes if beat and own == "loaded" else 0
+            until = beat.unload_in_s if beat and own == "loaded" else 0
             for index, name in enumerate(worker.models):
                 known = models.get(name)
                 kind = worker.kinds[index] if worker.kinds else CHAT
-                workers = 1 if known is None else known.workers + 1
+                vision = name in worker.vision
+                if known is None:
+                    models[name] = ModelStats(name, kind, 1, own, size, until, vision=vision)
+                    continue
+                latest = -1 if -1 in (until, known.unload_in_s) else max(until, known.unload_in_s)
                 models[name] = ModelStats(
                     name,
-                    kind if known is None else known.kind,
-                    workers,
-                    vision=(name in worker.vision) if known is None else known.vision,
+                    known.kind,
+                    known.workers + 1,
+                    max(own, known.state, key=order.index),
+                    known.bytes + size,
+                    latest,
+                    vision=known.vision,
                 )
         return models
 

@@ -67,6 +67,8 @@ _OPTIONAL_BEAT_FIELDS: Final = (
     "kv_total",
     "spec_drafted",
     "spec_accepted",
+    "model_bytes",
+    "unload_in_s",
 )
 
 _OUTCOME_FIELDS: Final = tuple(field.name for field in attrs.fields(Outcome))
@@ -111,7 +113,7 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
             available_slots=available,
             decoding=decoding,
         ):
-            beat = {
+            beat: dict[str, Any] = {
                 "inflight": inflight,
                 "max_inflight": max_inflight,
                 "available_slots": available,
@@ -120,6 +122,8 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
             for name in _OPTIONAL_BEAT_FIELDS:
                 if value := getattr(message, name):
                     beat[name] = value
+            if message.model_state:
+                beat["model_state"] = message.model_state
             return beat, b""
         case Claim(count=count, model=model) | Withdraw(count=count, model=model):
             # No model: byte for byte what a worker of the previous version writes.
@@ -253,7 +257,11 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
     if cls is Heartbeat:
         inflight, available = fields.integer("inflight"), fields.integer("available_slots")
         decoding = fields.integer("decoding") if "decoding" in fields else 0
-        extra = {name: fields.integer(name) for name in _OPTIONAL_BEAT_FIELDS if name in fields}
+        extra: dict[str, Any] = {
+            name: fields.integer(name) for name in _OPTIONAL_BEAT_FIELDS if name in fields
+        }
+        if "model_state" in fields:
+            extra["model_state"] = fields.string("model_state")
         return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **extra)
     if cls is Claim:
         return Claim(fields.integer("count"), model=_model(fields))

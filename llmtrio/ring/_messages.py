@@ -167,6 +167,10 @@ class Attach:
         return CHAT
 
 
+#: A heartbeat's ``model_state`` values ("": not reported).
+MODEL_STATES = ("", "loaded", "loading", "unloaded")
+
+
 @attrs.frozen
 class Heartbeat:
     """Worker → ring: the engine's capacity now (stored for stats; assignment uses claims)."""
@@ -191,6 +195,17 @@ class Heartbeat:
     """Speculative decoding, for health pages (optional on the wire): draft tokens verified,
     and those that were right."""
     spec_accepted: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    model_state: str = attrs.field(
+        default="", kw_only=True, validator=attrs.validators.in_(MODEL_STATES)
+    )
+    """Whether the worker's model is ``loaded``, ``loading`` or ``unloaded`` (a model it
+    loads on demand; optional on the wire: ``""``, not reported, is a loaded model, as from a
+    worker of the previous version)."""
+    model_bytes: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(0))
+    """The loaded model's estimated memory (0: not stated; optional on the wire)."""
+    unload_in_s: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(-1))
+    """Seconds until the idle loaded model unloads: -1 never (pinned), 0 not stated (busy,
+    or not loaded on demand; optional on the wire)."""
 
 
 @attrs.frozen

@@ -45,6 +45,13 @@ class ModelStats:
     kind: str
     """``"chat"`` (chat and text completions) or ``"embedding"``."""
     workers: int
+    state: str = "loaded"
+    """``loaded`` on some worker, else ``loading`` on one, else ``unloaded`` (every worker
+    listing it loads it on demand and none has it loaded)."""
+    bytes: int = 0
+    """The estimated memory of its loaded copies (0: not stated)."""
+    unload_in_s: int = 0
+    """Seconds until its last loaded copy unloads when idle: -1 never, 0 not stated."""
     vision: bool = False
     """Whether it takes images (as its first worker said)."""
 

@@ -24,6 +24,9 @@ at all, a request that names none parks unrouted (taken by the first worker to a
 ``no_worker`` after ``--park-timeout``, as an ingress started before its workers answered);
 and while an attached worker lists no model (a library user's worker, which takes any), an
 unknown name is routed as it is, to that worker.
+
+``/models/load`` and ``/models/unload`` name a model exactly: one the ring knows, of either
+kind, never the default; else 404 (or 400 when none is named).
 """
 
 from __future__ import annotations
@@ -38,7 +41,13 @@ from .._openai_errors import (
     model_not_found,
     wrong_model_kind,
 )
-from .._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from .._routes import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    EMBEDDINGS_PATH,
+    MODELS_LOAD_PATH,
+    MODELS_UNLOAD_PATH,
+)
 from ..ring import CHAT, EMBEDDING, ModelStats
 
 __all__ = ["ENDPOINT_KINDS", "requested_model", "resolve_model"]
@@ -49,6 +58,9 @@ ENDPOINT_KINDS: Final[Mapping[str, str]] = {
     EMBEDDINGS_PATH: EMBEDDING,
 }
 """The kind of model each of the ring's routes needs."""
+
+#: The routes that manage a model, of any kind: they name it exactly, never by a default.
+MANAGE_PATHS: Final = frozenset({MODELS_LOAD_PATH, MODELS_UNLOAD_PATH})
 
 
 def requested_model(body: bytes) -> object:
@@ -81,6 +93,8 @@ def resolve_model(
         raise invalid_request(
             f"'model' must be a string, not {type(requested).__name__}", param="model"
         )
+    if path in MANAGE_PATHS:
+        return _managed(requested, models)
     default_fits = default is not None and (default not in models or models[default].kind == kind)
     if requested:
         known = models.get(requested) or _without_quant(requested, models)
@@ -106,6 +120,18 @@ def resolve_model(
     if not models or (takes_any and not served):
         return ""  # nothing routed yet: any worker
     raise missing_model(served, [m.name for m in models.values() if m.kind != kind], path)
+
+
+def _managed(requested: str | None, models: Mapping[str, ModelStats]) -> str:
+    """A load's or unload's model: a name the ring knows, exactly (nothing a client sends
+    is ever read as a path or a repository to fetch: an unknown name is a 404)."""
+    if not requested:
+        raise invalid_request(
+            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+        )
+    if requested not in models:
+        raise model_not_found(requested)
+    return requested
 
 
 def _refuse_for_the_default(

@@ -21,6 +21,7 @@ from .._fields import (
     COUNT_TOKENS,
     EMBEDDINGS,
     MESSAGES_API,
+    MODELS,
     RESPONSES,
     RequestLimits,
     component_schemas,
@@ -272,6 +273,32 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Workers serving it now (0: its last one left within the park "
                 "timeout; its requests park).",
             },
+            "state": {
+                "enum": ["loaded", "loading", "unloaded"],
+                "description": "Loaded on some worker, else loading, else unloaded (loaded "
+                "on its first request).",
+            },
+            "bytes": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The estimated memory of its loaded copies (a model loaded "
+                "on demand).",
+            },
+            "unload_in_s": {
+                "type": "integer",
+                "minimum": -1,
+                "description": "Seconds until the idle model unloads (-1: never; absent: "
+                "busy, or not loaded on demand).",
+            },
+        },
+    },
+    "ModelState": {
+        "type": "object",
+        "required": ["success", "model", "state"],
+        "properties": {
+            "success": {"const": True},
+            "model": {"type": "string"},
+            "state": {"enum": ["loaded", "unloading", "unloaded"]},
         },
     },
     "ModelList": {
@@ -614,6 +641,8 @@ _ANSWERS: dict[str, dict[str, Any]] = {
             },
         )
     },
+    "loadModel": {"200": _json_answer("The model is loaded.", _ref("ModelState"))},
+    "unloadModel": {"200": _json_answer("The model is unloading or unloaded.", _ref("ModelState"))},
 }
 # The request body's schema of each endpoint of the field table.
 _REQUESTS = {
@@ -623,6 +652,7 @@ _REQUESTS = {
     MESSAGES_API: "MessageRequest",
     COUNT_TOKENS: "CountMessageTokensRequest",
     RESPONSES: "ResponseCreateRequest",
+    MODELS: "ModelRequest",
 }
 
 

@@ -148,6 +148,9 @@ def pages_app(
                         "kind": model.kind,
                         "workers": model.workers,
                         "input_modalities": ["text", "image"] if model.vision else ["text"],
+                        "state": model.state,
+                        **({"bytes": model.bytes} if model.bytes else {}),
+                        **({"unload_in_s": model.unload_in_s} if model.unload_in_s else {}),
                     }
                     for model in known.values()
                 ],

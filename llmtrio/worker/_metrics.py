@@ -225,7 +225,8 @@ class WorkerMetrics:
     ) -> None:
         engines = list(engines) if isinstance(engines, Sequence) else [engines]
         registry.register(EngineCollector(engines, picker_gauges=picker_gauges))
-        tokens = _token_buckets(max(engine.config.ctx_size for engine in engines))
+        # No engine at start (every model on demand): the default context's buckets.
+        tokens = _token_buckets(max((engine.config.ctx_size for engine in engines), default=4096))
         model = ["model_name"]
 
         def histogram(name: str, documentation: str, buckets: Sequence[float]) -> Histogram:

@@ -23,6 +23,7 @@ from ..engine import EngineFailedError
 from ..ring import ClaimedStream, Heartbeat, RingLink
 from ._endpoint import ModelEngine, serve_request
 from ._endpoints import ENDPOINTS
+from ._manage import MANAGE_PATHS, answer_pinned, path_of
 from ._metrics import WorkerMetrics
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "serve_link"]
@@ -84,6 +85,9 @@ async def serve_link(
     async def handle(claimed: ClaimedStream) -> None:
         try:
             with claimed:
+                if path_of(claimed) in MANAGE_PATHS:
+                    await answer_pinned(claimed, engine.model_name)
+                    return
                 await _serve_stream(engine, claimed, metrics, limits or RequestLimits())
         except Exception:  # the stream is failed by `with claimed`; nothing else is touched
             logger.exception("request %s: the worker failed", _request_id(claimed))

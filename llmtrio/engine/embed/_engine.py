@@ -129,6 +129,7 @@ class EmbeddingEngine(DecodeLoop):
                 threads=config.threads,
                 n_batch=max(EMBEDDING_BATCH_TOKENS, config.ctx_size),
                 embeddings=True,
+                **config.load_settings,
             ),
         ) as engine:
             yield engine

@@ -132,6 +132,7 @@ class Engine(DecodeLoop):
                 n_batch=n_batch,
                 kv_unified=config.kv_unified,
                 n_rs_seq=min(drafts, MAX_RECURRENT_DRAFT),
+                **config.load_settings,
             )
             projector = (config.mmproj or resolved.mmproj) if config.vision else None
             if projector is None:

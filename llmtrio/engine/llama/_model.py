@@ -22,6 +22,31 @@ from ._vision import Vision
 
 __all__ = ["Batch", "LlamaModel"]
 
+#: ``EngineConfig.cache_type_k``/``_v`` as ggml's types.
+_GGML_TYPES = {
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+}
+_FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
+def _load_mode(mmap: bool | None, mlock: bool) -> int:
+    """llama.cpp's load mode: ``mmap`` None is its own choice (mapped, where it can)."""
+    if mlock:
+        return (
+            llama_cpp.LLAMA_LOAD_MODE_MLOCK
+            if mmap is False
+            else llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK
+        )
+    if mmap is None:
+        return llama_cpp.LLAMA_LOAD_MODE_AUTO
+    return llama_cpp.LLAMA_LOAD_MODE_MMAP if mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+
 
 class LlamaModel:
     """One loaded model and its context: ``n_seq_max = slots``, ``ctx_size`` tokens per slot.
@@ -42,9 +67,17 @@ class LlamaModel:
         kv_unified: bool = False,
         n_rs_seq: int = 0,
         embeddings: bool = False,
+        cache_type_k: str = "f16",
+        cache_type_v: str = "f16",
+        flash_attn: str = "auto",
+        n_gpu_layers: int = -1,
+        mmap: bool | None = None,
+        mlock: bool = False,
     ) -> None:
         recent_log()
         params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.load_mode = _load_mode(mmap, mlock)
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
             why = recent_log() or "llama.cpp could not load it"
@@ -63,6 +96,8 @@ class LlamaModel:
                 swa_full=swa_full,
                 kv_unified=kv_unified,
                 n_rs_seq=n_rs_seq,
+                cache_types=(_GGML_TYPES[cache_type_k], _GGML_TYPES[cache_type_v]),
+                flash_attn=_FLASH_ATTN[flash_attn],
             )
         except BaseException:
             llama_cpp.llama_model_free(self._model)
@@ -112,8 +147,12 @@ class LlamaModel:
         kv_unified: bool,
         n_rs_seq: int,
         embeddings: bool,
+        cache_types: tuple[int, int] = (llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F16),
+        flash_attn: int = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     ) -> None:
         cparams = llama_cpp.llama_context_default_params()
+        cparams.type_k, cparams.type_v = cache_types
+        cparams.flash_attn_type = flash_attn
         # An embedding context pools each sequence as its GGUF says (unspecified: the
         # model's own pooling type); a generating one outputs logits.
         cparams.embeddings = embeddings
