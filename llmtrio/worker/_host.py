@@ -520,6 +520,9 @@ async def serve_hosted_link(
                     await _serve_stream(engine, claimed, metrics, limits or RequestLimits())
                 finally:
                     host.release(name, keep_alive)
+                    # The ring hears when the now idle model unloads at once, not at the
+                    # next beat (the engine's own capacity change came before the release).
+                    heartbeat()
         except Exception:
             logger.exception("request %s: the worker failed", _request_id(claimed))
         finally:
