@@ -36,7 +36,7 @@ def plan_drafts(
     target_ms: float = 0.0,
     batches: Callable[[Sequence[int]], Sequence[int]] | None = None,
     sampling_ms: float = 0.0,
-    margin: float = 0.2,
+    margin: float | None = None,
 ) -> list[int]:
     """How many of each candidate's draft tokens to verify in the next step.
 
@@ -55,7 +55,9 @@ def plan_drafts(
     compute-bound step, where a position costs about what a token is worth, drafts nothing.
     With ``target_ms`` set, no plan whose predicted step (prompt tokens included) exceeds it.
     A plan never runs in more micro-batches than the step without drafts (``batches``), and
-    with several sequences decoding it must beat that step's rate by ``margin``.
+    with several sequences decoding it must beat that step's rate by ``margin``: by default
+    the measured spread of the step costs (:attr:`StepCosts.spread`), what the prediction of
+    either step may be off by.
     """
     gains: list[tuple[float, int]] = []
     per: list[list[float]] = [[] for _ in candidates]
@@ -86,11 +88,15 @@ def plan_drafts(
     base_ms = predict(zero, zero_sizes) + sampling_ms
     best, best_rate = zero, outputs / base_ms if base_ms > 0 else math.inf
     # With several sequences decoding, a plan with drafts must beat the step without by
-    # ``margin``: what such a step costs beyond the fit (measured here: eight sequences with
-    # drafts of one 85 ms in the core against 63 for the same ``llama_decode``; cutting
-    # rejected drafts from memory, shapes the fit has not settled) is not in the
-    # prediction. One stream's drafts of 4-5 tokens right 94% of the time gained the 1.15x
-    # the fit predicts (free chat), so one stream has none.
+    # ``margin``: a gain of a few percent is within what the two predictions may be off by
+    # (each shape's median of steps measured at other moments on a machine whose speed
+    # moves), and a plan that only seems to gain loses to --no-spec. A step with drafts costs
+    # what its ``llama_decode`` costs, not more (``benchmarks/step_profile.py``: the core's
+    # step against the same batch decoded raw, paired, at once). One stream's drafts of 4-5
+    # tokens right 94% of the time gained the 1.15x the fit predicts (free chat), so one
+    # stream has none.
+    if margin is None:
+        margin = costs.spread
     if outputs > 1:
         best_rate *= 1.0 + margin
 
