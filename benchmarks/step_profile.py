@@ -171,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in wall:
             rows.setdefault(name, []).append(wall[name])
             cpu_rows.setdefault(name, []).append(cpu[name])
+        rows.setdefault("outside llama_decode", []).append(step_wall - wall["llama_decode"])
+        cpu_rows.setdefault("outside llama_decode", []).append(step_cpu - cpu["llama_decode"])
         rest = step_wall - sum(wall.values()) + wall.get("memory_seq_rm", 0.0)
         # the phases nest: verify holds the cut (memory_seq_rm), _decode holds verify
         rows.setdefault("the rest (schedule, batch, costs, stats)", []).append(rest)
@@ -203,6 +205,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         for s in per_seq:
             llama_rm(model, s, now.get(s, int(pos[seq == s].min())))
     model.close()
+    costs = core._drafts.costs
+    fixed, position = costs.coefficients
+    print(
+        f"step costs fitted: {fixed:.1f} ms a micro-batch, {position:.2f} a position, "
+        f"{costs.single:.1f} a one-token step; spread (the margin) {costs.spread:.3f}"
+    )
     print(
         f"{path.name}, {args.slots} slots, mode {args.mode}, draft {args.draft}, "
         f"n_batch {n_batch}, {args.threads} thread(s), {args.steps} steps"

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmtrio.engine._types import EngineConfig
-from llmtrio.engine.generate._drafting import DraftBudget, judge_shadow
+from llmtrio.engine.generate._drafting import DraftBudget, _runs, judge_shadow
 from llmtrio.engine.generate._jobs import Job, Part
 from llmtrio.engine.spec import (
     Acceptance,
@@ -764,6 +764,29 @@ def test_several_streams_draft_only_for_a_gain_past_the_step_costs_spread() -> N
     # One stream's draft predicted at 1.09x is taken, spread or not.
     assert plan_drafts([Candidate(1, 0.2)], c, outputs=1) == [1]
     assert plan_drafts([Candidate(1, 0.2)], noisy, outputs=1) == [1]
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 4)), min_size=1, max_size=10))
+def test_drafts_keep_the_micro_batches_of_no_drafts_only_if_equal_in_each_run(
+    items: list[tuple[bool, int]],
+) -> None:
+    # What the draft budget relies on to reject most plans without counting micro-batches:
+    # per slot, sequences decoding one token each (ascending ids, gaps where a slot is
+    # free) run in one micro-batch per run of consecutive ids; with drafts, in as many only
+    # if every sequence of a run carries as many, else in more.
+    ids, seq = [], 0
+    for gap, _ in items:
+        seq += 1 + gap
+        ids.append(seq)
+    counts = [count for _, count in items]
+    zero = micro_batch_sizes([(s, 1) for s in ids], split=True, n_ubatch=512)
+    plan = micro_batch_sizes(
+        [(s, 1 + c) for s, c in zip(ids, counts, strict=True)], split=True, n_ubatch=512
+    )
+    equal = all(len({counts[j] for j in run}) == 1 for run in _runs(ids))
+    assert len(zero) == len(_runs(ids))
+    assert len(plan) >= len(zero)
+    assert (len(plan) == len(zero)) == equal
 
 
 def test_the_spread_counts_settled_shapes_only_weighted_by_their_steps() -> None:

@@ -34,7 +34,7 @@ def plan_drafts(
     outputs: int,
     prefill: int = 0,
     target_ms: float = 0.0,
-    batches: Callable[[Sequence[int]], Sequence[int]] | None = None,
+    batches: Callable[[Sequence[int]], Sequence[int] | None] | None = None,
     sampling_ms: float = 0.0,
     margin: float | None = None,
 ) -> list[int]:
@@ -43,7 +43,8 @@ def plan_drafts(
     The step already has ``outputs`` positions with logits (one per decoding sequence) and
     ``prefill`` prompt tokens; ``batches(counts)`` is the tokens of each micro-batch the step
     runs in with ``counts`` draft tokens per candidate (:func:`micro_batch_sizes`; by default
-    one micro-batch of them all), and ``sampling_ms``
+    one micro-batch of them all; None for a plan known to run in more micro-batches than the
+    step without drafts, without counting them), and ``sampling_ms``
     what sampling one position of every decoding sequence takes (a draft position adds its
     candidate's ``sample_ms``; ``costs`` are measured without sampling). A sequence's ``j``-th
     draft token adds an expected ``rate ** j`` tokens (it counts only if all before it are
@@ -76,7 +77,7 @@ def plan_drafts(
     extra = costs.predict(0, prefill)
     zero = [0] * len(candidates)
 
-    def sizes_of(counts: Sequence[int]) -> Sequence[int]:
+    def sizes_of(counts: Sequence[int]) -> Sequence[int] | None:
         if batches is None:
             return [outputs + sum(counts) + prefill]
         return batches(counts)
@@ -85,6 +86,7 @@ def plan_drafts(
         return costs.predict(outputs + sum(counts), shape=Shape.of(sizes))
 
     zero_sizes = sizes_of(zero)
+    assert zero_sizes is not None  # the plan without drafts is the one compared against
     base_ms = predict(zero, zero_sizes) + sampling_ms
     best, best_rate = zero, outputs / base_ms if base_ms > 0 else math.inf
     # With several sequences decoding, a plan with drafts must beat the step without by
@@ -103,7 +105,7 @@ def plan_drafts(
     def consider(counts: list[int], tokens: float) -> None:
         nonlocal best, best_rate
         sizes = sizes_of(counts)
-        if len(sizes) > len(zero_sizes):
+        if sizes is None or len(sizes) > len(zero_sizes):
             return
         ms = predict(counts, sizes) + sampling_ms
         ms += sum(c.sample_ms * n for c, n in zip(candidates, counts, strict=True))
