@@ -1,6 +1,11 @@
 """Engine benchmark: aggregate decode tok/s at 1, 2, 4, 8 slots beside raw batched
-``llama_decode`` from Python (the ceiling), Python time per step beside llama_decode's, and
-cancellation latency. Prints a table; not a test.
+``llama_decode`` from Python, Python time per step beside llama_decode's, and cancellation
+latency. Prints a table; not a test.
+
+``raw`` decodes one token a sequence a step, as the engine does without speculation: it is
+the ceiling for the engine with ``--no-spec`` (``no-spec/raw``: how close the engine comes to
+the machine's limit), not for the engine with its defaults, whose drafts verify several
+tokens a step (``spec/no-spec``: speculation's gain, or loss, beside it).
 
     .venv/bin/python benchmarks/engine_bench.py [--model PATH] [--tokens 64] [--slots 1 2 4 8]
         [--rounds 3]
@@ -20,6 +25,9 @@ import trio.lowlevel
 
 from llmtrio.engine import Done, Engine, EngineConfig, GenerateRequest, Token, demo_model_path
 from llmtrio.engine.llama import Batch, LlamaModel
+
+#: The engine's default speculation (``--spec``).
+SPEC_DEFAULT = EngineConfig.__attrs_attrs__.spec.default
 
 PROMPTS = [
     "The capital of France is",
@@ -61,11 +69,12 @@ def raw_decode(path: Path, slots: int, tokens: int, threads: int) -> float:
 
 
 async def engine_decode(
-    path: Path, slots: int, tokens: int, threads: int
+    path: Path, slots: int, tokens: int, threads: int, spec: str | None
 ) -> tuple[float, float, float]:
-    """``slots`` concurrent greedy requests through the engine; returns decode tok/s (from
-    the moment all have their first token), and mean llama_decode and Python ms per step."""
-    config = EngineConfig(model=path, max_inflight=slots, ctx_size=512, threads=threads)
+    """``slots`` concurrent greedy requests through the engine (speculation ``spec``);
+    returns decode tok/s (from the moment all have their first token), and mean
+    llama_decode and Python ms per step."""
+    config = EngineConfig(model=path, max_inflight=slots, ctx_size=512, threads=threads, spec=spec)
     async with Engine.open(config) as engine:
         requests = [
             GenerateRequest(
@@ -160,22 +169,28 @@ def main() -> None:
     path = args.model or demo_model_path()
     print(f"model {path.name}, {args.tokens} tokens per sequence, {args.threads} threads")
     print(
-        f"{'slots':>5} {'raw tok/s':>10} {'engine tok/s':>13} {'engine/raw':>10} "
-        f"{'decode ms/step':>15} {'python ms/step':>15} {'python %':>9}"
+        f"{'slots':>5} {'raw tok/s':>10} {'no-spec tok/s':>14} {'no-spec/raw':>11} "
+        f"{'decode ms/step':>15} {'python ms/step':>15} {'python %':>9} "
+        f"{'spec tok/s':>11} {'spec/no-spec':>12}"
     )
     for slots in args.slots:
-        # Alternate raw and engine and keep the best of each: on a shared machine, other
-        # tenants only ever slow a run down.
-        raws, runs = [], []
+        # Alternate raw and the two engines and keep the best of each: on a shared machine,
+        # other tenants only ever slow a run down.
+        raws, plain, spec = [], [], []
         for _ in range(args.rounds):
             raws.append(raw_decode(path, slots, args.tokens, args.threads))
-            runs.append(trio.run(engine_decode, path, slots, args.tokens, args.threads))
+            plain.append(trio.run(engine_decode, path, slots, args.tokens, args.threads, None))
+            spec.append(
+                trio.run(engine_decode, path, slots, args.tokens, args.threads, SPEC_DEFAULT)
+            )
         raw = max(raws)
-        rate, decode_ms, python_ms = max(runs)
+        rate, decode_ms, python_ms = max(plain)
+        spec_rate = max(spec)[0]
         share = 100 * python_ms / (decode_ms + python_ms)
         print(
-            f"{slots:>5} {raw:>10.1f} {rate:>13.1f} {rate / raw:>10.2f} "
-            f"{decode_ms:>15.1f} {python_ms:>15.2f} {share:>8.1f}%"
+            f"{slots:>5} {raw:>10.1f} {rate:>14.1f} {rate / raw:>11.2f} "
+            f"{decode_ms:>15.1f} {python_ms:>15.2f} {share:>8.1f}% "
+            f"{spec_rate:>11.1f} {spec_rate / rate:>12.2f}"
         )
     slots = max(args.slots)
     latencies = trio.run(cancel_latency, path, args.threads, slots, args.cancel_trials)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from llmtrio.engine import EngineStats, GenerateRequest, StopReason
 from llmtrio.engine.generate._core import EngineCore
+from llmtrio.engine.generate._engine import context_params
 from llmtrio.engine.generate._step import CoreRequest, StepOutput
-from llmtrio.engine.llama import LlamaModel
+from llmtrio.engine.llama import Batch, LlamaModel
+from llmtrio.engine.spec import Candidate
 
+from ._core_helpers import core_request, run_core
 from ._helpers import engine_config
 
 
@@ -66,3 +71,64 @@ def test_the_core_batches_reuses_and_cancels_without_trio(qwen35_path: Path) -> 
         assert not core.busy
     finally:
         model.close()
+
+
+class BatchRecorder(LlamaModel):
+    """A model that keeps every batch it decodes: (token, position, sequence, logits flag)
+    rows."""
+
+    def __init__(self, path: Path, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.batches: list[list[tuple[int, int, int, int]]] = []
+
+    def decode(self, batch: Batch) -> int:
+        n = batch.n
+        columns = (batch.token[:n], batch.pos[:n], batch.seq[:n], batch.logits[:n])
+        self.batches.append([tuple(int(v) for v in row) for row in zip(*columns, strict=True)])
+        return super().decode(batch)
+
+
+def test_a_step_without_drafts_decodes_the_batch_no_spec_decodes(qwen35_path: Path) -> None:
+    """Speculation that drafts nothing costs nothing in the batch: with drafts offered every
+    step and the budget verifying none, each ``llama_decode`` gets exactly the batch (tokens,
+    positions, sequences, which rows give logits) that the core without speculation builds
+    for the same requests, so the outputs agree too. Only the context differs (its
+    ``n_batch``, and on this hybrid model the recurrent snapshots; what they cost a step:
+    ``benchmarks/spec_context.py``)."""
+    offered: list[int] = []
+
+    def never(candidates: Sequence[Candidate], *_: object, **__: object) -> list[int]:
+        offered.append(len(candidates))
+        return [0] * len(candidates)
+
+    seen: dict[str | None, tuple[list[list[tuple[int, int, int, int]]], dict[int, list[int]]]]
+    seen = {}
+    params = {}
+    for spec in ("ngram", None):
+        config = engine_config(
+            qwen35_path, max_inflight=3, ctx_size=256, threads=1, spec=spec, prefill_chunk=16
+        )
+        n_batch, n_rs_seq = params[spec] = context_params(config)
+        model = BatchRecorder(
+            qwen35_path, slots=3, ctx_size=256, threads=1, n_batch=n_batch, n_rs_seq=n_rs_seq
+        )
+        try:
+            core = EngineCore(model, config, EngineStats(), plan=never)
+            words = "one two three one two three one two three four"
+            prompts = [model.tokenize(words * n, add_special=False) for n in (1, 3, 5)]
+            requests = [
+                core_request(key, prompt, 12, ignore_eos=True) for key, prompt in enumerate(prompts)
+            ]
+            tokens = run_core(core, requests).tokens
+            seen[spec] = (model.batches, tokens)
+        finally:
+            model.close()
+    assert params["ngram"] != params[None]  # the contexts differ...
+    spec_batches, spec_tokens = seen["ngram"]
+    plain_batches, plain_tokens = seen[None]
+    assert sum(offered) > 0  # ...drafts were offered and none verified...
+    assert len(spec_batches) == len(plain_batches) > 10
+    assert spec_batches == plain_batches  # ...and every batch is the same
+    assert any(len({row[2] for row in batch}) == 3 for batch in plain_batches)
+    assert spec_tokens == plain_tokens
+    assert all(len(tokens) == 12 for tokens in plain_tokens.values())

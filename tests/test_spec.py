@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmtrio.engine._types import EngineConfig
-from llmtrio.engine.generate._drafting import DraftBudget, judge_shadow
+from llmtrio.engine.generate._drafting import DraftBudget, _runs, judge_shadow
 from llmtrio.engine.generate._jobs import Job, Part
 from llmtrio.engine.spec import (
     Acceptance,
@@ -742,15 +742,65 @@ def test_a_draft_not_verified_puts_the_sequence_on_a_run_once_it_proves_right() 
     assert job.shadow == []
 
 
-def test_several_streams_draft_only_for_a_clear_gain_and_one_stream_for_any() -> None:
+def test_several_streams_draft_only_for_a_gain_past_the_step_costs_spread() -> None:
     # 10 ms a micro-batch, 1 ms a position. Eight sequences' one-token drafts right 59% of
-    # the time are predicted at 1.1x the step without: below the 20% margin that steps of
-    # several sequences must clear (their cost beyond the fit), so none; without the margin,
-    # all eight. One stream's draft predicted at 1.09x is taken.
-    c = linear(10.0, 1.0, [(1, 1), (1, 2), (1, 8), (1, 16)])
-    assert plan_drafts([Candidate(1, 0.59)] * 8, c, outputs=8) == [0] * 8
-    assert plan_drafts([Candidate(1, 0.59)] * 8, c, outputs=8, margin=0.0) == [1] * 8
+    # the time are predicted at 1.1x the step without. Steps that came out exactly as
+    # measured (no spread): the gain is real, so all eight draft.
+    c = linear(10.0, 1.0, [(1, 1), (1, 2), (1, 8), (1, 16)] * 3)
+    assert c.spread == 0.0
+    assert plan_drafts([Candidate(1, 0.59)] * 8, c, outputs=8) == [1] * 8
+    # Each shape's steps 20% apart (interquartile, over its median): a 1.1x gain is within
+    # what either prediction may be off by, so none; a margin given overrides it.
+    noisy = StepCosts()
+    for batches, outputs in [(1, 1), (1, 2), (1, 8), (1, 16)]:
+        for spread in (0.9, 1.0, 1.1):
+            ms = (10.0 * batches + outputs) * spread
+            noisy.measured(ms, outputs=outputs, batches=batches)
+    assert abs(noisy.spread - 0.2) < 1e-9
+    assert plan_drafts([Candidate(1, 0.59)] * 8, noisy, outputs=8) == [0] * 8
+    assert plan_drafts([Candidate(1, 0.59)] * 8, noisy, outputs=8, margin=0.0) == [1] * 8
+    # Drafts right 95% of the time clear it.
+    assert plan_drafts([Candidate(1, 0.95)] * 8, noisy, outputs=8) == [1] * 8
+    # One stream's draft predicted at 1.09x is taken, spread or not.
     assert plan_drafts([Candidate(1, 0.2)], c, outputs=1) == [1]
+    assert plan_drafts([Candidate(1, 0.2)], noisy, outputs=1) == [1]
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 4)), min_size=1, max_size=10))
+def test_drafts_keep_the_micro_batches_of_no_drafts_only_if_equal_in_each_run(
+    items: list[tuple[bool, int]],
+) -> None:
+    # What the draft budget relies on to reject most plans without counting micro-batches:
+    # per slot, sequences decoding one token each (ascending ids, gaps where a slot is
+    # free) run in one micro-batch per run of consecutive ids; with drafts, in as many only
+    # if every sequence of a run carries as many, else in more.
+    ids, seq = [], 0
+    for gap, _ in items:
+        seq += 1 + gap
+        ids.append(seq)
+    counts = [count for _, count in items]
+    zero = micro_batch_sizes([(s, 1) for s in ids], split=True, n_ubatch=512)
+    plan = micro_batch_sizes(
+        [(s, 1 + c) for s, c in zip(ids, counts, strict=True)], split=True, n_ubatch=512
+    )
+    equal = all(len({counts[j] for j in run}) == 1 for run in _runs(ids))
+    assert len(zero) == len(_runs(ids))
+    assert len(plan) >= len(zero)
+    assert (len(plan) == len(zero)) == equal
+
+
+def test_the_spread_counts_settled_shapes_only_weighted_by_their_steps() -> None:
+    c = StepCosts()
+    assert c.spread == 0.0
+    c.measured(10.0, outputs=1)
+    c.measured(30.0, outputs=1)
+    assert c.spread == 0.0  # two steps: not settled
+    c.measured(20.0, outputs=1)
+    assert abs(c.spread - 1.0) < 1e-9  # 10, 20, 30: (30 - 10) / 20
+    for _ in range(6):
+        c.measured(50.0, outputs=8)
+    # (3 x 1.0 + 6 x 0.0) / 9
+    assert abs(c.spread - 1 / 3) < 1e-9
 
 
 # --- the pool of n-grams shared by a core's sequences --------------------------------------

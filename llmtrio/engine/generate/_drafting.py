@@ -102,7 +102,20 @@ class DraftBudget:
             + [(part.job.seq, part.count, -1) for part in prefill]
         )
 
-        def batches(counts: Sequence[int]) -> list[int]:
+        # Per slot, with no prompt chunk in the step, each run of consecutive ids is one
+        # micro-batch without drafts, and stays one only if its sequences carry equal
+        # tokens (else llama.cpp splits it): the plans that do not are known to add
+        # micro-batches without counting them (most of the hundred plans priced a step).
+        runs = _runs([seq for seq, _, _ in layout]) if self._split and not prefill else []
+
+        def batches(counts: Sequence[int]) -> list[int] | None:
+            for run in runs:
+                first = layout[run[0]][2]
+                want = counts[first] if first >= 0 else 0
+                for j in run[1:]:
+                    i = layout[j][2]
+                    if (counts[i] if i >= 0 else 0) != want:
+                        return None
             return self.micro_batches(
                 [(seq, n + (counts[i] if i >= 0 else 0)) for seq, n, i in layout]
             )
@@ -136,6 +149,17 @@ class DraftBudget:
         for shared in (self.acceptance, self.constrained):
             if any(part.job.acceptance.shared is shared for part in idle):
                 shared.idle()
+
+
+def _runs(ids: Sequence[int]) -> list[list[int]]:
+    """The runs of consecutive ``ids`` (ascending), as lists of their indices."""
+    runs: list[list[int]] = []
+    for j, seq in enumerate(ids):
+        if runs and ids[runs[-1][-1]] == seq - 1:
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+    return runs
 
 
 def judge_shadow(job: Job, tokens: Sequence[int]) -> None:

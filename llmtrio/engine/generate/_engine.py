@@ -39,7 +39,7 @@ from ._output import OutputProcessor
 from ._step import CoreRequest, StepOutput
 from ._text import THINK_CLOSE, THINK_OPEN
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "context_params"]
 
 logger = logging.getLogger("llmtrio.engine")
 
@@ -119,9 +119,7 @@ class Engine(DecodeLoop):
         Resource handling: on exit, generations still running end with
         ``Failed(EngineClosedError)``, the decode thread stops and the model is freed.
         """
-        # A step holds the prefill chunk and every sequence's token and drafts.
-        drafts = config.spec_draft_max if config.spec is not None else 0
-        n_batch = max(config.prefill_chunk + config.max_inflight * (1 + drafts), 64)
+        n_batch, n_rs_seq = context_params(config)
 
         def load(resolved: ResolvedModel) -> LlamaModel:
             model = LlamaModel(
@@ -131,7 +129,7 @@ class Engine(DecodeLoop):
                 threads=config.threads,
                 n_batch=n_batch,
                 kv_unified=config.kv_unified,
-                n_rs_seq=min(drafts, MAX_RECURRENT_DRAFT),
+                n_rs_seq=n_rs_seq,
                 **config.load_settings,
             )
             projector = (config.mmproj or resolved.mmproj) if config.vision else None
@@ -356,3 +354,15 @@ class Engine(DecodeLoop):
     def _post(self, outputs: list[StepOutput]) -> None:
         if outputs:
             self._post_soon(self._deliver, outputs)
+
+
+def context_params(config: EngineConfig) -> tuple[int, int]:
+    """The context's ``n_batch`` (also its ``n_ubatch``) and ``n_rs_seq`` for ``config``: a
+    step holds the prefill chunk and every sequence's token and drafts, and a recurrent
+    state keeps a snapshot for each draft token it may have to roll back (at most
+    ``MAX_RECURRENT_DRAFT``; llama.cpp clamps it to 0 on attention-only models). With
+    speculation off, room for one token a sequence and no snapshots
+    (``benchmarks/spec_context.py`` measures what the difference costs a plain step)."""
+    drafts = config.spec_draft_max if config.spec is not None else 0
+    n_batch = max(config.prefill_chunk + config.max_inflight * (1 + drafts), 64)
+    return n_batch, min(drafts, MAX_RECURRENT_DRAFT)

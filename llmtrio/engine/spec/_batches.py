@@ -5,6 +5,7 @@ models run on repacked weights (:func:`repacked`): what a step's shape is, befor
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 __all__ = ["BLOCK", "micro_batch_sizes", "micro_batches", "repacked"]
@@ -25,10 +26,18 @@ def micro_batch_sizes(
     drafting sequence's draft token alone, its ids no longer consecutive). Each micro-batch
     reads all the weights again, and one of a single token runs llama.cpp's matrix-vector
     kernels instead of its matrix products (:class:`StepCosts` prices it apart).
+
+    The draft budget asks this for every plan it prices (a hundred and more a step at eight
+    sequences), mostly of layouts it asked before: the answers are remembered.
     """
+    return list(_sizes(tuple(tokens), split, n_ubatch))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sizes(tokens: tuple[tuple[int, int], ...], split: bool, n_ubatch: int) -> tuple[int, ...]:
     total = sum(n for _, n in tokens)
     if not split:
-        return [min(n_ubatch, total - at) for at in range(0, total, max(1, n_ubatch))]
+        return tuple(min(n_ubatch, total - at) for at in range(0, total, max(1, n_ubatch)))
     left = [n for _, n in tokens]
     ids = [seq for seq, _ in tokens]
     sizes: list[int] = []
@@ -47,7 +56,7 @@ def micro_batch_sizes(
         for j in run:
             left[j] -= take
         sizes.append(take * len(run))
-    return sizes
+    return tuple(sizes)
 
 
 def micro_batches(tokens: Sequence[tuple[int, int]], *, split: bool, n_ubatch: int) -> int:

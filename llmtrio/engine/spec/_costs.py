@@ -5,6 +5,7 @@ logits (a micro-batch of one token priced apart: llama.cpp runs it with other ke
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -38,6 +39,10 @@ class Shape:
     @classmethod
     def of(cls, sizes: Sequence[int]) -> Shape:
         """The shape of micro-batches of ``sizes`` tokens (at least one micro-batch)."""
+        return _shape_of(tuple(sizes))
+
+    @classmethod
+    def _of(cls, sizes: Sequence[int]) -> Shape:
         sizes = [size for size in sizes if size > 0] or [1]
         short = [size for size in sizes if 1 < size < BLOCK]
         return cls(
@@ -52,6 +57,11 @@ class Shape:
     def long(self) -> int:
         """Micro-batches of :data:`BLOCK` tokens or more."""
         return self.batches - self.singles - self.short
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_of(sizes: tuple[int, ...]) -> Shape:
+    return Shape._of(sizes)
 
 
 @attrs.frozen
@@ -300,6 +310,28 @@ class StepCosts:
         den = sum(w * (r * u + p) ** 2 for u, p, _, w in rows)
         position = max(0.0, num / den) if den > 0 else 0.0
         return r * position, position
+
+    @property
+    def spread(self) -> float:
+        """How far apart the steps of one shape come out: each settled shape's
+        interquartile range of its recent times over their median, averaged over the shapes
+        weighted by their samples (0 while none is settled). On a quiet machine a few
+        percent; where other processes come and go, tens (measured: ``benchmarks/
+        step_profile.py`` prints a step's interquartile range beside its median). A
+        prediction made from these medians is off by about as much, which is what a plan's
+        gain must clear (:func:`plan_drafts`' margin)."""
+        total = weight = 0.0
+        for recent, _ in self._shapes.values():
+            if len(recent) < self.settled:
+                continue
+            ordered = sorted(recent)
+            n = len(ordered)
+            middle = ordered[n // 2]
+            if middle <= 0:
+                continue
+            total += len(ordered) * (ordered[(3 * n) // 4] - ordered[n // 4]) / middle
+            weight += len(ordered)
+        return total / weight if weight else 0.0
 
     @property
     def known(self) -> bool:

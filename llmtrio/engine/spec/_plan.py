@@ -34,16 +34,17 @@ def plan_drafts(
     outputs: int,
     prefill: int = 0,
     target_ms: float = 0.0,
-    batches: Callable[[Sequence[int]], Sequence[int]] | None = None,
+    batches: Callable[[Sequence[int]], Sequence[int] | None] | None = None,
     sampling_ms: float = 0.0,
-    margin: float = 0.2,
+    margin: float | None = None,
 ) -> list[int]:
     """How many of each candidate's draft tokens to verify in the next step.
 
     The step already has ``outputs`` positions with logits (one per decoding sequence) and
     ``prefill`` prompt tokens; ``batches(counts)`` is the tokens of each micro-batch the step
     runs in with ``counts`` draft tokens per candidate (:func:`micro_batch_sizes`; by default
-    one micro-batch of them all), and ``sampling_ms``
+    one micro-batch of them all; None for a plan known to run in more micro-batches than the
+    step without drafts, without counting them), and ``sampling_ms``
     what sampling one position of every decoding sequence takes (a draft position adds its
     candidate's ``sample_ms``; ``costs`` are measured without sampling). A sequence's ``j``-th
     draft token adds an expected ``rate ** j`` tokens (it counts only if all before it are
@@ -55,7 +56,9 @@ def plan_drafts(
     compute-bound step, where a position costs about what a token is worth, drafts nothing.
     With ``target_ms`` set, no plan whose predicted step (prompt tokens included) exceeds it.
     A plan never runs in more micro-batches than the step without drafts (``batches``), and
-    with several sequences decoding it must beat that step's rate by ``margin``.
+    with several sequences decoding it must beat that step's rate by ``margin``: by default
+    the measured spread of the step costs (:attr:`StepCosts.spread`), what the prediction of
+    either step may be off by.
     """
     gains: list[tuple[float, int]] = []
     per: list[list[float]] = [[] for _ in candidates]
@@ -74,7 +77,7 @@ def plan_drafts(
     extra = costs.predict(0, prefill)
     zero = [0] * len(candidates)
 
-    def sizes_of(counts: Sequence[int]) -> Sequence[int]:
+    def sizes_of(counts: Sequence[int]) -> Sequence[int] | None:
         if batches is None:
             return [outputs + sum(counts) + prefill]
         return batches(counts)
@@ -83,21 +86,26 @@ def plan_drafts(
         return costs.predict(outputs + sum(counts), shape=Shape.of(sizes))
 
     zero_sizes = sizes_of(zero)
+    assert zero_sizes is not None  # the plan without drafts is the one compared against
     base_ms = predict(zero, zero_sizes) + sampling_ms
     best, best_rate = zero, outputs / base_ms if base_ms > 0 else math.inf
     # With several sequences decoding, a plan with drafts must beat the step without by
-    # ``margin``: what such a step costs beyond the fit (measured here: eight sequences with
-    # drafts of one 85 ms in the core against 63 for the same ``llama_decode``; cutting
-    # rejected drafts from memory, shapes the fit has not settled) is not in the
-    # prediction. One stream's drafts of 4-5 tokens right 94% of the time gained the 1.15x
-    # the fit predicts (free chat), so one stream has none.
+    # ``margin``: a gain of a few percent is within what the two predictions may be off by
+    # (each shape's median of steps measured at other moments on a machine whose speed
+    # moves), and a plan that only seems to gain loses to --no-spec. A step with drafts costs
+    # what its ``llama_decode`` costs, not more (``benchmarks/step_profile.py``: the core's
+    # step against the same batch decoded raw, paired, at once). One stream's drafts of 4-5
+    # tokens right 94% of the time gained the 1.15x the fit predicts (free chat), so one
+    # stream has none.
+    if margin is None:
+        margin = costs.spread
     if outputs > 1:
         best_rate *= 1.0 + margin
 
     def consider(counts: list[int], tokens: float) -> None:
         nonlocal best, best_rate
         sizes = sizes_of(counts)
-        if len(sizes) > len(zero_sizes):
+        if sizes is None or len(sizes) > len(zero_sizes):
             return
         ms = predict(counts, sizes) + sampling_ms
         ms += sum(c.sample_ms * n for c, n in zip(candidates, counts, strict=True))
