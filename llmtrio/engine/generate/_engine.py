@@ -208,6 +208,7 @@ class Engine(DecodeLoop):
             max_tokens=min(request.max_tokens or budget, budget),
             hints=prepared.hints,
             grammar=prepared.grammar,
+            opens_think=prepared.opens_think,
         )
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under

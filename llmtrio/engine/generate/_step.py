@@ -26,6 +26,8 @@ class CoreRequest:
     hints: tuple[int, ...] = ()
     #: The grammar the engine compiled for it (parsed and cached: a slot copies it).
     grammar: Grammar | None = None
+    #: Its prompt leaves a think block open: the first tokens are reasoning.
+    opens_think: bool = False
 
 
 @attrs.frozen(eq=False)

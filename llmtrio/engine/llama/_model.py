@@ -96,6 +96,11 @@ class LlamaModel:
                 self.byte_tokens.setdefault(piece[0], token)
         #: Each token's first bytes, to rule tokens out before a grammar is asked.
         self.vocab_index = VocabIndex(pieces, self.eog)
+        #: The tokens whose text ends inside a UTF-8 character (a reasoning budget lets the
+        #: tokens that finish it through before it closes the think block).
+        self.unfinished_utf8: frozenset[int] = frozenset(
+            token for token, piece in enumerate(pieces) if piece and _ends_inside_character(piece)
+        )
         self.grammars = GrammarCache(self.vocab)
 
     def _init_context(
@@ -359,3 +364,18 @@ class Batch:
         self.n = i + 1
         self.struct.n_tokens = self.n
         return i
+
+
+def _ends_inside_character(piece: bytes) -> bool:
+    """Whether ``piece`` ends inside a UTF-8 character: its last lead byte wants more bytes
+    than follow it (llama.cpp's ``common_utf8_is_complete``, negated). A piece of
+    continuation bytes alone finishes a character begun before it."""
+    if piece[-1] < 0x80:
+        return False
+    for back in range(1, min(4, len(piece)) + 1):
+        byte = piece[-back]
+        if byte < 0x80:
+            return False
+        if byte >= 0xC0:
+            return back < (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4)
+    return False
