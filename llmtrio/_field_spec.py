@@ -46,7 +46,8 @@ class RequestLimits:
     generates at most, on every route (``None``: until the end of generation or of the
     context).
 
-    Error handling: ``ValueError`` naming the field for a limit below 1.
+    Error handling: ``ValueError`` naming the field for a limit below 1, or for a
+    ``default_max_tokens`` above ``max_tokens``.
     """
 
     max_messages: int = 2048
@@ -62,6 +63,9 @@ class RequestLimits:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")
+        default, most = self.default_max_tokens, self.max_tokens
+        if default is not None and most is not None and default > most:
+            raise ValueError(f"default_max_tokens ({default}) must not exceed max_tokens ({most})")
 
 
 #: A wrong value's error, given the field's ``param`` and the value.

@@ -339,8 +339,13 @@ FIELDS: Final[tuple[Field, ...]] = (
     _refused("web_search_options", "web search", CHAT),
     _refused("functions", "the deprecated 'functions' (use 'tools')", CHAT),
     _refused("function_call", "the deprecated 'function_call' (use 'tool_choice')", CHAT),
-    _refused("reasoning_effort",
-             "reasoning effort (use 'think' or 'chat_template_kwargs.enable_thinking')", CHAT),
+    Field("reasoning_effort", "string", _both(CHAT),
+          "How much the model may reason: ``none`` and ``minimal`` turn thinking off; "
+          "``low`` to ``xhigh`` turn it on with a budget of reasoning tokens that grows "
+          "with the effort (README, Reasoning), after which the think block is closed; "
+          "``max`` (llmtrio's) on without a budget. ``think`` or "
+          "``chat_template_kwargs.enable_thinking``, when given, wins on whether to think.",
+          enum=("none", "minimal", "low", "medium", "high", "xhigh", "max")),
     _refused("verbosity", "verbosity", CHAT),
     Field("model", "string", _both(EMBEDDINGS), "The embedding model's name."),
     Field("input", "custom", _both(EMBEDDINGS), required=True, shape=_embedding_input_shape,

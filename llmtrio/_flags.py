@@ -180,6 +180,13 @@ LIMITS = section(
         "inputs per embeddings request (default %(default)s)",
         type=int,
     ),
+    flag(
+        "--default-max-tokens",  # llama.cpp's -n
+        "RequestLimits.default_max_tokens",
+        "the most tokens a request that names no output limit generates, on every route "
+        "(default: until the end of generation or of the slot's context)",
+        type=int,
+    ),
 )
 
 _SAMPLING = "sampling (default %(default)s)"
