@@ -45,6 +45,7 @@ from ._openai_errors import OpenAIError, invalid_request
 __all__ = [
     "CHAT",
     "COMPLETIONS",
+    "DETOKENIZE",
     "EMBEDDINGS",
     "FIELDS",
     "INT32_MAX",
@@ -54,6 +55,7 @@ __all__ = [
     "NAMED_TOOL_CHOICE",
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "TEXT_PARTS",
+    "TOKENIZE",
     "TOOL_CHOICE_MODE",
     "Field",
     "RequestLimits",
@@ -75,6 +77,8 @@ __all__ = [
 CHAT: Final = "chat"
 COMPLETIONS: Final = "completions"
 EMBEDDINGS: Final = "embeddings"
+TOKENIZE: Final = "tokenize"
+DETOKENIZE: Final = "detokenize"
 
 INT32_MAX: Final = 2**31 - 1  # values that reach llama.cpp as C ints
 INT64_MIN: Final = -(2**63)
@@ -110,6 +114,18 @@ _LOGIT_BIAS: Schema = {
     "type": "object",
     "propertyNames": {"pattern": "^[0-9]+$"},
     "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+}
+
+
+#: ``/tokenize``'s ``content``: a text, or texts and token ids (llama.cpp's mixed prompt).
+_TOKENIZE_CONTENT: Schema = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]},
+        },
+    ]
 }
 
 
@@ -358,6 +374,21 @@ FIELDS: Final[tuple[Field, ...]] = (
     _refused("dimensions", "shortened embeddings (no GGUF field says a model was trained for "
              "truncated vectors)", EMBEDDINGS),
     Field("user", "string", _both(EMBEDDINGS), "Accepted and ignored."),
+    Field("model", "string", _both(TOKENIZE, DETOKENIZE),
+          "Whose tokenizer: any model served, a chat or an embedding model."),
+    _custom("content", _TOKENIZE_CONTENT, TOKENIZE, required=True,
+            description="A text, or an array of texts and token ids (the ids kept as they "
+            "are)."),
+    Field("add_special", "boolean", _both(TOKENIZE),
+          "Add the special tokens the model adds to a prompt (its BOS); default false."),
+    Field("parse_special", "boolean", _both(TOKENIZE),
+          "Read special-token text (``<|im_end|>``) as those tokens; default true."),
+    Field("with_pieces", "boolean", _both(TOKENIZE),
+          "Each token as ``{\"id\", \"piece\"}``: its text, or its bytes as an array of "
+          "numbers where they are not UTF-8 on their own."),
+    Field("tokens", "array", _both(DETOKENIZE), "Token ids of the model's vocabulary.",
+          required=True,
+          items=_part("", "integer", nullable=False, minimum=0, maximum=INT32_MAX)),
 )  # fmt: skip
 
 _BY_KEY: Final = {(e, f.name): f for f in FIELDS for e in f.endpoints}

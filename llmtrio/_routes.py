@@ -16,12 +16,14 @@ import attrs
 __all__ = [
     "CHAT_PATH",
     "COMPLETIONS_PATH",
+    "DETOKENIZE_PATH",
     "EMBEDDINGS_PATH",
     "HEALTH_PATH",
     "MODELS_PATH",
     "OPENAPI_PATH",
     "RING_PATHS",
     "ROUTES",
+    "TOKENIZE_PATH",
     "Route",
 ]
 
@@ -31,6 +33,8 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 MODELS_PATH = "/v1/models"
 HEALTH_PATH = "/health"
 OPENAPI_PATH = "/openapi.json"
+TOKENIZE_PATH = "/tokenize"
+DETOKENIZE_PATH = "/detokenize"
 
 
 @attrs.frozen
@@ -61,6 +65,10 @@ ROUTES: Final[tuple[Route, ...]] = (
           "completions"),
     Route("POST", EMBEDDINGS_PATH, "createEmbedding",
           "Create embeddings (on a worker serving an embedding model).", "embeddings"),
+    Route("POST", TOKENIZE_PATH, "tokenize",
+          "Text to the model's token ids (llama.cpp server's /tokenize).", "tokenize"),
+    Route("POST", DETOKENIZE_PATH, "detokenize",
+          "Token ids to the model's text (llama.cpp server's /detokenize).", "detokenize"),
     Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),

@@ -48,6 +48,8 @@ EXAMPLES = {
     "createChatCompletion": 30,
     "createCompletion": 30,
     "createEmbedding": 4,
+    "tokenize": 12,
+    "detokenize": 12,
     "listModels": 5,
     "health": 5,
     "openapi": 2,

@@ -18,7 +18,9 @@ from .. import __version__
 from .._fields import (
     CHAT,
     COMPLETIONS,
+    DETOKENIZE,
     EMBEDDINGS,
+    TOKENIZE,
     RequestLimits,
     component_schemas,
     request_schema,
@@ -371,12 +373,49 @@ _ANSWERS: dict[str, dict[str, Any]] = {
         ),
     },
     "openapi": {"200": _json_answer("The OpenAPI 3.1 document.", {"type": "object"})},
+    "tokenize": {"200": _json_answer("The token ids (with their pieces).", _ref("TokenList"))},
+    "detokenize": {"200": _json_answer("The tokens' text.", _ref("Detokenized"))},
+}
+#: ``/tokenize``'s answer: ids, or ``{"id", "piece"}`` with a piece's text or bytes.
+_TOKEN_LIST: dict[str, Any] = {
+    "type": "object",
+    "required": ["tokens"],
+    "properties": {
+        "tokens": {
+            "type": "array",
+            "items": {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0},
+                    {
+                        "type": "object",
+                        "required": ["id", "piece"],
+                        "properties": {
+                            "id": {"type": "integer", "minimum": 0},
+                            "piece": {
+                                "anyOf": [
+                                    {"type": "string"},
+                                    {"type": "array", "items": {"type": "integer"}},
+                                ]
+                            },
+                        },
+                    },
+                ]
+            },
+        }
+    },
+}
+_DETOKENIZED: dict[str, Any] = {
+    "type": "object",
+    "required": ["content"],
+    "properties": {"content": {"type": "string"}},
 }
 # The request body's schema of each endpoint of the field table.
 _REQUESTS = {
     CHAT: "ChatCompletionRequest",
     COMPLETIONS: "CompletionRequest",
     EMBEDDINGS: "EmbeddingRequest",
+    TOKENIZE: "TokenizeRequest",
+    DETOKENIZE: "DetokenizeRequest",
 }
 
 
@@ -415,6 +454,8 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
     for endpoint, name in _REQUESTS.items():
         schemas[name] = _request(endpoint, limits)
     schemas["EmbeddingList"] = copy.deepcopy(_EMBEDDING_LIST)
+    schemas["TokenList"] = copy.deepcopy(_TOKEN_LIST)
+    schemas["Detokenized"] = copy.deepcopy(_DETOKENIZED)
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)

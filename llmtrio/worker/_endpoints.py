@@ -24,6 +24,7 @@ from ._embeddings import (
 )
 from ._endpoint import Encoder, Endpoint
 from ._responses import ResponseMeta
+from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
 
 __all__ = ["CHAT", "COMPLETIONS", "EMBEDDINGS", "ENDPOINTS"]
 
@@ -130,3 +131,5 @@ COMPLETIONS: Endpoint[CompletionRequest] = _Completions()
 EMBEDDINGS: Endpoint[EmbeddingsRequest] = _Embeddings()
 #: Every endpoint the worker serves, by route.
 ENDPOINTS: dict[str, Endpoint[object]] = {e.route: e for e in (CHAT, COMPLETIONS, EMBEDDINGS)}  # type: ignore[misc]
+#: llama.cpp server's tokenizer routes, on any model.
+ENDPOINTS |= {e.route: e for e in (TOKENIZE_ENDPOINT, DETOKENIZE_ENDPOINT)}  # type: ignore[misc]
