@@ -12,6 +12,7 @@ close seen is the one the budget forced.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,28 @@ def test_a_draft_is_cut_at_the_forced_marker() -> None:
     budget.feed(3)
     assert budget.cut([CLOSE, 7, 8]) == [CLOSE, 7, 8]  # the marker drafted where it is forced
     assert budget.cut([6, 7]) == [CLOSE]
+
+
+def test_a_cut_draft_is_what_the_budget_lets_through_of_it() -> None:
+    """Against the budget fed token by token: random states (in a block or not, the budget
+    spent or not, a character left open) and drafts (markers in them or not)."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        budget = ThinkBudget(
+            rng.randrange(4), MARKERS, thinking=rng.random() < 0.7, unfinished={10}.__contains__
+        )
+        for token in rng.choices([1, 10, OPEN, CLOSE], k=rng.randrange(4)):
+            budget.feed(token)
+        draft = rng.choices([1, 2, 10, OPEN, CLOSE], weights=[5, 5, 2, 1, 1], k=rng.randrange(8))
+        state, want = attrs.evolve(budget), []
+        for token in draft:
+            forced = state.forced()
+            if forced is not None and token != forced:
+                want.append(forced)
+                break
+            state.feed(token)
+            want.append(token)
+        assert budget.cut(draft) == want, (budget, draft)
 
 
 def test_markers_are_single_tokens_or_none() -> None:

@@ -84,6 +84,15 @@ class ThinkBudget:
         the budget: at the first position whose token is forced and drafted otherwise, the
         forced marker there and nothing after it (every draft token up to it can still be
         accepted, the marker surely is)."""
+        markers = self.markers
+        if markers.open not in draft and markers.close not in draft:  # the common case
+            if not self.thinking:
+                return draft
+            room = self.room()
+            if room is not None and len(draft) <= room:
+                return draft
+            if room is not None and (room == 0 or not self.unfinished(draft[room - 1])):
+                return [*draft[:room], markers.close]
         state = attrs.evolve(self)
         for at, token in enumerate(draft):
             forced = state.forced()
