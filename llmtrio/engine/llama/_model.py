@@ -6,6 +6,7 @@ nothing here knows of Trio.
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 from pathlib import Path
 from typing import Any, cast
@@ -99,7 +100,9 @@ class LlamaModel:
         #: The tokens whose text ends inside a UTF-8 character (a reasoning budget lets the
         #: tokens that finish it through before it closes the think block).
         self.unfinished_utf8: frozenset[int] = frozenset(
-            token for token, piece in enumerate(pieces) if piece and _ends_inside_character(piece)
+            token
+            for token, piece in enumerate(pieces)
+            if piece[-1:] >= b"\x80" and _ends_inside_character(piece)
         )
         self.grammars = GrammarCache(self.vocab)
 
@@ -367,15 +370,7 @@ class Batch:
 
 
 def _ends_inside_character(piece: bytes) -> bool:
-    """Whether ``piece`` ends inside a UTF-8 character: its last lead byte wants more bytes
-    than follow it (llama.cpp's ``common_utf8_is_complete``, negated). A piece of
-    continuation bytes alone finishes a character begun before it."""
-    if piece[-1] < 0x80:
-        return False
-    for back in range(1, min(4, len(piece)) + 1):
-        byte = piece[-back]
-        if byte < 0x80:
-            return False
-        if byte >= 0xC0:
-            return back < (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4)
-    return False
+    """Whether ``piece`` ends inside a UTF-8 character: an incremental decode leaves its last
+    bytes for more to come (llama.cpp's ``common_utf8_is_complete``, negated; bytes that are
+    not UTF-8 count as whole)."""
+    return codecs.utf_8_decode(piece, "replace", False)[1] < len(piece)
