@@ -213,6 +213,24 @@ def test_drafts_that_would_cross_the_budget_are_cut_at_the_marker(model: LlamaMo
     assert step.tokens[-1] != CLOSE, "the marker was accepted as a draft, not sampled last"
 
 
+def test_a_model_without_think_markers_ignores_the_budget(qwen35_path: Path) -> None:
+    """The qwen35 test model's 128-token vocabulary has no ``</think>`` token: a budget of 0
+    with the generation inside a think block changes nothing."""
+    model = LlamaModel(qwen35_path, slots=1, ctx_size=64, threads=1, n_batch=32)
+    try:
+        assert think_markers(lambda text: model.tokenize(text, add_special=False)) is None
+        prompt = model.tokenize("a b c", add_special=False)
+        runs = []
+        for budget in (None, 0):
+            core, _ = open_core(model, spec=None)
+            request = core_request(0, prompt, 8, reasoning_budget=budget, ignore_eos=True)
+            model.forget(0)
+            runs.append(run_core(core, [attrs.evolve(request, opens_think=True)]).tokens[0])
+    finally:
+        model.close()
+    assert runs[0] == runs[1] and len(runs[0]) == 8
+
+
 # -- through the engine: the think splitter, the lazy tool grammar, stop strings ---------------
 
 
