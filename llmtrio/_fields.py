@@ -53,6 +53,9 @@ __all__ = [
     "MESSAGES",
     "MESSAGE_ROLES",
     "NAMED_TOOL_CHOICE",
+    "RESPONSES",
+    "RESPONSES_FORMAT",
+    "RESPONSES_TOOL",
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "TEXT_PARTS",
     "TOKENIZE",
@@ -77,6 +80,8 @@ __all__ = [
 CHAT: Final = "chat"
 COMPLETIONS: Final = "completions"
 EMBEDDINGS: Final = "embeddings"
+#: OpenAI's Responses API (``POST /v1/responses`` and ``/v1/responses/input_tokens``).
+RESPONSES: Final = "responses"
 TOKENIZE: Final = "tokenize"
 DETOKENIZE: Final = "detokenize"
 
@@ -275,6 +280,132 @@ def _response_format(limits: RequestLimits) -> Schema:
     }
 
 
+# -- nested fields: the Responses API ---------------------------------------------------------
+
+#: A ``function`` tool in the Responses API's flat shape (tools of other types are the
+#: endpoint's to leave out).
+RESPONSES_TOOL: Final = _part("", "object", nullable=False, component="ResponsesFunctionTool",
+                              properties=(
+    _part("type", "string", required=True, enum=("function",)),
+    _part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
+    _part("description", "string", falsy_is_null=True),
+    _part("parameters", "object", "The arguments' JSON Schema; none (or {}) takes none."),
+    _part("strict", "any", "Accepted; the parameters' schema is enforced whatever it says."),
+))  # fmt: skip
+#: ``text.format``: ``json_schema`` is flat (``name``, ``schema``, ``strict`` beside ``type``).
+RESPONSES_FORMAT: Final = _part("format", "object", component="ResponsesTextFormat",
+                                properties=(
+    _part("type", "string", required=True, enum=_FORMATS),
+    _part("name", "string"),
+    _part("schema", "schema", expected="a JSON schema object"),
+    _part("strict", "boolean", "Whatever it says, the schema is enforced."),
+    _part("description", "string"),
+))  # fmt: skip
+_RESPONSES_PART: Schema = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["type", "text"],
+            "properties": {
+                "type": {"enum": ["input_text", "output_text"]},
+                "text": {"type": "string"},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "refusal"],
+            "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
+        },
+    ]
+}
+_RESPONSES_INPUT: Schema = {
+    "description": "A text (the user's message), or input items: messages (``role`` user, "
+    "system, developer or assistant; ``content`` a string or ``input_text``/``output_text`` "
+    "parts), ``function_call`` and ``function_call_output`` items, ``reasoning`` items.",
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "required": ["role", "content"],
+                        "properties": {
+                            "type": {"const": "message"},
+                            "role": {"enum": ["user", "system", "developer", "assistant"]},
+                            "content": {
+                                "anyOf": [
+                                    {"type": "string"},
+                                    {"type": "array", "items": _RESPONSES_PART},
+                                ]
+                            },
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["type", "call_id", "name", "arguments"],
+                        "properties": {
+                            "type": {"const": "function_call"},
+                            "call_id": {"type": "string"},
+                            "name": {"type": "string", "minLength": 1},
+                            "arguments": {"type": "string"},
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["type", "call_id", "output"],
+                        "properties": {
+                            "type": {"const": "function_call_output"},
+                            "call_id": {"type": "string"},
+                            "output": {
+                                "anyOf": [
+                                    {"type": "string"},
+                                    {"type": "array", "items": _RESPONSES_PART},
+                                ]
+                            },
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["type"],
+                        "properties": {"type": {"const": "reasoning"}},
+                    },
+                ]
+            },
+        },
+    ],
+}
+_RESPONSES_TOOLS: Schema = {
+    "anyOf": [
+        _ref("ResponsesFunctionTool"),
+        {
+            "type": "object",
+            "description": "A tool of another type: left out of what the model is offered.",
+            "required": ["type"],
+            "properties": {"type": {"type": "string", "not": {"const": "function"}}},
+        },
+    ]
+}
+_RESPONSES_TOOL_CHOICE: Schema = {
+    "anyOf": [
+        {"enum": ["none", "auto", "required"]},
+        {
+            "type": "object",
+            "required": ["type", "name"],
+            "properties": {"type": {"const": "function"}, "name": {"type": "string"}},
+        },
+    ]
+}
+#: ``reasoning.effort``'s values (``none`` and ``minimal`` turn thinking off).
+RESPONSES_EFFORTS: Final = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def _ignored(name: str, type: str, *endpoints: str, **kwargs: Any) -> Field:
+    """A field that changes nothing here, accepted (and checked for its type) and ignored."""
+    return Field(name, type, frozenset(endpoints), "Accepted and ignored.", **kwargs)
+
+
 def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
     """The schemas the request schemas refer to (``#/components/schemas/<name>``)."""
     return {
@@ -290,6 +421,8 @@ def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
             "description": NAMED_TOOL_CHOICE.description,
         },
         "ResponseFormat": _response_format(limits),
+        "ResponsesFunctionTool": RESPONSES_TOOL.body(limits),
+        "ResponsesTextFormat": RESPONSES_FORMAT.body(limits),
     }
 
 
@@ -374,6 +507,60 @@ FIELDS: Final[tuple[Field, ...]] = (
     _refused("dimensions", "shortened embeddings (no GGUF field says a model was trained for "
              "truncated vectors)", EMBEDDINGS),
     Field("user", "string", _both(EMBEDDINGS), "Accepted and ignored."),
+    # The Responses API (stateless: nothing is stored).
+    Field("model", "string", _both(RESPONSES), "The model's name."),
+    Field("input", "custom", _both(RESPONSES), required=True,
+          shape=_fixed(_RESPONSES_INPUT), description=_RESPONSES_INPUT["description"]),
+    Field("instructions", "string", _both(RESPONSES), "A system message before the input."),
+    Field("max_output_tokens", "integer", _both(RESPONSES),
+          "The server's ``--default-max-tokens`` when absent.",
+          minimum=1, maximum=INT32_MAX, limit="max_tokens"),
+    Field("temperature", "number", _both(RESPONSES), minimum=0, maximum=2),
+    Field("top_p", "number", _both(RESPONSES), minimum=0, maximum=1, exclusive_minimum=True),
+    Field("top_logprobs", "integer", _both(RESPONSES),
+          "Alternatives per token, reported with ``include: "
+          "[\"message.output_text.logprobs\"]``.", minimum=0, maximum=MAX_TOP_LOGPROBS),
+    Field("stream", "boolean", _both(RESPONSES)),
+    _ignored("stream_options", "object", RESPONSES),
+    Field("tools", "array", _both(RESPONSES),
+          items=_part("", "custom", nullable=False, shape=_fixed(_RESPONSES_TOOLS)),
+          description="``function`` tools; tools of other types (``web_search``, "
+          "``file_search``, ...) are left out of what the model is offered."),
+    _custom("tool_choice", _RESPONSES_TOOL_CHOICE, RESPONSES),
+    Field("parallel_tool_calls", "boolean", _both(RESPONSES)),
+    Field("max_tool_calls", "integer", _both(RESPONSES),
+          "At most this many function calls in the output (0: none).",
+          minimum=0, maximum=INT32_MAX),
+    Field("text", "object", _both(RESPONSES), properties=(
+        RESPONSES_FORMAT, _part("verbosity", "any", "Accepted and ignored."))),
+    Field("reasoning", "object", _both(RESPONSES), properties=(
+        _part("effort", "string", enum=RESPONSES_EFFORTS),
+        _part("summary", "any", "Accepted and ignored: the reasoning text is given whole."),
+        _part("generate_summary", "any", "Accepted and ignored."),
+        _part("context", "any", "Accepted and ignored."),
+        _part("mode", "any", "Accepted and ignored."),
+    )),
+    Field("metadata", "object", _both(RESPONSES), "Echoed in the response."),
+    Field("store", "boolean", _both(RESPONSES),
+          "Accepted; nothing is stored (the response says ``store: false``)."),
+    Field("user", "string", _both(RESPONSES), "Accepted and ignored."),
+    Field("include", "array", _both(RESPONSES), "``message.output_text.logprobs`` reports "
+          "log-probabilities; the other values are accepted and ignored.",
+          items=_part("", "string", nullable=False)),
+    _ignored("prompt_cache_key", "string", RESPONSES),
+    _ignored("prompt_cache_retention", "string", RESPONSES),
+    _ignored("prompt_cache_options", "object", RESPONSES),
+    _ignored("safety_identifier", "string", RESPONSES),
+    _ignored("service_tier", "string", RESPONSES),
+    _ignored("truncation", "string", RESPONSES),
+    _ignored("moderation", "any", RESPONSES),
+    _ignored("context_management", "any", RESPONSES),
+    _refused("previous_response_id", "stored responses (this server is stateless)", RESPONSES),
+    _refused("conversation", "conversations (this server is stateless)", RESPONSES),
+    _refused("background", "background responses", RESPONSES, allowed=(False,)),
+    _refused("background_options", "background responses", RESPONSES),
+    _refused("prompt", "stored prompts", RESPONSES),
+    _refused("image", "image generation", RESPONSES),
     Field("model", "string", _both(TOKENIZE, DETOKENIZE),
           "Whose tokenizer: any model served, a chat or an embedding model."),
     _custom("content", _TOKENIZE_CONTENT, TOKENIZE, required=True,

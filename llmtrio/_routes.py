@@ -21,6 +21,8 @@ __all__ = [
     "HEALTH_PATH",
     "MODELS_PATH",
     "OPENAPI_PATH",
+    "RESPONSES_INPUT_TOKENS_PATH",
+    "RESPONSES_PATH",
     "RING_PATHS",
     "ROUTES",
     "TOKENIZE_PATH",
@@ -33,6 +35,8 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 MODELS_PATH = "/v1/models"
 HEALTH_PATH = "/health"
 OPENAPI_PATH = "/openapi.json"
+RESPONSES_PATH = "/v1/responses"
+RESPONSES_INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
 TOKENIZE_PATH = "/tokenize"
 DETOKENIZE_PATH = "/detokenize"
 
@@ -65,6 +69,10 @@ ROUTES: Final[tuple[Route, ...]] = (
           "completions"),
     Route("POST", EMBEDDINGS_PATH, "createEmbedding",
           "Create embeddings (on a worker serving an embedding model).", "embeddings"),
+    Route("POST", RESPONSES_PATH, "createResponse",
+          "Create a response (OpenAI's Responses API, stateless).", "responses"),
+    Route("POST", RESPONSES_INPUT_TOKENS_PATH, "countResponseInputTokens",
+          "Count a response request's input tokens, templated as a generation.", "responses"),
     Route("POST", TOKENIZE_PATH, "tokenize",
           "Text to the model's token ids (llama.cpp server's /tokenize).", "tokenize"),
     Route("POST", DETOKENIZE_PATH, "detokenize",

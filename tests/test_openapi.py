@@ -48,6 +48,8 @@ EXAMPLES = {
     "createChatCompletion": 30,
     "createCompletion": 30,
     "createEmbedding": 4,
+    "createResponse": 20,
+    "countResponseInputTokens": 10,
     "tokenize": 12,
     "detokenize": 12,
     "listModels": 5,
@@ -193,12 +195,14 @@ def _short(body: Any) -> Any:
     if not isinstance(body, dict):
         return body
     body = dict(body)
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
             body[key] = MAX_TOKENS
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = MAX_TOKENS
+    if body.get("max_output_tokens") is None:  # the Responses API's (others ignore it)
+        body["max_output_tokens"] = MAX_TOKENS
     return body
 
 

@@ -473,6 +473,7 @@ class Done:
     cached_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 @attrs.frozen

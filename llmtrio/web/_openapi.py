@@ -20,6 +20,7 @@ from .._fields import (
     COMPLETIONS,
     DETOKENIZE,
     EMBEDDINGS,
+    RESPONSES,
     TOKENIZE,
     RequestLimits,
     component_schemas,
@@ -355,6 +356,80 @@ _EMBEDDING_LIST: dict[str, Any] = {
 }
 
 
+_RESPONSE_OBJECT: dict[str, Any] = {
+    "type": "object",
+    "description": "OpenAI's ``response`` object (stateless: ``store`` is false).",
+    "required": ["id", "object", "created_at", "status", "model", "output", "tools",
+                 "tool_choice", "parallel_tool_calls"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "response"},
+        "created_at": {"type": "integer"},
+        "status": {"enum": ["completed", "incomplete", "in_progress", "failed"]},
+        "incomplete_details": _nullable({
+            "type": "object", "properties": {"reason": {"const": "max_output_tokens"}}}),
+        "model": {"type": "string"},
+        "output": {
+            "type": "array",
+            "description": "``reasoning``, ``message`` and ``function_call`` items.",
+            "items": {
+                "type": "object",
+                "required": ["id", "type"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "type": {"enum": ["reasoning", "message", "function_call"]},
+                    "call_id": {"type": "string"},
+                    "name": {"type": "string"},
+                    "arguments": {"type": "string", "description": "A JSON object, as text."},
+                    "content": {"type": "array", "items": {"type": "object"}},
+                },
+            },
+        },
+        "tools": {"type": "array"},
+        "parallel_tool_calls": {"type": "boolean"},
+        "store": {"const": False},
+        "usage": _nullable({
+            "type": "object",
+            "required": ["input_tokens", "output_tokens", "total_tokens"],
+            "properties": {
+                key: {"type": "integer", "minimum": 0}
+                for key in ("input_tokens", "output_tokens", "total_tokens")
+            },
+        }),
+    },
+}  # fmt: skip
+_RESPONSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "With ``stream: true``: server-sent events ``event: <type>`` and ``data: "
+    "<JSON>``, each JSON with its ``type`` and a rising ``sequence_number``: "
+    "``response.created``, ``response.in_progress``, the output's events, then one of "
+    "``response.completed``, ``response.incomplete`` or ``response.failed``; no ``[DONE]``.",
+    "required": ["data"],
+    "properties": {
+        "event": {"type": "string"},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "type": "object",
+                "required": ["type", "sequence_number"],
+                "properties": {
+                    "type": {"type": "string"},
+                    "sequence_number": {"type": "integer", "minimum": 0},
+                },
+            },
+        },
+    },
+}
+_INPUT_TOKENS: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "input_tokens"],
+    "properties": {
+        "object": {"const": "response.input_tokens"},
+        "input_tokens": {"type": "integer", "minimum": 0},
+    },
+}
+
 # What each operation of the route table answers, by its operation id (the errors aside).
 _ANSWERS: dict[str, dict[str, Any]] = {
     "createChatCompletion": {"200": _completion_answer("ChatCompletion", "ChatCompletionChunk")},
@@ -363,6 +438,18 @@ _ANSWERS: dict[str, dict[str, Any]] = {
         "200": _json_answer(
             "One vector per input, in the order of the inputs.", _ref("EmbeddingList")
         )
+    },
+    "createResponse": {
+        "200": {
+            "description": "The response: one JSON body, or an event stream.",
+            "content": {
+                "application/json": {"schema": _ref("Response")},
+                "text/event-stream": {"schema": _RESPONSE_EVENT},
+            },
+        }
+    },
+    "countResponseInputTokens": {
+        "200": _json_answer("The input's tokens, as a generation counts them.", _INPUT_TOKENS)
     },
     "listModels": {"200": _json_answer("The models.", _ref("ModelList"))},
     "health": {
@@ -414,6 +501,7 @@ _REQUESTS = {
     CHAT: "ChatCompletionRequest",
     COMPLETIONS: "CompletionRequest",
     EMBEDDINGS: "EmbeddingRequest",
+    RESPONSES: "ResponseCreateRequest",
     TOKENIZE: "TokenizeRequest",
     DETOKENIZE: "DetokenizeRequest",
 }
@@ -454,6 +542,7 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
     for endpoint, name in _REQUESTS.items():
         schemas[name] = _request(endpoint, limits)
     schemas["EmbeddingList"] = copy.deepcopy(_EMBEDDING_LIST)
+    schemas["Response"] = copy.deepcopy(_RESPONSE_OBJECT)
     schemas["TokenList"] = copy.deepcopy(_TOKEN_LIST)
     schemas["Detokenized"] = copy.deepcopy(_DETOKENIZED)
     paths: dict[str, dict[str, Any]] = {}

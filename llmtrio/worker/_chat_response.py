@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._openai_errors import dumps
+from .._openai_errors import OpenAIError, dumps
 from ..engine import (
     Done,
     Token,
@@ -130,6 +130,9 @@ class ChatStream:
     def finish_reason(self, done: Done) -> str:
         return finish_reason(done, self._calls)
 
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse()
+
     def _text(self, text: str, *, reasoning: bool = False) -> bytes:
         if self._pending:
             key = "reasoning_content" if reasoning else "content"
@@ -207,6 +210,9 @@ class ChatBody:
 
     def finish_reason(self, done: Done) -> str:
         return finish_reason(done, len(self._calls))
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse()
 
 
 def completion_body(

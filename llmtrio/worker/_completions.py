@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from .._fields import COMPLETIONS, RequestLimits, invalid_type, invalid_value, missing, read
-from .._openai_errors import dumps, invalid_request
+from .._openai_errors import OpenAIError, dumps, invalid_request
 from ..engine import Done, GenerateRequest, InvalidRequestError, Sampling, Token, TokenLogprob
 from ._features import parse_response_format
 from ._requests import (
@@ -170,6 +170,9 @@ class TextStream:
     def finish_reason(self, done: Done) -> str:
         return done.stop.finish_reason
 
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse()
+
 
 class TextBody:
     """The ``text_completion`` body of a request that did not stream."""
@@ -206,3 +209,6 @@ class TextBody:
 
     def finish_reason(self, done: Done) -> str:
         return done.stop.finish_reason
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse()

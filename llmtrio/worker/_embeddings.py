@@ -222,3 +222,6 @@ class EmbeddingsBody:
 
     def finish_reason(self, done: Done) -> str:
         return "stop"
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse()

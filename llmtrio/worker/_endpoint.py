@@ -15,8 +15,9 @@ text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a 
   JSON response;
 - an event stream is relayed with back-pressure while the engine works and flushed in one
   last chunk once it has finished, so the slot is free however slowly the client reads;
-- a failure after the head is an error event on an event stream (a JSON body cut after its
-  head can only be failed);
+- a failure after the head is an error event on an event stream, worded by the encoder
+  (:meth:`Encoder.failure`: chat's ``data: {"error": ...}``, the Responses API's
+  ``response.failed``); a JSON body cut after its head can only be failed;
 - every end states the response's :class:`~llmtrio.ring.Outcome` (its finish reason and
   token counts, or its error code) on the ring, for the ingress's access log and metrics,
   which never read the response's bytes;
@@ -97,6 +98,10 @@ class Encoder(Protocol):
     def finish_reason(self, done: Done) -> str:
         """OpenAI's ``finish_reason`` the response gave (``tool_calls`` when it made one)."""
 
+    def failure(self, error: OpenAIError) -> bytes:
+        """The last bytes of an event stream that fails after its head: chat's
+        ``data: {"error": ...}``, the Responses API's ``response.failed`` event."""
+
 
 class Endpoint(Protocol[Request]):
     """One route of the API, as the worker serves it (see the module's doc)."""
@@ -143,6 +148,8 @@ class _Response:
         self.streaming = False  # the head of an event stream was sent
         self.sent_head = False
         self.outcome: Outcome | None = None
+        #: The response's encoder, once the request is parsed (it words a stream's failure).
+        self.encoder: Encoder | None = None
 
     async def head(
         self, status: int, headers: tuple[tuple[str, str], ...], *, streaming: bool = False
@@ -189,7 +196,7 @@ class _Response:
             return
         self.failed(error)
         if self.streaming:
-            await self.end(error.sse())
+            await self.end(error.sse() if self.encoder is None else self.encoder.failure(error))
         else:
             self.claimed.fail(error.message, outcome=self.outcome)
 
@@ -236,7 +243,7 @@ async def _respond(
         await response.error(error)
         return
     meta = ResponseMeta(new_id(endpoint.id_prefix), int(time.time()), engine.model_name)
-    encoder = endpoint.encoder(request, meta)
+    encoder = response.encoder = endpoint.encoder(request, meta)
     try:
         async with endpoint.run(engine, request) as events:
             if encoder.streaming:
@@ -261,7 +268,8 @@ async def _stream(response: _Response, encoder: Encoder, events: Events) -> None
             response.finished(event, encoder)
             return last
         assert isinstance(event, Failed)
-        return response.failed(_failure(event), prompt_tokens=_prompt_tokens(event.error)).sse()
+        error = response.failed(_failure(event), prompt_tokens=_prompt_tokens(event.error))
+        return encoder.failure(error)
 
     iterator = aiter(events)
     first = await anext(iterator)

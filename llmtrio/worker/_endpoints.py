@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import attrs
 import trio
 
 from .._fields import RequestLimits
-from .._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
-from ..engine import EmbeddingEngine, Engine, Generation
+from .._routes import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    EMBEDDINGS_PATH,
+    RESPONSES_INPUT_TOKENS_PATH,
+    RESPONSES_PATH,
+)
+from ..engine import (
+    Done,
+    EmbeddingEngine,
+    Engine,
+    Generation,
+    PromptTooLongError,
+    StopReason,
+    Timings,
+)
 from ._chat_request import ChatCompletionRequest, parse_chat_request
 from ._chat_response import ChatBody, ChatStream
 from ._completions import CompletionRequest, TextBody, TextStream, parse_completion_request
@@ -23,10 +37,12 @@ from ._embeddings import (
     too_long,
 )
 from ._endpoint import Encoder, Endpoint
-from ._responses import ResponseMeta
+from ._responses import ResponseMeta, from_engine_error
+from ._responses_output import InputTokensBody, ResponsesBody, ResponsesStream
+from ._responses_request import ResponsesRequest, naming_input, parse_responses_request
 from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
 
-__all__ = ["CHAT", "COMPLETIONS", "EMBEDDINGS", "ENDPOINTS"]
+__all__ = ["CHAT", "COMPLETIONS", "EMBEDDINGS", "ENDPOINTS", "RESPONSES", "RESPONSES_INPUT_TOKENS"]
 
 
 @attrs.frozen
@@ -126,10 +142,68 @@ class _Embeddings:
         return EmbeddingsBody(request, meta.model)
 
 
+@attrs.frozen
+class _Responses:
+    """``POST /v1/responses``: OpenAI's Responses API, stateless; the same generation as
+    chat's for the same conversation."""
+
+    route: str = RESPONSES_PATH
+    model_kind: str = "chat"
+    id_prefix: str = "resp"
+
+    def parse(self, body: bytes, limits: RequestLimits) -> ResponsesRequest:
+        return parse_responses_request(body, limits)
+
+    @asynccontextmanager
+    async def run(self, engine: Engine, request: ResponsesRequest) -> AsyncIterator[Generation]:
+        with _naming_input():
+            async with engine.submit(request.generate) as generation:
+                yield generation
+
+    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder:
+        return ResponsesStream(request, meta) if request.stream else ResponsesBody(request, meta)
+
+
+@attrs.frozen
+class _ResponsesInputTokens:
+    """``POST /v1/responses/input_tokens``: a Responses body's input tokens, templated and
+    tokenized exactly as its generation would be (its ``usage.input_tokens``)."""
+
+    route: str = RESPONSES_INPUT_TOKENS_PATH
+    model_kind: str = "chat"
+    id_prefix: str = "resp"
+
+    def parse(self, body: bytes, limits: RequestLimits) -> ResponsesRequest:
+        return parse_responses_request(body, limits)
+
+    @asynccontextmanager
+    async def run(self, engine: Engine, request: ResponsesRequest) -> AsyncIterator[Finished]:
+        with _naming_input():
+            count = await engine.count_prompt_tokens(request.generate)
+        yield Finished(Done(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))
+
+    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder:
+        return InputTokensBody()
+
+
+@contextmanager
+def _naming_input() -> Iterator[None]:
+    """A prompt too long for the context, told as the Responses API names it (``input``)."""
+    try:
+        yield
+    except PromptTooLongError as exc:
+        raise naming_input(from_engine_error(exc)) from None
+
+
 CHAT: Endpoint[ChatCompletionRequest] = _Chat()
 COMPLETIONS: Endpoint[CompletionRequest] = _Completions()
 EMBEDDINGS: Endpoint[EmbeddingsRequest] = _Embeddings()
+RESPONSES: Endpoint[ResponsesRequest] = _Responses()
+RESPONSES_INPUT_TOKENS: Endpoint[ResponsesRequest] = _ResponsesInputTokens()
 #: Every endpoint the worker serves, by route.
-ENDPOINTS: dict[str, Endpoint[object]] = {e.route: e for e in (CHAT, COMPLETIONS, EMBEDDINGS)}  # type: ignore[misc]
+ENDPOINTS: dict[str, Endpoint[object]] = {
+    e.route: e  # type: ignore[misc]
+    for e in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, RESPONSES_INPUT_TOKENS)
+}
 #: llama.cpp server's tokenizer routes, on any model.
 ENDPOINTS |= {e.route: e for e in (TOKENIZE_ENDPOINT, DETOKENIZE_ENDPOINT)}  # type: ignore[misc]

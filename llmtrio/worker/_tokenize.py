@@ -253,6 +253,9 @@ class _TokenizeBody:
     def finish_reason(self, done: Done) -> str:
         return "stop"
 
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse()  # never streamed: a failure is an error response
+
 
 @attrs.define
 class _DetokenizeBody:
@@ -270,6 +273,9 @@ class _DetokenizeBody:
 
     def finish_reason(self, done: Done) -> str:
         return "stop"
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse()  # never streamed: a failure is an error response
 
 
 TOKENIZE_ENDPOINT = _Tokenize()

@@ -118,6 +118,7 @@ class Generation:
             stop=stop,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self._output.tokens,
+            reasoning_tokens=self._output.reasoning_tokens,
             cached_tokens=output.cached,
             draft_tokens=output.drafted,
             accepted_tokens=output.accepted,

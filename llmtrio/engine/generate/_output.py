@@ -38,8 +38,9 @@ class OutputProcessor:
         self._stop = StopMatcher(stops)
         self._think = ThinkSplitter(reasoning=opens_think)
         self._logprobs: list[TokenLogprob] = []
-        #: Tokens fed so far.
+        #: Tokens fed so far, and those of them inside a think block (its tags included).
         self.tokens = 0
+        self.reasoning_tokens = 0
 
     def feed(
         self, tokens: Sequence[int], logprobs: Sequence[RawLogprob] | None = None
@@ -53,7 +54,11 @@ class OutputProcessor:
             if logprobs and i < len(logprobs):
                 self._logprobs.append(self._token_logprob(logprobs[i]))
             self.tokens += 1
-            if self._emit(self._utf8.feed(self._piece(token)), events):
+            reasoning = self._think.reasoning
+            stopped = self._emit(self._utf8.feed(self._piece(token)), events)
+            if reasoning or self._think.reasoning:
+                self.reasoning_tokens += 1
+            if stopped:
                 return events, True
         return events, False
 
