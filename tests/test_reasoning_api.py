@@ -1,5 +1,6 @@
-"""Chat completions' ``reasoning_effort`` and the server's ``--default-max-tokens``, through
-the API in process, on the default model's own tokenizer and template (``qwen35_real_path``)."""
+"""Chat completions' ``reasoning_effort``, the Responses API's ``reasoning.effort`` and the
+server's ``--default-max-tokens``, through the API in process, on the default model's own
+tokenizer and template (``qwen35_real_path``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.worker import RequestLimits
@@ -76,3 +77,25 @@ async def test_effort_and_the_default_output_limit_through_the_api(
         refused = await http.post(CHAT_PATH, json={"messages": HI, "reasoning_effort": "huge"})
         assert refused.status_code == 400
         assert refused.json()["error"]["param"] == "reasoning_effort"
+
+        # The Responses API: ``reasoning.effort`` through the same table, the same budget;
+        # no ``max_output_tokens``: the server's default.
+        async def respond(**fields: Any) -> dict[str, Any]:
+            answer = await http.post(
+                RESPONSES_PATH, json={"input": "Hi", "temperature": 0} | fields
+            )
+            assert answer.status_code == 200, answer.text
+            result: dict[str, Any] = answer.json()
+            return result
+
+        response = await respond(reasoning={"effort": "low"}, max_output_tokens=20)
+        assert [item["type"] for item in response["output"]] == ["reasoning", "message"]
+        reasoning = response["output"][0]["content"][0]["text"]
+        answer_text = response["output"][1]["content"][0]["text"]
+        assert reasoning and answer_text and "</think>" not in reasoning + answer_text
+        # The budget's 4 tokens and the marker (counted as reasoning, as the tags are).
+        assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == 5
+        assert response["usage"]["output_tokens"] == 20
+        unnamed = await respond()
+        assert unnamed["usage"]["output_tokens"] == DEFAULT
+        assert unnamed["status"] == "incomplete"
