@@ -43,14 +43,24 @@ from ._field_spec import (
 from ._openai_errors import OpenAIError, invalid_request
 
 __all__ = [
+    "ANTHROPIC_BLOCKS",
+    "ANTHROPIC_MESSAGE",
+    "ANTHROPIC_OUTPUT_CONFIG",
+    "ANTHROPIC_REFUSED_BLOCKS",
+    "ANTHROPIC_TEXT_BLOCKS",
+    "ANTHROPIC_THINKING",
+    "ANTHROPIC_TOOL",
+    "ANTHROPIC_TOOL_CHOICE",
     "CHAT",
     "COMPLETIONS",
+    "COUNT_TOKENS",
     "DETOKENIZE",
     "EMBEDDINGS",
     "FIELDS",
     "INT32_MAX",
     "MAX_TOP_LOGPROBS",
     "MESSAGES",
+    "MESSAGES_API",
     "MESSAGE_ROLES",
     "NAMED_TOOL_CHOICE",
     "RESPONSES",
@@ -423,7 +433,163 @@ def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
         "ResponseFormat": _response_format(limits),
         "ResponsesFunctionTool": RESPONSES_TOOL.body(limits),
         "ResponsesTextFormat": RESPONSES_FORMAT.body(limits),
+        "AnthropicMessage": ANTHROPIC_MESSAGE.body(limits),
+        "AnthropicTextBlock": _A_TEXT_BLOCK.body(limits),
+        "AnthropicTool": ANTHROPIC_TOOL.body(limits),
     }
+
+
+# -- Anthropic's Messages API (``/v1/messages``, ``/v1/messages/count_tokens``) ---------------
+
+#: The Messages API's endpoints: a message, and the count of a message request's input tokens
+#: (the same body; ``max_tokens`` and ``stream`` mean nothing there).
+MESSAGES_API: Final = "messages"
+COUNT_TOKENS: Final = "count_tokens"
+
+
+def _anthropic(*names: str) -> frozenset[str]:
+    return frozenset(names or (MESSAGES_API, COUNT_TOKENS))
+
+
+def _anthropic_ignored(
+    name: str, *endpoints: str, description: str = "Accepted and ignored."
+) -> Field:
+    return Field(name, "any", _anthropic(*endpoints), description)
+
+
+def _block_type(name: str) -> Field:
+    return _part("type", "string", required=True, enum=(name,))
+
+
+_CACHE_CONTROL = _part("cache_control", "any", "Accepted and ignored (prompt reuse is automatic).")
+_A_TEXT_BLOCK = _part("", "object", nullable=False, component="AnthropicTextBlock", properties=(
+    _block_type("text"), _part("text", "string", nullable=False, text=True), _CACHE_CONTROL,
+    _part("citations", "any", "Accepted and ignored."),
+))  # fmt: skip
+#: ``system`` (or a tool result's content) when it is not a string.
+ANTHROPIC_TEXT_BLOCKS: Final = _part("content", "array", items=_A_TEXT_BLOCK)
+_A_TEXT_OR_BLOCKS: Schema = {
+    "anyOf": [{"type": "string"}, ANTHROPIC_TEXT_BLOCKS.body(RequestLimits())]
+}
+#: A message's content blocks by ``type``, each with its fields in the order they are checked
+#: (a ``tool_result``'s ``content`` is a string or text blocks, the endpoint's to tell apart).
+ANTHROPIC_BLOCKS: Final = {
+    "text": _A_TEXT_BLOCK,
+    "tool_use": _part("", "object", nullable=False, properties=(
+        _block_type("tool_use"), _part("id", "string", nullable=False),
+        _part("name", "string", nullable=False), _part("input", "object", default={}),
+        _CACHE_CONTROL)),
+    "tool_result": _part("", "object", nullable=False, properties=(
+        _block_type("tool_result"), _part("tool_use_id", "string", nullable=False),
+        _part("content", "custom", shape=_fixed(_A_TEXT_OR_BLOCKS)),
+        _part("is_error", "boolean", "An error result reaches the model as 'Error: ...'."),
+        _CACHE_CONTROL)),
+    "thinking": _part("", "object", nullable=False, properties=(
+        _block_type("thinking"), _part("thinking", "string", nullable=False),
+        _part("signature", "string", "Not checked."))),
+    "redacted_thinking": _part("", "object", nullable=False, properties=(
+        _block_type("redacted_thinking"), _part("data", "string"))),
+}  # fmt: skip
+#: Content blocks this server cannot take yet, and what they are.
+ANTHROPIC_REFUSED_BLOCKS: Final = {
+    "image": "image input",
+    "document": "document input",
+    "search_result": "search results",
+    "server_tool_use": "server tools",
+    "web_search_tool_result": "server tools",
+    "web_fetch_tool_result": "server tools",
+    "code_execution_tool_result": "server tools",
+    "bash_code_execution_tool_result": "server tools",
+    "text_editor_code_execution_tool_result": "server tools",
+    "tool_search_tool_result": "server tools",
+    "container_upload": "container uploads",
+}
+_A_CONTENT: Schema = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {"anyOf": [b.body(RequestLimits()) for b in ANTHROPIC_BLOCKS.values()]},
+        },
+    ],
+    "description": "A text, or content blocks (text, tool_use, tool_result, thinking, "
+    "redacted_thinking; image blocks are refused).",
+}
+#: One message of ``messages``: its role, and its content (a string or ``ANTHROPIC_BLOCKS``,
+#: the endpoint's to tell apart).
+ANTHROPIC_MESSAGE: Final = _part("", "object", nullable=False, component="AnthropicMessage",
+                                 properties=(
+    _part("role", "string", required=True, enum=("user", "assistant")),
+    _part("content", "custom", required=True, shape=_fixed(_A_CONTENT)),
+))  # fmt: skip
+#: A tool the model may call (``type`` ``custom`` or absent; server tools are left out).
+ANTHROPIC_TOOL: Final = _part("", "object", nullable=False, component="AnthropicTool", properties=(
+    _part("name", "string", required=True, min_length=1, expected="a non-empty string"),
+    _part("description", "string", falsy_is_null=True),
+    _part("input_schema", "schema", nullable=False, default={}, expected="a JSON schema object"),
+    _part("type", "string", "``custom``; a server tool's type (``web_search_20250305``, ...) "
+          "is left out of what the model is offered."),
+    _CACHE_CONTROL, _part("strict", "any", "Accepted: the schema is enforced on a call."),
+))  # fmt: skip
+ANTHROPIC_TOOL_CHOICE: Final = _part("tool_choice", "object", properties=(
+    _part("type", "string", required=True, enum=("auto", "any", "tool", "none")),
+    _part("name", "string", "The tool ``tool`` forces."),
+    _part("disable_parallel_tool_use", "boolean"),
+))  # fmt: skip
+ANTHROPIC_THINKING: Final = _part("thinking", "object", properties=(
+    _part("type", "string", required=True,
+          enum=("enabled", "adaptive", "between_tools", "disabled")),
+    _part("budget_tokens", "integer", "With ``enabled``: the reasoning budget (Anthropic's "
+          "bounds, at least 1024 and below ``max_tokens``, are not enforced).",
+          minimum=0, maximum=INT32_MAX),
+    _part("display", "string", "Accepted and ignored.", enum=("summarized", "omitted")),
+))  # fmt: skip
+ANTHROPIC_OUTPUT_CONFIG: Final = _part("output_config", "object", properties=(
+    _part("effort", "string", enum=("low", "medium", "high", "xhigh", "max")),
+    _part("format", "object", "The reply's JSON schema, enforced by a grammar.", properties=(
+        _part("type", "string", required=True, enum=("json_schema",)),
+        _part("schema", "schema", required=True, expected="a JSON schema object"),
+    )),
+))  # fmt: skip
+
+_ANTHROPIC_FIELDS: Final = (
+    Field("model", "string", _anthropic(), "The model's name (resolved as every route's)."),
+    Field("max_tokens", "integer", _anthropic(MESSAGES_API), required=True, minimum=1,
+          maximum=INT32_MAX, limit="max_tokens"),
+    Field("max_tokens", "integer", _anthropic(COUNT_TOKENS), "Accepted and ignored.", minimum=0,
+          maximum=INT32_MAX),
+    Field("messages", "array", _anthropic(), required=True, limit="max_messages",
+          items=_part("", "custom", nullable=False, component="AnthropicMessage"),
+          empty="an array with at least one message"),
+    Field("system", "custom", _anthropic(), "A text, or text blocks (joined by newlines).",
+          shape=_fixed(_A_TEXT_OR_BLOCKS)),
+    Field("stop_sequences", "array", _anthropic(), limit="max_stop",
+          items=_part("", "string", nullable=False, min_length=1,
+                      expected="a non-empty string")),
+    Field("stream", "boolean", _anthropic(MESSAGES_API)),
+    Field("temperature", "number", _anthropic(), minimum=0, maximum=1),
+    Field("top_p", "number", _anthropic(), minimum=0, maximum=1, exclusive_minimum=True),
+    Field("top_k", "integer", _anthropic(), "0 keeps every token.", minimum=0, maximum=INT32_MAX),
+    Field("tools", "array", _anthropic(), items=ANTHROPIC_TOOL),
+    Field("tool_choice", "object", _anthropic(), properties=ANTHROPIC_TOOL_CHOICE.properties),
+    Field("thinking", "object", _anthropic(), "``enabled`` (on, within ``budget_tokens``), "
+          "``adaptive`` and ``between_tools`` (on, within ``output_config.effort``'s budget, "
+          "medium's by default), ``disabled`` (off); absent: the template's default.",
+          properties=ANTHROPIC_THINKING.properties),
+    Field("output_config", "object", _anthropic(), properties=ANTHROPIC_OUTPUT_CONFIG.properties),
+    Field("ignore_eos", "boolean", _anthropic(MESSAGES_API),
+          "llama.cpp's extension: generate through end-of-generation tokens (benchmarks)."),
+    Field("metadata", "object", _anthropic(), "Accepted and ignored.",
+          properties=(_part("user_id", "any"),)),
+    _anthropic_ignored("cache_control"),
+    _anthropic_ignored("service_tier"),
+    _anthropic_ignored("speed"),
+    _anthropic_ignored("container"),
+    _anthropic_ignored("inference_geo"),
+    _anthropic_ignored("diagnostics"),
+    _anthropic_ignored("context_management"),
+    _refused("mcp_servers", "remote MCP servers", MESSAGES_API, COUNT_TOKENS),
+)  # fmt: skip
 
 
 FIELDS: Final[tuple[Field, ...]] = (
@@ -561,6 +727,7 @@ FIELDS: Final[tuple[Field, ...]] = (
     _refused("background_options", "background responses", RESPONSES),
     _refused("prompt", "stored prompts", RESPONSES),
     _refused("image", "image generation", RESPONSES),
+    *_ANTHROPIC_FIELDS,
     Field("model", "string", _both(TOKENIZE, DETOKENIZE),
           "Whose tokenizer: any model served, a chat or an embedding model."),
     _custom("content", _TOKENIZE_CONTENT, TOKENIZE, required=True,

@@ -22,6 +22,15 @@ its own body. The kinds of refusal, each a status, a ``type`` and a ``code``, ar
                                 no_worker), the model is closing, or the server is shutting
                                 down (code shutting_down)
       504 timeout (code)        the request ran past the server's per-request deadline
+
+A route of Anthropic's family (``llmtrio._routes.error_family``: ``/v1/messages*``) tells the
+same errors in Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, its
+``type`` by status (:data:`ANTHROPIC_TYPES`: ``invalid_request_error`` 400/405,
+``authentication_error`` 401, ``permission_error`` 403, ``not_found_error`` 404,
+``timeout_error`` 408/504, ``request_too_large`` 413, ``rate_limit_error`` 429, ``api_error``
+500/502/503); a full ring, a park timeout and a draining server (``ring_full``, ``no_worker``,
+``shutting_down``) are Anthropic's 529 ``overloaded_error``. The ``code`` stays what logs and
+metrics count, whatever the shape.
 """
 
 from __future__ import annotations
@@ -33,9 +42,10 @@ from typing import Any, Final
 
 import attrs
 
-from ._routes import EMBEDDINGS_PATH
+from ._routes import ANTHROPIC_ERRORS, EMBEDDINGS_PATH, OPENAI_ERRORS
 
 __all__ = [
+    "ANTHROPIC_TYPES",
     "DEFAULT_MAX_BODY_BYTES",
     "ERRORS",
     "HOST_NOT_ALLOWED",
@@ -64,6 +74,25 @@ __all__ = [
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+#: Anthropic's error ``type`` for each status of this server's refusals.
+ANTHROPIC_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+#: The codes Anthropic's clients must see as 529 ``overloaded_error`` (retry later).
+_OVERLOADED: Final = frozenset({"ring_full", "no_worker", "shutting_down"})
 
 
 class OpenAIError(Exception):
@@ -97,7 +126,18 @@ class OpenAIError(Exception):
         """What logs and metrics name it by: its ``code``, else its ``type``."""
         return self.code or self.type
 
-    def to_dict(self) -> dict[str, Any]:
+    def status_in(self, family: str = OPENAI_ERRORS) -> int:
+        """The HTTP status it is answered with on a route of ``family`` (Anthropic's 529 for
+        an overloaded server)."""
+        if family == ANTHROPIC_ERRORS and self.code in _OVERLOADED:
+            return 529
+        return self.status
+
+    def to_dict(self, family: str = OPENAI_ERRORS) -> dict[str, Any]:
+        """The body in ``family``'s shape (the one function every rendering goes through)."""
+        if family == ANTHROPIC_ERRORS:
+            kind = ANTHROPIC_TYPES.get(self.status_in(family), "api_error")
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return {
             "error": {
                 "message": self.message,
@@ -107,14 +147,16 @@ class OpenAIError(Exception):
             }
         }
 
-    def body(self) -> bytes:
+    def body(self, family: str = OPENAI_ERRORS) -> bytes:
         """The JSON response body (``Content-Type: application/json``)."""
-        return dumps(self.to_dict())
+        return dumps(self.to_dict(family))
 
-    def sse(self) -> bytes:
+    def sse(self, family: str = OPENAI_ERRORS) -> bytes:
         """The error as one server-sent event, for a failure after a stream has started
-        (the status line is gone by then): ``data: {"error": {...}}\\n\\n``."""
-        return b"data: " + self.body() + b"\n\n"
+        (the status line is gone by then): ``data: {"error": {...}}\\n\\n``, or Anthropic's
+        ``event: error\\ndata: {"type": "error", ...}\\n\\n``."""
+        event = b"event: error\n" if family == ANTHROPIC_ERRORS else b""
+        return event + b"data: " + self.body(family) + b"\n\n"
 
     def __repr__(self) -> str:
         return (

@@ -5,6 +5,10 @@ The ingress (``llmtrio.web``) forwards ``POST`` on :data:`RING_PATHS` through th
 answers everything else itself; the worker dispatches on the path it is given and trusts the
 ingress's routing (it checks no methods, answers no 404/405). The ingress's other pages (``/``,
 ``/metrics``, the probes) are not part of the API and not in the table.
+
+Each route belongs to an error family (:data:`OPENAI_ERRORS` or :data:`ANTHROPIC_ERRORS`):
+every refusal on it, the ingress's and the worker's, is told in that family's shape
+(:func:`error_family`, rendered by ``llmtrio._openai_errors.OpenAIError``).
 """
 
 from __future__ import annotations
@@ -14,12 +18,16 @@ from typing import Final
 import attrs
 
 __all__ = [
+    "ANTHROPIC_ERRORS",
     "CHAT_PATH",
     "COMPLETIONS_PATH",
+    "COUNT_TOKENS_PATH",
     "DETOKENIZE_PATH",
     "EMBEDDINGS_PATH",
     "HEALTH_PATH",
+    "MESSAGES_PATH",
     "MODELS_PATH",
+    "OPENAI_ERRORS",
     "OPENAPI_PATH",
     "RESPONSES_INPUT_TOKENS_PATH",
     "RESPONSES_PATH",
@@ -27,6 +35,7 @@ __all__ = [
     "ROUTES",
     "TOKENIZE_PATH",
     "Route",
+    "error_family",
 ]
 
 CHAT_PATH = "/v1/chat/completions"
@@ -37,6 +46,13 @@ HEALTH_PATH = "/health"
 OPENAPI_PATH = "/openapi.json"
 RESPONSES_PATH = "/v1/responses"
 RESPONSES_INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
+MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+
+#: The error families: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` and
+#: Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (its types and statuses).
+OPENAI_ERRORS: Final = "openai"
+ANTHROPIC_ERRORS: Final = "anthropic"
 TOKENIZE_PATH = "/tokenize"
 DETOKENIZE_PATH = "/detokenize"
 
@@ -47,7 +63,8 @@ class Route:
 
     ``endpoint`` names the field table's endpoint (``llmtrio._fields``) whose fields make a
     ring route's request body; a route without one is answered by the ingress itself.
-    ``open`` routes are served without an API key.
+    ``open`` routes are served without an API key. ``errors`` is the family of its error
+    shape (the paths under it share it: see :func:`error_family`).
     """
 
     method: str
@@ -56,6 +73,7 @@ class Route:
     summary: str
     endpoint: str | None = None
     open: bool = False
+    errors: str = OPENAI_ERRORS
 
     @property
     def ring(self) -> bool:
@@ -81,7 +99,24 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),
     Route("GET", OPENAPI_PATH, "openapi", "This document."),
+    Route("POST", MESSAGES_PATH, "createMessage", "Create a message (Anthropic's Messages API).",
+          "messages", errors=ANTHROPIC_ERRORS),
+    Route("POST", COUNT_TOKENS_PATH, "countMessageTokens",
+          "Count a message request's input tokens (Anthropic's Messages API).", "count_tokens",
+          errors=ANTHROPIC_ERRORS),
 )  # fmt: skip
 
 #: Served by the workers through the ring, ``POST`` only.
 RING_PATHS: Final = frozenset(route.path for route in ROUTES if route.ring)
+
+
+def error_family(path: str) -> str:
+    """The error family of every answer on ``path``: its route's, or for a path no route
+    names, the family of the route it lies under (``/v1/messages/batches`` is refused in
+    Anthropic's shape); OpenAI's otherwise."""
+    for route in ROUTES:
+        if route.errors != OPENAI_ERRORS and (
+            path == route.path or path.startswith(route.path + "/")
+        ):
+            return route.errors
+    return OPENAI_ERRORS

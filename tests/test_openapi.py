@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31
 
 from llmtrio import _openai_errors as errors
 from llmtrio._fields import RequestLimits, request_schema
-from llmtrio._routes import ROUTES
+from llmtrio._routes import ANTHROPIC_ERRORS, ROUTES, error_family
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.web._auth import OPEN_PATHS
@@ -55,6 +55,8 @@ EXAMPLES = {
     "listModels": 5,
     "health": 5,
     "openapi": 2,
+    "createMessage": 20,
+    "countMessageTokens": 10,
 }
 OPERATIONS = [(route.method, route.path, EXAMPLES[route.operation_id]) for route in ROUTES]
 
@@ -104,7 +106,8 @@ def test_the_error_responses_are_the_error_catalogs() -> None:
     """One response per status of ``ERRORS``, listing exactly its codes and types; a ring route
     references every status a request can be refused with (not the URL's 404/405)."""
     document = openapi()
-    responses = document["components"]["responses"]
+    everything = document["components"]["responses"]
+    responses = {name: r for name, r in everything.items() if name.startswith("Error")}
     assert set(responses) == {f"Error{kind.status}" for kind in errors.ERRORS}
     listed = []
     for name, response in responses.items():
@@ -122,6 +125,9 @@ def test_the_error_responses_are_the_error_catalogs() -> None:
         listed += error["code"]["enum"]
     assert len(listed) == len(errors.ERRORS)
     request_statuses = {str(kind.status) for kind in errors.ERRORS if not kind.url}
+    anthropic = {
+        str(kind.error("").status_in(ANTHROPIC_ERRORS)) for kind in errors.ERRORS if not kind.url
+    }
     for route in ROUTES:
         operation = document["paths"][route.path][route.method.lower()]
         referenced = {
@@ -129,10 +135,28 @@ def test_the_error_responses_are_the_error_catalogs() -> None:
             for status, answer in operation["responses"].items()
             if "$ref" in answer
         }
-        if route.ring:
+        if route.ring and route.errors == ANTHROPIC_ERRORS:
+            assert referenced == {s: f"#/components/responses/AnthropicError{s}" for s in anthropic}
+        elif route.ring:
             assert referenced == {s: f"#/components/responses/Error{s}" for s in request_statuses}
         else:
             assert referenced == {}
+
+
+def test_anthropics_routes_document_anthropics_error_shape() -> None:
+    """The same refusals, in Anthropic's shape and statuses (529 for an overloaded ring)."""
+    responses = openapi()["components"]["responses"]
+    shaped = {name: r for name, r in responses.items() if name.startswith("AnthropicError")}
+    statuses = {int(name.removeprefix("AnthropicError")) for name in shaped}
+    expected = {
+        kind.error("").status_in(ANTHROPIC_ERRORS) for kind in errors.ERRORS if not kind.url
+    }
+    assert statuses == expected and 529 in statuses
+    for status, response in ((s, shaped[f"AnthropicError{s}"]) for s in statuses):
+        schema = response["content"]["application/json"]["schema"]["allOf"]
+        assert schema[0] == {"$ref": "#/components/schemas/AnthropicError"}
+        kind = schema[1]["properties"]["error"]["properties"]["type"]["const"]
+        assert kind == errors.ANTHROPIC_TYPES[status]
 
 
 def test_every_error_the_server_builds_is_in_the_catalog() -> None:
@@ -243,7 +267,10 @@ def test_every_generated_request_gets_a_2xx_or_a_4xx_in_openai_shape(
         case.body = _short(case.body)
         response = case.call(base_url=server.url, timeout=60)  # a hang fails here
         case.validate_response(response, checks=checks)
-        if 400 <= response.status_code < 500:
+        if 400 <= response.status_code < 500 and error_family(path) == ANTHROPIC_ERRORS:
+            answer = response.json()
+            assert answer["type"] == "error" and set(answer["error"]) == {"type", "message"}
+        elif 400 <= response.status_code < 500:
             error = response.json()["error"]
             assert set(error) == {"message", "type", "param", "code"}
 

@@ -59,6 +59,13 @@ def test_stop_partial_match_is_held_back_not_emitted() -> None:
     assert matcher.feed("more") == ("", True)
 
 
+def test_the_stop_string_that_matched_first_is_named() -> None:
+    matcher = StopMatcher(("yz", "x", "never"))
+    assert matcher.matched is None
+    assert feed_all(matcher, ["ab", "xyz"]) == ("ab", True)
+    assert matcher.matched == "x"  # the first in the text, not in the list
+
+
 def test_think_block_marks_reasoning_and_drops_tags() -> None:
     splitter = ThinkSplitter()
     out = []

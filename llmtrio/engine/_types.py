@@ -464,7 +464,7 @@ class Done:
     """The end of a generation. ``cached_tokens`` of the ``prompt_tokens`` were not
     ingested: the slot's memory held them already (prompt reuse). ``draft_tokens`` draft
     tokens were verified for it (speculative decoding), ``accepted_tokens`` of them were
-    right."""
+    right. ``stop_string`` is the stop string that ended it (``StopReason.STOP_STRING``)."""
 
     stop: StopReason
     prompt_tokens: int
@@ -474,6 +474,7 @@ class Done:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     reasoning_tokens: int = 0
+    stop_string: str | None = None
 
 
 @attrs.frozen

@@ -28,7 +28,9 @@ from .._openai_errors import HOST_NOT_ALLOWED, ORIGIN_NOT_ALLOWED, OpenAIError
 __all__ = ["OriginPolicy", "header_map"]
 
 _CORS_METHODS = "GET, POST, OPTIONS"
-_CORS_HEADERS = "Authorization, Content-Type, X-Api-Key, X-Request-Id"
+_CORS_HEADERS = (
+    "Authorization, Content-Type, X-Api-Key, X-Request-Id, Anthropic-Version, Anthropic-Beta"
+)
 
 
 def _is_loopback_name(host: str) -> bool:

@@ -18,16 +18,18 @@ from .. import __version__
 from .._fields import (
     CHAT,
     COMPLETIONS,
+    COUNT_TOKENS,
     DETOKENIZE,
     EMBEDDINGS,
+    MESSAGES_API,
     RESPONSES,
     TOKENIZE,
     RequestLimits,
     component_schemas,
     request_schema,
 )
-from .._openai_errors import ERRORS, ErrorKind
-from .._routes import ROUTES, Route
+from .._openai_errors import ANTHROPIC_TYPES, ERRORS, ErrorKind
+from .._routes import ANTHROPIC_ERRORS, ROUTES, Route
 
 __all__ = ["openapi"]
 
@@ -80,6 +82,39 @@ def _error_responses() -> dict[str, Any]:
 _RING_ERRORS = {
     str(status): {"$ref": f"#/components/responses/Error{status}"}
     for status in sorted({kind.status for kind in ERRORS if not kind.url})
+}
+
+
+def _anthropic_status(kind: ErrorKind) -> int:
+    return kind.error("").status_in(ANTHROPIC_ERRORS)
+
+
+def _anthropic_error_responses() -> dict[str, Any]:
+    """The same refusals on a route of Anthropic's family (``/v1/messages*``), in Anthropic's
+    shape, named ``AnthropicError<status>``."""
+    by_status: dict[int, list[ErrorKind]] = {}
+    for kind in ERRORS:
+        if not kind.url:
+            by_status.setdefault(_anthropic_status(kind), []).append(kind)
+    responses = {}
+    for status, kinds in sorted(by_status.items()):
+        meanings = "; ".join(kind.meaning for kind in kinds)
+        only = {
+            "properties": {"error": {"properties": {"type": {"const": ANTHROPIC_TYPES[status]}}}}
+        }
+        response: dict[str, Any] = {
+            "description": f"``{ANTHROPIC_TYPES[status]}``: {meanings}.",
+            "content": {"application/json": {"schema": {"allOf": [_ref("AnthropicError"), only]}}},
+        }
+        if any(kind.retry_after for kind in kinds):
+            response["headers"] = copy.deepcopy(_RETRY_AFTER)
+        responses[f"AnthropicError{status}"] = response
+    return responses
+
+
+_ANTHROPIC_RING_ERRORS = {
+    str(status): {"$ref": f"#/components/responses/AnthropicError{status}"}
+    for status in sorted({_anthropic_status(kind) for kind in ERRORS if not kind.url})
 }
 
 _SSE_DESCRIPTION = (
@@ -430,6 +465,101 @@ _INPUT_TOKENS: dict[str, Any] = {
     },
 }
 
+_A_USAGE = {
+    "type": "object",
+    "required": ["input_tokens", "output_tokens"],
+    "properties": {
+        "input_tokens": {"type": "integer", "minimum": 0},
+        "output_tokens": {"type": "integer", "minimum": 0},
+        "cache_read_input_tokens": {"type": "integer", "minimum": 0},
+        "cache_creation_input_tokens": {"type": "integer", "minimum": 0},
+    },
+}
+_A_BLOCK: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["type", "text"],
+            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+        },
+        {
+            "type": "object",
+            "required": ["type", "thinking", "signature"],
+            "properties": {
+                "type": {"const": "thinking"},
+                "thinking": {"type": "string"},
+                "signature": {"type": "string"},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "id", "name", "input"],
+            "properties": {
+                "type": {"const": "tool_use"},
+                "id": {"type": "string"},
+                "name": {"type": "string"},
+                "input": {"type": "object"},
+            },
+        },
+    ]
+}
+_MESSAGE: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "message"},
+        "role": {"const": "assistant"},
+        "model": {"type": "string"},
+        "content": {"type": "array", "items": _A_BLOCK},
+        "stop_reason": _nullable({"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}),
+        "stop_sequence": _nullable({"type": "string"}),
+        "usage": _A_USAGE,
+    },
+}
+_ANTHROPIC_ERROR: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {
+                "type": {"enum": sorted(set(ANTHROPIC_TYPES.values()))},
+                "message": {"type": "string"},
+            },
+        },
+    },
+}
+_MESSAGE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": (
+        "With ``stream: true``: server-sent events, each ``event: <type>`` and ``data: "
+        "<JSON>`` with the same ``type``: ``message_start``, per content block "
+        "``content_block_start``, ``content_block_delta`` (``text_delta``, ``thinking_delta``, "
+        "``signature_delta``, ``input_json_delta``) and ``content_block_stop``, then "
+        "``message_delta`` and ``message_stop``; ``ping`` while a long prompt is ingested; "
+        "a failure after the stream started is one ``error`` event in Anthropic's shape."
+    ),
+    "required": ["event", "data"],
+    "properties": {
+        "event": {
+            "enum": [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop",
+                "ping",
+                "error",
+            ]
+        },
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+}
+
 # What each operation of the route table answers, by its operation id (the errors aside).
 _ANSWERS: dict[str, dict[str, Any]] = {
     "createChatCompletion": {"200": _completion_answer("ChatCompletion", "ChatCompletionChunk")},
@@ -460,6 +590,26 @@ _ANSWERS: dict[str, dict[str, Any]] = {
         ),
     },
     "openapi": {"200": _json_answer("The OpenAPI 3.1 document.", {"type": "object"})},
+    "createMessage": {
+        "200": {
+            "description": "The message: one JSON body, or an event stream.",
+            "content": {
+                "application/json": {"schema": _ref("Message")},
+                "text/event-stream": {"schema": _MESSAGE_EVENT},
+            },
+        }
+    },
+    "countMessageTokens": {
+        "200": _json_answer(
+            "The prompt's length in tokens, templated as a generation's (its "
+            "``input_tokens`` plus ``cache_read_input_tokens``).",
+            {
+                "type": "object",
+                "required": ["input_tokens"],
+                "properties": {"input_tokens": {"type": "integer", "minimum": 0}},
+            },
+        )
+    },
     "tokenize": {"200": _json_answer("The token ids (with their pieces).", _ref("TokenList"))},
     "detokenize": {"200": _json_answer("The tokens' text.", _ref("Detokenized"))},
 }
@@ -501,6 +651,8 @@ _REQUESTS = {
     CHAT: "ChatCompletionRequest",
     COMPLETIONS: "CompletionRequest",
     EMBEDDINGS: "EmbeddingRequest",
+    MESSAGES_API: "MessageRequest",
+    COUNT_TOKENS: "CountMessageTokensRequest",
     RESPONSES: "ResponseCreateRequest",
     TOKENIZE: "TokenizeRequest",
     DETOKENIZE: "DetokenizeRequest",
@@ -519,7 +671,8 @@ def _operation(route: Route) -> dict[str, Any]:
             "required": True,
             "content": {"application/json": {"schema": schema}},
         }
-    errors = _RING_ERRORS if route.ring else {}
+    anthropic = route.errors == ANTHROPIC_ERRORS
+    errors = (_ANTHROPIC_RING_ERRORS if anthropic else _RING_ERRORS) if route.ring else {}
     operation["responses"] = {**copy.deepcopy(_ANSWERS[route.operation_id]), **errors}
     return operation
 
@@ -542,6 +695,8 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
     for endpoint, name in _REQUESTS.items():
         schemas[name] = _request(endpoint, limits)
     schemas["EmbeddingList"] = copy.deepcopy(_EMBEDDING_LIST)
+    schemas["Message"] = copy.deepcopy(_MESSAGE)
+    schemas["AnthropicError"] = copy.deepcopy(_ANTHROPIC_ERROR)
     schemas["Response"] = copy.deepcopy(_RESPONSE_OBJECT)
     schemas["TokenList"] = copy.deepcopy(_TOKEN_LIST)
     schemas["Detokenized"] = copy.deepcopy(_DETOKENIZED)
@@ -554,8 +709,9 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
             "title": "llmtrio",
             "version": __version__,
             "description": (
-                "OpenAI-compatible chat and text completions and embeddings served by "
-                "llama.cpp workers through an upload-response ring. An API key, when the "
+                "OpenAI-compatible chat and text completions and embeddings, and "
+                "Anthropic's Messages API (``/v1/messages``, errors in Anthropic's shape), "
+                "served by llama.cpp workers through an upload-response ring. An API key, when the "
                 "server is started with one (``--api-key``), goes in ``Authorization: Bearer`` or "
                 "``X-Api-Key``; without one, no key is needed."
             ),
@@ -563,7 +719,7 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": schemas,
-            "responses": _error_responses(),
+            "responses": {**_error_responses(), **_anthropic_error_responses()},
             "securitySchemes": {
                 "bearer": {
                     "type": "http",

@@ -22,7 +22,7 @@ from .._openai_errors import (
     not_found,
     request_too_large,
 )
-from .._routes import HEALTH_PATH, MODELS_PATH, OPENAPI_PATH, RING_PATHS
+from .._routes import HEALTH_PATH, MODELS_PATH, OPENAPI_PATH, RING_PATHS, error_family
 from ..ring import CHAT, ModelStats, Ring, WorkerStats
 from ._access import exchange_of
 from ._drain import Drain
@@ -40,13 +40,15 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 def _error(error: OpenAIError) -> Response:
-    """``error`` as the response, its code recorded for the access log and metrics."""
+    """``error`` as the response (in the shape of its path's route family), its code recorded
+    for the access log and metrics."""
     exchange = exchange_of(request.scope)
     if exchange is not None:
         exchange.ended_with(error.error_code)
+    family = error_family(request.path)
     return Response(
-        error.body(),
-        status=error.status,
+        error.body(family),
+        status=error.status_in(family),
         headers=dict(error.headers),
         content_type="application/json",
     )

@@ -31,6 +31,7 @@ from .._openai_errors import (
     shutting_down,
     worker_failed,
 )
+from .._routes import error_family
 from ..ring import (
     ParkTimeoutError,
     RequestHead,
@@ -64,9 +65,11 @@ def encode_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
 async def send_error(
     send: Send, exchange: Exchange, error: OpenAIError, extra: list[tuple[str, str]] | None = None
 ) -> None:
-    """Answer with ``error`` (its status, its JSON body), recording its code on ``exchange``."""
+    """Answer with ``error`` (its status, its JSON body, in the shape of the request's route:
+    ``llmtrio._routes.error_family``), recording its code on ``exchange``."""
     exchange.ended_with(error.error_code)
-    body = error.body()
+    family = error_family(exchange.path)
+    body = error.body(family)
     headers = [
         ("content-type", "application/json"),
         ("content-length", str(len(body))),
@@ -74,7 +77,11 @@ async def send_error(
         *(extra or []),
     ]
     await send(
-        {"type": "http.response.start", "status": error.status, "headers": encode_headers(headers)}
+        {
+            "type": "http.response.start",
+            "status": error.status_in(family),
+            "headers": encode_headers(headers),
+        }
     )
     await send({"type": "http.response.body", "body": body})
 
@@ -286,7 +293,8 @@ class RingRequest:
     async def _send_event(self, send: Send, error: OpenAIError) -> None:
         """``error`` as an event on the started event stream, recording its code."""
         self._exchange.ended_with(error.error_code)
-        await send({"type": "http.response.body", "body": error.sse(), "more_body": True})
+        body = error.sse(error_family(self._exchange.path))
+        await send({"type": "http.response.body", "body": body, "more_body": True})
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:

@@ -71,6 +71,7 @@ class Finished:
 
     def __init__(self, event: Event) -> None:
         self._events = [event]
+        self.prompt_tokens: int | None = None
         self.ended = trio.Event()
         self.ended.set()
 

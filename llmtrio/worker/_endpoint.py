@@ -12,7 +12,10 @@ text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a 
   response (OpenAI's shape, its status);
 - the response head goes out with the first event of an event stream (so a request that
   fails before its first token still gets its error status), or with the whole body of a
-  JSON response;
+  JSON response; an encoder that :class:`KeepsAlive` (Anthropic's stream) opens its stream
+  before the first event when that is slow to come (a long prompt), and pings until it does;
+- every error is told in the shape of the endpoint's route family
+  (``llmtrio._routes.error_family``: OpenAI's, or Anthropic's on ``/v1/messages*``);
 - an event stream is relayed with back-pressure while the engine works and flushed in one
   last chunk once it has finished, so the slot is free however slowly the client reads;
 - a failure after the head is an error event on an event stream, worded by the encoder
@@ -30,13 +33,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import trio
 
 from .._fields import RequestLimits
 from .._openai_errors import OpenAIError, server_error, wrong_model_kind
+from .._routes import OPENAI_ERRORS, error_family
 from ..engine import (
     Done,
     EmbeddingEngine,
@@ -51,7 +55,7 @@ from ..ring import ClaimedStream, Outcome, StreamCancelledError
 from ._metrics import WorkerMetrics
 from ._responses import ResponseMeta, from_engine_error, new_id
 
-__all__ = ["Encoder", "Endpoint", "Events", "ModelEngine", "serve_request"]
+__all__ = ["Encoder", "Endpoint", "Events", "KeepsAlive", "ModelEngine", "serve_request"]
 
 logger = logging.getLogger("llmtrio.worker")
 
@@ -74,6 +78,11 @@ class Events(Protocol):
     has finished producing (the rest is buffered); :meth:`drain` takes the buffered rest."""
 
     ended: trio.Event
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt's length once the work has started, when it is known then (a
+        generation's); ``None`` otherwise."""
 
     def __aiter__(self) -> AsyncIterator[Event]: ...
 
@@ -101,6 +110,19 @@ class Encoder(Protocol):
     def failure(self, error: OpenAIError) -> bytes:
         """The last bytes of an event stream that fails after its head: chat's
         ``data: {"error": ...}``, the Responses API's ``response.failed`` event."""
+
+
+@runtime_checkable
+class KeepsAlive(Protocol):
+    """An event stream's encoder that keeps a waiting client's connection alive: when the
+    work's first event has not come within ``keepalive_s`` seconds (a long prompt being
+    ingested), the head and :meth:`Encoder.start` go out at once, then :meth:`ping` every
+    ``keepalive_s`` seconds until it comes (a failure from then on is an error event)."""
+
+    keepalive_s: float
+
+    def ping(self) -> bytes:
+        """A keep-alive event's bytes."""
 
 
 class Endpoint(Protocol[Request]):
@@ -140,9 +162,14 @@ class _Response:
     (``outcome``), which every end states."""
 
     def __init__(
-        self, claimed: ClaimedStream, metrics: WorkerMetrics | None, engine: ModelEngine
+        self,
+        claimed: ClaimedStream,
+        metrics: WorkerMetrics | None,
+        engine: ModelEngine,
+        family: str = OPENAI_ERRORS,
     ) -> None:
         self.claimed = claimed
+        self.family = family  # the shape its errors are told in (its route's)
         self.metrics = metrics
         self.engine = engine
         self.streaming = False  # the head of an event stream was sent
@@ -186,7 +213,9 @@ class _Response:
     async def error(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> None:
         """A whole error response: status, JSON body, end."""
         self.failed(error, prompt_tokens=prompt_tokens)
-        await self.whole(error.status, (*JSON_HEADERS, *error.headers), error.body())
+        await self.whole(
+            error.status_in(self.family), (*JSON_HEADERS, *error.headers), error.body(self.family)
+        )
 
     async def fail(self, error: OpenAIError) -> None:
         """End with ``error``: an error response before the head, an error event on an event
@@ -196,7 +225,8 @@ class _Response:
             return
         self.failed(error)
         if self.streaming:
-            await self.end(error.sse() if self.encoder is None else self.encoder.failure(error))
+            encoder = self.encoder
+            await self.end(error.sse(self.family) if encoder is None else encoder.failure(error))
         else:
             self.claimed.fail(error.message, outcome=self.outcome)
 
@@ -214,7 +244,7 @@ async def serve_request(
     response (and so the engine's work). A fault ends this stream with a 500 (or an error
     event once streaming); the caller's ``with claimed:`` acknowledges a cancellation or
     fails a stream left unfinished."""
-    response = _Response(claimed, metrics, engine)
+    response = _Response(claimed, metrics, engine, error_family(endpoint.route))
     # The claimed stream's own scope: the ring cancels it when the client goes away, which
     # ends the engine's work at its next checkpoint (no task watches for it).
     with claimed.cancel_scope:
@@ -243,9 +273,10 @@ async def _respond(
         await response.error(error)
         return
     meta = ResponseMeta(new_id(endpoint.id_prefix), int(time.time()), engine.model_name)
-    encoder = response.encoder = endpoint.encoder(request, meta)
     try:
         async with endpoint.run(engine, request) as events:
+            meta = attrs.evolve(meta, prompt_tokens=events.prompt_tokens)
+            encoder = response.encoder = endpoint.encoder(request, meta)
             if encoder.streaming:
                 await _stream(response, encoder, events)
             else:
@@ -272,12 +303,35 @@ async def _stream(response: _Response, encoder: Encoder, events: Events) -> None
         return encoder.failure(error)
 
     iterator = aiter(events)
-    first = await anext(iterator)
-    if isinstance(first, Failed):
+    if isinstance(encoder, KeepsAlive):
+        first = await _first_keeping_alive(response, encoder, iterator)
+    else:
+        first = await anext(iterator)
+    if response.sent_head:
+        opening = b""
+    elif isinstance(first, Failed):
         await response.error(_failure(first), prompt_tokens=_prompt_tokens(first.error))
         return
-    await response.head(200, SSE_HEADERS, streaming=True)
-    await _relay(response, events, iterator, encode, encoder.start() + encode(first))
+    else:
+        await response.head(200, SSE_HEADERS, streaming=True)
+        opening = encoder.start()
+    await _relay(response, events, iterator, encode, opening + encode(first))
+
+
+async def _first_keeping_alive(
+    response: _Response, encoder: Encoder, iterator: AsyncIterator[Event]
+) -> Event:
+    """The work's first event; if it takes longer than the encoder's ``keepalive_s``, the
+    stream opens (head, :meth:`Encoder.start`) and pings while it waits (``KeepsAlive``)."""
+    assert isinstance(encoder, KeepsAlive)
+    while True:
+        with trio.move_on_after(encoder.keepalive_s):
+            return await anext(iterator)  # a memory channel's receive: cancel-safe
+        if not response.sent_head:
+            await response.head(200, SSE_HEADERS, streaming=True)
+            await response.claimed.send(encoder.start() + encoder.ping())
+        else:
+            await response.claimed.send(encoder.ping())
 
 
 async def _relay(

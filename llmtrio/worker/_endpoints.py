@@ -8,11 +8,14 @@ from contextlib import asynccontextmanager, contextmanager
 import attrs
 import trio
 
-from .._fields import RequestLimits
+from .._fields import COUNT_TOKENS, RequestLimits
+from .._openai_errors import invalid_request
 from .._routes import (
     CHAT_PATH,
     COMPLETIONS_PATH,
+    COUNT_TOKENS_PATH,
     EMBEDDINGS_PATH,
+    MESSAGES_PATH,
     RESPONSES_INPUT_TOKENS_PATH,
     RESPONSES_PATH,
 )
@@ -37,12 +40,23 @@ from ._embeddings import (
     too_long,
 )
 from ._endpoint import Encoder, Endpoint
+from ._messages_request import MessagesRequest, parse_messages_request
+from ._messages_response import Counted, MessageBody, MessageStream, TokenCount
 from ._responses import ResponseMeta, from_engine_error
 from ._responses_output import InputTokensBody, ResponsesBody, ResponsesStream
 from ._responses_request import ResponsesRequest, naming_input, parse_responses_request
 from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
 
-__all__ = ["CHAT", "COMPLETIONS", "EMBEDDINGS", "ENDPOINTS", "RESPONSES", "RESPONSES_INPUT_TOKENS"]
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "COUNT_MESSAGE_TOKENS",
+    "EMBEDDINGS",
+    "ENDPOINTS",
+    "MESSAGES",
+    "RESPONSES",
+    "RESPONSES_INPUT_TOKENS",
+]
 
 
 @attrs.frozen
@@ -195,15 +209,84 @@ def _naming_input() -> Iterator[None]:
         raise naming_input(from_engine_error(exc)) from None
 
 
+def _prompt_too_long(exc: PromptTooLongError) -> Exception:
+    """Anthropic's words for a prompt over the context (Claude Code compacts its
+    conversation when it reads "prompt is too long")."""
+    return invalid_request(
+        f"prompt is too long: {exc.prompt_tokens} tokens > {exc.ctx_size - 1} maximum "
+        f"(this model's context is {exc.ctx_size} tokens, and at least one is left to "
+        f"generate).",
+        param="messages",
+        code="context_length_exceeded",
+    )
+
+
+@attrs.frozen
+class _Messages:
+    """``POST /v1/messages``: Anthropic's Messages API, on the chat path of the engine."""
+
+    route: str = MESSAGES_PATH
+    model_kind: str = "chat"
+    id_prefix: str = "msg"
+
+    def parse(self, body: bytes, limits: RequestLimits) -> MessagesRequest:
+        return parse_messages_request(body, limits)
+
+    @asynccontextmanager
+    async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Generation]:
+        try:
+            async with engine.submit(request.generate) as generation:
+                yield generation
+        except PromptTooLongError as exc:  # raised by submit, before anything runs
+            raise _prompt_too_long(exc) from None
+
+    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:
+        return MessageStream(request, meta) if request.stream else MessageBody(request, meta)
+
+
+@attrs.frozen
+class _CountTokens:
+    """``POST /v1/messages/count_tokens``: a Messages API body's prompt, templated and
+    tokenized as a generation's is, counted without generating."""
+
+    route: str = COUNT_TOKENS_PATH
+    model_kind: str = "chat"
+    id_prefix: str = "count"
+
+    def parse(self, body: bytes, limits: RequestLimits) -> MessagesRequest:
+        return parse_messages_request(body, limits, endpoint=COUNT_TOKENS)
+
+    @asynccontextmanager
+    async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Finished]:
+        try:
+            count = await engine.count_prompt_tokens(request.generate)
+        except PromptTooLongError as exc:
+            raise _prompt_too_long(exc) from None
+        yield Finished(Counted(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))
+
+    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:
+        return TokenCount()
+
+
 CHAT: Endpoint[ChatCompletionRequest] = _Chat()
 COMPLETIONS: Endpoint[CompletionRequest] = _Completions()
 EMBEDDINGS: Endpoint[EmbeddingsRequest] = _Embeddings()
 RESPONSES: Endpoint[ResponsesRequest] = _Responses()
 RESPONSES_INPUT_TOKENS: Endpoint[ResponsesRequest] = _ResponsesInputTokens()
+MESSAGES: Endpoint[MessagesRequest] = _Messages()
+COUNT_MESSAGE_TOKENS: Endpoint[MessagesRequest] = _CountTokens()
 #: Every endpoint the worker serves, by route.
 ENDPOINTS: dict[str, Endpoint[object]] = {
     e.route: e  # type: ignore[misc]
-    for e in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, RESPONSES_INPUT_TOKENS)
+    for e in (
+        CHAT,
+        COMPLETIONS,
+        EMBEDDINGS,
+        RESPONSES,
+        RESPONSES_INPUT_TOKENS,
+        MESSAGES,
+        COUNT_MESSAGE_TOKENS,
+    )
 }
 #: llama.cpp server's tokenizer routes, on any model.
 ENDPOINTS |= {e.route: e for e in (TOKENIZE_ENDPOINT, DETOKENIZE_ENDPOINT)}  # type: ignore[misc]

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from ..engine import Done, EmbeddingEngine, Engine
 from ._embeddings import EmbeddingsDone
+from ._messages_response import Counted
 
 __all__ = ["EngineCollector", "WorkerMetrics"]
 
@@ -293,9 +294,12 @@ class WorkerMetrics:
     def finished(self, done: Done, model_name: str) -> None:
         """One request to ``model_name`` ended with ``done`` (cancelled ones are not
         observed). An embeddings request counts its request, inputs, prompt tokens and
-        latency (it has no first token and no output tokens)."""
-        self._prompt_total.labels(model_name).inc(done.prompt_tokens)
+        latency (it has no first token and no output tokens); a ``count_tokens`` request its
+        request only (nothing was ingested)."""
         self._success.labels(model_name, done.stop.finish_reason).inc()
+        if isinstance(done, Counted):
+            return
+        self._prompt_total.labels(model_name).inc(done.prompt_tokens)
         self._prompt.labels(model_name).observe(done.prompt_tokens)
         if isinstance(done, EmbeddingsDone):
             self._embedding_requests.labels(model_name).inc()

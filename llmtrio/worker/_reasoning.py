@@ -10,7 +10,7 @@ from typing import Final
 
 import attrs
 
-__all__ = ["EFFORTS", "Reasoning", "for_effort"]
+__all__ = ["ADAPTIVE_EFFORT", "EFFORTS", "Reasoning", "for_effort"]
 
 
 @attrs.frozen
@@ -40,3 +40,10 @@ def for_effort(effort: str) -> Reasoning:
     """The reasoning an effort level asks for (one of :data:`EFFORTS`; the caller checks the
     value against its API's own list)."""
     return EFFORTS[effort]
+
+
+#: The effort of Anthropic's ``thinking: {"type": "adaptive"}`` (and ``between_tools``) when
+#: the request names none in ``output_config.effort``: the model may think, within medium's
+#: budget (Anthropic's own default effort, ``high``, is 16384 tokens: too many for a local
+#: model's context).
+ADAPTIVE_EFFORT: Final = "medium"

@@ -50,11 +50,13 @@ def new_id(prefix: str) -> str:
 @attrs.frozen
 class ResponseMeta:
     """What every chunk and body of one response repeats: its id, creation time (Unix
-    seconds) and the model's name."""
+    seconds) and the model's name; ``prompt_tokens``, the prompt's length when it is known
+    as the work starts (a generation's; ``None`` otherwise)."""
 
     id: str
     created: int
     model: str
+    prompt_tokens: int | None = None
 
 
 def json_string(text: str) -> bytes:

@@ -122,6 +122,7 @@ class Generation:
             cached_tokens=output.cached,
             draft_tokens=output.drafted,
             accepted_tokens=output.accepted,
+            stop_string=self._output.stop_string if stop is StopReason.STOP_STRING else None,
             timings=Timings(
                 queue_s=max(0.0, admitted - self._submitted_at),
                 prefill_s=max(0.0, first - admitted),

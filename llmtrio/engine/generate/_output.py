@@ -62,6 +62,11 @@ class OutputProcessor:
                 return events, True
         return events, False
 
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the generation, if one did."""
+        return self._stop.matched
+
     def finish(self, stop: StopReason) -> tuple[list[Token], StopReason]:
         """The events still held back, and the stop reason: a stop string, when the last
         (flushed) character completed one."""

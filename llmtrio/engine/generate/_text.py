@@ -58,6 +58,8 @@ class StopMatcher:
     _stops: tuple[str, ...]
     _pending: str = ""
     stopped: bool = False
+    #: The stop string that matched (the first in the text), once one has.
+    matched: str | None = None
 
     def feed(self, text: str) -> tuple[str, bool]:
         if self.stopped:
@@ -65,11 +67,12 @@ class StopMatcher:
         if not self._stops:
             return text, False
         buffer = self._pending + text
-        found = [i for i in (buffer.find(stop) for stop in self._stops) if i >= 0]
+        found = [(at, stop) for stop in self._stops if (at := buffer.find(stop)) >= 0]
         if found:
+            at, self.matched = min(found, key=lambda item: item[0])
             self.stopped = True
             self._pending = ""
-            return buffer[: min(found)], True
+            return buffer[:at], True
         held = _held_suffix(buffer, self._stops)
         self._pending = buffer[len(buffer) - held :]
         return buffer[: len(buffer) - held], False

@@ -1,0 +1,342 @@
+"""An Anthropic Messages API request body in, an engine request out. Pure.
+
+The fields are read and checked as the field table (``llmtrio._fields``, the Messages API's
+section) says; what is left here is what the table cannot say: a content block's ``type``
+picks its fields, content is a string or blocks, and rules across fields. The conversation
+becomes chat messages for the model's template, as chat completions' do:
+
+- ``system`` (a string or text blocks, joined by newlines) is the first, system, message;
+- a user turn's ``tool_result`` blocks become ``tool`` messages, in order, before the text
+  of the turn (an error result reads ``Error: ...``); its text blocks are joined by newlines;
+- an assistant turn's text blocks are its content and its ``tool_use`` blocks its calls;
+  ``thinking`` and ``redacted_thinking`` blocks from earlier turns are accepted and not
+  replayed (templates drop earlier reasoning; their ``signature`` is not checked);
+- a conversation that ends with an assistant turn (Anthropic's "prefill") is a 400: the
+  template opens a new turn after it.
+
+Every refusal is an :class:`OpenAIError` (400) naming the field or the block, told in
+Anthropic's error shape by the route (``llmtrio._routes.error_family``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import attrs
+
+from .._fields import (
+    ANTHROPIC_BLOCKS,
+    ANTHROPIC_MESSAGE,
+    ANTHROPIC_REFUSED_BLOCKS,
+    ANTHROPIC_TEXT_BLOCKS,
+    ANTHROPIC_TOOL,
+    MESSAGES_API,
+    RequestLimits,
+    check,
+    checked_text,
+    invalid_type,
+    invalid_value,
+    missing,
+    read,
+    show,
+)
+from .._openai_errors import invalid_request
+from ..engine import ChatMessage, GenerateRequest, InvalidRequestError, Sampling, Tool, ToolCall
+from ._features import ToolChoice
+from ._reasoning import ADAPTIVE_EFFORT, Reasoning, for_effort
+from ._requests import json_body, parse_max_tokens, reject_refused
+from ._responses import from_engine_error
+
+__all__ = ["MessagesRequest", "parse_messages_request"]
+
+logger = logging.getLogger("llmtrio.worker")
+
+_NO_LIMITS = RequestLimits()
+# Text blocks are joined as chat completions' text parts are.
+_SEPARATOR = "\n"
+
+
+@attrs.frozen
+class MessagesRequest:
+    """A parsed ``POST /v1/messages`` (or ``/v1/messages/count_tokens``: then ``generate``'s
+    prompt is what is counted). ``tools`` says which tools the reply may call;
+    ``stop_sequences`` are the request's, to name the one that stopped the reply."""
+
+    model: str | None
+    generate: GenerateRequest
+    stream: bool = False
+    tools: ToolChoice = attrs.field(factory=ToolChoice)
+
+
+def parse_messages_request(
+    body: bytes, limits: RequestLimits = _NO_LIMITS, *, endpoint: str = MESSAGES_API
+) -> MessagesRequest:
+    """Parse and validate a Messages API request body (``endpoint``: ``messages`` or
+    ``count_tokens``, which takes the same body without needing ``max_tokens``).
+
+    Honoured: ``model``, ``max_tokens``, ``system``, ``messages``, ``stop_sequences``,
+    ``stream``, ``temperature``, ``top_p``, ``top_k``, ``tools``, ``tool_choice`` (``auto``,
+    ``any``, ``tool``, ``none``; ``disable_parallel_tool_use``), ``thinking`` and
+    ``output_config`` (``effort``, ``format``), and llama.cpp's ``ignore_eos``.
+    ``metadata``, ``cache_control``, ``service_tier``, ``speed``, ``container``,
+    ``inference_geo``, ``diagnostics`` and ``context_management`` are accepted and
+    ignored; ``mcp_servers`` and image, document and server-tool blocks are 400s naming them.
+
+    Reasoning: ``thinking.type`` ``enabled`` turns thinking on within ``budget_tokens``
+    (Anthropic's bounds, at least 1024 and below ``max_tokens``, are not enforced: a local
+    model's context is small, and ``max_tokens`` ends a reply still thinking as it ends any
+    other); ``adaptive`` and ``between_tools`` turn it on within ``output_config.effort``'s
+    budget (``worker._reasoning``; medium's when none is named); ``disabled`` turns it off;
+    absent, ``output_config.effort`` alone picks the budget, or the template's default holds.
+    A forced tool call (``any``, ``tool``) or ``output_config.format`` turns thinking off
+    (their grammar holds from the first token); with thinking asked for, that is a 400.
+
+    Error handling: raises :class:`OpenAIError`, 400 naming the field or block.
+    """
+    data = json_body(body)
+    reject_refused(data, endpoint, limits)
+    model = read(data, endpoint, "model", limits)
+    for name in ("metadata", "cache_control", "service_tier", "speed", "container"):
+        read(data, endpoint, name, limits)
+    messages = [*_system(data, endpoint, limits), *_messages(data, endpoint, limits)]
+    if endpoint == MESSAGES_API:
+        max_tokens = parse_max_tokens(data, endpoint, limits)
+        stream = bool(read(data, endpoint, "stream", limits))
+    else:
+        read(data, endpoint, "max_tokens", limits)
+        max_tokens, stream = None, False
+    sampling = {
+        name: value
+        for name in ("temperature", "top_p", "top_k")
+        if (value := read(data, endpoint, name, limits)) is not None
+    }
+    stop = _stop_sequences(data, endpoint, limits)
+    tools = _tools(data, endpoint, limits)
+    output_format = _output_format(data, endpoint, limits)
+    if tools.forced:
+        output_format = {}  # a forced call wins over the format of a plain reply
+    reasoning = _reasoning(data, endpoint, limits)
+    if output_format or tools.forced:
+        asked = (read(data, endpoint, "thinking", limits) or {}).get("type", "disabled")
+        if asked != "disabled":
+            what = "a forced tool call" if tools.forced else "'output_config.format'"
+            raise invalid_value(
+                "thinking",
+                f"thinking cannot be combined with {what}: its grammar holds from the first token.",
+            )
+        reasoning = Reasoning(think=False)  # an effort alone asks for no thinking here
+    try:
+        generate = GenerateRequest(
+            messages=messages,
+            max_tokens=max_tokens,
+            sampling=Sampling(**sampling),
+            stop=stop,
+            think=reasoning.think,
+            ignore_eos=endpoint == MESSAGES_API
+            and bool(read(data, endpoint, "ignore_eos", limits)),
+            reasoning_budget=reasoning.budget if reasoning.think else None,
+            **output_format,
+            **_tool_options(tools),
+        )
+    except InvalidRequestError as exc:
+        raise from_engine_error(exc) from None
+    return MessagesRequest(model=model, generate=generate, stream=stream, tools=tools)
+
+
+def _system(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> list[ChatMessage]:
+    value = data.get("system")
+    if value is None:
+        return []
+    text = _text_or_blocks(value, "system", limits)
+    return [ChatMessage("system", text)] if text else []
+
+
+def _text_or_blocks(value: object, where: str, limits: RequestLimits) -> str:
+    """A string, or text blocks joined (``system``, a tool result's content)."""
+    if isinstance(value, str):
+        return checked_text(value, where)
+    if not isinstance(value, list):
+        raise invalid_type(where, "a string or an array of text blocks", value)
+    for i, block in enumerate(value):
+        _refuse_block(block, f"{where}[{i}]", ("text",))
+    blocks = check(ANTHROPIC_TEXT_BLOCKS, value, limits, where)
+    return _SEPARATOR.join(block["text"] for block in blocks)
+
+
+def _refuse_block(block: object, where: str, allowed: tuple[str, ...]) -> str:
+    """A block's ``type``, refused with a 400 naming the block unless it is ``allowed``."""
+    if not isinstance(block, dict):
+        raise invalid_type(where, "an object", block)
+    kind = block.get("type")
+    if kind is None:
+        raise missing(f"{where}.type")
+    if kind in allowed:
+        return str(kind)
+    if kind in ANTHROPIC_REFUSED_BLOCKS:
+        raise invalid_request(
+            f"Unsupported content block at '{where}': this server does not take "
+            f"{ANTHROPIC_REFUSED_BLOCKS[kind]} ({show(kind)} blocks).",
+            param=f"{where}.type",
+            code="unsupported_parameter",
+        )
+    raise invalid_value(
+        f"{where}.type", f"{show(kind)}. Supported values here are: {', '.join(allowed)}."
+    )
+
+
+_USER_BLOCKS = ("text", "tool_result")
+_ASSISTANT_BLOCKS = ("text", "tool_use", "thinking", "redacted_thinking")
+
+
+def _messages(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> list[ChatMessage]:
+    """``messages``, each turn as the chat messages it makes (see the module's doc)."""
+    items = read(data, endpoint, "messages", limits)
+    messages: list[ChatMessage] = []
+    for i, item in enumerate(items):
+        where = f"messages[{i}]"
+        check(ANTHROPIC_MESSAGE, item, limits, where)
+        role, content = item["role"], item.get("content")
+        if content is None:
+            raise missing(f"{where}.content")
+        if role == "assistant" and i == len(items) - 1:
+            raise invalid_value(
+                where,
+                "the last message must be the user's: this server does not continue an "
+                "assistant turn (prefill).",
+            )
+        if isinstance(content, str):
+            messages.append(ChatMessage(role, checked_text(content, f"{where}.content")))
+        elif not isinstance(content, list):
+            raise invalid_type(f"{where}.content", "a string or an array of blocks", content)
+        elif role == "user":
+            messages += _user_blocks(content, f"{where}.content", limits)
+        else:
+            messages.append(_assistant_blocks(content, f"{where}.content", limits))
+    return messages
+
+
+def _user_blocks(blocks: list[Any], where: str, limits: RequestLimits) -> list[ChatMessage]:
+    results: list[ChatMessage] = []
+    texts: list[str] = []
+    for i, block in enumerate(blocks):
+        at = f"{where}[{i}]"
+        kind = _refuse_block(block, at, _USER_BLOCKS)
+        check(ANTHROPIC_BLOCKS[kind], block, limits, at)
+        if kind == "text":
+            texts.append(block["text"])
+            continue
+        result = block.get("content")
+        text = "" if result is None else _text_or_blocks(result, f"{at}.content", limits)
+        if block.get("is_error"):
+            text = f"Error: {text}" if text else "Error"
+        results.append(ChatMessage("tool", text, tool_call_id=block["tool_use_id"]))
+    if texts or not results:
+        results.append(ChatMessage("user", _SEPARATOR.join(texts)))
+    return results
+
+
+def _assistant_blocks(blocks: list[Any], where: str, limits: RequestLimits) -> ChatMessage:
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for i, block in enumerate(blocks):
+        at = f"{where}[{i}]"
+        kind = _refuse_block(block, at, _ASSISTANT_BLOCKS)
+        check(ANTHROPIC_BLOCKS[kind], block, limits, at)
+        if kind == "text":
+            texts.append(block["text"])
+        elif kind == "tool_use":
+            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            calls.append(ToolCall(block["id"], block["name"], arguments))
+        # thinking and redacted_thinking: accepted, not replayed (see the module's doc)
+    return ChatMessage("assistant", _SEPARATOR.join(texts), tool_calls=calls)
+
+
+def _stop_sequences(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> tuple[str, ...]:
+    stops = read(data, endpoint, "stop_sequences", limits) or []
+    for i, stop in enumerate(stops):
+        if len(stop) > limits.max_stop_chars:
+            raise invalid_value(
+                f"stop_sequences[{i}]",
+                f"string too long. Expected a string with maximum length "
+                f"{limits.max_stop_chars}, but got a string with length {len(stop)} instead.",
+                "string_above_max_length",
+            )
+    return tuple(stops)
+
+
+def _tools(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> ToolChoice:
+    """``tools`` (custom tools; server tools are left out with a warning, as clients send
+    them beside their own) and ``tool_choice``."""
+    tools: list[Tool] = []
+    for i, item in enumerate(read(data, endpoint, "tools", limits) or ()):
+        at = f"tools[{i}]"
+        if not isinstance(item, dict):
+            raise invalid_type(at, "an object", item)
+        kind = item.get("type")
+        if kind not in (None, "custom"):
+            logger.warning("left out %s: a server tool (%r) this server cannot run", at, kind)
+            continue
+        check(ANTHROPIC_TOOL, item, limits, at)
+        name = item["name"]
+        if any(t.name == name for t in tools):
+            raise invalid_value("tools", f"the name {show(name)} is used twice.")
+        schema = item.get("input_schema") or {"type": "object", "properties": {}}
+        tools.append(Tool(name, item.get("description") or "", schema))
+    choice = read(data, endpoint, "tool_choice", limits)
+    parallel = not (choice or {}).get("disable_parallel_tool_use", False)
+    kind = (choice or {}).get("type", "auto" if tools else "none")
+    forced: tuple[Tool, ...] = ()
+    if kind == "any":
+        mode, forced = "required", tuple(tools)
+    elif kind == "tool":
+        name = choice.get("name") if choice else None
+        if name is None:
+            raise missing("tool_choice.name", " (tool_choice 'tool' names the tool)")
+        forced = tuple(t for t in tools if t.name == name)
+        if not forced:
+            raise invalid_value("tool_choice.name", f"no tool named {show(name)} in 'tools'.")
+        mode = "required"
+    else:
+        mode = kind
+    if mode == "required" and not tools:
+        raise invalid_value("tool_choice", f"{show(kind)} needs 'tools'.")
+    if not tools:
+        mode = "none"
+    return ToolChoice(tuple(tools), mode, forced, parallel)
+
+
+def _tool_options(tools: ToolChoice) -> dict[str, Any]:
+    """The :class:`GenerateRequest` tool arguments. Unlike chat's ``none``, Anthropic's
+    ``none`` still shows the tools to the template (they are defined, only not to be called
+    now): the prompt stays the one the conversation's other turns have, so it is reused."""
+    if tools.mode == "none" and tools.tools:
+        return {"tools": tools.tools, "tool_choice": "none"}
+    return tools.generate_options()
+
+
+def _output_format(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> dict[str, Any]:
+    config = read(data, endpoint, "output_config", limits) or {}
+    output_format = config.get("format")
+    if output_format is None:
+        return {}
+    return {"json_schema": output_format["schema"]}
+
+
+def _reasoning(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> Reasoning:
+    """``thinking`` and ``output_config.effort`` as one :class:`Reasoning` (see
+    :func:`parse_messages_request`)."""
+    thinking = read(data, endpoint, "thinking", limits)
+    effort = (read(data, endpoint, "output_config", limits) or {}).get("effort")
+    kind = None if thinking is None else thinking["type"]
+    if kind == "disabled":
+        return Reasoning(think=False)
+    if kind == "enabled":
+        budget = thinking.get("budget_tokens")
+        if budget is None:
+            raise missing("thinking.budget_tokens", " (thinking 'enabled' sets a budget)")
+        return Reasoning(think=True, budget=budget)
+    if kind is not None:  # adaptive, between_tools
+        return for_effort(effort or ADAPTIVE_EFFORT)
+    return Reasoning() if effort is None else for_effort(effort)
