@@ -1,6 +1,7 @@
-"""Chat completions' ``reasoning_effort``, the Responses API's ``reasoning.effort`` and the
-server's ``--default-max-tokens``, through the API in process, on the default model's own
-tokenizer and template (``qwen35_real_path``)."""
+"""Chat completions' ``reasoning_effort``, the Responses API's ``reasoning.effort``, the
+Messages API's ``thinking.budget_tokens`` and the server's ``--default-max-tokens``, through
+the API in process, on the default model's own tokenizer and template
+(``qwen35_real_path``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
+from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, MESSAGES_PATH, RESPONSES_PATH
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.worker import RequestLimits
@@ -99,3 +100,13 @@ async def test_effort_and_the_default_output_limit_through_the_api(
         unnamed = await respond()
         assert unnamed["usage"]["output_tokens"] == DEFAULT
         assert unnamed["status"] == "incomplete"
+
+        # The Messages API: ``thinking.budget_tokens`` is the budget itself.
+        thinking = {"type": "enabled", "budget_tokens": 4}
+        body = {"messages": HI, "max_tokens": 20, "temperature": 0, "thinking": thinking}
+        message = (await http.post(MESSAGES_PATH, json=body)).json()
+        assert [block["type"] for block in message["content"]] == ["thinking", "text"], message
+        thought, said = message["content"][0]["thinking"], message["content"][1]["text"]
+        assert thought and said and "</think>" not in thought + said
+        assert thought == reasoning  # the same prompt, greedy: the same 4 tokens of reasoning
+        assert message["usage"]["output_tokens"] == 20
