@@ -47,7 +47,8 @@ class RequestLimits:
     context). ``max_image_pixels`` bounds an image's width times height, read from its
     header before anything is decoded (2**25: about 33 megapixels).
 
-    Error handling: ``ValueError`` naming the field for a limit below 1.
+    Error handling: ``ValueError`` naming the field for a limit below 1, or for a
+    ``default_max_tokens`` above ``max_tokens``.
     """
 
     max_messages: int = 2048
@@ -64,6 +65,9 @@ class RequestLimits:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")
+        default, most = self.default_max_tokens, self.max_tokens
+        if default is not None and most is not None and default > most:
+            raise ValueError(f"default_max_tokens ({default}) must not exceed max_tokens ({most})")
 
 
 #: A wrong value's error, given the field's ``param`` and the value.

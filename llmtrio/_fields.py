@@ -54,6 +54,7 @@ __all__ = [
     "CHAT",
     "COMPLETIONS",
     "COUNT_TOKENS",
+    "DETOKENIZE",
     "EMBEDDINGS",
     "FIELDS",
     "IMAGE_URL_PART",
@@ -69,6 +70,7 @@ __all__ = [
     "RESPONSES_TOOL",
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "TEXT_PARTS",
+    "TOKENIZE",
     "TOOL_CHOICE_MODE",
     "Field",
     "RequestLimits",
@@ -94,6 +96,8 @@ EMBEDDINGS: Final = "embeddings"
 RESPONSES: Final = "responses"
 #: ``/models/load`` and ``/models/unload``.
 MODELS: Final = "models"
+TOKENIZE: Final = "tokenize"
+DETOKENIZE: Final = "detokenize"
 
 INT32_MAX: Final = 2**31 - 1  # values that reach llama.cpp as C ints
 INT64_MIN: Final = -(2**63)
@@ -129,6 +133,18 @@ _LOGIT_BIAS: Schema = {
     "type": "object",
     "propertyNames": {"pattern": "^[0-9]+$"},
     "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+}
+
+
+#: ``/tokenize``'s ``content``: a text, or texts and token ids (llama.cpp's mixed prompt).
+_TOKENIZE_CONTENT: Schema = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]},
+        },
+    ]
 }
 
 
@@ -661,8 +677,13 @@ FIELDS: Final[tuple[Field, ...]] = (
     _refused("web_search_options", "web search", CHAT),
     _refused("functions", "the deprecated 'functions' (use 'tools')", CHAT),
     _refused("function_call", "the deprecated 'function_call' (use 'tool_choice')", CHAT),
-    _refused("reasoning_effort",
-             "reasoning effort (use 'think' or 'chat_template_kwargs.enable_thinking')", CHAT),
+    Field("reasoning_effort", "string", _both(CHAT),
+          "How much the model may reason: ``none`` and ``minimal`` turn thinking off; "
+          "``low`` to ``xhigh`` turn it on with a budget of reasoning tokens that grows "
+          "with the effort (README, Reasoning), after which the think block is closed; "
+          "``max`` (llmtrio's) on without a budget. ``think`` or "
+          "``chat_template_kwargs.enable_thinking``, when given, wins on whether to think.",
+          enum=("none", "minimal", "low", "medium", "high", "xhigh", "max")),
     _refused("verbosity", "verbosity", CHAT),
     Field("model", "string", _both(EMBEDDINGS), "The embedding model's name."),
     Field("input", "custom", _both(EMBEDDINGS), required=True, shape=_embedding_input_shape,
@@ -732,6 +753,21 @@ FIELDS: Final[tuple[Field, ...]] = (
     *_ANTHROPIC_FIELDS,
     Field("model", "string", _both(MODELS), required=True,
           description="A catalog model's name (never a path or a repository)."),
+    Field("model", "string", _both(TOKENIZE, DETOKENIZE),
+          "Whose tokenizer: any model served, a chat or an embedding model."),
+    _custom("content", _TOKENIZE_CONTENT, TOKENIZE, required=True,
+            description="A text, or an array of texts and token ids (the ids kept as they "
+            "are)."),
+    Field("add_special", "boolean", _both(TOKENIZE),
+          "Add the special tokens the model adds to a prompt (its BOS); default false."),
+    Field("parse_special", "boolean", _both(TOKENIZE),
+          "Read special-token text (``<|im_end|>``) as those tokens; default true."),
+    Field("with_pieces", "boolean", _both(TOKENIZE),
+          "Each token as ``{\"id\", \"piece\"}``: its text, or its bytes as an array of "
+          "numbers where they are not UTF-8 on their own."),
+    Field("tokens", "array", _both(DETOKENIZE), "Token ids of the model's vocabulary.",
+          required=True,
+          items=_part("", "integer", nullable=False, minimum=0, maximum=INT32_MAX)),
 )  # fmt: skip
 
 _BY_KEY: Final = {(e, f.name): f for f in FIELDS for e in f.endpoints}

@@ -306,6 +306,13 @@ LIMITS = section(
         "an image's width x height, read from its header before decoding (default %(default)s)",
         type=int,
     ),
+    flag(
+        "--default-max-tokens",  # llama.cpp's -n
+        "RequestLimits.default_max_tokens",
+        "the most tokens a request that names no output limit generates, on every route "
+        "(default: until the end of generation or of the slot's context)",
+        type=int,
+    ),
 )
 
 _SAMPLING = "sampling (default %(default)s)"

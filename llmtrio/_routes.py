@@ -22,6 +22,7 @@ __all__ = [
     "CHAT_PATH",
     "COMPLETIONS_PATH",
     "COUNT_TOKENS_PATH",
+    "DETOKENIZE_PATH",
     "EMBEDDINGS_PATH",
     "HEALTH_PATH",
     "MESSAGES_PATH",
@@ -34,6 +35,7 @@ __all__ = [
     "RESPONSES_PATH",
     "RING_PATHS",
     "ROUTES",
+    "TOKENIZE_PATH",
     "Route",
     "error_family",
 ]
@@ -56,6 +58,8 @@ ANTHROPIC_ERRORS: Final = "anthropic"
 #: llama.cpp's router names: load or unload a catalog model, by name only.
 MODELS_LOAD_PATH = "/models/load"
 MODELS_UNLOAD_PATH = "/models/unload"
+TOKENIZE_PATH = "/tokenize"
+DETOKENIZE_PATH = "/detokenize"
 
 
 @attrs.frozen
@@ -92,6 +96,10 @@ ROUTES: Final[tuple[Route, ...]] = (
           "Create a response (OpenAI's Responses API, stateless).", "responses"),
     Route("POST", RESPONSES_INPUT_TOKENS_PATH, "countResponseInputTokens",
           "Count a response request's input tokens, templated as a generation.", "responses"),
+    Route("POST", TOKENIZE_PATH, "tokenize",
+          "Text to the model's token ids (llama.cpp server's /tokenize).", "tokenize"),
+    Route("POST", DETOKENIZE_PATH, "detokenize",
+          "Token ids to the model's text (llama.cpp server's /detokenize).", "detokenize"),
     Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),

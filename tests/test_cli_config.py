@@ -93,7 +93,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
                 for each in row.flags if isinstance(row, _parser.OneOf) else (row,):
                     rows[id(each)] = each
     named = [row for row in rows.values() if "." in row.setting]
-    assert len(named) == 54
+    assert len(named) == 55
     for row in named:
         owner, _, name = row.setting.partition(".")
         assert name in fields(getattr(importlib.import_module(_parser.HOMES[owner]), owner)), row
@@ -103,7 +103,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
             if isinstance(action.default, _parser.Default):
                 assert action.default.name == action.dest
                 shown += 1
-    assert shown == 28 + 23 + 46 + 36  # generate, embed, serve, worker (engine rows in each)
+    assert shown == 28 + 23 + 47 + 37  # generate, embed, serve, worker (engine rows in each)
 
 
 @pytest.mark.parametrize("command", sorted(NEEDED))
@@ -147,6 +147,12 @@ def test_given_flags_reach_the_configs() -> None:
     assert configs.request_limits(args).max_tokens == 9
 
 
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_default_max_tokens_is_a_limit_of_serve_and_worker(command: str) -> None:
+    args = parse(command, "--default-max-tokens=7", "--max-tokens-limit=9")
+    assert configs.request_limits(args) == RequestLimits(max_tokens=9, default_max_tokens=7)
+
+
 REFUSALS: list[tuple[Callable[[], object], str, list[str], str]] = [
     # (the class refusing, its message, the command line, the command's message)
     (
@@ -184,6 +190,12 @@ REFUSALS: list[tuple[Callable[[], object], str, list[str], str]] = [
         "max_tokens must be at least 1",
         ["serve", "--max-tokens-limit=0"],
         "llmtrio serve: --max-tokens-limit must be at least 1, not 0",
+    ),
+    (
+        lambda: RequestLimits(max_tokens=8, default_max_tokens=9),
+        "default_max_tokens (9) must not exceed max_tokens (8)",
+        ["serve", "--max-tokens-limit=8", "--default-max-tokens=9"],
+        "llmtrio serve: --default-max-tokens (9) must not exceed --max-tokens-limit (8)",
     ),
     (
         lambda: RequestLimits(max_stop=0),

@@ -11,7 +11,13 @@ import pytest
 
 from llmtrio._configs import engine_configs
 from llmtrio._openai_errors import OpenAIError
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from llmtrio._routes import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    DETOKENIZE_PATH,
+    EMBEDDINGS_PATH,
+    TOKENIZE_PATH,
+)
 from llmtrio._threads import split_threads, thread_counts
 from llmtrio._values import ModelSpec, threads_value
 from llmtrio.ring import ModelStats
@@ -41,6 +47,18 @@ def test_rule_2_a_model_of_the_other_kind_is_a_400_naming_it() -> None:
     assert "/v1/embeddings" in error["message"]
     error = refused("gemma", EMBEDDINGS_PATH, BOTH, default=None)
     assert error["status"] == 400 and "chat and completion model" in error["message"]
+
+
+def test_the_tokenizer_routes_take_a_model_of_either_kind() -> None:
+    """``/tokenize`` and ``/detokenize`` need no kind: any model named, the default whatever
+    its kind, the one model served when none is named; an unknown name is still a 404."""
+    for path in (TOKENIZE_PATH, DETOKENIZE_PATH):
+        assert resolve_model("minilm", path, BOTH, "gemma") == "minilm"
+        assert resolve_model("gemma", path, BOTH, None) == "gemma"
+        assert resolve_model("ada-002", path, BOTH, "minilm") == "minilm"
+        assert resolve_model(None, path, MINILM, None) == "minilm"
+        assert refused("nowhere", path, BOTH, default=None)["status"] == 404
+        assert refused(None, path, BOTH, default=None)["code"] == "missing_required_parameter"
 
 
 def test_rule_3_an_unknown_model_goes_to_the_default() -> None:

@@ -119,13 +119,39 @@ def test_penalties_and_logprobs() -> None:
         {"web_search_options": {}},
         {"functions": [{"name": "f"}]},
         {"function_call": "auto"},
-        {"reasoning_effort": "low"},
     ],
 )
 def test_unimplemented_openai_fields_are_refused(field: dict[str, Any]) -> None:
     [name] = field
     error = refused(chat, **field)
     assert error.param == name and error.code == "unsupported_parameter"
+
+
+def test_reasoning_effort_sets_thinking_and_its_budget() -> None:
+    """OpenAI's effort levels (and llmtrio's ``max``) through ``_reasoning.EFFORTS``; an
+    explicit ``think``/``enable_thinking`` wins on the switch, the budget stays."""
+
+    def reasoning(**fields: Any) -> tuple[bool | None, int | None]:
+        generate = chat(**fields).generate
+        return generate.think, generate.reasoning_budget
+
+    assert reasoning() == (None, None)
+    assert reasoning(reasoning_effort="none") == (False, 0)
+    assert reasoning(reasoning_effort="minimal") == (False, 0)
+    assert reasoning(reasoning_effort="low") == (True, 1024)
+    assert reasoning(reasoning_effort="medium") == (True, 4096)
+    assert reasoning(reasoning_effort="high") == (True, 16384)
+    assert reasoning(reasoning_effort="xhigh") == (True, 32768)
+    assert reasoning(reasoning_effort="max") == (True, None)
+    assert reasoning(reasoning_effort="high", think=False) == (False, 16384)
+    kwargs = {"enable_thinking": True}
+    assert reasoning(reasoning_effort="none", chat_template_kwargs=kwargs) == (True, 0)
+    # A grammar turns thinking off; an effort does not make that a 400 (``think`` does).
+    json_object = {"type": "json_object"}
+    assert reasoning(reasoning_effort="high", response_format=json_object) == (False, 16384)
+    for bad in ("extreme", 3, ""):
+        error = refused(chat, reasoning_effort=bad)
+        assert (error.param, error.code) == ("reasoning_effort", "invalid_value")
 
 
 @pytest.mark.parametrize(

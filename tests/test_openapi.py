@@ -50,6 +50,8 @@ EXAMPLES = {
     "createEmbedding": 4,
     "createResponse": 20,
     "countResponseInputTokens": 10,
+    "tokenize": 12,
+    "detokenize": 12,
     "listModels": 5,
     "health": 5,
     "openapi": 2,

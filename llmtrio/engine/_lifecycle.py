@@ -164,6 +164,21 @@ class DecodeLoop:
     def n_vocab(self) -> int:
         return self._model.n_vocab
 
+    def tokenize_text(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """``text``'s token ids, as llama.cpp server's ``/tokenize`` gives them:
+        ``add_special`` adds the special tokens the model adds to a prompt (its BOS);
+        ``parse_special`` reads special-token text (``<|im_end|>``) as those tokens."""
+        return self._model.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The text of token id ``token`` as bytes, special tokens rendered (llama.cpp
+        server's pieces); a piece may be part of a UTF-8 character.
+
+        Error handling: ``ValueError`` for an id outside the vocabulary."""
+        if not 0 <= token < self._model.n_vocab:
+            raise ValueError(f"token id {token} is outside the vocabulary")
+        return self._model.special_piece(token)
+
     def capacity(self) -> Capacity:
         inflight = self._requests_in_flight()
         return Capacity(

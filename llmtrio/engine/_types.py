@@ -396,7 +396,12 @@ class GenerateRequest:
     ``reasoning_budget``: at most this many tokens of reasoning (inside the think block);
     once they are spent the engine closes the block itself with the model's end-of-thinking
     marker, through the same path a generated marker takes, and the answer follows.
-    ``None``: unbounded. ``0`` with thinking on closes the block at once.
+    ``None``: unbounded. ``0`` with thinking on closes the block at once. The budget is one
+    for the whole generation (a second block gets what the first left); the marker counts as
+    a generated token; a draft that would cross the budget is cut at the marker. Ignored on
+    a model whose vocabulary has no single ``<think>`` and ``</think>`` tokens, and under a
+    grammar held from the first token (``grammar``, ``json_schema``, a required tool call),
+    which decides every token.
 
     ``cache_prompt=False`` reuses no memory of earlier requests: the whole prompt is ingested
     (llama.cpp server's ``cache_prompt``). Reuse computes the prompt's last logits from other

@@ -44,20 +44,25 @@ from .._openai_errors import (
 from .._routes import (
     CHAT_PATH,
     COMPLETIONS_PATH,
+    DETOKENIZE_PATH,
     EMBEDDINGS_PATH,
     MODELS_LOAD_PATH,
     MODELS_UNLOAD_PATH,
+    TOKENIZE_PATH,
 )
 from ..ring import CHAT, EMBEDDING, ModelStats
 
 __all__ = ["ENDPOINT_KINDS", "requested_model", "resolve_model"]
 
-ENDPOINT_KINDS: Final[Mapping[str, str]] = {
+ENDPOINT_KINDS: Final[Mapping[str, str | None]] = {
     CHAT_PATH: CHAT,
     COMPLETIONS_PATH: CHAT,
     EMBEDDINGS_PATH: EMBEDDING,
+    TOKENIZE_PATH: None,
+    DETOKENIZE_PATH: None,
 }
-"""The kind of model each of the ring's routes needs."""
+"""The kind of model each of the ring's routes needs (``None``: any kind, every model's
+tokenizer; no model is then of "the other kind")."""
 
 #: The routes that manage a model, of any kind: they name it exactly, never by a default.
 MANAGE_PATHS: Final = frozenset({MODELS_LOAD_PATH, MODELS_UNLOAD_PATH})
@@ -95,12 +100,14 @@ def resolve_model(
         )
     if path in MANAGE_PATHS:
         return _managed(requested, models)
-    default_fits = default is not None and (default not in models or models[default].kind == kind)
+    default_fits = default is not None and (
+        default not in models or _fits(models[default].kind, kind)
+    )
     if requested:
         known = models.get(requested) or _without_quant(requested, models)
         if known is not None:
             requested = known.name
-            if known.kind != kind:
+            if not _fits(known.kind, kind):
                 raise wrong_model_kind(requested, known.kind, path)
             return requested
         if default_fits:
@@ -114,12 +121,18 @@ def resolve_model(
         assert default is not None
         return default
     _refuse_for_the_default(default, kind, path, models)
-    served = [m.name for m in models.values() if m.kind == kind]
+    served = [m.name for m in models.values() if _fits(m.kind, kind)]
     if len(served) == 1:
         return served[0]
     if not models or (takes_any and not served):
         return ""  # nothing routed yet: any worker
-    raise missing_model(served, [m.name for m in models.values() if m.kind != kind], path)
+    others = [m.name for m in models.values() if not _fits(m.kind, kind)]
+    raise missing_model(served, others, path)
+
+
+def _fits(model_kind: str, kind: str | None) -> bool:
+    """Whether a model of ``model_kind`` serves an endpoint needing ``kind``."""
+    return kind is None or model_kind == kind
 
 
 def _managed(requested: str | None, models: Mapping[str, ModelStats]) -> str:
@@ -135,14 +148,14 @@ def _managed(requested: str | None, models: Mapping[str, ModelStats]) -> str:
 
 
 def _refuse_for_the_default(
-    default: str | None, kind: str, path: str, models: Mapping[str, ModelStats]
+    default: str | None, kind: str | None, path: str, models: Mapping[str, ModelStats]
 ) -> None:
     """A request the default model would take but for its kind, where no model of the
     endpoint's kind is served at all: 400 naming the default and what it serves (a chat
     request to a server of one embedding model says so, rather than "not found")."""
-    if default is None or default not in models or models[default].kind == kind:
+    if default is None or default not in models or _fits(models[default].kind, kind):
         return
-    if not any(model.kind == kind for model in models.values()):
+    if not any(_fits(model.kind, kind) for model in models.values()):
         raise wrong_model_kind(default, models[default].kind, path)
 
 

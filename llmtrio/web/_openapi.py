@@ -19,10 +19,12 @@ from .._fields import (
     CHAT,
     COMPLETIONS,
     COUNT_TOKENS,
+    DETOKENIZE,
     EMBEDDINGS,
     MESSAGES_API,
     MODELS,
     RESPONSES,
+    TOKENIZE,
     RequestLimits,
     component_schemas,
     request_schema,
@@ -643,6 +645,41 @@ _ANSWERS: dict[str, dict[str, Any]] = {
     },
     "loadModel": {"200": _json_answer("The model is loaded.", _ref("ModelState"))},
     "unloadModel": {"200": _json_answer("The model is unloading or unloaded.", _ref("ModelState"))},
+    "tokenize": {"200": _json_answer("The token ids (with their pieces).", _ref("TokenList"))},
+    "detokenize": {"200": _json_answer("The tokens' text.", _ref("Detokenized"))},
+}
+#: ``/tokenize``'s answer: ids, or ``{"id", "piece"}`` with a piece's text or bytes.
+_TOKEN_LIST: dict[str, Any] = {
+    "type": "object",
+    "required": ["tokens"],
+    "properties": {
+        "tokens": {
+            "type": "array",
+            "items": {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0},
+                    {
+                        "type": "object",
+                        "required": ["id", "piece"],
+                        "properties": {
+                            "id": {"type": "integer", "minimum": 0},
+                            "piece": {
+                                "anyOf": [
+                                    {"type": "string"},
+                                    {"type": "array", "items": {"type": "integer"}},
+                                ]
+                            },
+                        },
+                    },
+                ]
+            },
+        }
+    },
+}
+_DETOKENIZED: dict[str, Any] = {
+    "type": "object",
+    "required": ["content"],
+    "properties": {"content": {"type": "string"}},
 }
 # The request body's schema of each endpoint of the field table.
 _REQUESTS = {
@@ -653,6 +690,8 @@ _REQUESTS = {
     COUNT_TOKENS: "CountMessageTokensRequest",
     RESPONSES: "ResponseCreateRequest",
     MODELS: "ModelRequest",
+    TOKENIZE: "TokenizeRequest",
+    DETOKENIZE: "DetokenizeRequest",
 }
 
 
@@ -695,6 +734,8 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
     schemas["Message"] = copy.deepcopy(_MESSAGE)
     schemas["AnthropicError"] = copy.deepcopy(_ANTHROPIC_ERROR)
     schemas["Response"] = copy.deepcopy(_RESPONSE_OBJECT)
+    schemas["TokenList"] = copy.deepcopy(_TOKEN_LIST)
+    schemas["Detokenized"] = copy.deepcopy(_DETOKENIZED)
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)

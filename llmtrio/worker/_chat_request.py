@@ -45,6 +45,7 @@ from ._features import (
     parse_tools,
 )
 from ._images import image_from_part
+from ._reasoning import Reasoning, for_effort
 from ._requests import (
     json_body,
     parse_logit_bias,
@@ -90,7 +91,10 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
     ``messages``, ``max_tokens``, ``max_completion_tokens`` (wins over ``max_tokens``), the
     sampling fields and penalties, ``seed``, ``stop``, ``stream``,
     ``stream_options.include_usage``, ``n`` (1 only), ``think`` and
-    ``chat_template_kwargs.enable_thinking`` (``think`` wins), ``ignore_eos``,
+    ``chat_template_kwargs.enable_thinking`` (``think`` wins), ``reasoning_effort``
+    (thinking on or off and a reasoning budget, ``_reasoning.EFFORTS``; an explicit
+    ``think``/``enable_thinking`` wins on the switch, the budget holds whenever the model
+    thinks), ``ignore_eos``,
     ``cache_prompt`` (llama.cpp's: ``false`` reuses no earlier prompt's memory),
     ``logit_bias``, ``logprobs`` and ``top_logprobs``, ``response_format``, ``tools``,
     ``tool_choice`` and ``parallel_tool_calls``. An OpenAI field this server does not
@@ -98,7 +102,8 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
     fields are ignored; ``null`` is the same as absent.
 
     A grammar (``response_format`` json, a forced tool call) turns thinking off unless the
-    request asks for it, which is a 400: the grammar holds from the first token.
+    request asks for it with ``think``/``enable_thinking``, which is a 400: the grammar
+    holds from the first token (a ``reasoning_effort`` is then moot, not refused).
 
     Sampling fields left out take the engine's :class:`Sampling` defaults, which are
     llama.cpp server's (temperature 0.8, top_p 0.95, top_k 40, min_p 0.05) rather than
@@ -128,8 +133,12 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
     read(data, CHAT, "n", limits)
     stream, include_usage = parse_stream(data, CHAT, limits)
     think = _parse_think(data, limits)
+    reasoning = _parse_effort(data, limits)
+    asked = think  # the request's own switch wins over its effort's
+    if think is None:
+        think = reasoning.think
     if output_format or tools.forced:
-        if think:
+        if asked:
             raise invalid_value(
                 "think",
                 "thinking cannot be combined with 'response_format' json or a forced tool "
@@ -147,6 +156,7 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
             cache_prompt=read(data, CHAT, "cache_prompt", limits) is not False,
             logit_bias=parse_logit_bias(data.get("logit_bias")),
             logprobs=logprobs,
+            reasoning_budget=reasoning.budget,
             **output_format,
             **tools.generate_options(),
         )
@@ -172,6 +182,12 @@ def _parse_logprobs(data: dict[str, Any], limits: RequestLimits) -> int | None:
             "top_logprobs", "'logprobs' must be set to true when 'top_logprobs' is used."
         )
     return (top or 0) if logprobs else None
+
+
+def _parse_effort(data: dict[str, Any], limits: RequestLimits) -> Reasoning:
+    """``reasoning_effort``: thinking on or off and a budget (``_reasoning.EFFORTS``)."""
+    effort: str | None = read(data, CHAT, "reasoning_effort", limits)
+    return Reasoning() if effort is None else for_effort(effort)
 
 
 def _parse_think(data: dict[str, Any], limits: RequestLimits) -> bool | None:

@@ -133,9 +133,10 @@ class Endpoint(Protocol[Request]):
         """The path it answers (``POST``)."""
 
     @property
-    def model_kind(self) -> str:
+    def model_kind(self) -> str | None:
         """The kind of model it needs: ``"chat"`` (a generating model) or ``"embedding"``;
-        another kind's engine answers a 400 naming the model and what it serves."""
+        another kind's engine answers a 400 naming the model and what it serves. ``None``:
+        any model (what every engine can do: its tokenizer)."""
 
     @property
     def id_prefix(self) -> str:
@@ -263,7 +264,7 @@ async def serve_request(
 async def _respond(
     endpoint: Endpoint[Any], engine: ModelEngine, response: _Response, limits: RequestLimits
 ) -> None:
-    if endpoint.model_kind != engine.kind:
+    if endpoint.model_kind not in (None, engine.kind):
         await response.error(wrong_model_kind(engine.model_name, engine.kind, endpoint.route))
         return
     try:

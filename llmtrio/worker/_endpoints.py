@@ -45,6 +45,7 @@ from ._messages_response import Counted, MessageBody, MessageStream, TokenCount
 from ._responses import ResponseMeta, from_engine_error
 from ._responses_output import InputTokensBody, ResponsesBody, ResponsesStream
 from ._responses_request import ResponsesRequest, naming_input, parse_responses_request
+from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
 
 __all__ = [
     "CHAT",
@@ -287,3 +288,5 @@ ENDPOINTS: dict[str, Endpoint[object]] = {
         COUNT_MESSAGE_TOKENS,
     )
 }
+#: llama.cpp server's tokenizer routes, on any model.
+ENDPOINTS |= {e.route: e for e in (TOKENIZE_ENDPOINT, DETOKENIZE_ENDPOINT)}  # type: ignore[misc]

@@ -22,11 +22,12 @@ class Reasoning:
     budget: int | None = None
 
 
-#: Each effort's budget of reasoning tokens; ``none`` and ``minimal`` turn thinking off,
-#: ``max`` leaves it unbounded.
+#: Each effort's budget of reasoning tokens; ``none`` and ``minimal`` turn thinking off
+#: (and, where a request turns it on all the same, close the block at once), ``max`` leaves
+#: it unbounded.
 EFFORTS: Final[dict[str, Reasoning]] = {
-    "none": Reasoning(think=False),
-    "minimal": Reasoning(think=False),
+    "none": Reasoning(think=False, budget=0),
+    "minimal": Reasoning(think=False, budget=0),
     "low": Reasoning(think=True, budget=1024),
     "medium": Reasoning(think=True, budget=4096),
     "high": Reasoning(think=True, budget=16384),

@@ -16,6 +16,10 @@ temperature and its random state advance token by token), and stops at the first
 that differs from the draft: every token emitted is the one the sequence would have
 sampled at its position, and the drafts after the first wrong one are cut from memory.
 
+A reasoning budget (``_budget.py``): once a sequence has spent its budget inside its think
+block, the position after takes ``</think>`` whatever the logits say (its sampler takes it as
+if picked), and a draft that would cross the budget is cut at the marker.
+
 The shared pool (``kv_unified``): when a step needs more cells than are free, idle slots
 give their reusable cells up first (snapshotted within the prompt cache's budget), then the
 drafts go, then the youngest running sequence is swapped out (its state copied to host
@@ -36,6 +40,7 @@ from .._stats import EngineStats
 from .._types import EngineConfig, StopReason
 from ..llama import Batch, LlamaModel, RawLogprob, verify
 from ..spec import Acceptance, NgramDrafter, NgramPool, PooledDrafter, Shape, plan_drafts
+from ._budget import ThinkBudget, think_markers
 from ._drafting import DraftBudget, cut_anywhere, judge_shadow
 from ._jobs import Drafter, Job, Part, slot_sampler
 from ._pool import SharedPool
@@ -113,6 +118,8 @@ class EngineCore:
             else None
         )
         self._make_drafter = drafter
+        #: ``<think>`` and ``</think>`` as single tokens (a reasoning budget needs them).
+        self._markers = think_markers(lambda text: model.tokenize(text, add_special=False))
         self._admissions = 0
         #: Time spent sampling decoding sequences' positions in this step.
         self._sample_s = 0.0
@@ -147,9 +154,24 @@ class EngineCore:
 
     def add(self, request: CoreRequest) -> None:
         self._jobs[request.key] = Job(
-            request, acceptance=Acceptance(shared=self._drafts.shared(request))
+            request,
+            acceptance=Acceptance(shared=self._drafts.shared(request)),
+            think=self._think_budget(request),
         )
         self._scheduler.add(request.key, len(request.prompt))
+
+    def _think_budget(self, request: CoreRequest) -> ThinkBudget | None:
+        """The request's reasoning budget: none when it asks for none, when the model has no
+        single-token think markers, or under a grammar held from the first token (which
+        decides every token, the marker too)."""
+        budget, markers = request.request.reasoning_budget, self._markers
+        grammar = request.grammar
+        if budget is None or markers is None or (grammar is not None and grammar.trigger is None):
+            return None
+        unfinished = self._model.unfinished_utf8
+        return ThinkBudget(
+            budget, markers, thinking=request.opens_think, unfinished=unfinished.__contains__
+        )
 
     def cancel(self, key: int) -> None:
         """End ``key`` at the next step (a no-op once it has ended)."""
@@ -447,7 +469,7 @@ class EngineCore:
 
     def _sample_one(self, job: Job, index: int) -> tuple[Job, list[int], list[RawLogprob] | None]:
         assert job.sampler is not None
-        token = job.sampler.sample(index)
+        token = _pick(job, index)
         raw = job.sampler.last_logprob if job.request.request.logprobs is not None else None
         return job, [token], ([raw] if raw is not None else None)
 
@@ -461,7 +483,7 @@ class EngineCore:
         logprobs: list[RawLogprob] = []
 
         def sample(index: int) -> int:
-            token = sampler.sample(index)
+            token = _pick(job, index)
             if want_logprobs and sampler.last_logprob is not None:
                 logprobs.append(sampler.last_logprob)
             return token
@@ -539,6 +561,19 @@ class EngineCore:
         if stop is not None:
             self._release(job)
         return job.output(tokens, stop=stop, released=stop is not None, logprobs=logprobs)
+
+
+def _pick(job: Job, index: int) -> int:
+    """The token at batch position ``index`` of ``job``: sampled, or the marker its
+    reasoning budget forces there (which its sampler takes as if picked)."""
+    sampler, think = job.sampler, job.think
+    assert sampler is not None
+    if think is None:
+        return sampler.sample(index)
+    forced = think.forced()
+    token = sampler.sample(index) if forced is None else sampler.force(index, forced)
+    think.feed(token, forced=forced is not None)
+    return token
 
 
 def _decode_error(rc: int) -> str:

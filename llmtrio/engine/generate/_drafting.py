@@ -92,6 +92,9 @@ class DraftBudget:
                 # Held to a grammar: not past the first token it refuses (a string's
                 # newline, its length limit, a key other than the one the schema wants).
                 draft = draft[: job.sampler.allowed(draft)]
+            if draft and job.think is not None:
+                # Not past the reasoning budget: the marker it forces is the last token.
+                draft = job.think.cut(draft)
             if draft:
                 offers.append((part, draft, match))
         # The batch's sequences in id order and their tokens without drafts; which offer

@@ -242,6 +242,7 @@ class Engine(DecodeLoop):
             hints=prepared.hints,
             grammar=prepared.grammar,
             images=prepared.images,
+            opens_think=prepared.opens_think,
         )
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under

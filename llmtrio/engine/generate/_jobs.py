@@ -16,6 +16,7 @@ from .._types import GenerateRequest
 from ..grammar import Grammar
 from ..llama import LlamaModel, Penalties, SlotSampler
 from ..spec import Acceptance
+from ._budget import ThinkBudget
 from ._step import CoreRequest, StepOutput
 
 __all__ = ["Drafter", "Job", "Part", "slot_sampler"]
@@ -66,6 +67,8 @@ class Job:
     #: host memory meanwhile (``swapped``; none when it held no cells).
     preempted: bool = False
     swapped: ctypes.Array[ctypes.c_uint8] | None = None
+    #: Its reasoning budget (none without one, or on a model without think markers).
+    think: ThinkBudget | None = None
 
     @property
     def key(self) -> int:

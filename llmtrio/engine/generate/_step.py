@@ -28,6 +28,8 @@ class CoreRequest:
     grammar: Grammar | None = None
     #: Its images, by the prompt offset of their placeholder ids (decoded whole, alone).
     images: tuple[tuple[int, ImageChunk], ...] = ()
+    #: Its prompt leaves a think block open: the first tokens are reasoning.
+    opens_think: bool = False
 
 
 @attrs.frozen(eq=False)

@@ -6,6 +6,7 @@ nothing here knows of Trio.
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 from pathlib import Path
 from typing import Any, cast
@@ -132,6 +133,13 @@ class LlamaModel:
                 self.byte_tokens.setdefault(piece[0], token)
         #: Each token's first bytes, to rule tokens out before a grammar is asked.
         self.vocab_index = VocabIndex(pieces, self.eog)
+        #: The tokens whose text ends inside a UTF-8 character (a reasoning budget lets the
+        #: tokens that finish it through before it closes the think block).
+        self.unfinished_utf8: frozenset[int] = frozenset(
+            token
+            for token, piece in enumerate(pieces)
+            if piece[-1:] >= b"\x80" and _ends_inside_character(piece)
+        )
         self.grammars = GrammarCache(self.vocab)
         #: The vision projector, once loaded (:meth:`load_vision`).
         self.vision: Vision | None = None
@@ -458,3 +466,10 @@ class Batch:
         self.n = i + 1
         self.struct.n_tokens = self.n
         return i
+
+
+def _ends_inside_character(piece: bytes) -> bool:
+    """Whether ``piece`` ends inside a UTF-8 character: an incremental decode leaves its last
+    bytes for more to come (llama.cpp's ``common_utf8_is_complete``, negated; bytes that are
+    not UTF-8 count as whole)."""
+    return codecs.utf_8_decode(piece, "replace", False)[1] < len(piece)

@@ -147,9 +147,29 @@ class SlotSampler:
             self.last_logprob = logprob_of(raw, token, self._logprobs or 0)
         return token
 
-    def _watch(self, token: int, logits: npt.NDArray[np.float32]) -> int:
+    def force(self, index: int, token: int) -> int:
+        """Take ``token`` at ``index`` whatever the logits say (a reasoning budget's
+        end-of-thinking marker), as if it had been picked: a lazy grammar watching for its
+        trigger reads its text, the penalties count it, and its log-probability is the one
+        the logits at ``index`` give it. Not for a grammar held from the first token (the
+        engine forces nothing under one). Returns ``token``."""
+        if self._plain:
+            return token
+        assert self._grammar is None or self._lazy is not None, "forced under a grammar"
+        if self._lazy is not None:
+            self._watch(token, None)
+            if self._lazy == "":
+                self._lazy = None
+        if self._penalties is not None:
+            self._penalties.accept(token)
+        if self._logprobs is not None:
+            self.last_logprob = logprob_of(self._model.logits(index), token, self._logprobs)
+        return token
+
+    def _watch(self, token: int, logits: npt.NDArray[np.float32] | None) -> int:
         """A lazy grammar waits: start it if ``token`` completes the trigger (then ``token``
-        must suit it, or the next best is picked); returns the token."""
+        must suit it, or the next best is picked; without ``logits``, a forced token, the
+        grammar waits on when it does not); returns the token."""
         for _ in range(_TRIGGER_TRIES):
             text = self._tail + self._model.special_piece(token)
             if self._wait:
@@ -171,6 +191,8 @@ class SlotSampler:
                 self._grammar, self._lazy = grammar, ""
                 return token
             llama_cpp.llama_sampler_free(grammar)
+            if logits is None:
+                return token
             logits[token] = -np.inf
             token = self._pick(logits)
         return token

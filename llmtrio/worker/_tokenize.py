@@ -1,0 +1,282 @@
+"""llama.cpp server's ``POST /tokenize`` and ``POST /detokenize``: requests, the work on any
+model's tokenizer (a chat or an embedding model's), and the JSON bodies.
+
+``/tokenize``: ``content`` (a text, or texts and token ids, kept as they are, as llama.cpp's
+mixed prompts), ``add_special`` (default false: the model's BOS where it adds one, to the
+first text only), ``parse_special`` (default true: ``<|im_end|>`` is that token) and
+``with_pieces`` answer ``{"tokens": [ids]}`` or ``{"tokens": [{"id", "piece"}]}``, a piece
+being the token's text, special tokens rendered, or its bytes (an array of numbers) where
+they are not UTF-8 on their own (a token holding part of a character), as llama.cpp does.
+``/detokenize``: ``tokens`` answer ``{"content": text}``, the pieces joined (a character left
+unfinished becomes U+FFFD). A token id outside the vocabulary is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from .._fields import (
+    DETOKENIZE,
+    TOKENIZE,
+    RequestLimits,
+    checked_text,
+    invalid_type,
+    invalid_value,
+    missing,
+    read,
+)
+from .._openai_errors import OpenAIError, dumps
+from .._routes import DETOKENIZE_PATH, TOKENIZE_PATH
+from ..engine import Done, StopReason, Timings
+from ._embeddings import Finished
+from ._endpoint import Encoder, ModelEngine
+from ._requests import json_body
+from ._responses import ResponseMeta
+
+__all__ = [
+    "DETOKENIZE_ENDPOINT",
+    "TOKENIZE_ENDPOINT",
+    "DetokenizeRequest",
+    "TokenizeRequest",
+    "parse_detokenize_request",
+    "parse_tokenize_request",
+]
+
+_NO_LIMITS = RequestLimits()
+
+#: Texts of up to this many characters (token lists of up to this many ids) are handled on
+#: the event loop, as the completions endpoint tokenizes; longer ones in a worker thread.
+_INLINE = 1024
+
+
+@attrs.frozen
+class TokenizeRequest:
+    """A parsed ``POST /tokenize``: ``content`` holds texts and token ids, in order."""
+
+    model: str | None
+    content: tuple[str | int, ...]
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+@attrs.frozen
+class DetokenizeRequest:
+    """A parsed ``POST /detokenize``."""
+
+    model: str | None
+    tokens: tuple[int, ...]
+
+
+def parse_tokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> TokenizeRequest:
+    """Parse and validate a ``/tokenize`` body. Error handling: :class:`OpenAIError` 400
+    naming the field (``content[2]`` for a part that is neither a text nor a token id)."""
+    data = json_body(body)
+    content = data.get("content")  # the field table's shape; its branches are read here
+    if content is None:
+        raise missing("content")
+    if isinstance(content, str):
+        parts: tuple[str | int, ...] = (checked_text(content, "content"),)
+    elif isinstance(content, list):
+        parts = tuple(_content_part(item, f"content[{i}]") for i, item in enumerate(content))
+    else:
+        raise invalid_type("content", "a string or an array of strings and token ids", content)
+    flags = {
+        name: read(data, TOKENIZE, name, limits)
+        for name in ("add_special", "parse_special", "with_pieces")
+    }
+    return TokenizeRequest(
+        read(data, TOKENIZE, "model", limits),
+        parts,
+        add_special=flags["add_special"] is True,
+        parse_special=flags["parse_special"] is not False,
+        with_pieces=flags["with_pieces"] is True,
+    )
+
+
+def _content_part(item: object, param: str) -> str | int:
+    if isinstance(item, str):
+        return checked_text(item, param)
+    if isinstance(item, int) and not isinstance(item, bool):
+        if item < 0:
+            raise invalid_value(param, f"token ids are at least 0, but got {item}.")
+        return item
+    raise invalid_type(param, "a string or a token id", item)
+
+
+def parse_detokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> DetokenizeRequest:
+    """Parse and validate a ``/detokenize`` body. Error handling: :class:`OpenAIError` 400
+    naming the field."""
+    data = json_body(body)
+    tokens = read(data, DETOKENIZE, "tokens", limits)
+    return DetokenizeRequest(read(data, DETOKENIZE, "model", limits), tuple(tokens))
+
+
+@attrs.frozen
+class Tokenized(Done):
+    """The end of a ``/tokenize``: a :class:`~llmtrio.engine.Done` (nothing generated or
+    ingested) with the token ids and, when asked for, their pieces."""
+
+    tokens: tuple[int, ...] = attrs.field(kw_only=True)
+    pieces: tuple[bytes, ...] | None = attrs.field(kw_only=True, default=None)
+
+
+@attrs.frozen
+class Detokenized(Done):
+    """The end of a ``/detokenize``: the tokens' text."""
+
+    content: str = attrs.field(kw_only=True)
+
+
+def _done(cls: Callable[..., Done], started: float, **fields: Any) -> Done:
+    timings = Timings(0.0, trio.current_time() - started, 0.0)
+    return cls(StopReason.END_OF_GENERATION, 0, 0, timings, **fields)
+
+
+def _vocabulary_error(param: str, token: int, n_vocab: int) -> OpenAIError:
+    return invalid_value(param, f"token id {token} is outside the vocabulary (0..{n_vocab - 1}).")
+
+
+def _tokenize(engine: ModelEngine, request: TokenizeRequest) -> tuple[list[int], list[bytes]]:
+    """The token ids of ``request.content`` (llama.cpp's ``tokenize_mixed``) and, when asked
+    for, their pieces."""
+    n_vocab = engine.n_vocab
+    tokens: list[int] = []
+    for i, part in enumerate(request.content):
+        if isinstance(part, str):
+            tokens += engine.tokenize_text(
+                part,
+                add_special=request.add_special and i == 0,
+                parse_special=request.parse_special,
+            )
+        elif part >= n_vocab:
+            raise _vocabulary_error(f"content[{i}]", part, n_vocab)
+        else:
+            tokens.append(part)
+    pieces = [engine.token_bytes(token) for token in tokens] if request.with_pieces else []
+    return tokens, pieces
+
+
+def _detokenize(engine: ModelEngine, tokens: Sequence[int]) -> str:
+    n_vocab = engine.n_vocab
+    for i, token in enumerate(tokens):
+        if token >= n_vocab:
+            raise _vocabulary_error(f"tokens[{i}]", token, n_vocab)
+    return b"".join(engine.token_bytes(token) for token in tokens).decode("utf-8", "replace")
+
+
+@attrs.frozen
+class _Tokenize:
+    """``POST /tokenize``: any model's tokenizer."""
+
+    route: str = TOKENIZE_PATH
+    model_kind: str | None = None
+    id_prefix: str = "tok"
+
+    def parse(self, body: bytes, limits: RequestLimits) -> TokenizeRequest:
+        return parse_tokenize_request(body, limits)
+
+    @asynccontextmanager
+    async def run(self, engine: ModelEngine, request: TokenizeRequest) -> AsyncIterator[Finished]:
+        started = trio.current_time()
+        size = sum(len(part) if isinstance(part, str) else 1 for part in request.content)
+        if size <= _INLINE:
+            tokens, pieces = _tokenize(engine, request)
+        else:
+            # A long text takes a while: never on the event loop (and not abandoned on
+            # cancel: the model must outlive the thread that reads it).
+            tokens, pieces = await trio.to_thread.run_sync(_tokenize, engine, request)
+        piece_tuple = tuple(pieces) if request.with_pieces else None
+        yield Finished(_done(Tokenized, started, tokens=tuple(tokens), pieces=piece_tuple))
+
+    def encoder(self, request: TokenizeRequest, meta: ResponseMeta) -> Encoder:
+        return _TokenizeBody()
+
+
+@attrs.frozen
+class _Detokenize:
+    """``POST /detokenize``: any model's tokenizer."""
+
+    route: str = DETOKENIZE_PATH
+    model_kind: str | None = None
+    id_prefix: str = "detok"
+
+    def parse(self, body: bytes, limits: RequestLimits) -> DetokenizeRequest:
+        return parse_detokenize_request(body, limits)
+
+    @asynccontextmanager
+    async def run(self, engine: ModelEngine, request: DetokenizeRequest) -> AsyncIterator[Finished]:
+        started = trio.current_time()
+        if len(request.tokens) <= _INLINE:
+            content = _detokenize(engine, request.tokens)
+        else:
+            content = await trio.to_thread.run_sync(_detokenize, engine, request.tokens)
+        yield Finished(_done(Detokenized, started, content=content))
+
+    def encoder(self, request: DetokenizeRequest, meta: ResponseMeta) -> Encoder:
+        return _DetokenizeBody()
+
+
+def _piece(piece: bytes) -> str | list[int]:
+    """A piece as llama.cpp's ``with_pieces`` writes it: its text, or its bytes."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
+
+@attrs.define
+class _TokenizeBody:
+    streaming: bool = False
+
+    def start(self) -> bytes:
+        return b""
+
+    def event(self, token: Any) -> bytes:
+        return b""
+
+    def finish(self, done: Done) -> bytes:
+        assert isinstance(done, Tokenized)
+        if done.pieces is None:
+            return b'{"tokens":' + json.dumps(done.tokens, separators=(",", ":")).encode() + b"}"
+        entries = [
+            {"id": t, "piece": _piece(p)} for t, p in zip(done.tokens, done.pieces, strict=True)
+        ]
+        return dumps({"tokens": entries})
+
+    def finish_reason(self, done: Done) -> str:
+        return "stop"
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse()  # never streamed: a failure is an error response
+
+
+@attrs.define
+class _DetokenizeBody:
+    streaming: bool = False
+
+    def start(self) -> bytes:
+        return b""
+
+    def event(self, token: Any) -> bytes:
+        return b""
+
+    def finish(self, done: Done) -> bytes:
+        assert isinstance(done, Detokenized)
+        return dumps({"content": done.content})
+
+    def finish_reason(self, done: Done) -> str:
+        return "stop"
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse()  # never streamed: a failure is an error response
+
+
+TOKENIZE_ENDPOINT = _Tokenize()
+DETOKENIZE_ENDPOINT = _Detokenize()
