@@ -128,6 +128,9 @@ def test_anthropic_client_image_block(server: LiveServer) -> None:
     )
     # the image's embeddings, its begin/end-of-image tokens, and the newline joining blocks
     assert reply.usage.input_tokens >= text_only.usage.input_tokens + GEMMA3_IMAGE_TOKENS + 2
+    counted = post(server, "/v1/messages/count_tokens", messages_body(a_image(png(1))))
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] >= text_only.usage.input_tokens + GEMMA3_IMAGE_TOKENS
 
 
 def test_openai_client_input_image(server: LiveServer) -> None:
@@ -229,7 +232,9 @@ def test_anthropic_refusals_name_the_block(server: LiveServer) -> None:
     cut = anthropic_refusal(post(server, "/v1/messages", messages_body(a_image(data[:200]))))
     assert f"{at}.data" in cut and "could not be decoded" in cut
     # a JPEG's media_type on PNG bytes: the bytes decide
-    assert anthropic_text(server, messages_body(a_image(png(3), "image/jpeg"))) is not None
+    mislabelled = post(server, "/v1/messages", messages_body(a_image(png(3), "image/jpeg")))
+    assert mislabelled.status_code == 200, mislabelled.text
+    assert mislabelled.json()["usage"]["input_tokens"] > GEMMA3_IMAGE_TOKENS
     url = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
     assert "not fetched" in anthropic_refusal(post(server, "/v1/messages", messages_body(url)))
     many = messages_body(*(a_image(png(i, (8, 8))) for i in range(3)))
