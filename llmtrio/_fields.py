@@ -44,9 +44,11 @@ from ._openai_errors import OpenAIError, invalid_request
 
 __all__ = [
     "ANTHROPIC_BLOCKS",
+    "ANTHROPIC_IMAGE_SOURCE",
     "ANTHROPIC_MESSAGE",
     "ANTHROPIC_OUTPUT_CONFIG",
     "ANTHROPIC_REFUSED_BLOCKS",
+    "ANTHROPIC_RESULT_BLOCKS",
     "ANTHROPIC_TEXT_BLOCKS",
     "ANTHROPIC_THINKING",
     "ANTHROPIC_TOOL",
@@ -67,6 +69,7 @@ __all__ = [
     "NAMED_TOOL_CHOICE",
     "RESPONSES",
     "RESPONSES_FORMAT",
+    "RESPONSES_IMAGE_PART",
     "RESPONSES_TOOL",
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "TEXT_PARTS",
@@ -333,8 +336,20 @@ RESPONSES_FORMAT: Final = _part("format", "object", component="ResponsesTextForm
     _part("strict", "boolean", "Whatever it says, the schema is enforced."),
     _part("description", "string"),
 ))  # fmt: skip
+#: An ``input_image`` part of a user message (a model with a vision projector): a ``data:``
+#: URI; a ``file_id`` refers to stored files, which this server has none of.
+RESPONSES_IMAGE_PART: Final = _part("", "object", nullable=False,
+                                    component="ResponsesInputImage", properties=(
+    _part("type", "string", required=True, enum=("input_image",)),
+    _part("image_url", "string", description="A data: URI with a base64 PNG, JPEG, WebP or GIF "
+          "(its first frame); the type is read from the bytes."),
+    _part("file_id", "string", "Refused (a 400 naming it): nothing is stored here."),
+    _part("detail", "string", enum=("auto", "low", "high", "original"),
+          description="Accepted and unused: the projector sets the resolution."),
+))  # fmt: skip
 _RESPONSES_PART: Schema = {
     "anyOf": [
+        _ref("ResponsesInputImage"),
         {
             "type": "object",
             "required": ["type", "text"],
@@ -353,7 +368,8 @@ _RESPONSES_PART: Schema = {
 _RESPONSES_INPUT: Schema = {
     "description": "A text (the user's message), or input items: messages (``role`` user, "
     "system, developer or assistant; ``content`` a string or ``input_text``/``output_text`` "
-    "parts), ``function_call`` and ``function_call_output`` items, ``reasoning`` items.",
+    "parts, and a user message's ``input_image`` parts), ``function_call`` and "
+    "``function_call_output`` items, ``reasoning`` items.",
     "anyOf": [
         {"type": "string"},
         {
@@ -458,6 +474,8 @@ def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
         "ResponsesTextFormat": RESPONSES_FORMAT.body(limits),
         "AnthropicMessage": ANTHROPIC_MESSAGE.body(limits),
         "AnthropicTextBlock": _A_TEXT_BLOCK.body(limits),
+        "AnthropicImageBlock": _A_IMAGE_BLOCK.body(limits),
+        "ResponsesInputImage": RESPONSES_IMAGE_PART.body(limits),
         "AnthropicTool": ANTHROPIC_TOOL.body(limits),
     }
 
@@ -494,6 +512,31 @@ ANTHROPIC_TEXT_BLOCKS: Final = _part("content", "array", items=_A_TEXT_BLOCK)
 _A_TEXT_OR_BLOCKS: Schema = {
     "anyOf": [{"type": "string"}, ANTHROPIC_TEXT_BLOCKS.body(RequestLimits())]
 }
+#: An ``image`` block's ``source`` (a model with a vision projector): ``base64`` data; a
+#: ``url`` source is refused (remote URLs are not fetched), as is a ``file`` one.
+ANTHROPIC_IMAGE_SOURCE: Final = _part("source", "object", required=True, nullable=False,
+                                      properties=(
+    _part("type", "string", required=True, enum=("base64", "url", "file"),
+          description="``base64``; ``url`` and ``file`` are refused (a 400 naming them)."),
+    _part("media_type", "string", enum=("image/jpeg", "image/png", "image/gif", "image/webp"),
+          description="Required with ``base64``; the type is read from the bytes."),
+    _part("data", "string", "The image's base64 bytes (PNG, JPEG, WebP or a GIF's first frame)."),
+    _part("url", "string", "Refused: remote URLs are not fetched."),
+    _part("file_id", "string", "Refused: nothing is stored here."),
+))  # fmt: skip
+_A_IMAGE_BLOCK = _part("", "object", nullable=False, component="AnthropicImageBlock",
+                       properties=(
+    _block_type("image"), ANTHROPIC_IMAGE_SOURCE, _CACHE_CONTROL,
+))  # fmt: skip
+#: A tool result's content when it is not a string: text and image blocks.
+ANTHROPIC_RESULT_BLOCKS: Final = {"text": _A_TEXT_BLOCK, "image": _A_IMAGE_BLOCK}
+_A_RESULT_CONTENT: Schema = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"anyOf": [_ref("AnthropicTextBlock"),
+                                              _ref("AnthropicImageBlock")]}},
+    ]
+}  # fmt: skip
 #: A message's content blocks by ``type``, each with its fields in the order they are checked
 #: (a ``tool_result``'s ``content`` is a string or text blocks, the endpoint's to tell apart).
 ANTHROPIC_BLOCKS: Final = {
@@ -504,7 +547,8 @@ ANTHROPIC_BLOCKS: Final = {
         _CACHE_CONTROL)),
     "tool_result": _part("", "object", nullable=False, properties=(
         _block_type("tool_result"), _part("tool_use_id", "string", nullable=False),
-        _part("content", "custom", shape=_fixed(_A_TEXT_OR_BLOCKS)),
+        _part("content", "custom", shape=_fixed(_A_RESULT_CONTENT),
+              description="A string, or text and image blocks."),
         _part("is_error", "boolean", "An error result reaches the model as 'Error: ...'."),
         _CACHE_CONTROL)),
     "thinking": _part("", "object", nullable=False, properties=(
@@ -512,10 +556,10 @@ ANTHROPIC_BLOCKS: Final = {
         _part("signature", "string", "Not checked."))),
     "redacted_thinking": _part("", "object", nullable=False, properties=(
         _block_type("redacted_thinking"), _part("data", "string"))),
+    "image": _A_IMAGE_BLOCK,
 }  # fmt: skip
 #: Content blocks this server cannot take yet, and what they are.
 ANTHROPIC_REFUSED_BLOCKS: Final = {
-    "image": "image input",
     "document": "document input",
     "search_result": "search results",
     "server_tool_use": "server tools",
@@ -536,7 +580,7 @@ _A_CONTENT: Schema = {
         },
     ],
     "description": "A text, or content blocks (text, tool_use, tool_result, thinking, "
-    "redacted_thinking; image blocks are refused).",
+    "redacted_thinking, and a user turn's image blocks for a model that takes them).",
 }
 #: One message of ``messages``: its role, and its content (a string or ``ANTHROPIC_BLOCKS``,
 #: the endpoint's to tell apart).

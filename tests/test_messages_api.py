@@ -211,7 +211,13 @@ def test_output_config_format_is_a_json_schema_and_sampling_is_taken() -> None:
 def test_what_cannot_be_taken_is_a_400_naming_it() -> None:
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
     error = refusal(messages=[{"role": "user", "content": [{"type": "text", "text": "x"}, image]}])
-    assert error.param == "messages[0].content[1].type" and "image" in error.message
+    assert error.param == "messages[0].content[1].source.data" and "image" in error.message
+    image["source"] = {"type": "url", "url": "https://example.com/a.png"}
+    error = refusal(messages=[{"role": "user", "content": [image]}])
+    assert error.param == "messages[0].content[0].source.type" and "not fetched" in error.message
+    document = {"type": "document", "source": {"type": "text", "data": "x"}}
+    error = refusal(messages=[{"role": "user", "content": [document]}])
+    assert error.param == "messages[0].content[0].type" and "document" in error.message
     assert refusal(messages=HELLO, max_tokens=0).param == "max_tokens"
     assert refusal(messages=HELLO, temperature=1.5).param == "temperature"
     assert refusal(messages=HELLO, mcp_servers=[{"url": "x"}]).param == "mcp_servers"

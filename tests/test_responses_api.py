@@ -262,6 +262,12 @@ def test_refusals_name_the_field(body: dict[str, Any], param: str, code: str) ->
     ("item", "param"),
     [
         ({"role": "user", "content": [{"type": "input_image", "image_url": "x"}]},
+         "input[0].content[0].image_url"),
+        ({"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]},
+         "input[0].content[0].file_id"),
+        ({"role": "user", "content": [{"type": "input_image", "detail": "low"}]},
+         "input[0].content[0].image_url"),
+        ({"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]},
          "input[0].content[0].type"),
         ({"type": "item_reference", "id": "msg_1"}, "input[0].type"),
         ({"type": "web_search_call", "id": "ws_1"}, "input[0].type"),

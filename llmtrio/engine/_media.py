@@ -92,7 +92,8 @@ class Image:
                     pixels = rgb.tobytes()
         except Exception as exc:  # Pillow's decoders raise more than OSError
             raise InvalidRequestError(
-                f"the image could not be decoded ({_reason(exc)})", param=self.param
+                f"the image at '{self.param}' could not be decoded ({_reason(exc)})",
+                param=self.param,
             ) from None
         return pixels
 

@@ -25,6 +25,7 @@ from ..engine import (
     Engine,
     Generation,
     PromptTooLongError,
+    RequestError,
     StopReason,
     Timings,
 )
@@ -202,10 +203,16 @@ class _ResponsesInputTokens:
 
 @contextmanager
 def _naming_input() -> Iterator[None]:
-    """A prompt too long for the context, told as the Responses API names it (``input``)."""
+    """A prompt too long for the context (or the engine's other refusals of the messages:
+    too many images, an image to a model without a projector), told as the Responses API
+    names it (``input``)."""
     try:
         yield
     except PromptTooLongError as exc:
+        raise naming_input(from_engine_error(exc)) from None
+    except RequestError as exc:
+        if exc.param != "messages":
+            raise
         raise naming_input(from_engine_error(exc)) from None
 
 

@@ -41,4 +41,5 @@ def image_from_bytes(data: bytes, param: str, limits: RequestLimits) -> Image:
 
 
 def _refusal(exc: InvalidRequestError) -> OpenAIError:
-    return invalid_request(str(exc), param=exc.param, code="invalid_value")
+    # The message names the part too: Anthropic's error shape has no ``param``.
+    return invalid_request(f"Invalid '{exc.param}': {exc}", param=exc.param, code="invalid_value")

@@ -8,6 +8,10 @@ becomes chat messages for the model's template, as chat completions' do:
 - ``system`` (a string or text blocks, joined by newlines) is the first, system, message;
 - a user turn's ``tool_result`` blocks become ``tool`` messages, in order, before the text
   of the turn (an error result reads ``Error: ...``); its text blocks are joined by newlines;
+- an ``image`` block (in a user turn, or in a tool result's content) with a ``base64``
+  source is a media marker where it stands in the text and an image of the message (see
+  ``worker._images``); a ``url`` or ``file`` source is a 400 naming it (remote URLs are not
+  fetched);
 - an assistant turn's text blocks are its content and its ``tool_use`` blocks its calls;
   ``thinking`` and ``redacted_thinking`` blocks from earlier turns are accepted and not
   replayed (templates drop earlier reasoning; their ``signature`` is not checked);
@@ -20,6 +24,8 @@ Anthropic's error shape by the route (``llmtrio._routes.error_family``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 from typing import Any
@@ -30,6 +36,7 @@ from .._fields import (
     ANTHROPIC_BLOCKS,
     ANTHROPIC_MESSAGE,
     ANTHROPIC_REFUSED_BLOCKS,
+    ANTHROPIC_RESULT_BLOCKS,
     ANTHROPIC_TEXT_BLOCKS,
     ANTHROPIC_TOOL,
     MESSAGES_API,
@@ -43,8 +50,18 @@ from .._fields import (
     show,
 )
 from .._openai_errors import invalid_request
-from ..engine import ChatMessage, GenerateRequest, InvalidRequestError, Sampling, Tool, ToolCall
+from ..engine import (
+    MEDIA_MARKER,
+    ChatMessage,
+    GenerateRequest,
+    Image,
+    InvalidRequestError,
+    Sampling,
+    Tool,
+    ToolCall,
+)
 from ._features import ToolChoice
+from ._images import image_from_bytes
 from ._reasoning import ADAPTIVE_EFFORT, Reasoning, for_effort
 from ._requests import json_body, parse_max_tokens, reject_refused
 from ._responses import from_engine_error
@@ -82,7 +99,9 @@ def parse_messages_request(
     ``output_config`` (``effort``, ``format``), and llama.cpp's ``ignore_eos``.
     ``metadata``, ``cache_control``, ``service_tier``, ``speed``, ``container``,
     ``inference_geo``, ``diagnostics`` and ``context_management`` are accepted and
-    ignored; ``mcp_servers`` and image, document and server-tool blocks are 400s naming them.
+    ignored; ``image`` blocks with a ``base64`` source are taken by a model with a vision
+    projector; ``mcp_servers``, image ``url``/``file`` sources, document and server-tool
+    blocks are 400s naming them.
 
     Reasoning: ``thinking.type`` ``enabled`` turns thinking on within ``budget_tokens``
     (Anthropic's bounds, at least 1024 and below ``max_tokens``, are not enforced: a local
@@ -186,7 +205,8 @@ def _refuse_block(block: object, where: str, allowed: tuple[str, ...]) -> str:
     )
 
 
-_USER_BLOCKS = ("text", "tool_result")
+_USER_BLOCKS = ("text", "image", "tool_result")
+_RESULT_BLOCKS = ("text", "image")
 _ASSISTANT_BLOCKS = ("text", "tool_use", "thinking", "redacted_thinking")
 
 
@@ -220,6 +240,7 @@ def _messages(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> lis
 def _user_blocks(blocks: list[Any], where: str, limits: RequestLimits) -> list[ChatMessage]:
     results: list[ChatMessage] = []
     texts: list[str] = []
+    images: list[Image] = []
     for i, block in enumerate(blocks):
         at = f"{where}[{i}]"
         kind = _refuse_block(block, at, _USER_BLOCKS)
@@ -227,14 +248,75 @@ def _user_blocks(blocks: list[Any], where: str, limits: RequestLimits) -> list[C
         if kind == "text":
             texts.append(block["text"])
             continue
-        result = block.get("content")
-        text = "" if result is None else _text_or_blocks(result, f"{at}.content", limits)
-        if block.get("is_error"):
-            text = f"Error: {text}" if text else "Error"
-        results.append(ChatMessage("tool", text, tool_call_id=block["tool_use_id"]))
+        if kind == "image":
+            images.append(_image(block, at, limits))
+            texts.append(MEDIA_MARKER)
+            continue
+        results.append(_tool_result(block, at, limits))
     if texts or not results:
-        results.append(ChatMessage("user", _SEPARATOR.join(texts)))
+        results.append(ChatMessage("user", _SEPARATOR.join(texts), images=images))
     return results
+
+
+def _tool_result(block: dict[str, Any], where: str, limits: RequestLimits) -> ChatMessage:
+    """A ``tool_result`` block as a ``tool`` message: its content a string, or text and
+    image blocks (each image a media marker where it stands)."""
+    result = block.get("content")
+    images: list[Image] = []
+    if result is None:
+        text = ""
+    elif isinstance(result, list):
+        texts = []
+        for i, item in enumerate(result):
+            at = f"{where}.content[{i}]"
+            kind = _refuse_block(item, at, _RESULT_BLOCKS)
+            check(ANTHROPIC_RESULT_BLOCKS[kind], item, limits, at)
+            if kind == "image":
+                images.append(_image(item, at, limits))
+                texts.append(MEDIA_MARKER)
+            else:
+                texts.append(item["text"])
+        text = _SEPARATOR.join(texts)
+    else:
+        text = _text_or_blocks(result, f"{where}.content", limits)
+    if block.get("is_error"):
+        text = f"Error: {text}" if text else "Error"
+    return ChatMessage("tool", text, tool_call_id=block["tool_use_id"], images=images)
+
+
+def _image(block: dict[str, Any], where: str, limits: RequestLimits) -> Image:
+    """An ``image`` block (checked against the table): its ``base64`` source's bytes, their
+    header read and checked (``worker._images``); the declared ``media_type`` must be an image
+    type, the bytes decide which.
+
+    Error handling: :class:`OpenAIError` (400) naming the source's field: a ``url`` or
+    ``file`` source, a missing ``media_type`` or ``data``, bad base64, bytes that are no
+    image."""
+    source = block["source"]
+    at = f"{where}.source"
+    kind = source["type"]
+    if kind == "url":
+        raise invalid_request(
+            f"Unsupported image source at '{at}': image URLs are not fetched by this server; "
+            "send the image as a 'base64' source.",
+            param=f"{at}.type",
+            code="unsupported_parameter",
+        )
+    if kind == "file":
+        raise invalid_request(
+            f"Unsupported image source at '{at}': 'file' sources refer to stored files, and "
+            "nothing is stored here; send the image as a 'base64' source.",
+            param=f"{at}.type",
+            code="unsupported_parameter",
+        )
+    for name in ("media_type", "data"):
+        if source.get(name) is None:
+            raise missing(f"{at}.{name}", " (a 'base64' source has both)")
+    try:
+        data = base64.b64decode(source["data"], validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid_value(f"{at}.data", "not valid base64.") from None
+    return image_from_bytes(data, f"{at}.data", limits)
 
 
 def _assistant_blocks(blocks: list[Any], where: str, limits: RequestLimits) -> ChatMessage:

@@ -16,13 +16,14 @@ Stateless: nothing is stored, so what refers to a stored response (``previous_re
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
 from .._fields import (
     RESPONSES,
     RESPONSES_FORMAT,
+    RESPONSES_IMAGE_PART,
     RESPONSES_TOOL,
     RequestLimits,
     check,
@@ -36,14 +37,17 @@ from .._fields import (
 from .._openai_errors import OpenAIError, invalid_request
 from ..engine import (
     JSON_OBJECT_GRAMMAR,
+    MEDIA_MARKER,
     ChatMessage,
     GenerateRequest,
+    Image,
     InvalidRequestError,
     Sampling,
     Tool,
     ToolCall,
 )
 from ._features import ToolChoice
+from ._images import image_from_part
 from ._reasoning import Reasoning, for_effort
 from ._requests import json_body, reject_refused
 from ._responses import from_engine_error
@@ -104,6 +108,8 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
 
     Honoured: ``input`` (a string, or items: messages of role ``user``, ``system``,
     ``developer`` or ``assistant`` with a string or ``input_text``/``output_text`` parts,
+    a user message's ``input_image`` parts with a ``data:`` URI for a model with a vision
+    projector (``detail`` accepted; a ``file_id`` is a 400 naming it),
     ``function_call`` and ``function_call_output`` items; ``reasoning`` items are ignored, as
     templates drop earlier turns' reasoning), ``instructions`` (a system message first),
     ``tools`` (``function`` ones), ``tool_choice``, ``parallel_tool_calls``,
@@ -114,7 +120,7 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     ``worker._reasoning``). A forced tool call or a JSON format turns thinking off: the grammar
     holds from the first token. Refused with a 400 naming them: ``previous_response_id``,
     ``conversation``, ``background: true``, ``background_options``, ``prompt``, ``image``,
-    image, file and audio parts. The other fields of the table are accepted and ignored.
+    file and audio parts. The other fields of the table are accepted and ignored.
 
     Error handling: raises :class:`OpenAIError`, 400 naming the offending field in ``param``.
     """
@@ -229,7 +235,7 @@ def _parse_input(data: dict[str, Any], limits: RequestLimits) -> list[ChatMessag
             raise invalid_type(where, "an object", item)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            _add_message(messages, item, where)
+            _add_message(messages, item, where, limits)
         elif kind == "function_call":
             _add_call(messages, item, where)
         elif kind == "function_call_output":
@@ -253,7 +259,9 @@ def _parse_input(data: dict[str, Any], limits: RequestLimits) -> list[ChatMessag
     return messages
 
 
-def _add_message(messages: list[ChatMessage], item: dict[str, Any], where: str) -> None:
+def _add_message(
+    messages: list[ChatMessage], item: dict[str, Any], where: str, limits: RequestLimits
+) -> None:
     role = item.get("role")
     if role is None:
         raise missing(f"{where}.role")
@@ -262,7 +270,12 @@ def _add_message(messages: list[ChatMessage], item: dict[str, Any], where: str) 
             f"{where}.role",
             f"{show(role)}. Supported values are: 'user', 'system', 'developer' and 'assistant'.",
         )
-    content = _text(item.get("content"), f"{where}.content")
+    value = item.get("content")
+    if role == "user" and _has_images(value):
+        content, images = _image_content(value, f"{where}.content", limits)
+        messages.append(ChatMessage("user", content, images=images))
+        return
+    content = _text(value, f"{where}.content")
     if role == "assistant" and messages and _open_assistant(messages[-1]):
         last = messages[-1]
         messages[-1] = attrs.evolve(last, content=_join(last.content, content))
@@ -285,6 +298,42 @@ def _add_call(messages: list[ChatMessage], item: dict[str, Any], where: str) -> 
         messages[-1] = attrs.evolve(last, tool_calls=(*last.tool_calls, call))
     else:
         messages.append(ChatMessage("assistant", "", tool_calls=[call]))
+
+
+def _has_images(value: object) -> TypeGuard[list[Any]]:
+    return isinstance(value, list) and any(
+        isinstance(part, dict) and part.get("type") == "input_image" for part in value
+    )
+
+
+def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple[str, list[Image]]:
+    """A user message's parts with ``input_image`` parts (``RESPONSES_IMAGE_PART``): each
+    image a media marker in the text (parts joined by newlines) and an :class:`Image`, its
+    header read and checked (``worker._images``).
+
+    Error handling: :class:`OpenAIError` (400) naming the part: a ``file_id``, no
+    ``image_url``, a URL that is not a ``data:`` URI, bytes that are not an image."""
+    texts: list[str] = []
+    images: list[Image] = []
+    for i, part in enumerate(value):
+        at = f"{where}[{i}]"
+        if not (isinstance(part, dict) and part.get("type") == "input_image"):
+            texts.append(_text_part(part, at))
+            continue
+        checked = check(RESPONSES_IMAGE_PART, part, limits, at)
+        if checked.get("file_id") is not None:
+            raise invalid_request(
+                f"Unsupported parameter: '{at}.file_id': file ids refer to stored files, and "
+                "nothing is stored here; send the image as a data: URI in 'image_url'.",
+                param=f"{at}.file_id",
+                code="unsupported_parameter",
+            )
+        url = checked.get("image_url")
+        if url is None:
+            raise missing(f"{at}.image_url")
+        images.append(image_from_part(url, f"{at}.image_url", limits))
+        texts.append(MEDIA_MARKER)
+    return _PART_SEPARATOR.join(texts), images
 
 
 def _open_assistant(message: ChatMessage) -> bool:
@@ -313,27 +362,27 @@ def _text(value: object, where: str) -> str:
         raise missing(where)
     if not isinstance(value, list):
         raise invalid_type(where, "a string or an array of text parts", value)
-    texts = []
-    for j, part in enumerate(value):
-        at = f"{where}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_type(at, "an object", part)
-        kind = part.get("type")
-        if kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(checked_text(part["refusal"], f"{at}.refusal"))
-            continue
-        if kind not in _TEXT_PARTS:
-            raise invalid_request(
-                f"Invalid value for '{at}.type': {show(kind)}. This server accepts text parts "
-                "only ('input_text', 'output_text').",
-                param=f"{at}.type",
-                code="invalid_value",
-            )
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise invalid_type(f"{at}.text", "a string", text)
-        texts.append(checked_text(text, f"{at}.text"))
-    return _PART_SEPARATOR.join(texts)
+    return _PART_SEPARATOR.join(_text_part(part, f"{where}[{j}]") for j, part in enumerate(value))
+
+
+def _text_part(part: object, at: str) -> str:
+    """One text part (``input_text``, ``output_text`` or ``refusal``): its text."""
+    if not isinstance(part, dict):
+        raise invalid_type(at, "an object", part)
+    kind = part.get("type")
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return checked_text(part["refusal"], f"{at}.refusal")
+    if kind not in _TEXT_PARTS:
+        raise invalid_request(
+            f"Invalid value for '{at}.type': {show(kind)}. This server accepts text parts "
+            "('input_text', 'output_text'), and image parts ('input_image') in user messages.",
+            param=f"{at}.type",
+            code="invalid_value",
+        )
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise invalid_type(f"{at}.text", "a string", text)
+    return checked_text(text, f"{at}.text")
 
 
 # -- tools, format, reasoning ------------------------------------------------------------------

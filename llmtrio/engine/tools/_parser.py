@@ -102,11 +102,13 @@ def describe_tools(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> li
         elif message.role == "tool":
             text = f"<tool_response>\n{message.content}\n</tool_response>"
             if out and out[-1].role == "user" and out[-1].content.startswith("<tool_response>"):
-                out[-1] = ChatMessage("user", out[-1].content + "\n" + text)
+                last = out[-1]
+                images = (*last.images, *message.images)
+                out[-1] = ChatMessage("user", last.content + "\n" + text, images=images)
             else:
-                out.append(ChatMessage("user", text))
-        else:
-            out.append(ChatMessage(message.role, message.content))
+                out.append(ChatMessage("user", text, images=message.images))
+        else:  # a result's or a user's images stay where their markers are
+            out.append(ChatMessage(message.role, message.content, images=message.images))
     return out
 
 
