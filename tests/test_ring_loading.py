@@ -6,9 +6,15 @@ until that load ends. The core's tests use no trio, no sockets and no model.
 
 from __future__ import annotations
 
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmtrio._routes import CHAT_PATH
 from llmtrio.ring import (
     Attach,
     Claim,
@@ -21,7 +27,10 @@ from llmtrio.ring import (
     encode,
 )
 
-from ._helpers import HEAD
+from ._helpers import HEAD, wait_until
+from ._procs import Ring
+from .test_models_on_demand import QWEN35, chat
+from .test_multi_model import wait_models
 from .test_ring_protocol import decode_all, frame
 from .test_ring_routing import assigned, park
 
@@ -210,3 +219,46 @@ def test_one_link_per_model_loads_and_nothing_is_lost(events: list[tuple[str, ..
                 assert not (waiting & set(active)) and (active or not waiting), (parked, waiting)
     for stream_id in keys:
         assert stream_id in ended or core.state(stream_id) is not None
+
+
+def test_sixteen_first_requests_load_the_model_once_across_two_workers(
+    tmp_path: Path, gemma_path: Path
+) -> None:
+    """Real processes: two ``llmtrio worker``s list the same unloaded model, one ingress; 16
+    concurrent first requests cause one load, on the worker with the larger budget free."""
+    models = tmp_path / "models.toml"
+    models.write_text(
+        f'[models.qwen]\nsource = "{QWEN35}"\nthreads = 1\nmax_inflight = 2\nctx_size = 256\n'
+    )
+    with Ring.opened(tmp_path, gemma_path) as ring:
+        ingress = ring.ingress("ingress")
+        workers = {
+            worker: ring.spawn(
+                worker,
+                "worker",
+                f"--ingress-url={ingress.control}",
+                f"--tls-cert={ring.certificate(worker)}",
+                f"--ca={tmp_path / 'ingress-ca.pem'}",
+                f"--models-file={models}",
+                f"--memory-budget={budget}",
+                "--threads=1",
+            )
+            for worker, budget in (("w-small", 1500), ("w-big", 3000))
+        }
+        with httpx.Client(base_url=ingress.url, timeout=120) as client:
+            wait_models(client, {"qwen": 2})
+            wait_until(
+                lambda: all(w["capacity"] is not None for w in ingress.workers()),
+                lambda: f"both workers beat: {ingress.workers()}",
+            )
+            with ThreadPoolExecutor(16) as pool:
+                answers = list(
+                    pool.map(lambda _: client.post(CHAT_PATH, json=chat("qwen")), range(16))
+                )
+        assert [answer.status_code for answer in answers] == [200] * 16, answers[0].text
+        served = {answer.headers["x-llmtrio-worker"].split("#")[0] for answer in answers}
+        assert served == {"w-big"}
+        loads = {
+            name: len(re.findall(r"loading qwen", proc.text())) for name, proc in workers.items()
+        }
+        assert loads == {"w-small": 0, "w-big": 1}
