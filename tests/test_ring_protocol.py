@@ -56,6 +56,8 @@ EVERY_MESSAGE: list[Message] = [
     Heartbeat(2, 4, 2, 2, spec_drafted=800, spec_accepted=600),
     Heartbeat(0, 2, 2, model_state="unloaded"),
     Heartbeat(1, 2, 1, 1, model_state="loaded"),
+    Heartbeat(0, 2, 2, model_state="unloaded", free_bytes=3 << 30),
+    Heartbeat(0, 2, 2, model_state="unloaded", free_bytes=-1),
     Claim(1),
     Claim(7),
     Withdraw(3),

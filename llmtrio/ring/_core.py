@@ -13,7 +13,9 @@ A stream's states and the legal transitions are drawn and tabled in ``_states``
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, TypeAlias
 
 import attrs
@@ -100,6 +102,14 @@ class RingCore:
     unless it has already been assigned ``max_assignments`` times (a request that kills
     every worker it reaches must not kill them all): then it fails, as do the streams that
     were already responding. ``max_assignments=1`` turns requeueing off.
+
+    One load at a time (models on demand): a link whose last heartbeat states its model
+    ``unloaded`` and which holds none of its streams is *cold* for that model. While some
+    other link listing the model is not cold (loaded, loading, or asked to load: it holds one
+    of its streams), the cold links' claims for it are held; while every link listing it is
+    cold, only the claimant stating the most ``free_bytes`` (ties: by turn) is assigned one,
+    which asks it to load the model, and the streams after it join that load. When the load
+    ends (loaded, or failed and answered) the held claims are weighed again.
 
     Every method either raises (``RingFullError``, ``ProtocolError``) and changes nothing, or
     applies the event and returns the effects the caller must deliver, in order.
@@ -269,8 +279,7 @@ class RingCore:
         """
         match message:
             case Heartbeat():
-                self.heartbeat(worker_id, message)
-                return []
+                return self.heartbeat(worker_id, message)
             case Claim():
                 return self.claim(worker_id, message)
             case ResponseHead() | ResponseData() | ResponseEnd() | ResponseError():
@@ -284,11 +293,15 @@ class RingCore:
                     f"a worker may not send {type(message).__name__} after attaching", message
                 )
 
-    def heartbeat(self, worker_id: str, message: Heartbeat, at: float | None = None) -> None:
-        """Store the worker's reported capacity and when it came (shown by ``stats``)."""
+    def heartbeat(
+        self, worker_id: str, message: Heartbeat, at: float | None = None
+    ) -> list[Effect]:
+        """Store the worker's reported capacity and when it came (shown by ``stats``);
+        returns the ``Assign`` effects of claims its model's new state frees (see the class)."""
         worker = self._worker(worker_id, message)
         worker.capacity = message
         worker.last_heartbeat = at
+        return self._reoffer(worker.models)
 
     def claim(self, worker_id: str, message: Claim) -> list[Effect]:
         """The worker has ``message.count`` more free slots (for ``message.model``, or for any
@@ -319,7 +332,12 @@ class RingCore:
         effects: list[Effect] = []
         # Nobody else waits for these keys while streams are parked under them (streams go
         # to a waiting claimant at once), so the new claims take the oldest parked at once.
-        keys = self._routes.keys_for(worker, model)
+        self._routes.relist(worker, back=False)
+        keys = tuple(
+            key
+            for key in self._routes.keys_for(worker, model)
+            if not self._cold(worker, key) or self._claimant(key) == worker_id
+        )
         for _ in range(message.count):
             stream_id = self._routes.take_oldest(keys)
             if stream_id is None:
@@ -372,12 +390,15 @@ class RingCore:
         stream = self._held(worker_id, message.stream_id, message)
         cancelled = stream.state is StreamState.CANCELLED
         new = self._transition(stream, message)
+        reoffered: list[Effect] = []
         if new in (StreamState.ENDED, StreamState.FAILED):
             self._forget(stream)
+            if self._routes.parked(stream.key):  # a failed load's claims may be weighed again
+                reoffered = self._reoffer((stream.key,))
         elif new is not stream.state:
             self._set_state(stream, new)
             stream.body = b""  # no requeue once responding
-        return [] if cancelled else [ToClient(message.stream_id, message)]
+        return ([] if cancelled else [ToClient(message.stream_id, message)]) + reoffered
 
     def detach(self, worker_id: str, reason: str = "") -> list[Effect]:
         """The worker left or died. Returns what must happen to the streams it held.
@@ -414,7 +435,7 @@ class RingCore:
                 effects.append(ToClient(stream_id, ResponseError(stream_id, text)))
         worker.held.clear()
         effects += self._offer(requeued, fresh=False)
-        return effects
+        return effects + self._reoffer(worker.models)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -485,9 +506,45 @@ class RingCore:
         key, or queue it: fresh ones at the back, requeued ones before every fresh one."""
         effects: list[Effect] = []
         for stream in sorted(streams, key=lambda stream: stream.stream_id):
-            worker_id = self._routes.claimant(stream.key)
+            worker_id = self._claimant(stream.key)
             if worker_id is not None:
                 effects.append(self._assign(stream, self._workers[worker_id]))
             else:
                 self._routes.enqueue(stream.stream_id, stream.key, fresh=fresh)
+        return effects
+
+    def _cold(self, worker: Worker, key: str) -> bool:
+        """Whether ``worker`` states ``key`` unloaded and holds none of its streams."""
+        beat = worker.capacity
+        if not key or key not in worker.models or beat is None or beat.model_state != "unloaded":
+            return False
+        return not any(self._streams[stream_id].key == key for stream_id in worker.held)
+
+    def _claimant(self, key: str) -> str | None:
+        """The claimant a stream of ``key`` goes to now (see the class), if any."""
+        listing = [worker for worker in self._workers.values() if key in worker.models]
+        cold = {worker.worker_id for worker in listing if self._cold(worker, key)}
+        if not cold:
+            return self._routes.claimant(key)
+        warm = len(cold) < len(listing)
+
+        def rank(worker_id: str) -> float | None:
+            if worker_id not in cold:
+                return -math.inf
+            if warm:
+                return None
+            beat = self._workers[worker_id].capacity
+            free = beat.free_bytes if beat is not None else 0
+            return -math.inf if free < 0 else -free  # -1: no bound
+
+        return self._routes.claimant(key, rank)
+
+    def _reoffer(self, keys: Iterable[str]) -> list[Effect]:
+        """Assign the streams parked under ``keys`` that a held claim may now take."""
+        effects: list[Effect] = []
+        for key in keys:
+            while self._routes.parked(key) and (worker_id := self._claimant(key)) is not None:
+                stream_id = self._routes.take_oldest((key,))
+                assert stream_id is not None
+                effects.append(self._assign(self._streams[stream_id], self._workers[worker_id]))
         return effects

@@ -69,6 +69,7 @@ _OPTIONAL_BEAT_FIELDS: Final = (
     "spec_accepted",
     "model_bytes",
     "unload_in_s",
+    "free_bytes",
 )
 
 _OUTCOME_FIELDS: Final = tuple(field.name for field in attrs.fields(Outcome))

@@ -206,6 +206,10 @@ class Heartbeat:
     unload_in_s: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(-1))
     """Seconds until the idle loaded model unloads: -1 never (pinned), 0 not stated (busy,
     or not loaded on demand; optional on the wire)."""
+    free_bytes: int = attrs.field(default=0, kw_only=True, validator=_int_at_least(-1))
+    """The worker's memory budget still free for a load without evicting: -1 no bound, 0 not
+    stated or none free (optional on the wire). Of the links whose model is ``unloaded``, the
+    ring has the one stating the most load it (see ``RingCore``)."""
 
 
 @attrs.frozen

@@ -217,7 +217,7 @@ class Router:
                     self._gone[name] = (model.kind, now)
 
     def heartbeat(self, worker_id: str, beat: Heartbeat) -> None:
-        self._core.heartbeat(worker_id, beat, at=trio.current_time())
+        self._apply(self._core.heartbeat(worker_id, beat, at=trio.current_time()))
 
     def withdraw(self, worker_id: str, count: int, model: str | None) -> int:
         """Take back up to ``count`` unfilled claims; returns how many were still unfilled."""

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._messages import Heartbeat
 
 __all__ = ["ANY_LINE", "ANY_MODEL", "Queue", "Routes", "Worker"]
@@ -144,16 +146,23 @@ class Routes:
             return (*worker.models, "")
         return tuple(self._queues)
 
-    def claimant(self, key: str) -> str | None:
-        """The worker whose turn it is among those with a claim a stream of ``key`` fills."""
+    def claimant(self, key: str, rank: Callable[[str], float | None] | None = None) -> str | None:
+        """The worker whose turn it is among those with a claim a stream of ``key`` fills;
+        with ``rank``, the one of the lowest rank (``None``: passed over), then by turn."""
         lines = (self._lines.get(key), self._lines.get(ANY_LINE)) if key else self._lines.values()
-        first: tuple[int, str] | None = None
+        first: tuple[float, int, str] | None = None
         for line in lines:
-            if line:
-                worker_id, turn = next(iter(line.items()))
-                if first is None or turn < first[0]:
-                    first = (turn, worker_id)
-        return None if first is None else first[1]
+            for worker_id, turn in line.items() if line else ():
+                order = 0.0 if rank is None else rank(worker_id)
+                if order is not None and (first is None or (order, turn) < first[:2]):
+                    first = (order, turn, worker_id)
+                if rank is None:
+                    break  # a line is in turn order: its first is its best
+        return None if first is None else first[2]
+
+    def parked(self, key: str) -> bool:
+        """Whether a stream is parked under ``key``."""
+        return key in self._queues
 
     def relist(self, worker: Worker, *, back: bool) -> None:
         """Put ``worker`` in the lines its claims now stand in (``back``: at their backs,

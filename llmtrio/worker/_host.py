@@ -284,6 +284,12 @@ class ModelHost:
     def reserved_bytes(self) -> int:
         return self._policy.reserved
 
+    def free_bytes(self) -> int:
+        """The memory budget a load could still have without evicting: -1 without a bound
+        (a heartbeat's ``free_bytes``: the ring asks the worker stating the most to load)."""
+        free = self._policy.free
+        return -1 if free is None else free
+
     def _kick(self) -> None:
         self._wake.set()
 
@@ -466,7 +472,13 @@ async def serve_hosted_link(
         if engine is None:
             state = "loading" if host.state(name) == "loading" else "unloaded"
             link.heartbeat(
-                Heartbeat(waiting, slots.value + waiting, slots.value, model_state=state)
+                Heartbeat(
+                    waiting,
+                    slots.value + waiting,
+                    slots.value,
+                    model_state=state,
+                    free_bytes=host.free_bytes(),
+                )
             )
             return
         capacity = engine.capacity()
@@ -481,6 +493,7 @@ async def serve_hosted_link(
                 model_state="loaded",
                 model_bytes=host.models[name].cost.total,
                 unload_in_s=host.unload_in(name),
+                free_bytes=host.free_bytes(),
             )
         )
 
