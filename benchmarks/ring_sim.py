@@ -67,6 +67,7 @@ class FakeGeneration:
     as it produces them, ``ended`` once the last is out, ``drain()`` for what is unread."""
 
     ended: trio.Event = attrs.field(factory=trio.Event)
+    prompt_tokens: int | None = None  # the worker's encoders read it once the work starts
     _send: trio.MemorySendChannel[object] = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel[object] = attrs.field(init=False)
 
