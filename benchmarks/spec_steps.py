@@ -5,7 +5,13 @@ shared one) slows both sides alike. Prints, per workload and concurrency, each s
 tokens per second of its own step time, the ratio, and how many tokens the budget drafted.
 
     .venv/bin/python benchmarks/spec_steps.py [--workloads chat rewrite] [--concurrency 1 8]
-        [--max-tokens 96] [--threads 2] [--kv-unified] [--spec-pool ENTRIES]
+        [--max-tokens 96] [--threads 2] [--kv-unified] [--spec-pool ENTRIES] [--ungated]
+        [--rounds 1]
+
+``--ungated`` adds a third core, speculation on without its draft gate (every plan the
+budget chooses carried out: the default before issue 36), and ``--rounds`` repeats each
+workload and concurrency with new requests (the cores, their measured step costs and
+their gates, carry on from round to round as a server's would).
 
 Greedy, end of generation suppressed, 8 slots x 1024 tokens (per slot, or one pool with
 ``--kv-unified``); prompts as ``spec_compare.py`` words them, each led by a number unique
@@ -43,6 +49,7 @@ from llmtrio.engine.generate._core import EngineCore
 from llmtrio.engine.generate._request_grammar import request_grammar
 from llmtrio.engine.generate._step import CoreRequest
 from llmtrio.engine.llama import LlamaModel
+from llmtrio.engine.spec import plan_drafts
 
 SLOTS = 8
 CTX = 1024
@@ -79,10 +86,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--first-text", type=int, default=0, help="the texts a batch asks start at this one"
     )
+    parser.add_argument("--ungated", action="store_true", help="add spec without the gate")
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args(argv)
     path = args.model or demo_model_path()
     sides = {}
-    for name, spec in (("spec", "ngram"), ("no-spec", None)):
+    kinds: list[tuple[str, str | None]] = [("spec", "ngram"), ("no-spec", None)]
+    if args.ungated:
+        kinds.append(("ungated", "ngram"))
+    for name, spec in kinds:
         model = LlamaModel(
             path,
             slots=SLOTS,
@@ -102,18 +114,25 @@ def main(argv: Sequence[str] | None = None) -> None:
             kv_unified=args.kv_unified,
         )
         stats = EngineStats()
-        sides[name] = (model, EngineCore(model, config, stats), stats)
+        # Speculation without the gate: the budget's plans carried out as chosen.
+        plan = plan_drafts if name == "ungated" else None
+        sides[name] = (model, EngineCore(model, config, stats, plan=plan), stats)
     layout = "one pool" if args.kv_unified else "per slot"
     print(f"{path.name}, {SLOTS} slots x {CTX} ({layout}), {args.threads} threads, greedy")
     key = 0
     try:
         for workload in args.workloads:
-            for n in args.concurrency:
+            for n, _ in [(n, r) for n in args.concurrency for r in range(args.rounds)]:
                 spent = dict.fromkeys(sides, 0.0)
                 cpu = dict.fromkeys(sides, 0.0)
                 tokens = dict.fromkeys(sides, 0)
                 before = {
-                    k: (s.spec_draft_tokens, s.spec_accepted_tokens, s.spec_steps)
+                    k: (
+                        s.spec_draft_tokens,
+                        s.spec_accepted_tokens,
+                        s.spec_steps,
+                        s.spec_held_steps,
+                    )
                     for k, (*_, s) in sides.items()
                 }
                 for model, core, _ in sides.values():
@@ -159,15 +178,25 @@ def main(argv: Sequence[str] | None = None) -> None:
                 drafted = stats.spec_draft_tokens - before["spec"][0]
                 accepted = stats.spec_accepted_tokens - before["spec"][1]
                 drafts = stats.spec_steps - before["spec"][2]
+                held = stats.spec_held_steps - before["spec"][3]
                 acceptance = f"{accepted / drafted:.2f}" if drafted else "-"
                 length = f"{accepted / drafts:.1f}" if drafts else "-"
+                ungated = ""
+                if "ungated" in sides:
+                    ungated_stats = sides["ungated"][2]
+                    ungated = (
+                        f"  ungated {rate['ungated']:7.1f} tok/s"
+                        f" x{rate['ungated'] / rate['no-spec']:.2f}"
+                        f" drafted {ungated_stats.spec_draft_tokens - before['ungated'][0]:5d}"
+                    )
                 print(
                     f"{workload:8} N={n:<2} spec {rate['spec']:7.1f} tok/s  "
                     f"no-spec {rate['no-spec']:7.1f} tok/s  "
                     f"spec/no-spec x{rate['spec'] / rate['no-spec']:.2f}"
                     f" (CPU x{per_cpu['spec'] / per_cpu['no-spec']:.2f})"
                     f"  drafted {drafted:5d} accepted {acceptance}"
-                    f" mean accepted length {length}"
+                    f" mean accepted length {length} held {held}{ungated}",
+                    flush=True,
                 )
     finally:
         for model, _, _ in sides.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from llmtrio.engine.generate._step import CoreRequest, StepOutput
 from llmtrio.engine.llama import Batch, LlamaModel
 from llmtrio.engine.spec import Candidate
 
-from ._core_helpers import core_request, run_core
+from ._core_helpers import RandomDrafter, core_request, open_core, run_core
 from ._helpers import engine_config
 
 
@@ -132,3 +133,37 @@ def test_a_step_without_drafts_decodes_the_batch_no_spec_decodes(qwen35_path: Pa
     assert any(len({row[2] for row in batch}) == 3 for batch in plain_batches)
     assert spec_tokens == plain_tokens
     assert all(len(tokens) == 12 for tokens in plain_tokens.values())
+
+
+def test_a_step_the_draft_gate_holds_proposes_nothing(qwen35_path: Path) -> None:
+    """With the default budget, the draft gate (issue 36) runs a count of sequences' first
+    steps plain, to measure the rate drafts must beat: those steps propose nothing (they
+    cost what ``--no-spec``'s do) and are counted as held; once that many plain steps are
+    measured, the next step proposes."""
+    proposed: list[int] = []
+
+    class Spy(RandomDrafter):
+        def propose(self, limit: int) -> tuple[list[int], int]:
+            proposed.append(steps)
+            return super().propose(limit)
+
+    model = LlamaModel(qwen35_path, slots=2, ctx_size=128, threads=1, n_batch=64, n_rs_seq=3)
+    try:
+        core, stats = open_core(
+            model, spec="ngram", spec_draft_max=3, drafter=lambda _: Spy(model.n_vocab)
+        )
+        gate = core._drafts.gate
+        assert gate is not None
+        core.add(core_request(1, model.tokenize("one two three", add_special=False), 30))
+        steps = 0
+        while not proposed and steps < 20:
+            steps += 1
+            core.step()
+        # Step 1 ingests the prompt (no sequence decoding yet); steps 2 to 1 + least run
+        # plain and propose nothing; the step after proposes.
+        assert proposed == [2 + gate.least]
+        assert stats.spec_held_steps == gate.least
+        plain, _ = gate.rates(1, time.perf_counter())
+        assert plain is not None
+    finally:
+        model.close()

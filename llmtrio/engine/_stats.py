@@ -26,7 +26,9 @@ class EngineStats:
 
     Speculative decoding: ``spec_draft_tokens`` draft tokens were verified, of which
     ``spec_accepted_tokens`` were right (and emitted without a step of their own);
-    ``spec_steps`` sequence-steps carried drafts.
+    ``spec_steps`` sequence-steps carried drafts; ``spec_held_steps`` steps ran without
+    drafts because the draft gate held them (drafting steps had emitted fewer tokens per ms
+    than plain ones, or the plain rate was being measured).
 
     The shared KV pool: ``kv_pool_cells`` cells in all (0 when each slot has its own);
     ``kv_cells_used`` held now by running and idle sequences; ``preemptions`` sequences were
@@ -59,6 +61,7 @@ class EngineStats:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_steps: int = 0
+    spec_held_steps: int = 0
     kv_pool_cells: int = 0
     kv_cells_used: int = 0
     preemptions: int = 0

@@ -201,6 +201,13 @@ class EngineCollector(Collector):
             "Number of draft tokens accepted (emitted without a step of their own).",
             stats.spec_accepted_tokens,
         )
+        yield _Figure(
+            CounterMetricFamily,
+            "llmtrio_spec_held_steps",
+            "Steps run without drafts, held by the draft gate (drafting was not paying, or the "
+            "plain rate was being measured).",
+            stats.spec_held_steps,
+        )
         # The shared KV pool (--kv-unified): sequences swapped out to make room.
         yield _Figure(
             CounterMetricFamily,

@@ -39,7 +39,15 @@ from .._errors import DecodeError
 from .._stats import EngineStats
 from .._types import EngineConfig, StopReason
 from ..llama import Batch, LlamaModel, RawLogprob, verify
-from ..spec import Acceptance, NgramDrafter, NgramPool, PooledDrafter, Shape, plan_drafts
+from ..spec import (
+    Acceptance,
+    DraftGate,
+    NgramDrafter,
+    NgramPool,
+    PooledDrafter,
+    Shape,
+    plan_drafts,
+)
 from ._budget import ThinkBudget, think_markers
 from ._drafting import DraftBudget, cut_anywhere, judge_shadow
 from ._jobs import Drafter, Job, Part, slot_sampler
@@ -59,8 +67,10 @@ class EngineCore:
 
     ``drafter(tokens)`` makes a sequence's drafter from its prompt (prompt lookup by
     default); it is used when ``config.spec`` is on and the memory can take drafts back.
-    ``plan`` decides how many of the drafts offered a step verifies (:func:`plan_drafts`,
-    from measured step costs; tests force drafts with their own).
+    ``plan`` decides how many of the drafts offered a step verifies: by default
+    :func:`plan_drafts` from measured step costs, carried out while steps with drafts emit
+    more tokens per ms than steps without (:class:`DraftGate`); a plan of the caller's own
+    (tests force drafts with one) is carried out as chosen.
 
     Resource handling: a sequence's sampler is freed with its slot; its memory stays for
     the prompt cache (cleared after a failed decode, or when reuse is off). A preempted
@@ -74,7 +84,7 @@ class EngineCore:
         stats: EngineStats,
         *,
         drafter: Callable[[list[int]], Drafter] | None = None,
-        plan: Callable[..., list[int]] = plan_drafts,
+        plan: Callable[..., list[int]] | None = None,
     ) -> None:
         self._model = model
         self._config = config
@@ -109,7 +119,13 @@ class EngineCore:
             else None
         )
         self._request_ctx = config.request_ctx
-        self._drafts = DraftBudget(model, config, self._batch.capacity, plan)
+        self._drafts = DraftBudget(
+            model,
+            config,
+            self._batch.capacity,
+            plan or plan_drafts,
+            DraftGate() if plan is None else None,
+        )
         #: What every sequence wrote, for the others to draft from (with the default
         #: drafter only: tests that bring their own drafter get exactly its drafts).
         self._ngrams = (
@@ -206,7 +222,7 @@ class EngineCore:
         parts = [Part(self._jobs[key], None, 0, 0) for key in plan.decode]
         prefill = [Part(self._jobs[p.key], p.start, p.count, 0) for p in plan.prefill]
         if self._drafts.draft_max:
-            self._drafts.draft(parts, prefill)
+            self._drafts.draft(parts, prefill, started)
         parts += prefill
         if pool:
             parts = pool.make_room(parts)
@@ -246,6 +262,16 @@ class EngineCore:
         stats.python_s += step_s - decode_s
         decode_only = not any(part.start is not None for part in parts)
         self._scheduler.measured(step_s * 1000, decode_only=decode_only)
+        gate = self._drafts.gate
+        if drafting and decode_only and not failed and gate is not None:
+            gate.measured(
+                len(parts),
+                sum(len(output.tokens) for output in outputs),
+                step_s * 1000,
+                drafted=any(part.draft for part in parts),
+                at=started,
+            )
+            stats.spec_held_steps = gate.held
         if drafting and not failed:
             # Without the decoding sequences' sampling: the budget adds each one's own.
             self._drafts.costs.measured(

@@ -8,11 +8,12 @@ decoding is kept. No llama.cpp calls: the model is read for its memory's layout 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from .._types import EngineConfig
 from ..llama import LlamaModel
-from ..spec import Acceptance, Candidate, StepCosts, micro_batch_sizes, repacked
+from ..spec import Acceptance, Candidate, DraftGate, StepCosts, micro_batch_sizes, repacked
 from ._jobs import Job, Part
 from ._step import CoreRequest
 
@@ -29,7 +30,10 @@ class DraftBudget:
     """The draft budget of one core: its measured step costs and its plan.
 
     ``draft_max`` is the most draft tokens one sequence may carry (0: speculation is off,
-    or the memory cannot take drafts back); ``capacity`` the batch's tokens.
+    or the memory cannot take drafts back); ``capacity`` the batch's tokens. ``gate``
+    decides whether a step gets the drafts ``plan`` chose, from what steps with and without
+    drafts realized (:class:`DraftGate`; None: every plan is carried out as chosen, as tests
+    that force drafts want).
     """
 
     def __init__(
@@ -38,6 +42,7 @@ class DraftBudget:
         config: EngineConfig,
         capacity: int,
         plan: Callable[..., list[int]],
+        gate: DraftGate | None = None,
     ) -> None:
         #: Draft tokens one sequence may carry: the configured most, and for recurrent
         #: memory what it can roll back.
@@ -55,6 +60,7 @@ class DraftBudget:
         self.acceptance = Acceptance(memory=0.99, relax=0.01)
         self.constrained = Acceptance(memory=0.99, relax=0.01)
         self._plan = plan
+        self.gate = gate
         self._capacity = capacity
         self._split = not model.kv_unified
         self._request_ctx = config.request_ctx
@@ -72,8 +78,15 @@ class DraftBudget:
         (per-slot memory splits one with unequal tokens per sequence; one pool does not)."""
         return micro_batch_sizes(tokens, split=self._split, n_ubatch=self._capacity)
 
-    def draft(self, parts: list[Part], prefill: list[Part]) -> None:
-        """Give each decoding part the draft tokens the budget allows this step."""
+    def draft(self, parts: list[Part], prefill: list[Part], now: float | None = None) -> None:
+        """Give each decoding part the draft tokens the budget allows the step begun at
+        ``now`` (``time.perf_counter()`` seconds; by default, now): none where the gate holds
+        the step (it then runs as without speculation: nothing proposed or priced, the
+        sequences' acceptance untouched)."""
+        gate = self.gate
+        at = time.perf_counter() if now is None else now
+        if parts and gate is not None and not gate.open(len(parts), at):
+            return
         prefill_tokens = sum(part.count for part in prefill)
         offers: list[tuple[Part, list[int], int]] = []
         room = self._capacity - len(parts) - prefill_tokens

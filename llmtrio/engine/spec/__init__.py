@@ -7,7 +7,8 @@ position's logits are sampled in turn, as they would be without speculation, unt
 differs from the draft (vLLM's "prompt lookup", llama.cpp's ``ngram-simple``).
 
 One concern a module: proposers (``_ngram``), acceptance (``_acceptance``), llama.cpp's
-micro-batch split (``_batches``), step costs (``_costs``) and the draft budget (``_plan``).
+micro-batch split (``_batches``), step costs (``_costs``), the draft budget (``_plan``) and
+its gate (``_gate``).
 Verification sits beside the sampler, in ``llama``.
 
 The parts:
@@ -31,6 +32,9 @@ The parts:
   runs it with other kernels), and the draft lengths that maximize the expected tokens per
   second of the whole step (none when the step is compute-bound; never over
   ``target_step_ms`` when it is set).
+- :class:`DraftGate`: whether a step gets the drafts the budget planned, from the tokens per
+  ms that steps with and without drafts realized at the same count of sequences, measured
+  side by side (the budget's predictions steer which drafts; the outcome decides whether).
 """
 
 from ._acceptance import Acceptance as Acceptance
@@ -38,6 +42,7 @@ from ._batches import micro_batch_sizes as micro_batch_sizes
 from ._batches import repacked as repacked
 from ._costs import Shape as Shape
 from ._costs import StepCosts as StepCosts
+from ._gate import DraftGate as DraftGate
 from ._ngram import NgramDrafter as NgramDrafter
 from ._ngram import NgramPool as NgramPool
 from ._ngram import PooledDrafter as PooledDrafter
@@ -47,6 +52,7 @@ from ._plan import plan_drafts as plan_drafts
 __all__ = [
     "Acceptance",
     "Candidate",
+    "DraftGate",
     "NgramDrafter",
     "NgramPool",
     "PooledDrafter",
