@@ -90,7 +90,7 @@ def remote_image(url: str, param: str, limits: RequestLimits) -> RemoteImage:
     if not limits.allowed_media_domains:
         raise invalid_request(
             f"Invalid '{param}': image URLs are not fetched by this server (it allows no "
-            "hosts: --allowed-media-domains); send the image as a data: URI (base64).",
+            "hosts: --allowed-media-domains); send the image's bytes inline (base64).",
             param=param,
             code="invalid_value",
         )

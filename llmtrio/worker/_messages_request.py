@@ -288,11 +288,12 @@ def _tool_result(block: dict[str, Any], where: str, limits: RequestLimits) -> Ch
 def _image(block: dict[str, Any], where: str, limits: RequestLimits) -> Image:
     """An ``image`` block (checked against the table): its ``base64`` source's bytes, their
     header read and checked (``worker._images``); the declared ``media_type`` must be an image
-    type, the bytes decide which.
+    type, the bytes decide which. A ``url`` source is a ``RemoteImage``, fetched by the
+    endpoint's ``run``.
 
-    Error handling: :class:`OpenAIError` (400) naming the source's field: a ``url`` or
-    ``file`` source, a missing ``media_type`` or ``data``, bad base64, bytes that are no
-    image."""
+    Error handling: :class:`OpenAIError` (400) naming the source's field: a ``url`` source
+    of a host not allowed, a ``file`` source, a missing ``media_type`` or ``data``, bad
+    base64, bytes that are no image."""
     source = block["source"]
     at = f"{where}.source"
     kind = source["type"]
