@@ -11,6 +11,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -19,10 +20,11 @@ import trio
 import trustme
 
 from llmtrio._openai_errors import OpenAIError
+from llmtrio.engine import GenerateRequest
 from llmtrio.worker import RequestLimits
 from llmtrio.worker._chat_request import parse_chat_request
 from llmtrio.worker._fetch import check_url, is_public
-from llmtrio.worker._images import RemoteImage, fetch_image
+from llmtrio.worker._images import RemoteImage, fetch_image, fetch_remote_images
 
 from ._vision import png
 
@@ -173,12 +175,15 @@ def test_host_rules() -> None:
         "a.cdn.example", 8080, "/p", False,
     )  # fmt: skip
     assert check_url("http://10.0.0.7/", hosts, PARAM).listed
+    spaced = check_url("http://images.example/a b/ü.png?q=1 2#part", hosts, PARAM)
+    assert spaced.target == "/a%20b/%C3%BC.png?q=1%202"  # what h11 may send
     for url, reason in (
         ("http://cdn.example/a.png", "'cdn.example' is not one this server fetches"),
         ("http://images.example.evil/a", "not one this server fetches"),
         ("ftp://images.example/a.png", "only http(s) URLs"),
         ("http://user:pw@images.example/a.png", "user name or password"),
         ("http://images.example:99999/", "malformed"),
+        ("http://bücher.example/a.png", "ASCII (punycode) form"),
     ):
         with pytest.raises(OpenAIError) as error:
             check_url(url, hosts, PARAM)
@@ -367,3 +372,53 @@ async def test_private_addresses_need_a_host_listed_by_name(
         await fetch_image(f"http://127.0.0.1:{port}/a.png", PARAM, limits("127.0.0.1"))
     ).width == 16
     assert server.connections == 2
+
+
+async def test_a_requests_urls_are_fetched_at_once(serve: Serve) -> None:
+    """Both requests are in flight together (each answer waits for the other's arrival),
+    the fetched images replace the URLs in order, and the first refusal in the parts' order
+    is the request's, the other fetches cancelled."""
+    arrived = {"/one": trio.Event(), "/two": trio.Event()}
+
+    def after_both(path: str, body: bytes) -> Route:
+        async def send(stream: trio.abc.Stream) -> None:
+            arrived[path].set()
+            for event in arrived.values():
+                await event.wait()
+            await reply(body)(stream)
+
+        return send
+
+    async def hang(stream: trio.abc.Stream) -> None:
+        await trio.sleep_forever()
+
+    server = await serve(
+        {"/one": after_both("/one", PNG), "/two": after_both("/two", png(2, (8, 8))),
+         "/hang": hang}
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{server.port}"
+    rules = limits("127.0.0.1", media_fetch_timeout=5)
+    engine: Any = SimpleNamespace(takes_images=True, config=SimpleNamespace(max_images=4))
+
+    def request(*paths: str) -> GenerateRequest:
+        parts = [{"type": "image_url", "image_url": {"url": base + path}} for path in paths]
+        body = json.dumps({"messages": [{"role": "user", "content": parts}]}).encode()
+        return parse_chat_request(body, rules).generate
+
+    fetched = await fetch_remote_images(request("/one", "/two"), engine)
+    assert fetched.messages is not None
+    images = fetched.messages[0].images
+    assert [(i.width, i.param) for i in images] == [
+        (16, "messages[0].content[0].image_url.url"),
+        (8, "messages[0].content[1].image_url.url"),
+    ]
+    assert not any(isinstance(i, RemoteImage) for i in images)
+    with pytest.raises(OpenAIError) as error:
+        await fetch_remote_images(request("/hang", "/missing"), engine)
+    assert error.value.param == "messages[0].content[1].image_url.url"
+    assert "HTTP 404" in error.value.message
+    # the engine would refuse it (more than --max-images): nothing is fetched
+    served = len(server.requests)
+    many = request("/one", "/two", "/one", "/two", "/one")
+    assert await fetch_remote_images(many, engine) is many
+    assert len(server.requests) == served

@@ -49,6 +49,8 @@ _REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 _USER_AGENT: Final = "llmtrio (image fetch)"
 _CHUNK: Final = 65536
 _FLAG: Final = "--allowed-media-domains"
+#: What a request target keeps as written (RFC 3986's pchar, and "%" for what is escaped).
+_PATH_SAFE: Final = "/%:@!$&'()*+,;=-._~"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -104,13 +106,17 @@ def check_url(url: str, allowed: tuple[str, ...], param: str, *, hop: str = "") 
     host = (parts.hostname or "").rstrip(".")
     if not host:
         raise _refused(param, f"{hop}the URL has no host")
+    if not host.isascii():
+        raise _refused(param, f"{hop}write the host name in its ASCII (punycode) form")
     rule = host_rule(host, allowed)
     if rule is None:
         raise _refused(
             param, f"{hop}the host {host!r} is not one this server fetches images from ({_FLAG})"
         )
-    authority = parts.netloc.rpartition("@")[2]
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    authority = urllib.parse.quote(parts.netloc.rpartition("@")[2], safe=":[]")
+    path = urllib.parse.quote(parts.path or "/", safe=_PATH_SAFE)
+    query = urllib.parse.quote(parts.query, safe=_PATH_SAFE + "?")
+    target = path + (f"?{query}" if query else "")
     https = scheme == "https"
     default_port = 443 if https else 80
     return Target(url, https, host, port or default_port, target, authority, rule == "listed")
@@ -175,7 +181,7 @@ async def _resolve(target: Target, param: str) -> list[tuple[int, tuple[object, 
         infos = await trio.socket.getaddrinfo(
             target.host, target.port, type=trio.socket.SOCK_STREAM
         )
-    except OSError as exc:  # socket.gaierror
+    except (OSError, UnicodeError) as exc:  # socket.gaierror, a label IDNA refuses
         raise _refused(param, f"the host {target.host!r} could not be resolved ({exc})") from None
     addresses: list[tuple[int, tuple[object, ...]]] = []
     for family, _, _, _, sockaddr in infos:
@@ -235,6 +241,8 @@ async def _get(
             raise _refused(param, f"the connection to {target.host!r} failed ({reason})") from None
         except h11.RemoteProtocolError as exc:
             raise _refused(param, f"{target.url!r} did not answer valid HTTP ({exc})") from None
+        except h11.LocalProtocolError as exc:
+            raise _refused(param, f"the URL cannot be sent as an HTTP request ({exc})") from None
 
 
 async def _exchange(
