@@ -29,6 +29,7 @@ connection.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import ssl
 import urllib.parse
@@ -142,7 +143,7 @@ async def fetch_bytes(
     Error handling: :class:`OpenAIError` (400) naming ``param`` for every refusal, a
     failure to resolve or connect, a bad TLS certificate, a response that is not HTTP, and
     the timeout."""
-    context = ssl_context or ssl.create_default_context()
+    context = ssl_context or _system_context()
     body: bytes | None = None
     with trio.move_on_after(limits.media_fetch_timeout):
         body = await _follow(url, param, limits, context)
@@ -293,6 +294,12 @@ async def _next_event(connection: h11.Connection, stream: trio.abc.Stream) -> ob
         if event is not h11.NEED_DATA:
             return event
         connection.receive_data(bytes(await stream.receive_some(_CHUNK)))
+
+
+@functools.cache
+def _system_context() -> ssl.SSLContext:
+    """The system's trusted CAs (read once: loading them costs milliseconds)."""
+    return ssl.create_default_context()
 
 
 def _is_address(host: str) -> bool:
