@@ -33,6 +33,22 @@ __all__ = [
 Schema = dict[str, Any]
 
 
+def _domains(value: object) -> tuple[str, ...]:
+    """Allowed media hosts, given one by one or comma-separated: lower case, no trailing dot,
+    IPv6 addresses without brackets."""
+    items = [value] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+    hosts: list[str] = []
+    for item in items:
+        for host in str(item).split(","):
+            host = host.strip().lower().rstrip(".").removeprefix("[").removesuffix("]")
+            if not host:
+                continue
+            if "/" in host or (":" in host and host.count(":") < 2):
+                raise ValueError(f"allowed_media_domains: {host!r} is not a host name")
+            hosts.append(host)
+    return tuple(dict.fromkeys(hosts))
+
+
 @attrs.frozen
 class RequestLimits:
     """What one request may ask for, beyond the body's size (the ingress's) and the slot's
@@ -47,6 +63,12 @@ class RequestLimits:
     context). ``max_image_pixels`` bounds an image's width times height, read from its
     header before anything is decoded (2**25: about 33 megapixels).
 
+    ``allowed_media_domains`` are the hosts whose ``http(s)`` image URLs are fetched (none:
+    remote URLs are refused): exact host names or IP addresses, ``*.example.com`` for its
+    subdomains, ``*`` for any host; a host matched only by a pattern must resolve to public
+    addresses (``llmtrio.worker._fetch``). A fetch may take ``media_fetch_timeout`` seconds,
+    redirects included, and ``max_media_fetch_bytes`` bytes.
+
     Error handling: ``ValueError`` naming the field for a limit below 1, or for a
     ``default_max_tokens`` above ``max_tokens``.
     """
@@ -58,16 +80,21 @@ class RequestLimits:
     max_embedding_inputs: int = 2048
     default_max_tokens: int | None = None
     max_image_pixels: int = 2**25
+    allowed_media_domains: tuple[str, ...] = attrs.field(default=(), converter=_domains)
+    media_fetch_timeout: float = 10.0
+    max_media_fetch_bytes: int = 20 * 2**20
 
     def __attrs_post_init__(self) -> None:
         names = ("max_messages", "max_tokens", "max_stop", "max_stop_chars", "default_max_tokens")
-        for name in (*names, "max_embedding_inputs", "max_image_pixels"):
+        for name in (*names, "max_embedding_inputs", "max_image_pixels", "max_media_fetch_bytes"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")
         default, most = self.default_max_tokens, self.max_tokens
         if default is not None and most is not None and default > most:
             raise ValueError(f"default_max_tokens ({default}) must not exceed max_tokens ({most})")
+        if not self.media_fetch_timeout > 0:
+            raise ValueError(f"media_fetch_timeout must be above 0, not {self.media_fetch_timeout}")
 
 
 #: A wrong value's error, given the field's ``param`` and the value.

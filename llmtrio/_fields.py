@@ -199,13 +199,15 @@ _TEXT_PART = _part("", "object", nullable=False, component="TextPart", propertie
 #: A message's content when it is not a string.
 TEXT_PARTS: Final = _part("content", "array", items=_TEXT_PART,
                           empty="a string or at least one text part")  # fmt: skip
-#: An image in a user message (a model with a vision projector): a ``data:`` URI.
+#: An image in a user message (a model with a vision projector): a ``data:`` URI, or an
+#: ``http(s)`` URL of a host the server fetches from (``--allowed-media-domains``).
 IMAGE_URL_PART: Final = _part("", "object", nullable=False, component="ImageUrlPart", properties=(
     _part("type", "string", required=True, enum=("image_url",)),
     _part("image_url", "object", required=True, nullable=False, properties=(
         _part("url", "string", required=True, nullable=False,
               description="A data: URI with a base64 PNG, JPEG, WebP or GIF (its first "
-                          "frame); the type is read from the bytes."),
+                          "frame), or an http(s) URL of a host the server fetches from "
+                          "(--allowed-media-domains); the type is read from the bytes."),
         _part("detail", "string", enum=("auto", "low", "high"),
               description="Accepted and unused: the projector sets the resolution."),
     )),
@@ -342,7 +344,8 @@ RESPONSES_IMAGE_PART: Final = _part("", "object", nullable=False,
                                     component="ResponsesInputImage", properties=(
     _part("type", "string", required=True, enum=("input_image",)),
     _part("image_url", "string", description="A data: URI with a base64 PNG, JPEG, WebP or GIF "
-          "(its first frame); the type is read from the bytes."),
+          "(its first frame), or an http(s) URL of a host the server fetches from "
+          "(--allowed-media-domains); the type is read from the bytes."),
     _part("file_id", "string", "Refused (a 400 naming it): nothing is stored here."),
     _part("detail", "string", enum=("auto", "low", "high", "original"),
           description="Accepted and unused: the projector sets the resolution."),
@@ -512,16 +515,19 @@ ANTHROPIC_TEXT_BLOCKS: Final = _part("content", "array", items=_A_TEXT_BLOCK)
 _A_TEXT_OR_BLOCKS: Schema = {
     "anyOf": [{"type": "string"}, ANTHROPIC_TEXT_BLOCKS.body(RequestLimits())]
 }
-#: An ``image`` block's ``source`` (a model with a vision projector): ``base64`` data; a
-#: ``url`` source is refused (remote URLs are not fetched), as is a ``file`` one.
+#: An ``image`` block's ``source`` (a model with a vision projector): ``base64`` data, or a
+#: ``url`` of a host the server fetches from (``--allowed-media-domains``); a ``file`` source
+#: is refused.
 ANTHROPIC_IMAGE_SOURCE: Final = _part("source", "object", required=True, nullable=False,
                                       properties=(
     _part("type", "string", required=True, enum=("base64", "url", "file"),
-          description="``base64``; ``url`` and ``file`` are refused (a 400 naming them)."),
+          description="``base64``, or ``url`` (an http(s) URL of a host the server fetches "
+                      "from: --allowed-media-domains); ``file`` is refused (a 400 naming it)."),
     _part("media_type", "string", enum=("image/jpeg", "image/png", "image/gif", "image/webp"),
           description="Required with ``base64``; the type is read from the bytes."),
     _part("data", "string", "The image's base64 bytes (PNG, JPEG, WebP or a GIF's first frame)."),
-    _part("url", "string", "Refused: remote URLs are not fetched."),
+    _part("url", "string", "An http(s) URL (a ``url`` source), fetched when its host is "
+          "allowed (--allowed-media-domains)."),
     _part("file_id", "string", "Refused: nothing is stored here."),
 ))  # fmt: skip
 _A_IMAGE_BLOCK = _part("", "object", nullable=False, component="AnthropicImageBlock",

@@ -307,6 +307,27 @@ LIMITS = section(
         type=int,
     ),
     flag(
+        "--allowed-media-domains",
+        "RequestLimits.allowed_media_domains",
+        "hosts whose http(s) image URLs are fetched (default: none, remote URLs are refused): "
+        "names or IP addresses, '*.example.com' for its subdomains, '*' for any host with "
+        "public addresses",
+        nargs="+",
+        metavar="HOST",
+    ),
+    flag(
+        "--media-fetch-timeout",
+        "RequestLimits.media_fetch_timeout",
+        "seconds an image URL's fetch may take, redirects included (default %(default)s)",
+        type=float,
+    ),
+    flag(
+        "--max-media-fetch-bytes",
+        "RequestLimits.max_media_fetch_bytes",
+        "largest image fetched from a URL (default %(default)s)",
+        type=int,
+    ),
+    flag(
         "--default-max-tokens",  # llama.cpp's -n
         "RequestLimits.default_max_tokens",
         "the most tokens a request that names no output limit generates, on every route "

@@ -93,7 +93,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
                 for each in row.flags if isinstance(row, _parser.OneOf) else (row,):
                     rows[id(each)] = each
     named = [row for row in rows.values() if "." in row.setting]
-    assert len(named) == 55
+    assert len(named) == 58
     for row in named:
         owner, _, name = row.setting.partition(".")
         assert name in fields(getattr(importlib.import_module(_parser.HOMES[owner]), owner)), row
@@ -103,7 +103,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
             if isinstance(action.default, _parser.Default):
                 assert action.default.name == action.dest
                 shown += 1
-    assert shown == 28 + 23 + 47 + 37  # generate, embed, serve, worker (engine rows in each)
+    assert shown == 28 + 23 + 50 + 40  # generate, embed, serve, worker (engine rows in each)
 
 
 @pytest.mark.parametrize("command", sorted(NEEDED))
@@ -151,6 +151,19 @@ def test_given_flags_reach_the_configs() -> None:
 def test_default_max_tokens_is_a_limit_of_serve_and_worker(command: str) -> None:
     args = parse(command, "--default-max-tokens=7", "--max-tokens-limit=9")
     assert configs.request_limits(args) == RequestLimits(max_tokens=9, default_max_tokens=7)
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_allowed_media_domains_reach_serve_and_worker(command: str) -> None:
+    args = parse(
+        command, "--allowed-media-domains", "Images.Example", "*.cdn.example,10.0.0.7",
+        "--media-fetch-timeout=2.5", "--max-media-fetch-bytes=1000",
+    )  # fmt: skip
+    assert configs.request_limits(args) == RequestLimits(
+        allowed_media_domains=("images.example", "*.cdn.example", "10.0.0.7"),
+        media_fetch_timeout=2.5,
+        max_media_fetch_bytes=1000,
+    )
 
 
 REFUSALS: list[tuple[Callable[[], object], str, list[str], str]] = [

@@ -214,7 +214,7 @@ def test_what_cannot_be_taken_is_a_400_naming_it() -> None:
     assert error.param == "messages[0].content[1].source.data" and "image" in error.message
     image["source"] = {"type": "url", "url": "https://example.com/a.png"}
     error = refusal(messages=[{"role": "user", "content": [image]}])
-    assert error.param == "messages[0].content[0].source.type" and "not fetched" in error.message
+    assert error.param == "messages[0].content[0].source.url" and "not fetched" in error.message
     document = {"type": "document", "source": {"type": "text", "data": "x"}}
     error = refusal(messages=[{"role": "user", "content": [document]}])
     assert error.param == "messages[0].content[0].type" and "document" in error.message

@@ -19,30 +19,30 @@ import pytest
 from llmtrio.web import ServeConfig
 from llmtrio.worker import RequestLimits
 
-from ._helpers import engine_config
-from ._projector import GEMMA3_IMAGE_TOKENS, write_gemma3_projector
-from ._server import LiveServer, start_server
-from .test_vision_api import PROMPT, data_uri, png
+from ._projector import GEMMA3_IMAGE_TOKENS
+from ._server import LiveServer
+from ._vision import PROMPT, FileServer, data_uri, file_server, png, vision_server
+
+#: The image the loopback file server serves (its address is listed).
+IMAGE = png(7)
+
+
+@pytest.fixture(scope="module")
+def images() -> Iterator[FileServer]:
+    with file_server({"i.png": IMAGE}) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, gemma_path: Path) -> Iterator[LiveServer]:
-    folder = tmp_path_factory.mktemp("vision-agents")
-    projector = write_gemma3_projector(folder / "mmproj-gemma3.gguf")
-    configs = [
-        engine_config(
-            gemma_path, model_name="gemma", mmproj=projector, threads=1, max_inflight=2,
-            max_images=2,
-        ),
-        engine_config(gemma_path, model_name="text-only", threads=1, max_inflight=1),
-    ]  # fmt: skip
-    live = start_server(
-        configs,
-        ServeConfig(port=0, max_image_body_bytes=2 * 2**20),
-        RequestLimits(max_image_pixels=512 * 512),
-    )
-    yield live
-    live.stop()
+    with vision_server(
+        tmp_path_factory.mktemp("vision-agents"),
+        gemma_path,
+        max_images=2,
+        serve=ServeConfig(port=0, max_image_body_bytes=2 * 2**20),
+        limits=RequestLimits(max_image_pixels=512 * 512, allowed_media_domains=("127.0.0.1",)),
+    ) as live:
+        yield live
 
 
 def b64(data: bytes) -> str:
@@ -236,7 +236,8 @@ def test_anthropic_refusals_name_the_block(server: LiveServer) -> None:
     assert mislabelled.status_code == 200, mislabelled.text
     assert mislabelled.json()["usage"]["input_tokens"] > GEMMA3_IMAGE_TOKENS
     url = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
-    assert "not fetched" in anthropic_refusal(post(server, "/v1/messages", messages_body(url)))
+    refused = anthropic_refusal(post(server, "/v1/messages", messages_body(url)))
+    assert f"{at}.url" in refused and "not one this server fetches images from" in refused
     many = messages_body(*(a_image(png(i, (8, 8))) for i in range(3)))
     assert "more than the 2" in anthropic_refusal(post(server, "/v1/messages", many))
     text_only = messages_body(a_image(png(1)), model="text-only")
@@ -274,3 +275,22 @@ def test_responses_refusals_name_the_part(server: LiveServer) -> None:
     with pytest.raises(openai.BadRequestError) as error:
         client.responses.create(**responses_body(r_image(b"not an image")))
     assert error.value.param == at
+
+
+def test_image_urls_in_the_agents_apis(server: LiveServer, images: FileServer) -> None:
+    """Anthropic's ``url`` source and the Responses API's ``input_image`` URL are fetched:
+    the same answer as the same bytes sent inline."""
+    url = images.url("i.png")
+    a_url = {"type": "image", "source": {"type": "url", "url": url}}
+    r_url = {"type": "input_image", "image_url": url, "detail": "auto"}
+    # inline first, twice (the cache warm), then the URL: the same cached prefix each time
+    inline = [anthropic_text(server, messages_body(a_image(IMAGE))) for _ in range(2)]
+    assert anthropic_text(server, messages_body(a_url)) == inline[1]
+    inline = [responses_text(server, responses_body(r_image(IMAGE))) for _ in range(2)]
+    assert responses_text(server, responses_body(r_url)) == inline[1]
+    counted = post(server, "/v1/messages/count_tokens", messages_body(a_url))
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] > GEMMA3_IMAGE_TOKENS
+    gone = {"type": "image", "source": {"type": "url", "url": images.url("gone.png")}}
+    refused = anthropic_refusal(post(server, "/v1/messages", messages_body(gone)))
+    assert "messages[0].content[0].source.url" in refused and "HTTP 404" in refused

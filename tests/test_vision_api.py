@@ -4,7 +4,6 @@ client and raw bodies; refusals are 400s naming the part (413 over the body limi
 
 from __future__ import annotations
 
-import base64
 import io
 import struct
 import zlib
@@ -20,23 +19,9 @@ from PIL import Image as PILImage
 from llmtrio.web import ServeConfig
 from llmtrio.worker import RequestLimits
 
-from ._helpers import engine_config
-from ._projector import GEMMA3_IMAGE_TOKENS, write_gemma3_projector
-from ._server import LiveServer, start_server
-
-PROMPT = "What is in the picture?"
-
-
-def png(seed: int, size: tuple[int, int] = (40, 32)) -> bytes:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    out = io.BytesIO()
-    PILImage.fromarray(pixels).save(out, "PNG")
-    return out.getvalue()
-
-
-def data_uri(data: bytes, media_type: str = "image/png") -> str:
-    return f"data:{media_type};base64," + base64.b64encode(data).decode()
+from ._projector import GEMMA3_IMAGE_TOKENS
+from ._server import LiveServer
+from ._vision import PROMPT, FileServer, data_uri, file_server, png, vision_server
 
 
 def image_part(data: bytes, **extra: object) -> dict[str, object]:
@@ -47,24 +32,26 @@ def user(*parts: dict[str, object]) -> list[dict[str, object]]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": PROMPT}]}]
 
 
+#: Image URLs the server fetches: the loopback file server's (listed by its address).
+IMAGES = {"a.png": png(1), "b.png": png(2), "page.html": b"<!doctype html><p>not an image"}
+
+
+@pytest.fixture(scope="module")
+def images() -> Iterator[FileServer]:
+    with file_server(IMAGES) as served:
+        yield served
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, gemma_path: Path) -> Iterator[LiveServer]:
-    folder = tmp_path_factory.mktemp("vision-api")
-    projector = write_gemma3_projector(folder / "mmproj-gemma3.gguf")
-    configs = [
-        engine_config(
-            gemma_path, model_name="gemma", mmproj=projector, threads=1, max_inflight=2,
-            max_images=3,
-        ),
-        engine_config(gemma_path, model_name="text-only", threads=1, max_inflight=1),
-    ]  # fmt: skip
-    live = start_server(
-        configs,
-        ServeConfig(port=0, max_body_bytes=4096, max_image_body_bytes=2 * 2**20),
-        RequestLimits(max_image_pixels=512 * 512),
-    )
-    yield live
-    live.stop()
+    with vision_server(
+        tmp_path_factory.mktemp("vision-api"),
+        gemma_path,
+        max_images=3,
+        serve=ServeConfig(port=0, max_body_bytes=4096, max_image_body_bytes=2 * 2**20),
+        limits=RequestLimits(max_image_pixels=512 * 512, allowed_media_domains=("127.0.0.1",)),
+    ) as live:
+        yield live
 
 
 def post(server: LiveServer, body: dict[str, object]) -> httpx.Response:
@@ -196,7 +183,7 @@ def test_too_many_images(server: LiveServer) -> None:
     [
         ({"type": "image_url"}, "messages[0].content[0].image_url", "Missing"),
         ({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
-         "messages[0].content[0].image_url.url", "not fetched"),
+         "messages[0].content[0].image_url.url", "not one this server fetches images from"),
         ({"type": "image_url", "image_url": {"url": data_uri(png(1)), "detail": "max"}},
          "messages[0].content[0].image_url.detail", "Supported values"),
     ],
@@ -233,3 +220,41 @@ def test_models_say_which_take_images(server: LiveServer) -> None:
     listed = httpx.get(server.url + "/v1/models", timeout=10).json()["data"]
     modalities = {model["id"]: model["input_modalities"] for model in listed}
     assert modalities == {"gemma": ["text", "image"], "text-only": ["text"]}
+
+
+def test_image_url_is_fetched_as_its_bytes_would_be_sent(
+    server: LiveServer, images: FileServer
+) -> None:
+    """Two http URLs (fetched at once) give the answer and the prompt the same bytes give as
+    data URIs, and the prompt cache knows them as the same images. (The bytes go first, to
+    warm the cache: a reused prefix changes the batch shapes, and with them a near tie.)"""
+    inline = chat(user(image_part(IMAGES["a.png"]), image_part(IMAGES["b.png"])))
+    assert post(server, inline).status_code == 200
+    sent = post(server, inline)
+    urls = [{"type": "image_url", "image_url": {"url": images.url(n)}} for n in ("a.png", "b.png")]
+    fetched = post(server, chat(user(*urls)))
+    assert sent.status_code == 200 and fetched.status_code == 200, fetched.text
+    assert fetched.json()["choices"][0]["message"] == sent.json()["choices"][0]["message"]
+    assert fetched.json()["usage"] == sent.json()["usage"]
+    details = fetched.json()["usage"]["prompt_tokens_details"]
+    assert details["cached_tokens"] > 2 * GEMMA3_IMAGE_TOKENS
+
+
+def test_image_url_refusals(server: LiveServer, images: FileServer) -> None:
+    at = "messages[0].content[0].image_url.url"
+
+    def url_part(url: str) -> dict[str, object]:
+        return {"type": "image_url", "image_url": {"url": url}}
+
+    param, message = refusal(post(server, chat(user(url_part(images.url("page.html"))))))
+    assert param == at and "not a PNG, JPEG, WebP or GIF" in message
+    param, message = refusal(post(server, chat(user(url_part(images.url("gone.png"))))))
+    assert param == at and "HTTP 404" in message
+    other = f"http://localhost:{images.port}/a.png"  # the same server, under a name not listed
+    param, message = refusal(post(server, chat(user(url_part(other)))))
+    assert param == at and "'localhost' is not one this server fetches images from" in message
+    hits = images.hits
+    body = {**chat(user(url_part(images.url("a.png")))), "model": "text-only"}
+    param, message = refusal(post(server, body))
+    assert param == "messages" and "takes no images" in message
+    assert images.hits == hits, "an image the model cannot take is not fetched"

@@ -243,7 +243,8 @@ def _parse_image_content(
     newlines) and an :class:`Image`, its header read and checked (``max_image_pixels``).
 
     Error handling: :class:`OpenAIError` (400) naming the part: a part of the wrong shape, a
-    URL that is not a ``data:`` URI, bytes that are not an image, too many pixels."""
+    URL neither a ``data:`` URI nor an ``http(s)`` URL of an allowed host (fetched later, by
+    the endpoint's ``run``), bytes that are not an image, too many pixels."""
     texts: list[str] = []
     images: list[Image] = []
     for i, part in enumerate(value):

@@ -1,4 +1,8 @@
-"""The endpoints the worker serves, each one small value on the :class:`Endpoint` shape."""
+"""The endpoints the worker serves, each one small value on the :class:`Endpoint` shape.
+
+Those that take images fetch a request's ``http(s)`` image URLs in their ``run``, before the
+work is submitted (``_images.fetch_remote_images``): inside the stream's cancel scope, so a
+client that goes away cancels its fetches."""
 
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from ._embeddings import (
     too_long,
 )
 from ._endpoint import Encoder, Endpoint
+from ._images import fetch_remote_images
 from ._messages_request import MessagesRequest, parse_messages_request
 from ._messages_response import Counted, MessageBody, MessageStream, TokenCount
 from ._responses import ResponseMeta, from_engine_error
@@ -75,7 +80,8 @@ class _Chat:
     async def run(
         self, engine: Engine, request: ChatCompletionRequest
     ) -> AsyncIterator[Generation]:
-        async with engine.submit(request.generate) as generation:
+        generate = await fetch_remote_images(request.generate, engine)
+        async with engine.submit(generate) as generation:
             yield generation
 
     def encoder(self, request: ChatCompletionRequest, meta: ResponseMeta) -> Encoder:
@@ -171,8 +177,9 @@ class _Responses:
 
     @asynccontextmanager
     async def run(self, engine: Engine, request: ResponsesRequest) -> AsyncIterator[Generation]:
+        generate = await fetch_remote_images(request.generate, engine)
         with _naming_input():
-            async with engine.submit(request.generate) as generation:
+            async with engine.submit(generate) as generation:
                 yield generation
 
     def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder:
@@ -193,8 +200,9 @@ class _ResponsesInputTokens:
 
     @asynccontextmanager
     async def run(self, engine: Engine, request: ResponsesRequest) -> AsyncIterator[Finished]:
+        generate = await fetch_remote_images(request.generate, engine)
         with _naming_input():
-            count = await engine.count_prompt_tokens(request.generate)
+            count = await engine.count_prompt_tokens(generate)
         yield Finished(Done(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))
 
     def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder:
@@ -241,8 +249,9 @@ class _Messages:
 
     @asynccontextmanager
     async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Generation]:
+        generate = await fetch_remote_images(request.generate, engine)
         try:
-            async with engine.submit(request.generate) as generation:
+            async with engine.submit(generate) as generation:
                 yield generation
         except PromptTooLongError as exc:  # raised by submit, before anything runs
             raise _prompt_too_long(exc) from None
@@ -265,8 +274,9 @@ class _CountTokens:
 
     @asynccontextmanager
     async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Finished]:
+        generate = await fetch_remote_images(request.generate, engine)
         try:
-            count = await engine.count_prompt_tokens(request.generate)
+            count = await engine.count_prompt_tokens(generate)
         except PromptTooLongError as exc:
             raise _prompt_too_long(exc) from None
         yield Finished(Counted(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))

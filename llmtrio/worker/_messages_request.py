@@ -61,7 +61,8 @@ from ..engine import (
     ToolCall,
 )
 from ._features import ToolChoice
-from ._images import image_from_bytes
+from ._fetch import is_remote
+from ._images import image_from_bytes, remote_image
 from ._reasoning import ADAPTIVE_EFFORT, Reasoning, for_effort
 from ._requests import json_body, parse_max_tokens, reject_refused
 from ._responses import from_engine_error
@@ -287,21 +288,22 @@ def _tool_result(block: dict[str, Any], where: str, limits: RequestLimits) -> Ch
 def _image(block: dict[str, Any], where: str, limits: RequestLimits) -> Image:
     """An ``image`` block (checked against the table): its ``base64`` source's bytes, their
     header read and checked (``worker._images``); the declared ``media_type`` must be an image
-    type, the bytes decide which.
+    type, the bytes decide which. A ``url`` source is a ``RemoteImage``, fetched by the
+    endpoint's ``run``.
 
-    Error handling: :class:`OpenAIError` (400) naming the source's field: a ``url`` or
-    ``file`` source, a missing ``media_type`` or ``data``, bad base64, bytes that are no
-    image."""
+    Error handling: :class:`OpenAIError` (400) naming the source's field: a ``url`` source
+    of a host not allowed, a ``file`` source, a missing ``media_type`` or ``data``, bad
+    base64, bytes that are no image."""
     source = block["source"]
     at = f"{where}.source"
     kind = source["type"]
     if kind == "url":
-        raise invalid_request(
-            f"Unsupported image source at '{at}': image URLs are not fetched by this server; "
-            "send the image as a 'base64' source.",
-            param=f"{at}.type",
-            code="unsupported_parameter",
-        )
+        url = source.get("url")
+        if url is None:
+            raise missing(f"{at}.url", " (a 'url' source has one)")
+        if not is_remote(url):
+            raise invalid_value(f"{at}.url", "not an http(s) URL.")
+        return remote_image(url, f"{at}.url", limits)
     if kind == "file":
         raise invalid_request(
             f"Unsupported image source at '{at}': 'file' sources refer to stored files, and "

@@ -312,7 +312,8 @@ def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple
     header read and checked (``worker._images``).
 
     Error handling: :class:`OpenAIError` (400) naming the part: a ``file_id``, no
-    ``image_url``, a URL that is not a ``data:`` URI, bytes that are not an image."""
+    ``image_url``, a URL neither a ``data:`` URI nor an ``http(s)`` URL of an allowed host,
+    bytes that are not an image."""
     texts: list[str] = []
     images: list[Image] = []
     for i, part in enumerate(value):
