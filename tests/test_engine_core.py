@@ -136,10 +136,10 @@ def test_a_step_without_drafts_decodes_the_batch_no_spec_decodes(qwen35_path: Pa
 
 
 def test_a_step_the_draft_gate_holds_proposes_nothing(qwen35_path: Path) -> None:
-    """With the default budget, the draft gate (issue 36) runs a count of sequences' first
-    steps plain, to measure the rate drafts must beat: those steps propose nothing (they
-    cost what ``--no-spec``'s do) and are counted as held; once that many plain steps are
-    measured, the next step proposes."""
+    """With the default budget, the draft gate (issue 36) holds a count of sequences' first
+    steps, to measure the rate speculation must beat: those steps propose nothing (they
+    cost what ``--no-spec``'s do) and are counted; once that many held steps are measured,
+    the next step is open and proposes."""
     proposed: list[int] = []
 
     class Spy(RandomDrafter):
@@ -159,11 +159,11 @@ def test_a_step_the_draft_gate_holds_proposes_nothing(qwen35_path: Path) -> None
         while not proposed and steps < 20:
             steps += 1
             core.step()
-        # Step 1 ingests the prompt (no sequence decoding yet); steps 2 to 1 + least run
-        # plain and propose nothing; the step after proposes.
+        # Step 1 ingests the prompt (no sequence decoding yet); steps 2 to 1 + least are
+        # held and propose nothing; the step after proposes.
         assert proposed == [2 + gate.least]
         assert stats.spec_held_steps == gate.least
-        plain, _ = gate.rates(1, time.perf_counter())
-        assert plain is not None
+        held, opened = gate.rates(1, time.perf_counter())
+        assert held is not None and opened is not None
     finally:
         model.close()

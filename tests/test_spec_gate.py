@@ -1,5 +1,6 @@
-"""The draft gate (issue 36): drafts pass only while steps with them emitted more tokens per
-ms than steps without, both kinds measured side by side. Pure: no model."""
+"""The draft gate (issue 36): steps are open to drafts only while open steps emitted more
+tokens per ms than steps held from them, both kinds measured side by side. Pure: no
+model."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ def feed(
     drafted_ms: float | None = None,
     start: float = 0.0,
 ) -> list[bool]:
-    """Run ``steps`` steps that all want drafts: a plain step emits ``outputs`` tokens in
-    ``plain_ms``, a drafting one ``drafted_tokens`` in ``drafted_ms`` (default: 1.5x the
-    plain). Returns each step's verdict."""
+    """Run ``steps`` steps: a held step emits ``outputs`` tokens in ``plain_ms``, an open one
+    ``drafted_tokens`` in ``drafted_ms`` (default: 1.5x the plain). Returns each step's
+    verdict."""
     verdicts = []
     now = start
     for _ in range(steps):
@@ -32,32 +33,32 @@ def feed(
         verdicts.append(allowed)
         if allowed:
             ms = drafted_ms if drafted_ms is not None else plain_ms * 1.5
-            gate.measured(outputs, drafted_tokens, ms, drafted=True, at=now)
+            gate.measured(outputs, drafted_tokens, ms, opened=True, at=now)
         else:
             ms = plain_ms
-            gate.measured(outputs, outputs, ms, drafted=False, at=now)
+            gate.measured(outputs, outputs, ms, opened=False, at=now)
         now += ms / 1000
     return verdicts
 
 
-def test_the_plain_rate_is_measured_before_any_draft_passes() -> None:
+def test_the_held_rate_is_measured_before_any_step_opens() -> None:
     gate = DraftGate(least=6)
     verdicts = feed(gate, 8, plain_ms=60, drafted_tokens=16, steps=6)
     assert verdicts == [False] * 6
     assert gate.held == 6
 
 
-def test_drafts_that_pay_pass_but_one_step_in_hold_every_runs_plain() -> None:
+def test_open_steps_that_pay_stay_open_but_one_in_hold_every_is_held() -> None:
     gate = DraftGate(least=6, hold_every=8, sure=0.25)
     # 14 tokens in 90 ms against 8 in 60: drafting pays (by 17%).
     verdicts = feed(gate, 8, plain_ms=60, drafted_tokens=14, steps=6 + 6 + 80)
     settled = verdicts[12:]
     assert settled.count(False) == len(settled) // 8
-    # Never two plain steps running while drafting pays.
+    # Never two held steps running while opening pays.
     assert not any(a is False and b is False for a, b in itertools.pairwise(settled))
 
 
-def test_a_lead_past_sure_measures_the_plain_rate_four_times_less_often() -> None:
+def test_a_lead_past_sure_measures_the_held_rate_four_times_less_often() -> None:
     gate = DraftGate(least=6, hold_every=8, sure=0.25)
     # 24 tokens in 90 ms against 8 in 60: drafting runs 2x.
     verdicts = feed(gate, 8, plain_ms=60, drafted_tokens=24, steps=6 + 6 + 320)
@@ -65,14 +66,14 @@ def test_a_lead_past_sure_measures_the_plain_rate_four_times_less_often() -> Non
     assert settled.count(False) == len(settled) // 32
 
 
-def test_drafts_that_lose_are_held_but_probed_one_step_in_probe_every() -> None:
+def test_open_steps_that_lose_are_held_but_probed_one_in_probe_every() -> None:
     gate = DraftGate(least=6, probe_every=16)
     # 9 tokens in 90 ms against 8 in 60: drafting loses.
     verdicts = feed(gate, 8, plain_ms=60, drafted_tokens=9, steps=6 + 6 + 160)
     settled = verdicts[12:]
     assert settled.count(True) == len(settled) // 16
-    plain, drafted = gate.rates(8, 10.0)
-    assert plain is not None and drafted is not None and drafted < plain
+    held, opened = gate.rates(8, 10.0)
+    assert held is not None and opened is not None and opened < held
 
 
 def test_each_count_of_sequences_is_judged_on_its_own() -> None:
@@ -96,7 +97,7 @@ def test_steps_older_than_max_age_are_forgotten() -> None:
     gate = DraftGate(least=6, max_age_s=60)
     feed(gate, 8, plain_ms=60, drafted_tokens=16, steps=40)
     assert gate.open(8, 10.0) or gate.open(8, 10.0)
-    # After an hour idle, the plain rate is measured again before drafts pass.
+    # After an hour idle, the held rate is measured again before a step opens.
     assert [gate.open(8, 3600.0 + i) for i in range(3)] == [False] * 3
     assert gate.rates(8, 3600.0) == (None, None)
 
@@ -126,10 +127,10 @@ def test_throughput_is_at_least_the_better_kind_less_the_measuring(
         jitter = 1.0 + rng.uniform(-noise, noise)
         if gate.open(outputs, now):
             step, emitted = drafted_ms * jitter, drafted_tokens
-            gate.measured(outputs, round(emitted), step, drafted=True, at=now)
+            gate.measured(outputs, round(emitted), step, opened=True, at=now)
         else:
             step, emitted = plain_ms * jitter, outputs
-            gate.measured(outputs, outputs, step, drafted=False, at=now)
+            gate.measured(outputs, outputs, step, opened=False, at=now)
         tokens += emitted
         ms += step
         now += step / 1000

@@ -268,7 +268,7 @@ class EngineCore:
                 len(parts),
                 sum(len(output.tokens) for output in outputs),
                 step_s * 1000,
-                drafted=any(part.draft for part in parts),
+                opened=self._drafts.opened,
                 at=started,
             )
             stats.spec_held_steps = gate.held

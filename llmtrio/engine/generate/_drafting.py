@@ -61,6 +61,8 @@ class DraftBudget:
         self.constrained = Acceptance(memory=0.99, relax=0.01)
         self._plan = plan
         self.gate = gate
+        #: Whether the last step was open to drafts (the gate did not hold it).
+        self.opened = False
         self._capacity = capacity
         self._split = not model.kv_unified
         self._request_ctx = config.request_ctx
@@ -85,7 +87,8 @@ class DraftBudget:
         sequences' acceptance untouched)."""
         gate = self.gate
         at = time.perf_counter() if now is None else now
-        if parts and gate is not None and not gate.open(len(parts), at):
+        self.opened = not (parts and gate is not None and not gate.open(len(parts), at))
+        if not self.opened:
             return
         prefill_tokens = sum(part.count for part in prefill)
         offers: list[tuple[Part, list[int], int]] = []
