@@ -638,7 +638,8 @@ async def serve_hosted_link(
                     return
                 finally:
                     waiting -= 1
-                heartbeat()  # loaded: the ring hears it before the response
+                if not slot:  # it waited on the load: the ring hears it loaded first
+                    heartbeat()
                 if path_of(claimed) == MODELS_LOAD_PATH:
                     host.release(name, keep_alive)
                     await respond_state(claimed, name, "loaded")
