@@ -18,7 +18,7 @@ by the park timeout while its model loads. Requests beyond ``LOAD_WAITERS`` stay
 the park timeout applies to them as to any request waiting for a slot.
 
 Unloading: before a model unloads, its links stop claiming for it. Each link claims inside
-a scope the unload cancels (:meth:`ModelHost.claiming`); the link withdraws its unfilled
+a scope the unload cancels (:meth:`Claims.claiming`); the link withdraws its unfilled
 claims on every ingress, waits until each ingress has answered (``RingLink.wait_withdrawn``),
 beats ``unloaded`` at once, and hands back (``release``: parked again at the front, for
 another worker or the next load) a stream assigned in the race, or claimed before the unload
@@ -560,6 +560,10 @@ async def serve_hosted_link(
     """Serve the ring link of the on-demand model ``name`` until cancelled (see the
     module): while it is not loaded, claim every stream parked for it, each waiting on
     its load; once loaded, claim while one of its ``max_inflight`` slots is free.
+
+    Resource handling: when the model begins to unload, the link's claims are withdrawn
+    (waiting for every ingress to answer) and a stream claimed before is handed back
+    unanswered (``release``); the unload waits for that.
 
     Error handling: a request whose model cannot be loaded is answered 503
     ``model_load_failed`` naming the model and the reason; the link goes on."""
