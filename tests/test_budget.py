@@ -1,7 +1,8 @@
 """The budget and eviction policy (``llmtrio.worker._budget``), pure: a hypothesis state
-machine drives wants, loads, requests, unloads and time through it and checks that no model
-with a request in flight is ever unloaded, the budget is never exceeded, a pinned model is
-never evicted, and every waiting request is answered; then the cost estimate."""
+machine drives wants, loads, requests, engines dying, unloads and time through it and checks
+that no model is unloaded while a request runs on it (a dead engine's model unloads once its
+requests have ended), the budget is never exceeded, a pinned model is never evicted, and every
+waiting request is answered; then the cost estimate."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Policy(RuleBasedStateMachine):
         self.waiting: dict[str, int] = {}  # requests waiting on a load, by model
         self.running: dict[str, int] = {}
         self.answered_with_error = 0
+        self.dead: set[str] = set()  # engines that died, unloading once their requests end
         self.pinned = pinned and max_models != 1
         if self.pinned:
             assert self.policy.want(PINNED, 100, self.now, pinned=True) is None
@@ -91,10 +93,20 @@ class Policy(RuleBasedStateMachine):
         self.apply(self.policy.step(self.now))
 
     @rule(name=NAMES)
+    def engine_dies(self, name: str) -> None:
+        """Its decode loop fails: it unloads once what runs on it has ended."""
+        if self.policy.state(name) != "loaded":
+            return
+        self.policy.failed(name, self.now, "the decode loop failed")
+        self.dead.add(name)
+        self.apply(self.policy.step(self.now))
+
+    @rule(name=NAMES)
     def unload_done(self, name: str) -> None:
-        if self.policy.state(name) != "unloading":
+        if self.policy.state(name) != "unloading" or self.running.get(name):
             return
         self.policy.unloaded(name)
+        self.dead.discard(name)
         self.apply(self.policy.step(self.now))
 
     @rule(seconds=st.sampled_from([0.5, 2.0, 11.0]))
@@ -124,7 +136,8 @@ class Policy(RuleBasedStateMachine):
             assert len(held) <= policy.max_models
         for name, count in self.running.items():
             if count:
-                assert policy.state(name) == "loaded"
+                # Only a dead engine's requests run on a model that is not loaded.
+                assert policy.state(name) == ("unloading" if name in self.dead else "loaded")
                 assert policy.inflight(name) == count
 
     def teardown(self) -> None:
@@ -203,6 +216,23 @@ def test_a_failed_load_backs_off_then_tries_again() -> None:
     policy.loaded("a", 1.0, error="not a GGUF file")
     assert policy.want("a", 1, 2.5) is not None  # the second back-off is 2 s
     assert policy.want("a", 1, 3.0) is None
+
+
+def test_a_model_whose_engine_dies_unloads_once_its_requests_end_and_backs_off() -> None:
+    policy = LoadPolicy(default_keep_alive=60)
+    policy.want("a", 1, 0.0)
+    policy.step(0.0)
+    policy.loaded("a", 0.0)
+    policy.begin("a", 1.0)
+    policy.failed("a", 2.0, "the decode loop failed")
+    assert policy.state("a") == "unloading"
+    with pytest.raises(ValueError, match="in flight"):
+        policy.unloaded("a")  # its failed request has not ended yet
+    policy.end("a", 2.5)
+    policy.unloaded("a")
+    refusal = policy.want("a", 1, 2.5)
+    assert refusal is not None and refusal.reason == "the decode loop failed"
+    assert policy.want("a", 1, 3.0) is None and policy.step(3.0).load == ("a",)
 
 
 def test_a_model_that_never_fits_is_refused_at_once() -> None:

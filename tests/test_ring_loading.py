@@ -6,6 +6,7 @@ until that load ends. The core's tests use no trio, no sockets and no model.
 
 from __future__ import annotations
 
+import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -103,6 +104,34 @@ def test_a_failed_load_lets_the_held_claims_be_weighed_again() -> None:
     assert assigned(effects) == [("a", third)]
 
 
+def test_the_next_load_after_a_failed_one_goes_to_another_worker() -> None:
+    """A worker whose load failed is asked again only once every other cold claimant has
+    failed too (the oldest failure first), however much budget it states free."""
+    core = on_demand(("a", GIB), ("b", 2 * GIB))
+
+    def fails(worker: str, stream_id: int) -> None:
+        core.respond(worker, ResponseHead(stream_id, 503))  # model_load_failed, answered
+        core.respond(worker, ResponseEnd(stream_id))
+
+    first, effects = park(core, "m")
+    assert effects == [("b", first)]  # b states the most free budget
+    fails("b", first)
+    assert core.heartbeat("b", beat("unloaded", 2 * GIB)) == []
+    second, effects = park(core, "m")
+    assert effects == [("a", second)]  # though b still states more
+    fails("a", second)
+    third, effects = park(core, "m")
+    assert effects == [("b", third)]  # both failed: the older failure goes first
+    core.heartbeat("b", beat("loaded", GIB))  # b loads it: its failure is forgotten
+    core.respond("b", ResponseHead(third, 200))
+    core.respond("b", ResponseEnd(third))
+    core.withdraw("b", 64, "m")
+    core.heartbeat("b", beat("unloaded", 2 * GIB))  # idle, unloaded again
+    assert core.claim("b", Claim(64, model="m")) == []
+    fourth, effects = park(core, "m")
+    assert effects == [("b", fourth)]  # a failed last: b, with the most free, again
+
+
 def test_a_detached_loader_hands_its_requests_to_the_next() -> None:
     core = on_demand(("a", GIB), ("b", 2 * GIB))
     ids = [park(core, "m")[0] for _ in range(3)]
@@ -142,9 +171,13 @@ def test_one_link_per_model_loads_and_nothing_is_lost(events: list[tuple[str, ..
     """Workers that behave as on-demand links (a link states its model unloaded until it is
     assigned a stream, loading then, loaded when done; it unloads once idle or when its load
     fails): per model at most one link is ever loading or loaded; no stream stays parked
-    while a claim that may take it waits; every stream is answered or still tracked."""
+    while a claim that may take it waits; every stream is answered or still tracked; a load
+    goes to a link that has not failed to load the model unless every cold one waiting has
+    (then to the oldest failure), and among those to the most free budget."""
     core = RingCore(max_streams=1000, max_assignments=1000)
     state: dict[tuple[str, str], str] = {}
+    failed: dict[tuple[str, str], int] = {}  # the order of each link's last failed load
+    failures = 0
     keys: dict[int, str] = {}
     ended: set[int] = set()
 
@@ -155,15 +188,35 @@ def test_one_link_per_model_loads_and_nothing_is_lost(events: list[tuple[str, ..
         core.attach(Attach(link(worker, model), 64, models=(model,)))
         state[worker, model] = "unloaded"
         assert core.heartbeat(link(worker, model), beat("unloaded", WORKERS[worker])) == []
+        check(core.claim(link(worker, model), Claim(4, model=model)))  # a few to start
 
     def held(worker: str, model: str) -> list[int]:
         return list(core.held(link(worker, model)))
+
+    def claims(worker: str, model: str) -> int:
+        """The link's unfilled claims (none while it is detached)."""
+        found = [w for w in core.stats().workers if w.worker_id == link(worker, model)]
+        return sum(w.waiting_claims for w in found)
+
+    def rank(worker: str, model: str) -> tuple[float, float]:
+        free = WORKERS[worker]
+        return (failed.get((worker, model), 0), -math.inf if free < 0 else -free)
 
     def check(effects: list[object]) -> None:
         for link_id, stream_id in assigned(effects):
             worker, model = link_id.split("/")
             assert keys[stream_id] == model
             if state[worker, model] == "unloaded":  # asked to load it
+                waiting = [
+                    w
+                    for w in WORKERS
+                    if w != worker
+                    and state[w, model] == "unloaded"
+                    and not held(w, model)
+                    and claims(w, model)
+                ]
+                best = min([rank(w, model) for w in waiting], default=rank(worker, model))
+                assert rank(worker, model) <= best, (worker, model, failed)
                 state[worker, model] = "loading"
                 core.heartbeat(link_id, beat("loading", WORKERS[worker]))
 
@@ -184,6 +237,7 @@ def test_one_link_per_model_loads_and_nothing_is_lost(events: list[tuple[str, ..
             check(core.claim(me, Claim(1, model=model)))
         elif kind == "loaded" and state[worker, model] == "loading":
             state[worker, model] = "loaded"
+            failed.pop((worker, model), None)
             check(core.heartbeat(me, beat("loaded", WORKERS[worker])))
         elif held(worker, model) and (kind, state[worker, model]) in (
             ("answer", "loaded"),
@@ -197,11 +251,15 @@ def test_one_link_per_model_loads_and_nothing_is_lost(events: list[tuple[str, ..
                     check(core.respond(me, ResponseEnd(stream_id)))
                 ended.add(stream_id)
             if not held(worker, model):  # idle (or failed): it unloads
+                if kind == "fail":
+                    failures += 1
+                    failed[worker, model] = failures
                 state[worker, model] = "unloaded"
                 check(core.heartbeat(me, beat("unloaded", WORKERS[worker])))
         elif kind == "crash":
             effects = core.detach(me, "crashed")
             state[worker, model] = "unloaded"
+            failed.pop((worker, model), None)
             check(effects)
             attach(worker, model)
         for model in MODELS:

@@ -40,7 +40,7 @@ from ._messages import (
     ResponseMessage,
     _to_bytes,
 )
-from ._routing import ANY_MODEL, Routes, Worker
+from ._routing import ANY_MODEL, Rank, Routes, Worker
 from ._states import TRANSITIONS, StreamState
 from ._stats import ModelStats, RingStats, WorkerStats
 
@@ -109,7 +109,12 @@ class RingCore:
     of its streams), the cold links' claims for it are held; while every link listing it is
     cold, only the claimant stating the most ``free_bytes`` (ties: by turn) is assigned one,
     which asks it to load the model, and the streams after it join that load. When the load
-    ends (loaded, or failed and answered) the held claims are weighed again.
+    ends (loaded, or failed and answered) the held claims are weighed again. A link asked to
+    load a model that is cold again without having stated it loaded has failed to load it:
+    the next load of it goes to a cold claimant that has not failed to (whichever states the
+    most free budget), else to the one whose failure is the oldest, so a worker that cannot
+    load a model is not asked again while another could (its own back-off answers those it
+    is asked again).
 
     Every method either raises (``RingFullError``, ``ProtocolError``) and changes nothing, or
     applies the event and returns the effects the caller must deliver, in order.
@@ -125,6 +130,7 @@ class RingCore:
     _workers: dict[str, Worker] = attrs.field(init=False, factory=dict)
     _routes: Routes = attrs.field(init=False, factory=Routes)  # parked streams, waiting claims
     _next_id: int = attrs.field(init=False, default=1)
+    _failed_loads: int = attrs.field(init=False, default=0)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -301,6 +307,10 @@ class RingCore:
         worker = self._worker(worker_id, message)
         worker.capacity = message
         worker.last_heartbeat = at
+        if message.model_state == "loaded":
+            worker.asked.clear()
+            worker.failed.clear()
+        self._loads_ended(worker)
         return self._reoffer(worker.models)
 
     def claim(self, worker_id: str, message: Claim) -> list[Effect]:
@@ -375,6 +385,7 @@ class RingCore:
             return []
         stream.assignments -= 1
         self._requeue(stream)
+        self._loads_ended(self._workers[worker_id])
         return self._offer([stream], fresh=False)
 
     def respond(self, worker_id: str, message: ResponseMessage) -> list[Effect]:
@@ -393,6 +404,7 @@ class RingCore:
         reoffered: list[Effect] = []
         if new in (StreamState.ENDED, StreamState.FAILED):
             self._forget(stream)
+            self._loads_ended(self._workers[worker_id])
             if self._routes.parked(stream.key):  # a failed load's claims may be weighed again
                 reoffered = self._reoffer((stream.key,))
         elif new is not stream.state:
@@ -493,6 +505,8 @@ class RingCore:
         self._set_state(stream, StreamState.PARKED)
 
     def _assign(self, stream: _Stream, worker: Worker) -> Effect:
+        if self._cold(worker, stream.key):
+            worker.asked.add(stream.key)  # asked to load it
         self._set_state(stream, StreamState.ASSIGNED)
         stream.worker_id = worker.worker_id
         stream.assignments += 1
@@ -520,6 +534,14 @@ class RingCore:
             return False
         return not any(self._streams[stream_id].key == key for stream_id in worker.held)
 
+    def _loads_ended(self, worker: Worker) -> None:
+        """Note the loads ``worker`` was asked for that failed: it is cold again for the key
+        without having stated it loaded (see the class)."""
+        for key in [key for key in worker.asked if self._cold(worker, key)]:
+            worker.asked.discard(key)
+            self._failed_loads += 1
+            worker.failed[key] = self._failed_loads
+
     def _claimant(self, key: str) -> str | None:
         """The claimant a stream of ``key`` goes to now (see the class), if any."""
         listing = [worker for worker in self._workers.values() if key in worker.models]
@@ -528,14 +550,16 @@ class RingCore:
             return self._routes.claimant(key)
         warm = len(cold) < len(listing)
 
-        def rank(worker_id: str) -> float | None:
+        def rank(worker_id: str) -> Rank | None:
             if worker_id not in cold:
-                return -math.inf
+                return (-math.inf, -math.inf)
             if warm:
                 return None
-            beat = self._workers[worker_id].capacity
-            free = beat.free_bytes if beat is not None else 0
-            return -math.inf if free < 0 else -free  # -1: no bound
+            worker = self._workers[worker_id]
+            free = worker.capacity.free_bytes if worker.capacity is not None else 0
+            # Those that never failed to load it first (0), then the oldest failure; then
+            # the most free budget (-1: no bound).
+            return (worker.failed.get(key, 0), -math.inf if free < 0 else -free)
 
         return self._routes.claimant(key, rank)
 

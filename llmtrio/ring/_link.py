@@ -88,6 +88,10 @@ class ClaimedStream(Protocol):
         """The worker cannot finish; never blocks; nothing once the stream is finished.
         ``outcome`` is what it ended with, for the ingress's log and metrics."""
 
+    def release(self) -> None:
+        """Give the stream back unanswered, before its head: it is parked again at the
+        front, for another worker or a later claim. Never blocks."""
+
     def __enter__(self) -> Self: ...
 
     def __exit__(
@@ -116,6 +120,12 @@ class RingLink(Protocol):
 
     async def claim(self) -> ClaimedStream:
         """Wait for the oldest parked stream; cancelling the wait takes the claim back."""
+
+    async def wait_withdrawn(self) -> None:
+        """Return once every claim taken back (a cancelled ``claim()``) has been answered by
+        its ring, so that a stream assigned from then on answers a claim made after this
+        call (one that crossed a withdrawal was given back). In process at once; over the
+        network, once each ingress asked has answered ``Withdraw`` or is gone."""
 
 
 class Lane(Protocol):

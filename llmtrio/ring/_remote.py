@@ -266,6 +266,15 @@ class RemoteLink:
         self._rebalance()
         self._changed.unpark_all()
 
+    async def wait_withdrawn(self) -> None:
+        """Return once every ``Withdraw`` sent has been answered (``Withdrawn``) or its
+        ingress is gone: an ``Assign`` that crossed one was given back (``Release``), and no
+        claim made from now on is filled by it. An ingress that answers nothing is given up
+        after ``DialConfig.ingress_timeout``, which ends this wait too."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while any(connection.withdrawing for connection in self._connections):
+            await self._changed.park()
+
     async def wait_idle(self) -> None:
         """Wait until no stream is held (after ``drain``, the moment to leave)."""
         while self.held:
@@ -311,6 +320,7 @@ class RemoteLink:
         connection.withdrawing -= connection.withdraws.popleft()
         connection.outstanding -= message.count
         self._rebalance()
+        self._changed.unpark_all()
 
     def _stream_finished(self) -> None:
         self._rebalance()

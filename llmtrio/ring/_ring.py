@@ -238,6 +238,11 @@ class WorkerLink:
             claimed.release()
             self.post(Claim(1, model=self._model))
 
+    async def wait_withdrawn(self) -> None:
+        """Claims are taken back at once in process (a cancelled ``claim()`` returns after
+        its claim is withdrawn, or its stream requeued): only a schedule point."""
+        await trio.lowlevel.checkpoint()
+
     def post(self, message: Message) -> None:
         """Hand the ring one of this worker's messages, as it is, without waiting.
 

@@ -20,7 +20,11 @@ if TYPE_CHECKING:
 
     from ._messages import Heartbeat
 
-__all__ = ["ANY_LINE", "ANY_MODEL", "Queue", "Routes", "Worker"]
+__all__ = ["ANY_LINE", "ANY_MODEL", "Queue", "Rank", "Routes", "Worker"]
+
+#: A claimant's rank among those a stream may go to: the lowest goes first (then by turn).
+Rank = tuple[float, float]
+_FIRST: Final[Rank] = (0.0, 0.0)
 
 ANY_MODEL: Final = None
 """A claim's model when it names none (a worker of the previous version): any model the
@@ -39,6 +43,11 @@ class Worker:
     held: dict[int, None] = attrs.field(factory=dict)  # an ordered set of stream ids
     capacity: Heartbeat | None = None  # its last heartbeat
     last_heartbeat: float | None = None
+    # Models on demand: the keys it was asked to load (assigned one of their streams while
+    # it stated them unloaded) and has not stated loaded since; and, by key, the ring's
+    # count of failed loads when its own last load of that key failed.
+    asked: set[str] = attrs.field(factory=set)
+    failed: dict[str, int] = attrs.field(factory=dict)
 
     @property
     def waiting(self) -> int:
@@ -146,14 +155,14 @@ class Routes:
             return (*worker.models, "")
         return tuple(self._queues)
 
-    def claimant(self, key: str, rank: Callable[[str], float | None] | None = None) -> str | None:
+    def claimant(self, key: str, rank: Callable[[str], Rank | None] | None = None) -> str | None:
         """The worker whose turn it is among those with a claim a stream of ``key`` fills;
         with ``rank``, the one of the lowest rank (``None``: passed over), then by turn."""
         lines = (self._lines.get(key), self._lines.get(ANY_LINE)) if key else self._lines.values()
-        first: tuple[float, int, str] | None = None
+        first: tuple[Rank, int, str] | None = None
         for line in lines:
             for worker_id, turn in line.items() if line else ():
-                order = 0.0 if rank is None else rank(worker_id)
+                order = _FIRST if rank is None else rank(worker_id)
                 if order is not None and (first is None or (order, turn) < first[:2]):
                     first = (order, turn, worker_id)
                 if rank is None:

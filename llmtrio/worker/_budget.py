@@ -23,6 +23,9 @@ pinned model (``--model``, ``keep_alive = -1`` in the models file) ignores a cli
 
 A failed load is remembered: wants for the model are refused with its reason until a
 back-off (1 s, doubling to 5 minutes) has passed, so a broken file is not reloaded in a loop.
+A loaded model whose engine dies (:meth:`LoadPolicy.failed`) starts unloading at once, even
+with requests in flight (they fail and end; its unload waits for them), and is backed off as
+a failed load is.
 """
 
 from __future__ import annotations
@@ -280,6 +283,19 @@ class LoadPolicy:
             self._failures.pop(name, None)
             return
         del self._models[name]
+        self._back_off(name, error, now)
+
+    def failed(self, name: str, now: float, error: str) -> None:
+        """The loaded model's engine died (its decode loop): it starts unloading at once,
+        whatever is in flight (those requests fail, and end), and wants for it are refused
+        with ``error`` within the back-off, as after a failed load."""
+        model = self._models.get(name)
+        if model is None or model.state != "loaded":
+            raise ValueError(f"{name} is not loaded")
+        model.state = "unloading"
+        self._back_off(name, error, now)
+
+    def _back_off(self, name: str, error: str, now: float) -> None:
         failure = self._failures.get(name)
         count = 1 if failure is None else failure.count + 1
         delay = min(BACKOFF_S[0] * 2 ** (count - 1), BACKOFF_S[1])
@@ -306,10 +322,13 @@ class LoadPolicy:
         model.expires = now + alive
 
     def unloaded(self, name: str) -> None:
-        """An unload is done: the model's memory is free."""
+        """An unload is done: the model's memory is free (no request may be in flight on
+        it: a failed model unloads once its failed requests have ended)."""
         model = self._models.get(name)
         if model is None or model.state != "unloading":
             raise ValueError(f"{name} is not unloading")
+        if model.inflight:
+            raise ValueError(f"{name} has requests in flight")
         del self._models[name]
 
     def unload(self, name: str) -> bool:

@@ -17,6 +17,16 @@ the request's own deadline (``--request-timeout``) apply: such a request is neve
 by the park timeout while its model loads. Requests beyond ``LOAD_WAITERS`` stay parked and
 the park timeout applies to them as to any request waiting for a slot.
 
+Unloading: before a model unloads, its links stop claiming for it. Each link claims inside
+a scope the unload cancels (:meth:`Claims.claiming`); the link withdraws its unfilled
+claims on every ingress, waits until each ingress has answered (``RingLink.wait_withdrawn``),
+beats ``unloaded`` at once, and hands back (``release``: parked again at the front, for
+another worker or the next load) a stream assigned in the race, or claimed before the unload
+began and not yet started; the engine is freed only then. So no request reaches a model that
+is gone, and none claimed before an unload loads the model again. A model whose engine dies
+(its decode loop fails) unloads the same way once its failed requests have ended (503 in
+OpenAI's shape), and is backed off as a failed load: a later request loads it again.
+
 Threads: each model's engine has the ``threads`` of its config; the loaded set shares the
 machine's cores as the engines' threads contend (no model's threads are changed as others
 load or unload; give each model ``threads`` so that the loaded set's sum fits the cores).
@@ -24,11 +34,13 @@ load or unload; give each model ``threads`` so that the loaded set's sum fits th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -41,7 +53,7 @@ from .._openai_errors import OpenAIError, invalid_request, model_load_failed
 from .._routes import MODELS_LOAD_PATH, MODELS_UNLOAD_PATH
 from ..engine import EngineConfig, EngineError, open_engine
 from ..engine.models import check_gguf, model_kind
-from ..ring import ClaimedStream, Heartbeat, RingLink
+from ..ring import ClaimedStream, Heartbeat, ProtocolError, RingLink
 from ._budget import LoadPolicy, ModelCost, ModelState, estimate_cost
 from ._endpoint import JSON_HEADERS, ModelEngine
 from ._manage import path_of, pinned, respond_error, respond_state
@@ -60,6 +72,9 @@ __all__ = [
 #: The requests one worker holds waiting on a model's load (its link's bound in the ring):
 #: more wait parked at the ingress, subject to its park timeout.
 LOAD_WAITERS = 64
+#: The longest an unload waits for its links to withdraw their claims (each ingress answers
+#: within a round trip, or is given up after the dial's ``ingress_timeout``, 10 s).
+WITHDRAW_TIMEOUT_S = 30.0
 
 logger = logging.getLogger("llmtrio.worker")
 
@@ -217,6 +232,58 @@ class _Waiters:
     failure: ModelLoadFailed | None = None
 
 
+def _set_event() -> trio.Event:
+    event = trio.Event()
+    event.set()
+    return event
+
+
+@attrs.define(eq=False)
+class Claims:
+    """A model's ring links as its unloads see them (``ModelHost.claims``): each link claims
+    inside a scope of :meth:`claiming`, which an unload cancels; the unload frees the model
+    once no link is inside one (each has withdrawn its claims)."""
+
+    #: How many unloads have begun: a stream claimed before the latest began is handed back.
+    unloads: int = 0
+    #: Set while no unload is under way: a link claims only then.
+    settled: trio.Event = attrs.field(factory=_set_event)
+    _scopes: set[trio.CancelScope] = attrs.field(factory=set)
+    _left: trio.Event = attrs.field(factory=trio.Event)
+
+    @contextmanager
+    def claiming(self) -> Iterator[trio.CancelScope]:
+        """Register one claim: claim inside the scope yielded (``with scope:``), which is
+        cancelled when an unload begins (at once when one is under way); withdraw before
+        leaving the block, which the unload waits for."""
+        scope = trio.CancelScope()
+        if not self.settled.is_set():
+            scope.cancel()
+        self._scopes.add(scope)
+        try:
+            yield scope
+        finally:
+            self._scopes.discard(scope)
+            self._left.set()
+
+    def begin_unload(self) -> None:
+        """An unload begins: cancel every claim and hold new ones until :meth:`unloaded`."""
+        self.unloads += 1
+        if self.settled.is_set():
+            self.settled = trio.Event()
+        for scope in self._scopes:
+            scope.cancel()
+
+    async def withdrawn(self) -> None:
+        """Return once no link claims (each withdrew its claims and left :meth:`claiming`)."""
+        while self._scopes:
+            self._left = trio.Event()
+            await self._left.wait()
+
+    def unloaded(self) -> None:
+        self.settled.set()
+
+
 @attrs.define(eq=False)
 class ModelHost:
     """The loaded set of a worker's on-demand models; run :meth:`run` in a nursery, then
@@ -230,6 +297,7 @@ class ModelHost:
     _engines: dict[str, ModelEngine] = attrs.field(init=False, factory=dict)
     _unload: dict[str, trio.Event] = attrs.field(init=False, factory=dict)
     _waiters: dict[str, _Waiters] = attrs.field(init=False, factory=dict)
+    _claims: dict[str, Claims] = attrs.field(init=False, factory=dict)
     _wake: trio.Event = attrs.field(init=False, factory=trio.Event)
     #: Loads started and how each ended, by model: (model, "ok" | "failed").
     loads: list[tuple[str, str]] = attrs.field(init=False, factory=list)
@@ -242,6 +310,7 @@ class ModelHost:
             memory_bytes=self.config.memory_budget_mib << 20,
             default_keep_alive=self.config.keep_alive,
         )
+        self._claims = {name: Claims() for name in self.models}
 
     @classmethod
     def of(
@@ -258,6 +327,10 @@ class ModelHost:
 
     def loaded_count(self) -> int:
         return self._policy.loaded_count()
+
+    def claims(self, name: str) -> Claims:
+        """How the links of ``name`` claim so that its unloads wait for them (the module)."""
+        return self._claims[name]
 
     def pin(self, name: str, cost: ModelCost) -> None:
         """Count a model loaded at start outside the host (``--model``) in the budget."""
@@ -324,14 +397,23 @@ class ModelHost:
         """A request on ``name`` ended; its ``keep_alive`` (``None``: the model's) sets when
         the idle model unloads (never for a pinned model)."""
         self._policy.end(name, trio.current_time(), keep_alive)
+        if self._policy.state(name) == "unloading" and not self._policy.inflight(name):
+            self._unload[name].set()  # a failed engine's last request ended
         self._kick()
 
     def unload(self, name: str) -> bool:
         """Unload an idle, unpinned loaded model now; ``False`` when it is not one."""
         if not self._policy.unload(name):
             return False
-        self._unload[name].set()
+        self._begin_unload(name)
         return True
+
+    def _begin_unload(self, name: str) -> None:
+        """The policy made ``name`` unloading: its links stop claiming; its engine is freed
+        once they have withdrawn (and nothing is in flight on it)."""
+        self._claims[name].begin_unload()
+        if not self._policy.inflight(name):
+            self._unload[name].set()
 
     def _answer(self, name: str, failure: ModelLoadFailed | None) -> None:
         waiters = self._waiters.pop(name, None)
@@ -350,7 +432,7 @@ class ModelHost:
                 for refusal in actions.refuse:
                     self._answer(refusal.model, ModelLoadFailed(refusal.model, refusal.reason))
                 for name in actions.unload:
-                    self._unload[name].set()
+                    self._begin_unload(name)
                 for name in actions.load:
                     self._unload[name] = trio.Event()
                     nursery.start_soon(self._hold, name)
@@ -378,9 +460,28 @@ class ModelHost:
         self._answer(name, None)
         self._kick()
         try:
-            await self._unload[name].wait()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_engine, name, engine)
+                await self._unload[name].wait()
+                nursery.cancel_scope.cancel()
+            with trio.move_on_after(WITHDRAW_TIMEOUT_S) as waited:
+                await self._claims[name].withdrawn()
+            if waited.cancelled_caught:
+                logger.warning("unloading %s: its links did not withdraw their claims", name)
         finally:
             del self._engines[name]
+
+    async def _watch_engine(self, name: str, engine: ModelEngine) -> None:
+        """A loaded engine whose decode loop dies: the model unloads (once what was in
+        flight on it has failed and ended) and is backed off as a failed load."""
+        failure = await engine.wait_failed()
+        if self._policy.state(name) != "loaded":
+            return  # unloading already: nothing more to do
+        reason = f"its engine failed while loaded ({failure})"
+        logger.error("%s: %s; unloading it", name, reason)
+        self._policy.failed(name, trio.current_time(), reason)
+        self._begin_unload(name)
+        self._kick()
 
     async def _hold(self, name: str) -> None:
         """Load ``name``, keep it until told to unload, then free it."""
@@ -406,6 +507,7 @@ class ModelHost:
             return
         self.unloads.append(name)
         self._policy.unloaded(name)
+        self._claims[name].unloaded()
         if self.metrics is not None:
             self.metrics.unloads.labels(name).inc()
         logger.info("unloaded %s", name)
@@ -459,6 +561,10 @@ async def serve_hosted_link(
     module): while it is not loaded, claim every stream parked for it, each waiting on
     its load; once loaded, claim while one of its ``max_inflight`` slots is free.
 
+    Resource handling: when the model begins to unload, the link's claims are withdrawn
+    (waiting for every ingress to answer) and a stream claimed before is handed back
+    unanswered (``release``); the unload waits for that.
+
     Error handling: a request whose model cannot be loaded is answered 503
     ``model_load_failed`` naming the model and the reason; the link goes on."""
     # ``room`` bounds what the link holds (the ring's bound: the attach's max_inflight,
@@ -502,12 +608,22 @@ async def serve_hosted_link(
             heartbeat()
             await trio.sleep(HEARTBEAT_INTERVAL_S)
 
-    async def handle(claimed: ClaimedStream, slot: bool) -> None:
+    def hand_back(claimed: ClaimedStream) -> None:
+        """Give back a stream claimed before the model began to unload: parked again at
+        the front, for another worker or the next load."""
+        logger.info("request %s handed back: %s is unloading", _request_id(claimed), name)
+        with contextlib.suppress(ProtocolError):  # its ingress is gone, and requeued it
+            claimed.release()
+
+    async def handle(claimed: ClaimedStream, slot: bool, unloads: int) -> None:
         nonlocal waiting
         try:
             with claimed:
                 if path_of(claimed) == MODELS_UNLOAD_PATH:
                     await _unload(host, name, claimed)
+                    return
+                if claims.unloads != unloads:
+                    hand_back(claimed)
                     return
                 try:
                     keep_alive = request_keep_alive(claimed.body)
@@ -518,6 +634,7 @@ async def serve_hosted_link(
                 try:
                     engine = await host.acquire(name)
                 except ModelLoadFailed as failure:
+                    heartbeat()  # the ring hears the load failed before the answers
                     error = failure.error()
                     await claimed.respond(
                         error.status, (*JSON_HEADERS, *error.headers), error.body()
@@ -525,6 +642,8 @@ async def serve_hosted_link(
                     return
                 finally:
                     waiting -= 1
+                if not slot:  # it waited on the load: the ring hears it loaded first
+                    heartbeat()
                 if path_of(claimed) == MODELS_LOAD_PATH:
                     host.release(name, keep_alive)
                     await respond_state(claimed, name, "loaded")
@@ -543,22 +662,49 @@ async def serve_hosted_link(
             if slot:
                 slots.release()
 
+    async def claim() -> tuple[ClaimedStream, bool]:
+        """A stream, and whether it holds one of the loaded model's slots."""
+        await room.acquire()
+        slot = host.state(name) == "loaded"
+        try:
+            if slot:
+                await slots.acquire()
+            try:
+                return await link.claim(), slot
+            except BaseException:
+                if slot:
+                    slots.release()
+                raise
+        except BaseException:
+            room.release()
+            raise
+
+    claims = host.claims(name)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(beat)
         task_status.started()
         while True:
-            await room.acquire()
-            slot = host.state(name) == "loaded"
-            try:
-                if slot:
-                    await slots.acquire()
-                try:
-                    claimed = await link.claim()
-                except BaseException:
-                    if slot:
-                        slots.release()
-                    raise
-            except BaseException:
-                room.release()
-                raise
-            nursery.start_soon(handle, claimed, slot)
+            await claims.settled.wait()
+            if host.state(name) != "loaded":
+                # A claim that may ask for a load waits until every earlier claim taken
+                # back is answered: no stream meant for the model before it unloaded fills it.
+                await link.wait_withdrawn()
+            unloads = claims.unloads
+            with claims.claiming() as scope:
+                taken: tuple[ClaimedStream, bool] | None = None
+                with scope:
+                    taken = await claim()
+                if scope.cancel_called:
+                    # The model began to unload: the claims are taken back (a stream
+                    # assigned in the race given back), the ring hears it unloaded, and the
+                    # unload waits until every ingress has answered.
+                    if taken is not None:
+                        hand_back(taken[0])
+                        room.release()
+                        if taken[1]:
+                            slots.release()
+                    heartbeat()
+                    await link.wait_withdrawn()
+                    continue
+            assert taken is not None
+            nursery.start_soon(handle, *taken, unloads)
