@@ -44,7 +44,7 @@ from ._embeddings import (
     parse_embeddings_request,
     too_long,
 )
-from ._endpoint import Encoder, Endpoint
+from ._endpoint import Encoder, Endpoint, run_tokenizer
 from ._images import fetch_remote_images
 from ._messages_request import MessagesRequest, parse_messages_request
 from ._messages_response import Counted, MessageBody, MessageStream, TokenCount
@@ -104,22 +104,12 @@ class _Completions:
         def tokenize(text: str) -> list[int]:
             return engine.tokenize(text, add_special=True)
 
-        if len(request.prompt) <= _INLINE_TOKENIZE_CHARS:  # characters, or token ids
-            generate = request.generate(tokenize)
-        else:
-            # Tokenizing a long prompt takes a while: never on the event loop.
-            generate = await trio.to_thread.run_sync(request.generate, tokenize)
+        generate = await run_tokenizer(len(request.prompt), request.generate, tokenize)
         async with engine.submit(generate) as generation:
             yield generation
 
     def encoder(self, request: CompletionRequest, meta: ResponseMeta) -> Encoder:
         return TextStream(request, meta) if request.stream else TextBody(request, meta)
-
-
-#: Texts up to this many characters in all are tokenized on the event loop (a 93-character
-#: sentence takes 23 us, 1024 characters at most about 0.25 ms), which costs less than the
-#: hand-off to a worker thread and back; longer ones in a worker thread.
-_INLINE_TOKENIZE_CHARS = 1024
 
 
 @attrs.frozen
@@ -142,13 +132,9 @@ class _Embeddings:
         tokens: list[list[int]]
         if request.inputs and isinstance(request.inputs[0], str):
             texts = [str(item) for item in request.inputs]
-            if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
-                tokens = [engine.tokenize(text) for text in texts]
-            else:
-                # Tokenizing 2048 long texts takes a while: never on the event loop.
-                tokens = await trio.to_thread.run_sync(
-                    lambda: [engine.tokenize(text) for text in texts]
-                )  # not abandoned on cancel: the model must outlive the thread that reads it
+            tokens = await run_tokenizer(
+                sum(map(len, texts)), lambda: [engine.tokenize(text) for text in texts]
+            )
         else:
             tokens = [list(item) for item in request.inputs if not isinstance(item, str)]
         for index, ids in enumerate(tokens):
