@@ -15,7 +15,9 @@ text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a 
   JSON response; an encoder that :class:`KeepsAlive` (Anthropic's stream) opens its stream
   before the first event when that is slow to come (a long prompt), and pings until it does;
 - every error is told in the shape of the endpoint's route family
-  (``llmtrio._routes.error_family``: OpenAI's, or Anthropic's on ``/v1/messages*``);
+  (``llmtrio._routes.error_family``: OpenAI's, or Anthropic's on ``/v1/messages*``), and an
+  engine's refusal in its words (``from_engine_error``: a prompt too long for the context is
+  "maximum context length" to OpenAI's clients, "prompt is too long" to Anthropic's);
 - an event stream is relayed with back-pressure while the engine works and flushed in one
   last chunk once it has finished, so the slot is free however slowly the client reads;
 - a failure after the head is an error event on an event stream, worded by the encoder
@@ -312,7 +314,9 @@ async def _respond(
     except OpenAIError as error:
         await response.error(error)
     except EngineError as exc:
-        await response.error(from_engine_error(exc), prompt_tokens=_prompt_tokens(exc))
+        await response.error(
+            from_engine_error(exc, response.family), prompt_tokens=_prompt_tokens(exc)
+        )
 
 
 async def _stream(response: _Response, encoder: Encoder, events: Events) -> None:
@@ -327,7 +331,9 @@ async def _stream(response: _Response, encoder: Encoder, events: Events) -> None
             response.finished(event, encoder)
             return last
         assert isinstance(event, Failed)
-        error = response.failed(_failure(event), prompt_tokens=_prompt_tokens(event.error))
+        error = response.failed(
+            _failure(event, response.family), prompt_tokens=_prompt_tokens(event.error)
+        )
         return encoder.failure(error)
 
     iterator = aiter(events)
@@ -338,7 +344,9 @@ async def _stream(response: _Response, encoder: Encoder, events: Events) -> None
     if response.sent_head:
         opening = b""
     elif isinstance(first, Failed):
-        await response.error(_failure(first), prompt_tokens=_prompt_tokens(first.error))
+        await response.error(
+            _failure(first, response.family), prompt_tokens=_prompt_tokens(first.error)
+        )
         return
     else:
         await response.head(200, SSE_HEADERS, streaming=True)
@@ -412,7 +420,9 @@ async def _whole(response: _Response, encoder: Encoder, events: Events) -> None:
         await response.whole(200, JSON_HEADERS, body)
     else:
         assert isinstance(last, Failed), "the work's events end with a Done or a Failed"
-        await response.error(_failure(last), prompt_tokens=_prompt_tokens(last.error))
+        await response.error(
+            _failure(last, response.family), prompt_tokens=_prompt_tokens(last.error)
+        )
 
 
 def _prompt_tokens(error: Exception) -> int | None:
@@ -423,8 +433,8 @@ def _prompt_tokens(error: Exception) -> int | None:
     return None
 
 
-def _failure(event: Failed) -> OpenAIError:
+def _failure(event: Failed, family: str) -> OpenAIError:
     logger.warning("generation failed: %s", event.error)
     if isinstance(event.error, EngineError):
-        return from_engine_error(event.error)
+        return from_engine_error(event.error, family)
     return server_error()

@@ -13,7 +13,6 @@ import attrs
 import trio
 
 from .._fields import COUNT_TOKENS, RequestLimits
-from .._openai_errors import invalid_request
 from .._routes import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -28,7 +27,6 @@ from ..engine import (
     EmbeddingEngine,
     Engine,
     Generation,
-    PromptTooLongError,
     RequestError,
     StopReason,
     Timings,
@@ -202,24 +200,10 @@ def _naming_input() -> Iterator[None]:
     names it (``input``)."""
     try:
         yield
-    except PromptTooLongError as exc:
-        raise naming_input(from_engine_error(exc)) from None
-    except RequestError as exc:
+    except RequestError as exc:  # a PromptTooLongError is one, on "messages"
         if exc.param != "messages":
             raise
         raise naming_input(from_engine_error(exc)) from None
-
-
-def _prompt_too_long(exc: PromptTooLongError) -> Exception:
-    """Anthropic's words for a prompt over the context (Claude Code compacts its
-    conversation when it reads "prompt is too long")."""
-    return invalid_request(
-        f"prompt is too long: {exc.prompt_tokens} tokens > {exc.ctx_size - 1} maximum "
-        f"(this model's context is {exc.ctx_size} tokens, and at least one is left to "
-        f"generate).",
-        param="messages",
-        code="context_length_exceeded",
-    )
 
 
 @attrs.frozen
@@ -236,11 +220,8 @@ class _Messages:
     @asynccontextmanager
     async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Generation]:
         generate = await fetch_remote_images(request.generate, engine)
-        try:
-            async with engine.submit(generate) as generation:
-                yield generation
-        except PromptTooLongError as exc:  # raised by submit, before anything runs
-            raise _prompt_too_long(exc) from None
+        async with engine.submit(generate) as generation:
+            yield generation
 
     def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:
         return MessageStream(request, meta) if request.stream else MessageBody(request, meta)
@@ -261,10 +242,7 @@ class _CountTokens:
     @asynccontextmanager
     async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Finished]:
         generate = await fetch_remote_images(request.generate, engine)
-        try:
-            count = await engine.count_prompt_tokens(generate)
-        except PromptTooLongError as exc:
-            raise _prompt_too_long(exc) from None
+        count = await engine.count_prompt_tokens(generate)
         yield Finished(Counted(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))
 
     def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:
