@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio._routes import ANTHROPIC_ERRORS, CHAT_PATH
 
 try:  # the HTTP client the openai package is built on: httpx2 from openai 3, httpx before
     import httpx2 as httpx
@@ -554,6 +554,17 @@ def test_prompt_too_long_is_context_length_exceeded() -> None:
     )
     assert "maximum context length is 4096 tokens" in error.message
     assert "5000 tokens" in error.message
+    # Anthropic's routes word it as Anthropic does (Claude Code matches "prompt is too long").
+    anthropic = from_engine_error(PromptTooLongError(5000, 4096), ANTHROPIC_ERRORS)
+    assert (anthropic.status, anthropic.param, anthropic.code) == (
+        400,
+        "messages",
+        "context_length_exceeded",
+    )
+    assert anthropic.message == (
+        "prompt is too long: 5000 tokens > 4095 maximum (this model's context is 4096 tokens, "
+        "and at least one is left to generate)."
+    )
 
 
 def test_other_engine_errors() -> None:

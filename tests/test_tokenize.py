@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from llmtrio._routes import CHAT_PATH, DETOKENIZE_PATH, TOKENIZE_PATH
 from llmtrio.engine import EmbeddingEngine
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
+from llmtrio.worker._endpoint import run_tokenizer
 from llmtrio.worker._responses import ResponseMeta
 from llmtrio.worker._tokenize import (
     DETOKENIZE_ENDPOINT,
@@ -67,6 +69,15 @@ def test_the_requests_parse_as_llama_cpps() -> None:
         with pytest.raises(Exception) as info:
             parse_detokenize_request(json.dumps(body).encode())
         assert getattr(info.value, "param", None) == param, body
+
+
+async def test_tokenizer_work_runs_on_the_loop_when_small_and_in_a_thread_when_large() -> None:
+    """Every endpoint's tokenizer work (``/tokenize``, a completion's prompt, embeddings'
+    texts) goes through one threshold: 1024 characters or token ids."""
+    loop = threading.get_ident()
+    assert await run_tokenizer(1024, threading.get_ident) == loop
+    assert await run_tokenizer(1025, threading.get_ident) != loop
+    assert await run_tokenizer(1025, pow, 2, 10) == await run_tokenizer(0, pow, 2, 10) == 1024
 
 
 async def test_tokenize_and_detokenize_through_the_ingress(

@@ -13,7 +13,6 @@ import attrs
 import trio
 
 from .._fields import COUNT_TOKENS, RequestLimits
-from .._openai_errors import invalid_request
 from .._routes import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -28,7 +27,6 @@ from ..engine import (
     EmbeddingEngine,
     Engine,
     Generation,
-    PromptTooLongError,
     RequestError,
     StopReason,
     Timings,
@@ -44,7 +42,7 @@ from ._embeddings import (
     parse_embeddings_request,
     too_long,
 )
-from ._endpoint import Encoder, Endpoint
+from ._endpoint import Encoder, Endpoint, run_tokenizer
 from ._images import fetch_remote_images
 from ._messages_request import MessagesRequest, parse_messages_request
 from ._messages_response import Counted, MessageBody, MessageStream, TokenCount
@@ -104,22 +102,12 @@ class _Completions:
         def tokenize(text: str) -> list[int]:
             return engine.tokenize(text, add_special=True)
 
-        if len(request.prompt) <= _INLINE_TOKENIZE_CHARS:  # characters, or token ids
-            generate = request.generate(tokenize)
-        else:
-            # Tokenizing a long prompt takes a while: never on the event loop.
-            generate = await trio.to_thread.run_sync(request.generate, tokenize)
+        generate = await run_tokenizer(len(request.prompt), request.generate, tokenize)
         async with engine.submit(generate) as generation:
             yield generation
 
     def encoder(self, request: CompletionRequest, meta: ResponseMeta) -> Encoder:
         return TextStream(request, meta) if request.stream else TextBody(request, meta)
-
-
-#: Texts up to this many characters in all are tokenized on the event loop (a 93-character
-#: sentence takes 23 us, 1024 characters at most about 0.25 ms), which costs less than the
-#: hand-off to a worker thread and back; longer ones in a worker thread.
-_INLINE_TOKENIZE_CHARS = 1024
 
 
 @attrs.frozen
@@ -142,13 +130,9 @@ class _Embeddings:
         tokens: list[list[int]]
         if request.inputs and isinstance(request.inputs[0], str):
             texts = [str(item) for item in request.inputs]
-            if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
-                tokens = [engine.tokenize(text) for text in texts]
-            else:
-                # Tokenizing 2048 long texts takes a while: never on the event loop.
-                tokens = await trio.to_thread.run_sync(
-                    lambda: [engine.tokenize(text) for text in texts]
-                )  # not abandoned on cancel: the model must outlive the thread that reads it
+            tokens = await run_tokenizer(
+                sum(map(len, texts)), lambda: [engine.tokenize(text) for text in texts]
+            )
         else:
             tokens = [list(item) for item in request.inputs if not isinstance(item, str)]
         for index, ids in enumerate(tokens):
@@ -216,24 +200,10 @@ def _naming_input() -> Iterator[None]:
     names it (``input``)."""
     try:
         yield
-    except PromptTooLongError as exc:
-        raise naming_input(from_engine_error(exc)) from None
-    except RequestError as exc:
+    except RequestError as exc:  # a PromptTooLongError is one, on "messages"
         if exc.param != "messages":
             raise
         raise naming_input(from_engine_error(exc)) from None
-
-
-def _prompt_too_long(exc: PromptTooLongError) -> Exception:
-    """Anthropic's words for a prompt over the context (Claude Code compacts its
-    conversation when it reads "prompt is too long")."""
-    return invalid_request(
-        f"prompt is too long: {exc.prompt_tokens} tokens > {exc.ctx_size - 1} maximum "
-        f"(this model's context is {exc.ctx_size} tokens, and at least one is left to "
-        f"generate).",
-        param="messages",
-        code="context_length_exceeded",
-    )
 
 
 @attrs.frozen
@@ -250,11 +220,8 @@ class _Messages:
     @asynccontextmanager
     async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Generation]:
         generate = await fetch_remote_images(request.generate, engine)
-        try:
-            async with engine.submit(generate) as generation:
-                yield generation
-        except PromptTooLongError as exc:  # raised by submit, before anything runs
-            raise _prompt_too_long(exc) from None
+        async with engine.submit(generate) as generation:
+            yield generation
 
     def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:
         return MessageStream(request, meta) if request.stream else MessageBody(request, meta)
@@ -275,10 +242,7 @@ class _CountTokens:
     @asynccontextmanager
     async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Finished]:
         generate = await fetch_remote_images(request.generate, engine)
-        try:
-            count = await engine.count_prompt_tokens(generate)
-        except PromptTooLongError as exc:
-            raise _prompt_too_long(exc) from None
+        count = await engine.count_prompt_tokens(generate)
         yield Finished(Counted(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))
 
     def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:

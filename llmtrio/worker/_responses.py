@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from .._openai_errors import OpenAIError, dumps, invalid_request, model_unavailable, server_error
+from .._routes import ANTHROPIC_ERRORS, OPENAI_ERRORS
 from ..engine import (
     Done,
     EngineClosedError,
@@ -189,22 +190,17 @@ def chat_logprobs_json(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     return {"content": [token_logprob_json(e) for e in entries], "refusal": None}
 
 
-def from_engine_error(exc: EngineError) -> OpenAIError:
-    """The OpenAI error for an exception the engine raised or reported.
+def from_engine_error(exc: EngineError, family: str = OPENAI_ERRORS) -> OpenAIError:
+    """The error for an exception the engine raised or reported, on a route of ``family``
+    (``llmtrio._routes.error_family``).
 
-    A :class:`PromptTooLongError` becomes OpenAI's 400 ``context_length_exceeded`` on
-    ``messages`` (worded as OpenAI words it: clients match "maximum context length"); any other
-    :class:`RequestError` a 400 naming its ``param``; :class:`EngineClosedError` a 503; anything
-    else a 500.
+    A :class:`PromptTooLongError` becomes a 400 ``context_length_exceeded`` on ``messages``,
+    worded as ``family``'s clients match it (:func:`_prompt_too_long`); any other
+    :class:`RequestError` a 400 naming its ``param``; :class:`EngineClosedError` a 503;
+    anything else a 500.
     """
     if isinstance(exc, PromptTooLongError):
-        return invalid_request(
-            f"This model's maximum context length is {exc.ctx_size} tokens. However, your "
-            f"messages resulted in {exc.prompt_tokens} tokens (at least one token must be left "
-            f"to generate). Please reduce the length of the messages.",
-            param="messages",
-            code="context_length_exceeded",
-        )
+        return _prompt_too_long(exc, family)
     if isinstance(exc, RequestError):
         return invalid_request(str(exc), param=exc.param, code="invalid_value")
     if isinstance(exc, EngineFailedError):
@@ -212,3 +208,23 @@ def from_engine_error(exc: EngineError) -> OpenAIError:
     if isinstance(exc, EngineClosedError):
         return model_unavailable("The model is shutting down.")
     return server_error(f"The model failed while generating: {exc}")
+
+
+def _prompt_too_long(exc: PromptTooLongError, family: str) -> OpenAIError:
+    """A prompt over the context, in the one wording of each route family: OpenAI's (clients
+    match "maximum context length"), Anthropic's (Claude Code compacts its conversation when
+    it reads "prompt is too long"). The Responses API's routes name ``input`` instead
+    (``_responses_request.naming_input``)."""
+    if family == ANTHROPIC_ERRORS:
+        message = (
+            f"prompt is too long: {exc.prompt_tokens} tokens > {exc.ctx_size - 1} maximum "
+            f"(this model's context is {exc.ctx_size} tokens, and at least one is left to "
+            f"generate)."
+        )
+    else:
+        message = (
+            f"This model's maximum context length is {exc.ctx_size} tokens. However, your "
+            f"messages resulted in {exc.prompt_tokens} tokens (at least one token must be left "
+            f"to generate). Please reduce the length of the messages."
+        )
+    return invalid_request(message, param="messages", code="context_length_exceeded")

@@ -35,7 +35,7 @@ from .._openai_errors import OpenAIError, dumps
 from .._routes import DETOKENIZE_PATH, TOKENIZE_PATH
 from ..engine import Done, StopReason, Timings
 from ._embeddings import Finished
-from ._endpoint import Encoder, ModelEngine
+from ._endpoint import Encoder, ModelEngine, run_tokenizer
 from ._requests import json_body
 from ._responses import ResponseMeta
 
@@ -49,10 +49,6 @@ __all__ = [
 ]
 
 _NO_LIMITS = RequestLimits()
-
-#: Texts of up to this many characters (token lists of up to this many ids) are handled on
-#: the event loop, as the completions endpoint tokenizes; longer ones in a worker thread.
-_INLINE = 1024
 
 
 @attrs.frozen
@@ -186,12 +182,7 @@ class _Tokenize:
     async def run(self, engine: ModelEngine, request: TokenizeRequest) -> AsyncIterator[Finished]:
         started = trio.current_time()
         size = sum(len(part) if isinstance(part, str) else 1 for part in request.content)
-        if size <= _INLINE:
-            tokens, pieces = _tokenize(engine, request)
-        else:
-            # A long text takes a while: never on the event loop (and not abandoned on
-            # cancel: the model must outlive the thread that reads it).
-            tokens, pieces = await trio.to_thread.run_sync(_tokenize, engine, request)
+        tokens, pieces = await run_tokenizer(size, _tokenize, engine, request)
         piece_tuple = tuple(pieces) if request.with_pieces else None
         yield Finished(_done(Tokenized, started, tokens=tuple(tokens), pieces=piece_tuple))
 
@@ -213,10 +204,7 @@ class _Detokenize:
     @asynccontextmanager
     async def run(self, engine: ModelEngine, request: DetokenizeRequest) -> AsyncIterator[Finished]:
         started = trio.current_time()
-        if len(request.tokens) <= _INLINE:
-            content = _detokenize(engine, request.tokens)
-        else:
-            content = await trio.to_thread.run_sync(_detokenize, engine, request.tokens)
+        content = await run_tokenizer(len(request.tokens), _detokenize, engine, request.tokens)
         yield Finished(_done(Detokenized, started, content=content))
 
     def encoder(self, request: DetokenizeRequest, meta: ResponseMeta) -> Encoder:
