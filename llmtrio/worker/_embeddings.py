@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
-from typing import Any
 
 import attrs
 import numpy as np
@@ -32,6 +31,7 @@ from .._fields import (
 from .._openai_errors import OpenAIError, dumps, invalid_request
 from ..engine import Done, Event, StopReason, Timings
 from ._requests import json_body, reject_refused
+from ._responses import WholeBody
 
 __all__ = [
     "EmbeddingsBody",
@@ -191,18 +191,11 @@ def embeddings_done(
 
 
 @attrs.define
-class EmbeddingsBody:
+class EmbeddingsBody(WholeBody):
     """The JSON body: ``{"object": "list", "data": [...], "model", "usage"}``."""
 
     request: EmbeddingsRequest
     model: str
-    streaming: bool = False
-
-    def start(self) -> bytes:
-        return b""
-
-    def event(self, token: Any) -> bytes:
-        return b""
 
     def finish(self, done: Done) -> bytes:
         assert isinstance(done, EmbeddingsDone)
@@ -220,9 +213,3 @@ class EmbeddingsBody:
         usage = {"prompt_tokens": done.prompt_tokens, "total_tokens": done.prompt_tokens}
         tail = dumps({"model": self.model, "usage": usage})
         return b'{"object":"list","data":[' + data.encode() + b"]," + tail[1:]
-
-    def finish_reason(self, done: Done) -> str:
-        return "stop"
-
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()

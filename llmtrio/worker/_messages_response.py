@@ -39,7 +39,7 @@ from ..engine import (
     ToolCallStream,
 )
 from ._messages_request import MessagesRequest
-from ._responses import ResponseMeta
+from ._responses import ResponseMeta, WholeBody
 
 __all__ = ["Counted", "MessageBody", "MessageStream", "TokenCount", "signature", "stop_reason"]
 
@@ -282,24 +282,11 @@ class Counted(Done):
     worker's metrics count its request and prompt tokens, no latencies)."""
 
 
-class TokenCount:
+class TokenCount(WholeBody):
     """``count_tokens``' body: ``{"input_tokens": N}``, the prompt's length templated as a
-    generation's is."""
+    generation's is; a failure in Anthropic's words."""
 
-    streaming = False
-
-    def start(self) -> bytes:
-        return b""
-
-    def event(self, token: Token) -> bytes:
-        return b""
+    errors = ANTHROPIC_ERRORS
 
     def finish(self, done: Done) -> bytes:
         return dumps({"input_tokens": done.prompt_tokens})
-
-    def finish_reason(self, done: Done) -> str:
-        return done.stop.finish_reason
-
-    def failure(self, error: OpenAIError) -> bytes:
-        """Anthropic's ``error`` event."""
-        return error.sse(ANTHROPIC_ERRORS)

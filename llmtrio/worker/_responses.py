@@ -30,6 +30,7 @@ __all__ = [
     "DONE",
     "Envelope",
     "ResponseMeta",
+    "WholeBody",
     "chat_logprobs_json",
     "from_engine_error",
     "json_string",
@@ -121,6 +122,28 @@ class Envelope:
     def usage(self, done: Done) -> bytes:
         """The usage chunk: ``"choices": []`` and the token counts."""
         return self._open + b'],"usage":' + dumps(usage_json(done)) + b"}\n\n"
+
+
+class WholeBody:
+    """The part every encoder of one JSON body shares (the worker's ``Encoder`` shape, never
+    streamed): nothing before or per event, the body whole from ``finish`` (each one's own),
+    the stop's ``finish_reason``, and a failure worded in ``errors``' family (an error
+    response, since nothing went out before it)."""
+
+    streaming = False
+    errors = OPENAI_ERRORS
+
+    def start(self) -> bytes:
+        return b""
+
+    def event(self, token: Any) -> bytes:
+        return b""
+
+    def finish_reason(self, done: Done) -> str:
+        return done.stop.finish_reason
+
+    def failure(self, error: OpenAIError) -> bytes:
+        return error.sse(self.errors)
 
 
 def usage_json(done: Done) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from ..engine import (
     ToolCallStream,
 )
 from ._chat_response import finish_reason
-from ._responses import ResponseMeta, token_logprob_json
+from ._responses import ResponseMeta, WholeBody, token_logprob_json
 from ._responses_request import ResponsesRequest
 
 __all__ = ["InputTokensBody", "ResponsesBody", "ResponsesStream", "response_usage"]
@@ -307,23 +307,9 @@ class ResponsesBody:
         return finish_reason(done, self._output.calls)
 
 
-class InputTokensBody:
+class InputTokensBody(WholeBody):
     """``{"object": "response.input_tokens", "input_tokens": N}``: the prompt's tokens,
     templated exactly as a generation's (its ``usage.input_tokens``)."""
 
-    streaming = False
-
-    def start(self) -> bytes:
-        return b""
-
-    def event(self, token: Token) -> bytes:
-        return b""
-
     def finish(self, done: Done) -> bytes:
         return dumps({"object": "response.input_tokens", "input_tokens": done.prompt_tokens})
-
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()
-
-    def finish_reason(self, done: Done) -> str:
-        return done.stop.finish_reason

@@ -37,7 +37,7 @@ from ..engine import Done, StopReason, Timings
 from ._embeddings import Finished
 from ._endpoint import Encoder, ModelEngine, run_tokenizer
 from ._requests import json_body
-from ._responses import ResponseMeta
+from ._responses import ResponseMeta, WholeBody
 
 __all__ = [
     "DETOKENIZE_ENDPOINT",
@@ -219,16 +219,7 @@ def _piece(piece: bytes) -> str | list[int]:
         return list(piece)
 
 
-@attrs.define
-class _TokenizeBody:
-    streaming: bool = False
-
-    def start(self) -> bytes:
-        return b""
-
-    def event(self, token: Any) -> bytes:
-        return b""
-
+class _TokenizeBody(WholeBody):
     def finish(self, done: Done) -> bytes:
         assert isinstance(done, Tokenized)
         if done.pieces is None:
@@ -238,32 +229,11 @@ class _TokenizeBody:
         ]
         return dumps({"tokens": entries})
 
-    def finish_reason(self, done: Done) -> str:
-        return "stop"
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()  # never streamed: a failure is an error response
-
-
-@attrs.define
-class _DetokenizeBody:
-    streaming: bool = False
-
-    def start(self) -> bytes:
-        return b""
-
-    def event(self, token: Any) -> bytes:
-        return b""
-
+class _DetokenizeBody(WholeBody):
     def finish(self, done: Done) -> bytes:
         assert isinstance(done, Detokenized)
         return dumps({"content": done.content})
-
-    def finish_reason(self, done: Done) -> str:
-        return "stop"
-
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()  # never streamed: a failure is an error response
 
 
 TOKENIZE_ENDPOINT = _Tokenize()
