@@ -263,15 +263,16 @@ class EngineCore:
         decode_only = not any(part.start is not None for part in parts)
         self._scheduler.measured(step_s * 1000, decode_only=decode_only)
         gate = self._drafts.gate
-        if drafting and decode_only and not failed and gate is not None:
-            gate.measured(
-                len(parts),
-                sum(len(output.tokens) for output in outputs),
-                step_s * 1000,
-                opened=self._drafts.opened,
-                at=started,
-            )
-            stats.spec_held_steps = gate.held
+        if drafting and gate is not None:
+            stats.spec_held_steps = gate.held  # steps with a prompt chunk are held too
+            if decode_only and not failed:
+                gate.measured(
+                    len(parts),
+                    sum(len(output.tokens) for output in outputs),
+                    step_s * 1000,
+                    opened=self._drafts.opened,
+                    at=started,
+                )
         if drafting and not failed:
             # Without the decoding sequences' sampling: the budget adds each one's own.
             self._drafts.costs.measured(

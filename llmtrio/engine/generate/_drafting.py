@@ -86,8 +86,11 @@ class DraftBudget:
         the step (it then runs as without speculation: nothing proposed or priced, the
         sequences' acceptance untouched)."""
         gate = self.gate
-        at = time.perf_counter() if now is None else now
-        self.opened = not (parts and gate is not None and not gate.open(len(parts), at))
+        self.opened = (
+            gate is None
+            or not parts
+            or gate.open(len(parts), time.perf_counter() if now is None else now)
+        )
         if not self.opened:
             return
         prefill_tokens = sum(part.count for part in prefill)
