@@ -190,6 +190,15 @@ class Rules:
         self._by_body[body] = name
         return name
 
+    def checkpoint(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The rules as they are now, for :meth:`rollback`."""
+        return dict(self._rules), dict(self._by_body)
+
+    def rollback(self, mark: tuple[dict[str, str], dict[str, str]]) -> None:
+        """Back to :meth:`checkpoint`'s rules: what a failed translation half wrote is gone
+        (a rule reserved and never defined would break the grammar)."""
+        self._rules, self._by_body = dict(mark[0]), dict(mark[1])
+
     def has(self, name: str) -> bool:
         return name in self._rules
 

@@ -1,6 +1,10 @@
 """Which JSON Schema keywords structured output enforces, and the two that need reasoning
 over whole schemas: ``allOf`` (merged into one schema) and ``oneOf`` (enforced only where its
 branches cannot overlap). Pure.
+
+A keyword that cannot be enforced is refused or relaxed, as the schema is strict or not
+(:class:`Relaxation`, :class:`UnenforcedError`); a schema that is not one (an unknown type, a
+reference that points nowhere) is a :class:`SchemaError` either way.
 """
 
 from __future__ import annotations
@@ -9,11 +13,15 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 __all__ = [
     "ANNOTATIONS",
     "ENFORCED",
     "REFUSED",
+    "Relaxation",
     "SchemaError",
+    "UnenforcedError",
     "disjoint",
     "json_text",
     "merge",
@@ -22,7 +30,30 @@ __all__ = [
 
 
 class SchemaError(ValueError):
-    """A schema the grammar cannot enforce (the message says why)."""
+    """A schema the grammar cannot enforce (the message says why): not a JSON schema, or
+    (an :class:`UnenforcedError`) a keyword of a strict schema the grammar cannot enforce."""
+
+
+class UnenforcedError(SchemaError):
+    """A valid keyword the grammar cannot enforce, in a strict schema; ``keyword`` names it
+    (relaxed instead where the schema is not strict: :class:`Relaxation`)."""
+
+    def __init__(self, message: str, *, keyword: str) -> None:
+        super().__init__(message)
+        self.keyword = keyword
+
+
+@attrs.frozen
+class Relaxation:
+    """A keyword the grammar did not enforce in a schema that is not strict: the sub-schema
+    at ``where`` became what the grammar can enforce (``why`` says what was dropped)."""
+
+    where: str
+    keyword: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"'{self.keyword}' is not enforced at {self.where}: {self.why}"
 
 
 #: Keywords turned into grammar, by what they constrain.
@@ -75,7 +106,7 @@ ANNOTATIONS = frozenset(
         "contentMediaType",
     }
 )
-#: Why some keywords stay refused.
+#: The keywords of JSON Schema (2020-12 and draft 7) the grammar does not enforce, and why.
 REFUSED = {
     "not": "a grammar cannot exclude what another schema matches",
     "uniqueItems": "a grammar cannot compare array items with each other",
@@ -83,12 +114,20 @@ REFUSED = {
     "then": "conditional schemas are not enforced",
     "else": "conditional schemas are not enforced",
     "contains": "a grammar cannot count the items that match a schema",
+    "minContains": "a grammar cannot count the items that match a schema",
+    "maxContains": "a grammar cannot count the items that match a schema",
     "patternProperties": "property names by pattern are not enforced",
     "propertyNames": "property names by schema are not enforced",
     "dependentRequired": "dependencies between properties are not enforced",
     "dependentSchemas": "dependencies between properties are not enforced",
+    "dependencies": "dependencies between properties are not enforced",
     "minProperties": "property counts are not enforced",
     "maxProperties": "property counts are not enforced",
+    "unevaluatedProperties": "unevaluated properties are not enforced",
+    "unevaluatedItems": "unevaluated items are not enforced",
+    "additionalItems": "draft 7's tuple items are not enforced (use prefixItems)",
+    "$dynamicRef": "dynamic references are not enforced",
+    "$recursiveRef": "dynamic references are not enforced",
 }
 _TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
 
@@ -157,7 +196,9 @@ def merge(
                 both = [t for t in a if t in b or (t == "integer" and "number" in b)]
                 both += [t for t in b if t == "integer" and "number" in a and t not in both]
                 if not both:
-                    raise SchemaError(f"{where}: allOf asks for types {a} and {b} at once")
+                    raise UnenforcedError(
+                        f"{where}: allOf asks for types {a} and {b} at once", keyword="allOf"
+                    )
                 out[key] = both
             elif key == "required":
                 out[key] = list(dict.fromkeys([*out[key], *value]))
@@ -174,13 +215,17 @@ def merge(
                 keep = [v for v in a if json_text(v) in {json_text(w) for w in b}]
                 out[key] = keep if key == "enum" else (keep[0] if keep else None)
                 if not keep:
-                    raise SchemaError(f"{where}: allOf leaves no value of its enum or const")
+                    raise UnenforcedError(
+                        f"{where}: allOf leaves no value of its enum or const", keyword="allOf"
+                    )
             elif key in _BOUNDS:
                 out[key] = _stricter(key, out[key], value)
             elif key == "pattern":
                 out[key] = [*_as_list(out[key]), *_as_list(value)]
             elif json_text(out[key]) != json_text(value):
-                raise SchemaError(f"{where}: allOf combines two different '{key}'")
+                raise UnenforcedError(
+                    f"{where}: allOf combines two different '{key}'", keyword="allOf"
+                )
     _close_properties(flat, out)
     return out
 
@@ -212,9 +257,10 @@ def _close_properties(parts: Sequence[Mapping[str, Any]], out: dict[str, Any]) -
                 continue
             if extra is False:
                 if name in out.get("required", ()):
-                    raise SchemaError(
+                    raise UnenforcedError(
                         f"allOf requires '{name}', which another part's "
-                        f"additionalProperties forbids"
+                        f"additionalProperties forbids",
+                        keyword="allOf",
                     )
                 del properties[name]
             else:
