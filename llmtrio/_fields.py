@@ -267,7 +267,8 @@ _TOOL = _part("", "object", nullable=False, component="Tool", properties=(
         _part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
         _part("description", "string", falsy_is_null=True),
         _part("parameters", "object", "The arguments' JSON Schema; none (or {}) takes none."),
-        _part("strict", "any", "Accepted and not read."),
+        _part("strict", "any", "true: a keyword the grammar cannot enforce is refused; "
+                                 "else it is relaxed."),
     )),
 ))  # fmt: skip
 #: ``tool_choice`` as a string.
@@ -291,7 +292,8 @@ _FORMATS = ("text", "json_object", "json_schema")
 RESPONSE_FORMAT_JSON_SCHEMA: Final = _part(
     "json_schema", "object", required=True, fault=_as_missing, properties=(
         _part("name", "string", required=True, fault=_as_missing),
-        _part("strict", "boolean", "Whatever it says, the schema is enforced."),
+        _part("strict", "boolean", "true: a keyword the grammar cannot enforce is refused; "
+                                     "else it is relaxed."),
         _part("schema", "schema", nullable=False, default={}, expected="a JSON schema object"),
     ))  # fmt: skip
 
@@ -327,7 +329,8 @@ RESPONSES_TOOL: Final = _part("", "object", nullable=False, component="Responses
     _part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
     _part("description", "string", falsy_is_null=True),
     _part("parameters", "object", "The arguments' JSON Schema; none (or {}) takes none."),
-    _part("strict", "any", "Accepted; the parameters' schema is enforced whatever it says."),
+    _part("strict", "any", "true: a keyword the grammar cannot enforce is refused; else it "
+                           "is relaxed."),
 ))  # fmt: skip
 #: ``text.format``: ``json_schema`` is flat (``name``, ``schema``, ``strict`` beside ``type``).
 RESPONSES_FORMAT: Final = _part("format", "object", component="ResponsesTextFormat",
@@ -335,7 +338,8 @@ RESPONSES_FORMAT: Final = _part("format", "object", component="ResponsesTextForm
     _part("type", "string", required=True, enum=_FORMATS),
     _part("name", "string"),
     _part("schema", "schema", expected="a JSON schema object"),
-    _part("strict", "boolean", "Whatever it says, the schema is enforced."),
+    _part("strict", "boolean", "true: a keyword the grammar cannot enforce is refused; else "
+                               "it is relaxed."),
     _part("description", "string"),
 ))  # fmt: skip
 #: An ``input_image`` part of a user message (a model with a vision projector): a ``data:``
@@ -602,7 +606,8 @@ ANTHROPIC_TOOL: Final = _part("", "object", nullable=False, component="Anthropic
     _part("input_schema", "schema", nullable=False, default={}, expected="a JSON schema object"),
     _part("type", "string", "``custom``; a server tool's type (``web_search_20250305``, ...) "
           "is left out of what the model is offered."),
-    _CACHE_CONTROL, _part("strict", "any", "Accepted: the schema is enforced on a call."),
+    _CACHE_CONTROL, _part("strict", "any", "true: a keyword the grammar cannot enforce is "
+                                          "refused; else it is relaxed."),
 ))  # fmt: skip
 ANTHROPIC_TOOL_CHOICE: Final = _part("tool_choice", "object", properties=(
     _part("type", "string", required=True, enum=("auto", "any", "tool", "none")),

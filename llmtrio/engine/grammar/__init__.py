@@ -14,6 +14,8 @@ from ._lark import lark_grammar as lark_grammar
 from ._lark import lark_rules as lark_rules
 from ._lark import regex_rules as regex_rules
 from ._schema import SchemaConverter as SchemaConverter
+from ._schema import schema_grammar as schema_grammar
+from ._schema_keywords import REFUSED as REFUSED
 from ._schema_keywords import Relaxation as Relaxation
 from ._schema_keywords import SchemaError as SchemaError
 from ._schema_keywords import UnenforcedError as UnenforcedError
@@ -21,6 +23,7 @@ from ._schema_keywords import json_text as json_text
 
 __all__ = [
     "JSON_OBJECT_GRAMMAR",
+    "REFUSED",
     "CannotTranslateError",
     "Grammar",
     "Relaxation",
@@ -34,5 +37,6 @@ __all__ = [
     "lark_rules",
     "literal",
     "regex_rules",
+    "schema_grammar",
     "warn_relaxed",
 ]

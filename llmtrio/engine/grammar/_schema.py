@@ -91,7 +91,26 @@ class SchemaConverter:
         self.relaxed: list[Relaxation] = []
         self._refs: dict[str, str] = {}
         self._seen: dict[str, str] = {}
+        self._cached: list[tuple[dict[str, str], str]] = []  # what entered those, in order
         self._depth = 0
+
+    def _remember(self, table: dict[str, str], key: str, name: str) -> str:
+        table[key] = name
+        self._cached.append((table, key))
+        return name
+
+    def _mark(self) -> tuple[int, int, int]:
+        return self.rules.checkpoint(), len(self._cached), len(self.relaxed)
+
+    def _undo(self, mark: tuple[int, int, int]) -> None:
+        """Forget what was built since ``mark``: its rules, the caches naming them, and what
+        it relaxed."""
+        rules, cached, relaxed = mark
+        self.rules.rollback(rules)
+        while len(self._cached) > cached:
+            table, key = self._cached.pop()
+            del table[key]
+        del self.relaxed[relaxed:]
 
     def cannot(self, where: str, keyword: str, why: str) -> None:
         """``keyword`` at ``where`` cannot be enforced: refused when strict, else recorded
@@ -172,7 +191,20 @@ class SchemaConverter:
         return self._ref("#", where)
 
     def value(self, schema: object, hint: str, where: str) -> str:
-        """A GBNF expression (a rule name) for the JSON values ``schema`` accepts."""
+        """A GBNF expression (a rule name) for the JSON values ``schema`` accepts (when not
+        strict, any JSON value for a sub-schema that is not a schema)."""
+        if self.strict:
+            return self._checked(schema, hint, where)
+        mark = self._mark()
+        try:
+            return self._checked(schema, hint, where)
+        except SchemaError as exc:
+            self._undo(mark)
+            why = f"{str(exc).removeprefix(f'{where}: ')}; any JSON value is taken there"
+            self.relaxed.append(Relaxation(where, exc.keyword, why))
+            return self.primitive("value")
+
+    def _checked(self, schema: object, hint: str, where: str) -> str:
         if schema is True:
             return self.primitive("value")
         if schema is False:
@@ -193,8 +225,7 @@ class SchemaConverter:
                     raise SchemaError(f"{where}: the schema nests too deep")
                 self.cannot(where, "$ref", f"the schema nests over {_MAX_DEPTH} deep")
                 return self.primitive("value")
-            name = self._seen[key] = self._value(schema, hint, where)
-            return name
+            return self._remember(self._seen, key, self._value(schema, hint, where))
         finally:
             self._depth -= 1
 
@@ -235,7 +266,7 @@ class SchemaConverter:
                 self._relax(exc, where)
                 return self.primitive("value")
             label = f"ref-{ref.rsplit('/', 1)[-1]}" if ref != "#" else "schema"
-            name = self._refs[ref] = self.rules.name(label)
+            name = self._remember(self._refs, ref, self.rules.name(label))
             self.rules.define(name, self.value(target, name, f"{self.where}{ref[1:]}"))
         return name
 
@@ -373,12 +404,14 @@ class SchemaConverter:
             self.cannot(where, "maxItems", "'minItems' is above 'maxItems'")
             high = None
         prefix = schema.get("prefixItems", [])
+        items = schema.get("items", True)
+        if isinstance(items, list) and "prefixItems" not in schema:  # draft 7's tuple form
+            prefix, items = items, schema.get("additionalItems", True)
         if not isinstance(prefix, list):
-            raise SchemaError(f"{where}.prefixItems must be an array")
+            raise SchemaError(f"{where}.prefixItems must be an array", keyword="prefixItems")
         firsts = [
             self.value(s, f"{hint}-{i}", f"{where}.prefixItems[{i}]") for i, s in enumerate(prefix)
         ]
-        items = schema.get("items", True)
         item = None if items is False else self.value(items, f"{hint}-item", f"{where}.items")
         if item is None:
             high = len(firsts) if high is None else min(high, len(firsts))

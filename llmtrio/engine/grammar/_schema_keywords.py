@@ -31,16 +31,17 @@ __all__ = [
 
 class SchemaError(ValueError):
     """A schema the grammar cannot enforce (the message says why): not a JSON schema, or
-    (an :class:`UnenforcedError`) a keyword of a strict schema the grammar cannot enforce."""
+    (an :class:`UnenforcedError`) a keyword of a strict schema the grammar cannot enforce.
+    ``keyword``: the keyword at fault, where one is."""
+
+    def __init__(self, message: str, *, keyword: str = "schema") -> None:
+        super().__init__(message)
+        self.keyword = keyword
 
 
 class UnenforcedError(SchemaError):
-    """A valid keyword the grammar cannot enforce, in a strict schema; ``keyword`` names it
-    (relaxed instead where the schema is not strict: :class:`Relaxation`)."""
-
-    def __init__(self, message: str, *, keyword: str) -> None:
-        super().__init__(message)
-        self.keyword = keyword
+    """A valid keyword the grammar cannot enforce, in a strict schema (relaxed instead where
+    the schema is not strict: :class:`Relaxation`)."""
 
 
 @attrs.frozen
@@ -71,6 +72,7 @@ ENFORCED: dict[str, str] = {
     "required": "object",
     "additionalProperties": "object",
     "items": "array",
+    "additionalItems": "array",
     "prefixItems": "array",
     "minItems": "array",
     "maxItems": "array",
@@ -125,7 +127,6 @@ REFUSED = {
     "maxProperties": "property counts are not enforced",
     "unevaluatedProperties": "unevaluated properties are not enforced",
     "unevaluatedItems": "unevaluated items are not enforced",
-    "additionalItems": "draft 7's tuple items are not enforced (use prefixItems)",
     "$dynamicRef": "dynamic references are not enforced",
     "$recursiveRef": "dynamic references are not enforced",
 }
@@ -145,7 +146,7 @@ def types_of(schema: Mapping[str, Any], where: str) -> list[str]:
         kinds = declared if isinstance(declared, list) else [declared]
         for kind in kinds:
             if kind not in _TYPES:
-                raise SchemaError(f"{where}: unknown type {kind!r}")
+                raise SchemaError(f"{where}: unknown type {kind!r}", keyword="type")
         if "number" in kinds and "integer" in kinds:
             kinds = [k for k in kinds if k != "integer"]
         return list(dict.fromkeys(kinds))
