@@ -30,7 +30,9 @@ from llmtrio.engine import (
     Token,
     Tool,
     ToolCall,
+    ToolCallArguments,
     ToolCallParser,
+    ToolCallStream,
     json_schema_grammar,
     lark_grammar,
 )
@@ -207,13 +209,43 @@ def _unenforced_errors(schema: Any, value: Any, relaxed: tuple[Relaxation, ...])
     ]
 
 
-async def _force(engine: Engine, tool: Tool, max_tokens: int) -> tuple[str, Done]:
+def closing_bias(probe: GrammarProbe) -> tuple[tuple[int, float], ...]:
+    """A bias toward the tokens that close a JSON string, array or object (``"``, ``]``,
+    ``}`` and runs of them): gemma, greedy, goes on with a string or a list for as long as
+    it may; biased so, each call ends within a few dozen tokens (the grammar still decides
+    where a closer may stand)."""
+    closers = set(b'"]}')
+    pieces = probe.pieces()
+    return tuple(
+        (token, 12.0) for token, piece in enumerate(pieces) if piece and set(piece) <= closers
+    )
+
+
+def without_descriptions(schema: Any) -> Any:
+    """``schema`` without its ``description`` annotations (strings; a property named
+    ``description`` stays): the grammar ignores them, and the prompt is half as long."""
+    if isinstance(schema, dict):
+        return {
+            k: without_descriptions(v)
+            for k, v in schema.items()
+            if not (k == "description" and isinstance(v, str))
+        }
+    if isinstance(schema, list):
+        return [without_descriptions(v) for v in schema]
+    return schema
+
+
+async def _force(
+    engine: Engine, tool: Tool, bias: tuple[tuple[int, float], ...], max_tokens: int
+) -> tuple[str, Done]:
+    shown = attrs.evolve(tool, parameters=without_descriptions(tool.parameters))
     request = GenerateRequest.user(
         "Use the tool.",
-        tools=(tool,),
+        tools=(shown,),
         tool_choice="required",
         tool_name=tool.name,
         max_tokens=max_tokens,
+        logit_bias=bias,
     )
     pieces: list[str] = []
     async with engine.submit(request) as generation:
@@ -225,20 +257,22 @@ async def _force(engine: Engine, tool: Tool, max_tokens: int) -> tuple[str, Done
     raise AssertionError(f"{tool.name}: generation failed: {generation.result}")
 
 
+@pytest.mark.slow
 async def test_each_client_tool_forced_on_gemma_gives_a_call_that_validates(
-    gemma_path: Path,
+    gemma_path: Path, probe: GrammarProbe
 ) -> None:
     """Each tool forced once (all through one engine, eight at a time): every call that
     finishes is one call of that tool whose arguments validate against its schema (but for
     the keywords relaxed), and a text tool's input is text its Lark grammar accepts."""
     results: dict[str, tuple[CorpusTool, str, Done]] = {}
-    config = engine_config(gemma_path, max_inflight=8, ctx_size=2048, threads=1)
+    bias = closing_bias(probe)
+    config = engine_config(gemma_path, max_inflight=8, ctx_size=1024, threads=1)
     async with Engine.open(config) as engine:
         limit = trio.CapacityLimiter(8)
 
         async def one(item: CorpusTool) -> None:
             async with limit:
-                text, done = await _force(engine, item.tool, max_tokens=160)
+                text, done = await _force(engine, item.tool, bias, max_tokens=96)
             results[item.id] = (item, text, done)
 
         async with trio.open_nursery() as nursery:
@@ -260,7 +294,7 @@ async def test_each_client_tool_forced_on_gemma_gives_a_call_that_validates(
         arguments = json.loads(calls[0].arguments)
         relaxed = _relaxed(item.tool, xml=False)
         assert not _unenforced_errors(item.tool.parameters, arguments, relaxed), (item.id, text)
-    assert finished >= len(TOOLS) // 2, f"only {finished} of {len(TOOLS)} calls finished"
+    assert finished >= len(TOOLS) * 9 // 10, f"only {finished} of {len(TOOLS)} calls finished"
 
 
 # -- Codex's apply_patch grammar -------------------------------------------------------------
@@ -343,3 +377,36 @@ def test_a_regex_text_tool(probe: GrammarProbe) -> None:
         grammar = tool_calls_grammar([tool], xml=xml).text
         assert probe.accepts(grammar, f"{head}yes-42{tail}\n</tool_call>")
         assert not probe.accepts(grammar, f"{head}maybe-42{tail}\n</tool_call>")
+
+
+@pytest.mark.parametrize("xml", [False, True], ids=["json", "xml"])
+def test_a_text_tool_call_streams_as_text(xml: bool) -> None:
+    """Fed a character at a time, a text tool's call gives the text itself: in pieces as it
+    comes in the XML form, whole in the JSON form; a function call beside it is JSON."""
+    patch = PATCHES[0]
+    tool = Tool("apply_patch", "", text=TextFormat("lark", APPLY_PATCH))
+    plain = Tool("now", "", {"type": "object", "properties": {"tz": {"type": "string"}}})
+    if xml:
+        body = f"<function=apply_patch>\n<parameter=input>\n{patch}\n</parameter>\n</function>"
+        other = "<function=now>\n<parameter=tz>\nUTC\n</parameter>\n</function>"
+    else:
+        body = json.dumps({"name": "apply_patch", "arguments": {"input": patch}})
+        other = json.dumps({"name": "now", "arguments": {"tz": "UTC"}})
+    text = f"Sure.<tool_call>\n{body}\n</tool_call>\n<tool_call>\n{other}\n</tool_call>"
+    stream = ToolCallStream((tool, plain))
+    events = [e for char in text for e in stream.feed(char)] + stream.finish()
+    pieces = [e.text for e in events if isinstance(e, ToolCallArguments) and e.index == 0]
+    assert "".join(pieces) == patch
+    assert len(pieces) > 1 if xml else len(pieces) == 1
+    rest = "".join(e.text for e in events if isinstance(e, ToolCallArguments) and e.index == 1)
+    assert json.loads(rest) == {"tz": "UTC"}
+    assert "".join(e for e in events if isinstance(e, str)) == "Sure.\n"
+
+
+def test_a_text_tool_is_shown_to_templates_with_its_one_parameter() -> None:
+    tool = Tool("apply_patch", "Edit files.", text=TextFormat("lark", APPLY_PATCH))
+    shown = tool.as_openai()["function"]
+    assert shown["parameters"]["properties"] == {"input": {"type": "string"}}
+    assert shown["parameters"]["required"] == ["input"]
+    with pytest.raises(InvalidRequestError, match="syntax"):
+        TextFormat("gbnf", "root ::= x")

@@ -12,9 +12,9 @@ pattern outside what is supported, an overlapping ``oneOf``...) is an
 :class:`UnenforcedError` naming it in a strict schema. In one that is not strict it is
 relaxed: the sub-schema that holds it becomes what the grammar can enforce without it (any
 string for an unknown format, an object whose keys are free for ``propertyNames``, ``anyOf``
-for an overlapping ``oneOf``), and a :class:`Relaxation` records where and why. A schema that
-is not one (an unknown type, a reference that points nowhere) is a :class:`SchemaError`
-either way.
+for an overlapping ``oneOf``), and a :class:`Relaxation` records where and why. A sub-schema
+that is not one (an unknown type, a reference that points nowhere) is a :class:`SchemaError`
+in a strict schema, and any JSON value (relaxed) in one that is not.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._automaton import ANY_STRING, TooComplexError, none_of, one_of, to_gbnf, without
-from ._gbnf import SPACE, Rules, literal, repetition
+from ._gbnf import Rules, literal, repetition
 from ._schema_keywords import (
     ANNOTATIONS,
     ENFORCED,
@@ -38,37 +38,10 @@ from ._schema_keywords import (
     merge_all,
     types_of,
 )
-from ._schema_scalars import count, number_dfa, string_dfa
+from ._schema_scalars import PRIMITIVES, count, number_dfa, string_dfa
 
 __all__ = ["SchemaConverter", "SchemaError", "schema_grammar"]
 
-_PRIMITIVES = {
-    "space": (SPACE, ()),
-    "boolean": ('"true" | "false"', ()),
-    "null": ('"null"', ()),
-    "decimal-part": ("[0-9]{1,16}", ()),
-    "integral-part": ("[0] | [1-9] [0-9]{0,15}", ()),
-    "number": (
-        '"-"? integral-part ("." decimal-part)? ([eE] [-+]? integral-part)?',
-        ("integral-part", "decimal-part"),
-    ),
-    "integer": ('"-"? integral-part', ("integral-part",)),
-    "char": (r'[^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})', ()),
-    "string": ('"\\"" char* "\\""', ("char",)),
-    "value": (
-        "object | array | string | number | boolean | null",
-        ("object", "array", "string", "number", "boolean", "null"),
-    ),
-    "object": (
-        '"{" space ( string space ":" space value space '
-        '( "," space string space ":" space value space )* )? "}"',
-        ("space", "string", "value"),
-    ),
-    "array": (
-        '"[" space ( value space ( "," space value space )* )? "]"',
-        ("space", "value"),
-    ),
-}
 _QUOTE = literal('"')
 _MAX_DEPTH = 64
 
@@ -132,7 +105,7 @@ class SchemaConverter:
 
     def primitive(self, name: str) -> str:
         if not self.rules.has(name):
-            body, deps = _PRIMITIVES[name]
+            body, deps = PRIMITIVES[name]
             self.rules.define(name, body)
             for dep in deps:
                 self.primitive(dep)

@@ -3,8 +3,8 @@ over whole schemas: ``allOf`` (merged into one schema) and ``oneOf`` (enforced o
 branches cannot overlap). Pure.
 
 A keyword that cannot be enforced is refused or relaxed, as the schema is strict or not
-(:class:`Relaxation`, :class:`UnenforcedError`); a schema that is not one (an unknown type, a
-reference that points nowhere) is a :class:`SchemaError` either way.
+(:class:`UnenforcedError`, :class:`Relaxation`); a schema that is not one (an unknown type, a
+reference that points nowhere) is a :class:`SchemaError` (relaxed too where not strict).
 """
 
 from __future__ import annotations

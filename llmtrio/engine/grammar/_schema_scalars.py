@@ -1,4 +1,5 @@
-"""The numbers and strings a schema's keywords allow, as automata (:mod:`._automaton`). Pure.
+"""The plain JSON values' rules, and the numbers and strings a schema's keywords allow, as
+automata (:mod:`._automaton`). Pure.
 
 Numbers: ``minimum``, ``maximum``, their exclusive forms and ``multipleOf`` (:mod:`._numbers`).
 Strings: ``format`` (:mod:`._formats`), ``pattern`` (:mod:`._regex`), ``minLength`` and
@@ -14,11 +15,41 @@ from typing import Any
 
 from ._automaton import ANY_STRING, Dfa, TooComplexError
 from ._formats import FORMATS, format_dfa
+from ._gbnf import SPACE
 from ._numbers import MAX_DIVISOR, divisor, range_dfa
 from ._regex import PatternError, pattern_dfa
 from ._schema_keywords import ENFORCED, SchemaError
 
-__all__ = ["Cannot", "count", "number_dfa", "string_dfa"]
+__all__ = ["PRIMITIVES", "Cannot", "count", "number_dfa", "string_dfa"]
+
+#: The plain JSON values' rules: name -> (body, the rules it uses).
+PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "space": (SPACE, ()),
+    "boolean": ('"true" | "false"', ()),
+    "null": ('"null"', ()),
+    "decimal-part": ("[0-9]{1,16}", ()),
+    "integral-part": ("[0] | [1-9] [0-9]{0,15}", ()),
+    "number": (
+        '"-"? integral-part ("." decimal-part)? ([eE] [-+]? integral-part)?',
+        ("integral-part", "decimal-part"),
+    ),
+    "integer": ('"-"? integral-part', ("integral-part",)),
+    "char": (r'[^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})', ()),
+    "string": ('"\\"" char* "\\""', ("char",)),
+    "value": (
+        "object | array | string | number | boolean | null",
+        ("object", "array", "string", "number", "boolean", "null"),
+    ),
+    "object": (
+        '"{" space ( string space ":" space value space '
+        '( "," space string space ":" space value space )* )? "}"',
+        ("space", "string", "value"),
+    ),
+    "array": (
+        '"[" space ( value space ( "," space value space )* )? "]"',
+        ("space", "value"),
+    ),
+}
 
 #: ``cannot(where, keyword, why)``: a keyword the grammar cannot enforce at ``where``.
 Cannot = Callable[[str, str, str], None]
