@@ -14,8 +14,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio._fields import RequestLimits
-from llmtrio._openai_errors import OpenAIError
+from llmtrio.api import OpenAIError, RequestLimits
 from llmtrio.engine import (
     EmbeddingEngine,
     Engine,

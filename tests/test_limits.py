@@ -14,10 +14,9 @@ import httpx
 import pytest
 import trio
 
-from llmtrio._cli import _parser
-from llmtrio._configs import request_limits, serve_config
-from llmtrio._openai_errors import OpenAIError
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, OpenAIError
+from llmtrio.cli._configs import request_limits, serve_config
+from llmtrio.cli._main import _parser
 from llmtrio.ring import Ring
 from llmtrio.web import RateLimiter, ServeConfig
 from llmtrio.worker import RequestLimits

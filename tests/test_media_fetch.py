@@ -19,7 +19,7 @@ import pytest
 import trio
 import trustme
 
-from llmtrio._openai_errors import OpenAIError
+from llmtrio.api import OpenAIError
 from llmtrio.engine import GenerateRequest
 from llmtrio.worker import RequestLimits
 from llmtrio.worker._chat_request import parse_chat_request

@@ -17,21 +17,19 @@ import httpx
 import jsonschema
 import pytest
 
-from llmtrio._openai_errors import (
-    invalid_api_key,
-    no_worker,
-    rate_limited,
-    request_timeout,
-    ring_full,
-    server_error,
-)
-from llmtrio._routes import (
+from llmtrio.api import (
     ANTHROPIC_ERRORS,
     CHAT_PATH,
     COUNT_TOKENS_PATH,
     MESSAGES_PATH,
     OPENAI_ERRORS,
     error_family,
+    invalid_api_key,
+    no_worker,
+    rate_limited,
+    request_timeout,
+    ring_full,
+    server_error,
 )
 from llmtrio.engine import Done, StopReason, Timings, Token
 from llmtrio.ring import RingConfig

@@ -15,9 +15,8 @@ import trio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmtrio._metrics_server import serve_metrics
-from llmtrio._remote_worker import run_worker
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.cli import run_worker, serve_metrics
 from llmtrio.ring import Heartbeat, RequestHead, Ring, RingConfig, client_ssl_context
 from llmtrio.web import IngressMetrics, ServeConfig, serve_ingress
 

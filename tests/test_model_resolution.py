@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from llmtrio._configs import engine_configs
-from llmtrio._openai_errors import OpenAIError
-from llmtrio._routes import (
+from llmtrio.api import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     DETOKENIZE_PATH,
     EMBEDDINGS_PATH,
     TOKENIZE_PATH,
+    OpenAIError,
 )
-from llmtrio._threads import split_threads, thread_counts
-from llmtrio._values import ModelSpec, threads_value
+from llmtrio.cli._configs import engine_configs
+from llmtrio.cli._threads import split_threads, thread_counts
+from llmtrio.cli._values import ModelSpec, threads_value
 from llmtrio.ring import ModelStats
 from llmtrio.web._models import requested_model, resolve_model
 
@@ -154,7 +154,7 @@ def test_named_thread_counts_leave_the_rest_of_the_cores_to_the_other_models() -
 
 
 def test_engine_configs_one_per_model(tmp_path: Path) -> None:
-    from llmtrio._cli import _parser
+    from llmtrio.cli._main import _parser
 
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
 

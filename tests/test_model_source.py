@@ -24,8 +24,8 @@ from urllib.parse import unquote, urlsplit
 import attrs
 import pytest
 
-from llmtrio._cli import _parser
-from llmtrio._configs import engine_configs
+from llmtrio.cli._configs import engine_configs
+from llmtrio.cli._main import _parser
 from llmtrio.engine import (
     DEFAULT_REPO,
     EngineConfig,

@@ -16,16 +16,15 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmtrio._catalog import CatalogModel
-from llmtrio._cli import main
-from llmtrio._routes import (
+from llmtrio.api import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     EMBEDDINGS_PATH,
     MODELS_LOAD_PATH,
     MODELS_UNLOAD_PATH,
 )
-from llmtrio.server import serve
+from llmtrio.cli import main, serve
+from llmtrio.cli._catalog import CatalogModel
 from llmtrio.web import ServeConfig
 from llmtrio.worker import HostConfig
 

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio._fields import (
+from llmtrio.api import (
     FIELDS,
     MESSAGES,
     NAMED_TOOL_CHOICE,
     RESPONSE_FORMAT_JSON_SCHEMA,
     TEXT_PARTS,
     Field,
+    OpenAIError,
 )
-from llmtrio._openai_errors import OpenAIError
 from llmtrio.engine import (
     JSON_OBJECT_GRAMMAR,
     InvalidRequestError,

@@ -11,14 +11,14 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from llmtrio._routes import ANTHROPIC_ERRORS, CHAT_PATH
+from llmtrio.api import ANTHROPIC_ERRORS, CHAT_PATH
 
 try:  # the HTTP client the openai package is built on: httpx2 from openai 3, httpx before
     import httpx2 as httpx
 except ImportError:  # pragma: no cover
     import httpx  # type: ignore[no-redef]
 
-from llmtrio._openai_errors import (
+from llmtrio.api import (
     DEFAULT_MAX_BODY_BYTES,
     OpenAIError,
     invalid_request,

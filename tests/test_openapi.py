@@ -28,13 +28,18 @@ from schemathesis.specs.openapi.checks import (
 )
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
-from llmtrio import _openai_errors as errors
-from llmtrio._fields import RequestLimits, request_schema
-from llmtrio._routes import ANTHROPIC_ERRORS, ROUTES, error_family
+from llmtrio.api import (
+    ANTHROPIC_ERRORS,
+    ROUTES,
+    RequestLimits,
+    error_family,
+    openapi,
+    request_schema,
+)
+from llmtrio.api import _errors as errors
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.web._auth import OPEN_PATHS
-from llmtrio.web._openapi import openapi
 
 from ._helpers import engine_config
 from ._procs import Ring

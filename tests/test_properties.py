@@ -14,8 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmtrio._openai_errors import OpenAIError
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH, OpenAIError
 from llmtrio.ring import Assign, FrameDecoder, ProtocolError, RequestHead, encode
 from llmtrio.worker._chat_request import ChatCompletionRequest, parse_chat_request
 

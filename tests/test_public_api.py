@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 import llmtrio
+import llmtrio.api
+import llmtrio.cli
 import llmtrio.engine
 import llmtrio.ring
 import llmtrio.web
@@ -26,7 +28,15 @@ ENGINE_PARTS = [
 
 @pytest.mark.parametrize(
     "package",
-    [llmtrio.engine, llmtrio.ring, llmtrio.worker, llmtrio.web, *ENGINE_PARTS],
+    [
+        llmtrio.api,
+        llmtrio.cli,
+        llmtrio.engine,
+        llmtrio.ring,
+        llmtrio.worker,
+        llmtrio.web,
+        *ENGINE_PARTS,
+    ],
     ids=lambda p: p.__name__,
 )
 def test_all_lists_every_public_name_once(package: types.ModuleType) -> None:
@@ -40,12 +50,12 @@ def test_all_lists_every_public_name_once(package: types.ModuleType) -> None:
     assert public == set(listed)
     for name in listed:
         # Classes and functions come from the room's own private modules, or from the
-        # contract the rooms share (``llmtrio._fields``: the request fields and limits, in the
-        # vocabulary of ``llmtrio._field_spec``).
+        # contract the rooms share (``llmtrio.api._fields``: the request fields and limits, in the
+        # vocabulary of ``llmtrio.api._field_spec``).
         value = getattr(package, name)
         if inspect.isclass(value) or inspect.isfunction(value):
             home = value.__module__
-            shared = ("llmtrio._fields", "llmtrio._field_spec")
+            shared = ("llmtrio.api._fields", "llmtrio.api._field_spec")
             assert home.startswith(package.__name__ + ".") or home in shared, (
                 name,
                 home,
@@ -70,12 +80,12 @@ def test_an_ingress_without_a_local_worker_loads_no_llama_cpp() -> None:
     its configs (their defaults read from their classes) and chooses the ingress alone; none
     of it loads llama.cpp (or the engine or the worker)."""
     code = (
-        "import ssl, sys, llmtrio._cli as cli, llmtrio._configs as s, llmtrio.server; "
+        "import ssl, sys, llmtrio.cli._main as cli, llmtrio.cli._configs as s, llmtrio.cli; "
         "from llmtrio.ring import ControlConfig; "
         "args = cli._parser().parse_args(['serve', '--no-local-worker']); "
         "config = s.serve_config(args); s.control_config(args, 'h'); "
         "control = ControlConfig(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)); "
-        "llmtrio.server.serving(config, control, s.request_limits(args), local_worker=False, "
+        "llmtrio.cli.serving(config, control, s.request_limits(args), local_worker=False, "
         "engine_configs=lambda: 1 / 0); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp' "
         "or m.startswith(('llmtrio.engine', 'llmtrio.worker'))))"

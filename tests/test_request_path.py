@@ -28,7 +28,7 @@ import pytest
 import trio
 import trio.testing
 
-from llmtrio._routes import CHAT_PATH, EMBEDDINGS_PATH
+from llmtrio.api import CHAT_PATH, EMBEDDINGS_PATH
 from llmtrio.engine import EngineConfig, open_engine
 from llmtrio.ring import Ring, RingConfig
 from llmtrio.worker import serve_link
@@ -109,7 +109,7 @@ async def counts(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Counts]:
 
 @asynccontextmanager
 async def serving(config: EngineConfig) -> AsyncIterator[httpx.AsyncClient]:
-    """``llmtrio serve``'s stack for one model (as ``llmtrio.server.serve`` puts it together:
+    """``llmtrio serve``'s stack for one model (as ``llmtrio.cli.serve`` puts it together:
     the default ring settings, one local worker), with a client on it."""
     async with open_engine(config) as engine:
         ring = Ring.from_config(RingConfig())

@@ -18,8 +18,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel
 
-from llmtrio._openai_errors import OpenAIError, server_error
-from llmtrio._routes import RESPONSES_INPUT_TOKENS_PATH, RESPONSES_PATH
+from llmtrio.api import RESPONSES_INPUT_TOKENS_PATH, RESPONSES_PATH, OpenAIError, server_error
 from llmtrio.engine import ChatMessage, Done, StopReason, Timings, Token, ToolCall
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig

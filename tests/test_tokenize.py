@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtrio._routes import CHAT_PATH, DETOKENIZE_PATH, TOKENIZE_PATH
+from llmtrio.api import CHAT_PATH, DETOKENIZE_PATH, TOKENIZE_PATH
 from llmtrio.engine import EmbeddingEngine
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig

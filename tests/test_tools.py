@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from llmtrio._openai_errors import OpenAIError
+from llmtrio.api import OpenAIError
 from llmtrio.engine import (
     ChatMessage,
     InvalidRequestError,

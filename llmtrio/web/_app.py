@@ -27,8 +27,7 @@ from typing import Any
 
 import trio
 
-from .._fields import RequestLimits
-from .._openai_errors import DEFAULT_MAX_BODY_BYTES
+from ..api import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from ..ring import Ring
 from ._access import CLIENT_CLOSED, Exchange, request_id, with_exchange
 from ._checks import Admitted, Checks, Gate

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from .._openai_errors import OpenAIError, invalid_api_key, rate_limited, shutting_down
-from .._routes import RING_PATHS
+from ..api import RING_PATHS, OpenAIError, invalid_api_key, rate_limited, shutting_down
 from ._auth import OPEN_PATHS, ApiKeys
 from ._drain import Drain
 from ._guard import OriginPolicy

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from .._openai_errors import HOST_NOT_ALLOWED, ORIGIN_NOT_ALLOWED, OpenAIError
+from ..api import HOST_NOT_ALLOWED, ORIGIN_NOT_ALLOWED, OpenAIError
 
 __all__ = ["OriginPolicy", "header_map"]
 

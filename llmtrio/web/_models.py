@@ -35,13 +35,7 @@ import json
 from collections.abc import Mapping
 from typing import Final
 
-from .._openai_errors import (
-    invalid_request,
-    missing_model,
-    model_not_found,
-    wrong_model_kind,
-)
-from .._routes import (
+from ..api import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     DETOKENIZE_PATH,
@@ -49,6 +43,10 @@ from .._routes import (
     MODELS_LOAD_PATH,
     MODELS_UNLOAD_PATH,
     TOKENIZE_PATH,
+    invalid_request,
+    missing_model,
+    model_not_found,
+    wrong_model_kind,
 )
 from ..ring import CHAT, EMBEDDING, ModelStats
 

@@ -15,19 +15,23 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from .._fields import RequestLimits
-from .._openai_errors import (
+from ..api import (
+    HEALTH_PATH,
+    MODELS_PATH,
+    OPENAPI_PATH,
+    RING_PATHS,
     OpenAIError,
+    RequestLimits,
+    error_family,
     method_not_allowed,
     not_found,
+    openapi,
     request_too_large,
 )
-from .._routes import HEALTH_PATH, MODELS_PATH, OPENAPI_PATH, RING_PATHS, error_family
 from ..ring import CHAT, ModelStats, Ring, WorkerStats
 from ._access import exchange_of
 from ._drain import Drain
 from ._metrics import CONTENT_TYPE, IngressMetrics
-from ._openapi import openapi
 from ._probes import add_probes
 
 __all__ = ["pages_app"]

@@ -21,9 +21,10 @@ from typing import Any
 
 import trio
 
-from .._openai_errors import (
+from ..api import (
     OpenAIError,
     body_timeout,
+    error_family,
     no_worker,
     request_timeout,
     request_too_large,
@@ -32,7 +33,6 @@ from .._openai_errors import (
     shutting_down,
     worker_failed,
 )
-from .._routes import error_family
 from ..ring import (
     ParkTimeoutError,
     RequestHead,
@@ -67,7 +67,7 @@ async def send_error(
     send: Send, exchange: Exchange, error: OpenAIError, extra: list[tuple[str, str]] | None = None
 ) -> None:
     """Answer with ``error`` (its status, its JSON body, in the shape of the request's route:
-    ``llmtrio._routes.error_family``), recording its code on ``exchange``."""
+    ``llmtrio.api.error_family``), recording its code on ``exchange``."""
     exchange.ended_with(error.error_code)
     family = error_family(exchange.path)
     body = error.body(family)

@@ -1,6 +1,6 @@
 """The worker: joins a ring to an engine, speaking OpenAI chat completions on the lanes."""
 
-from .._fields import RequestLimits as RequestLimits
+from ..api import RequestLimits as RequestLimits
 from ._host import LOAD_WAITERS as LOAD_WAITERS
 from ._host import HostConfig as HostConfig
 from ._host import HostedModel as HostedModel

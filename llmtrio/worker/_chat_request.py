@@ -1,6 +1,6 @@
 """A chat completions request body in, an engine request out. Pure.
 
-The fields are read and checked as the field table (``llmtrio._fields``) says, nested ones
+The fields are read and checked as the field table (``llmtrio.api._fields``) says, nested ones
 included; what is left here (and in ``_features`` for tools and structured output) is what the
 table cannot say: a message's role picks which fields it has, its content is a string or
 text parts, and rules across fields. Every refusal is an :class:`OpenAIError` (400) naming
@@ -13,7 +13,7 @@ from typing import Any, TypeGuard
 
 import attrs
 
-from .._fields import (
+from ..api import (
     CHAT,
     IMAGE_URL_PART,
     MESSAGE_ROLES,
@@ -23,13 +23,13 @@ from .._fields import (
     check,
     checked_text,
     choices,
+    invalid_request,
     invalid_type,
     invalid_value,
     missing,
     read,
     show,
 )
-from .._openai_errors import invalid_request
 from ..engine import (
     MEDIA_MARKER,
     ChatMessage,
@@ -87,7 +87,7 @@ class ChatCompletionRequest:
 def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatCompletionRequest:
     """Parse and validate a chat completions request body.
 
-    Accepted: the chat fields of the field table (``llmtrio._fields.FIELDS``): ``model``,
+    Accepted: the chat fields of the field table (``llmtrio.api.FIELDS``): ``model``,
     ``messages``, ``max_tokens``, ``max_completion_tokens`` (wins over ``max_tokens``), the
     sampling fields and penalties, ``seed``, ``stop``, ``stream``,
     ``stream_options.include_usage``, ``n`` (1 only), ``think`` and

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._openai_errors import OpenAIError, dumps
+from ..api import OpenAIError, dumps
 from ..engine import (
     Done,
     Token,

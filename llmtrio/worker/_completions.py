@@ -11,8 +11,17 @@ from typing import Any
 
 import attrs
 
-from .._fields import COMPLETIONS, RequestLimits, invalid_type, invalid_value, missing, read
-from .._openai_errors import OpenAIError, dumps, invalid_request
+from ..api import (
+    COMPLETIONS,
+    OpenAIError,
+    RequestLimits,
+    dumps,
+    invalid_request,
+    invalid_type,
+    invalid_value,
+    missing,
+    read,
+)
 from ..engine import Done, GenerateRequest, InvalidRequestError, Sampling, Token, TokenLogprob
 from ._features import parse_response_format
 from ._requests import (
@@ -83,7 +92,7 @@ def _parse_prompt(value: object) -> str | tuple[int, ...]:
 def parse_completion_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> CompletionRequest:
     """Parse and validate a completions request body.
 
-    Accepted: the completions fields of the field table (``llmtrio._fields.FIELDS``):
+    Accepted: the completions fields of the field table (``llmtrio.api.FIELDS``):
     ``model``, ``prompt``, ``max_tokens`` (16 when absent, as OpenAI's), the sampling fields
     and penalties, ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``,
     ``logprobs`` (0 to 20 alternatives), ``logit_bias``, ``ignore_eos``, ``cache_prompt``,

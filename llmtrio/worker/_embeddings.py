@@ -18,17 +18,19 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from .._fields import (
+from ..api import (
     EMBEDDINGS,
+    OpenAIError,
     RequestLimits,
     checked_text,
     describe,
+    dumps,
+    invalid_request,
     invalid_type,
     invalid_value,
     missing,
     read,
 )
-from .._openai_errors import OpenAIError, dumps, invalid_request
 from ..engine import Done, Event, StopReason, Timings
 from ._requests import json_body, reject_refused
 from ._responses import WholeBody

@@ -15,7 +15,7 @@ text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a 
   JSON response; an encoder that :class:`KeepsAlive` (Anthropic's stream) opens its stream
   before the first event when that is slow to come (a long prompt), and pings until it does;
 - every error is told in the shape of the endpoint's route family
-  (``llmtrio._routes.error_family``: OpenAI's, or Anthropic's on ``/v1/messages*``), and an
+  (``llmtrio.api.error_family``: OpenAI's, or Anthropic's on ``/v1/messages*``), and an
   engine's refusal in its words (``from_engine_error``: a prompt too long for the context is
   "maximum context length" to OpenAI's clients, "prompt is too long" to Anthropic's);
 - an event stream is relayed with back-pressure while the engine works and flushed in one
@@ -43,9 +43,14 @@ from typing import Any, Protocol, TypeVar, TypeVarTuple, runtime_checkable
 import attrs
 import trio
 
-from .._fields import RequestLimits
-from .._openai_errors import OpenAIError, server_error, wrong_model_kind
-from .._routes import OPENAI_ERRORS, error_family
+from ..api import (
+    OPENAI_ERRORS,
+    OpenAIError,
+    RequestLimits,
+    error_family,
+    server_error,
+    wrong_model_kind,
+)
 from ..engine import (
     Done,
     EmbeddingEngine,

@@ -12,15 +12,16 @@ from contextlib import asynccontextmanager, contextmanager
 import attrs
 import trio
 
-from .._fields import COUNT_TOKENS, RequestLimits
-from .._routes import (
+from ..api import (
     CHAT_PATH,
     COMPLETIONS_PATH,
+    COUNT_TOKENS,
     COUNT_TOKENS_PATH,
     EMBEDDINGS_PATH,
     MESSAGES_PATH,
     RESPONSES_INPUT_TOKENS_PATH,
     RESPONSES_PATH,
+    RequestLimits,
 )
 from ..engine import (
     Done,

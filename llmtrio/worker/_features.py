@@ -2,11 +2,11 @@
 (``response_format``) and tools (``tools``, ``tool_choice``, ``parallel_tool_calls``, and the
 tool calls and results in the history). Pure, like the rest of the request parsing.
 
-The fields' shapes (nested parts included) are the field table's (``llmtrio._fields``), which
+The fields' shapes (nested parts included) are the field table's (``llmtrio.api._fields``), which
 checks them; what is left here is what the table cannot say: which branch of a union a value
 takes, defaults, and rules across items (a tool named twice, a forced tool that is not
 offered). Each function reads its fields from the parsed JSON body and raises
-:class:`OpenAIError` (400, naming the field, in the one shape of ``llmtrio._fields``) for
+:class:`OpenAIError` (400, naming the field, in the one shape of ``llmtrio.api._fields``) for
 anything it cannot honour.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from .._fields import (
+from ..api import (
     CHAT,
     NAMED_TOOL_CHOICE,
     RESPONSE_FORMAT_JSON_SCHEMA,

@@ -39,8 +39,7 @@ import attrs
 import h11
 import trio
 
-from .._fields import RequestLimits
-from .._openai_errors import OpenAIError, invalid_request
+from ..api import OpenAIError, RequestLimits, invalid_request
 
 __all__ = ["MAX_REDIRECTS", "Target", "check_url", "fetch_bytes", "is_public", "is_remote"]
 

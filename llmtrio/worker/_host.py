@@ -47,10 +47,15 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .._durations import keep_alive_seconds
-from .._fields import RequestLimits
-from .._openai_errors import OpenAIError, invalid_request, model_load_failed
-from .._routes import MODELS_LOAD_PATH, MODELS_UNLOAD_PATH
+from ..api import (
+    MODELS_LOAD_PATH,
+    MODELS_UNLOAD_PATH,
+    OpenAIError,
+    RequestLimits,
+    invalid_request,
+    keep_alive_seconds,
+    model_load_failed,
+)
 from ..engine import EngineConfig, EngineError, open_engine
 from ..engine.models import check_gguf, model_kind
 from ..ring import ClaimedStream, Heartbeat, ProtocolError, RingLink

@@ -22,8 +22,7 @@ import ssl
 import attrs
 import trio
 
-from .._field_spec import RequestLimits
-from .._openai_errors import OpenAIError, invalid_request
+from ..api import OpenAIError, RequestLimits, invalid_request
 from ..engine import (
     Engine,
     GenerateRequest,

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .._openai_errors import OpenAIError, dumps, invalid_request
-from .._routes import MODELS_LOAD_PATH, MODELS_UNLOAD_PATH
+from ..api import MODELS_LOAD_PATH, MODELS_UNLOAD_PATH, OpenAIError, dumps, invalid_request
 from ..ring import ClaimedStream
 from ._endpoint import JSON_HEADERS
 

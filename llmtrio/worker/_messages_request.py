@@ -1,6 +1,6 @@
 """An Anthropic Messages API request body in, an engine request out. Pure.
 
-The fields are read and checked as the field table (``llmtrio._fields``, the Messages API's
+The fields are read and checked as the field table (``llmtrio.api._fields``, the Messages API's
 section) says; what is left here is what the table cannot say: a content block's ``type``
 picks its fields, content is a string or blocks, and rules across fields. The conversation
 becomes chat messages for the model's template, as chat completions' do:
@@ -19,7 +19,7 @@ becomes chat messages for the model's template, as chat completions' do:
   template opens a new turn after it.
 
 Every refusal is an :class:`OpenAIError` (400) naming the field or the block, told in
-Anthropic's error shape by the route (``llmtrio._routes.error_family``).
+Anthropic's error shape by the route (``llmtrio.api.error_family``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from .._fields import (
+from ..api import (
     ANTHROPIC_BLOCKS,
     ANTHROPIC_MESSAGE,
     ANTHROPIC_REFUSED_BLOCKS,
@@ -43,13 +43,13 @@ from .._fields import (
     RequestLimits,
     check,
     checked_text,
+    invalid_request,
     invalid_type,
     invalid_value,
     missing,
     read,
     show,
 )
-from .._openai_errors import invalid_request
 from ..engine import (
     MEDIA_MARKER,
     ChatMessage,

@@ -24,8 +24,7 @@ import hashlib
 import json
 from typing import Any
 
-from .._openai_errors import OpenAIError, dumps
-from .._routes import ANTHROPIC_ERRORS
+from ..api import ANTHROPIC_ERRORS, OpenAIError, dumps
 from ..engine import (
     Done,
     StopReason,

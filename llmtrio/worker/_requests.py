@@ -1,7 +1,7 @@
 """Reading a request body: what every endpoint's parser shares. Pure.
 
 The JSON body once (:func:`json_body`), then its fields as the field table
-(``llmtrio._fields``) says: the sampling fields, ``stop``, ``logit_bias``, ``stream`` and
+(``llmtrio.api._fields``) says: the sampling fields, ``stop``, ``logit_bias``, ``stream`` and
 ``stream_options``, ``max_tokens``, and the refusal of fields this server does not implement.
 Every refusal is an :class:`OpenAIError` (400) naming the field.
 """
@@ -12,19 +12,20 @@ import json
 import math
 from typing import Any, NoReturn
 
-from .._fields import (
+from ..api import (
     FIELDS,
     INT32_MAX,
+    OpenAIError,
     RequestLimits,
     checked_text,
     clip,
     describe,
+    invalid_request,
     invalid_type,
     invalid_value,
     read,
     show,
 )
-from .._openai_errors import OpenAIError, invalid_request
 
 __all__ = [
     "json_body",

@@ -14,8 +14,15 @@ from typing import Any
 
 import attrs
 
-from .._openai_errors import OpenAIError, dumps, invalid_request, model_unavailable, server_error
-from .._routes import ANTHROPIC_ERRORS, OPENAI_ERRORS
+from ..api import (
+    ANTHROPIC_ERRORS,
+    OPENAI_ERRORS,
+    OpenAIError,
+    dumps,
+    invalid_request,
+    model_unavailable,
+    server_error,
+)
 from ..engine import (
     Done,
     EngineClosedError,
@@ -215,7 +222,7 @@ def chat_logprobs_json(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
 
 def from_engine_error(exc: EngineError, family: str = OPENAI_ERRORS) -> OpenAIError:
     """The error for an exception the engine raised or reported, on a route of ``family``
-    (``llmtrio._routes.error_family``).
+    (``llmtrio.api.error_family``).
 
     A :class:`PromptTooLongError` becomes a 400 ``context_length_exceeded`` on ``messages``,
     worded as ``family``'s clients match it (:func:`_prompt_too_long`); any other

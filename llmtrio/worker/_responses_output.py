@@ -22,7 +22,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from .._openai_errors import OpenAIError, dumps
+from ..api import OpenAIError, dumps
 from ..engine import (
     Done,
     Token,

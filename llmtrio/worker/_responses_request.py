@@ -1,6 +1,6 @@
 """A Responses API request body in (``POST /v1/responses``), an engine request out. Pure.
 
-The fields are read and checked as the field table (``llmtrio._fields``, endpoint
+The fields are read and checked as the field table (``llmtrio.api._fields``, endpoint
 ``responses``) says; what is left here is what the table cannot say: which kind of item an
 ``input`` item is, the tools a request offers among those it sends (only ``function`` tools
 run here: the others are left out of what the model is offered, with a warning, as clients
@@ -20,21 +20,22 @@ from typing import Any, TypeGuard
 
 import attrs
 
-from .._fields import (
+from ..api import (
     RESPONSES,
     RESPONSES_FORMAT,
     RESPONSES_IMAGE_PART,
     RESPONSES_TOOL,
+    OpenAIError,
     RequestLimits,
     check,
     checked_text,
+    invalid_request,
     invalid_type,
     invalid_value,
     missing,
     read,
     show,
 )
-from .._openai_errors import OpenAIError, invalid_request
 from ..engine import (
     JSON_OBJECT_GRAMMAR,
     MEDIA_MARKER,

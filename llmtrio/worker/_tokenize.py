@@ -21,18 +21,20 @@ from typing import Any
 import attrs
 import trio
 
-from .._fields import (
+from ..api import (
     DETOKENIZE,
+    DETOKENIZE_PATH,
     TOKENIZE,
+    TOKENIZE_PATH,
+    OpenAIError,
     RequestLimits,
     checked_text,
+    dumps,
     invalid_type,
     invalid_value,
     missing,
     read,
 )
-from .._openai_errors import OpenAIError, dumps
-from .._routes import DETOKENIZE_PATH, TOKENIZE_PATH
 from ..engine import Done, StopReason, Timings
 from ._embeddings import Finished
 from ._endpoint import Encoder, ModelEngine, run_tokenizer

@@ -18,7 +18,7 @@ import logging
 
 import trio
 
-from .._fields import RequestLimits
+from ..api import RequestLimits
 from ..engine import EngineFailedError
 from ..ring import ClaimedStream, Heartbeat, RingLink
 from ._endpoint import ModelEngine, serve_request

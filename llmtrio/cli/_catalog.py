@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from ._durations import FOREVER, keep_alive_seconds
+from ..api import FOREVER, keep_alive_seconds
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig
+    from ..engine import EngineConfig
 
 __all__ = [
     "Catalog",
@@ -76,7 +76,7 @@ class CatalogError(ValueError):
 class CatalogModel:
     """One model of the catalog: its ``config`` (``model_name`` is ``name``), where it was
     listed, its ``keep_alive`` in seconds (``None``: the worker's ``--keep-alive``;
-    :data:`~llmtrio._durations.FOREVER`: pinned), whether it is loaded at start, the other
+    :data:`~llmtrio.api.FOREVER`: pinned), whether it is loaded at start, the other
     names it answers to, and its projector (an ``mmproj`` file beside it, for image input)."""
 
     name: str
@@ -487,7 +487,7 @@ def build_catalog(
 
     Error handling: :class:`CatalogError` as the parts raise it, and when two models are
     served under one name or an alias names another model."""
-    from .engine import model_name_of
+    from ..engine import model_name_of
 
     explicit = [
         CatalogModel(

@@ -17,15 +17,15 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
-from ._fields import RequestLimits
+from ..api import RequestLimits
+from ..ring import ControlConfig, Ring
+from ..web import ServeConfig
 from ._ingress import serve_ring_ingress, until_signalled
-from .ring import ControlConfig, Ring
-from .web import ServeConfig
 
 if TYPE_CHECKING:
+    from ..engine import EmbeddingEngine, Engine, EngineConfig, EngineFailedError
+    from ..worker import HostConfig, HostedModel, ModelHost
     from ._catalog import CatalogModel
-    from .engine import EmbeddingEngine, Engine, EngineConfig, EngineFailedError
-    from .worker import HostConfig, HostedModel, ModelHost
 
 __all__ = ["serve", "serve_until_signalled", "serving"]
 
@@ -65,8 +65,8 @@ async def serve(
     worker detaches at once (``/health`` answers 503 with the reason), the server shuts down
     as on ``shutdown``, then this raises. A llama.cpp abort takes the whole process down.
     """
-    from .engine import EngineConfig, EngineFailedError, open_engine
-    from .worker import HostConfig, HostedModel, ModelHost, WorkerMetrics, serve_link
+    from ..engine import EngineConfig, EngineFailedError, open_engine
+    from ..worker import HostConfig, HostedModel, ModelHost, WorkerMetrics, serve_link
 
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
     async with AsyncExitStack() as stack:
@@ -137,7 +137,7 @@ async def _start_hosted(
     limits: RequestLimits | None,
 ) -> None:
     """The host's loop and a local worker per on-demand model, each on its own link."""
-    from .worker import LOAD_WAITERS, serve_hosted_link
+    from ..worker import LOAD_WAITERS, serve_hosted_link
 
     await nursery.start(host.run)
 
@@ -156,7 +156,7 @@ async def _start_hosted(
 
 async def _preload(host: ModelHost, name: str) -> None:
     """Load ``name`` at start (its ``load = true``); then it idles as any loaded model."""
-    from .worker import ModelLoadFailed
+    from ..worker import ModelLoadFailed
 
     try:
         await host.acquire(name)
@@ -178,7 +178,7 @@ async def serve_until_signalled(
 
     Error handling: :class:`EngineFailedError` as ``serve`` raises it (the command exits
     non-zero)."""
-    from .engine import EngineFailedError
+    from ..engine import EngineFailedError
 
     failure: EngineFailedError | None = None
 

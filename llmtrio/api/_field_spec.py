@@ -1,7 +1,7 @@
 """What a request field is (:class:`Field`), how a value is checked against one
 (:func:`check`) and the one shape of a field's errors. Pure: no I/O.
 
-The table of the API's fields, nested ones included, is ``llmtrio._fields``; this module is
+The table of the API's fields, nested ones included, is ``llmtrio.api._fields``; this module is
 the vocabulary it is written in.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from ._openai_errors import OpenAIError, invalid_request
+from ._errors import OpenAIError, invalid_request
 
 __all__ = [
     "Field",

@@ -14,21 +14,13 @@ from typing import TYPE_CHECKING
 import trio
 from prometheus_client import CollectorRegistry
 
+from ..api import RequestLimits
+from ..ring import DialConfig, RemoteLink, connect_ring
 from ._metrics_server import serve_metrics
-from .engine import EngineConfig, open_engine
-from .ring import DialConfig, RemoteLink, connect_ring
-from .worker import (
-    LOAD_WAITERS,
-    HostConfig,
-    HostedModel,
-    ModelHost,
-    RequestLimits,
-    WorkerMetrics,
-    serve_hosted_link,
-    serve_link,
-)
 
 if TYPE_CHECKING:
+    from ..engine import EngineConfig
+    from ..worker import HostConfig
     from ._catalog import CatalogModel
 
 __all__ = ["run_worker"]
@@ -67,6 +59,18 @@ async def run_worker(
     holds finish (up to ``graceful_timeout`` seconds; then they are cancelled and their
     ingresses fail them), detaches from every ingress and frees the model.
     """
+    # Imported here: the CLI's face loads neither the engine nor llama.cpp.
+    from ..engine import EngineConfig, open_engine
+    from ..worker import (
+        LOAD_WAITERS,
+        HostConfig,
+        HostedModel,
+        ModelHost,
+        WorkerMetrics,
+        serve_hosted_link,
+        serve_link,
+    )
+
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
     registry = CollectorRegistry()
     link: RemoteLink | None = None

@@ -23,7 +23,7 @@ its own body. The kinds of refusal, each a status, a ``type`` and a ``code``, ar
                                 down (code shutting_down)
       504 timeout (code)        the request ran past the server's per-request deadline
 
-A route of Anthropic's family (``llmtrio._routes.error_family``: ``/v1/messages*``) tells the
+A route of Anthropic's family (``llmtrio.api.error_family``: ``/v1/messages*``) tells the
 same errors in Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, its
 ``type`` by status (:data:`ANTHROPIC_TYPES`: ``invalid_request_error`` 400/405,
 ``authentication_error`` 401, ``permission_error`` 403, ``not_found_error`` 404,
@@ -226,7 +226,7 @@ REQUEST_TIMEOUT = ErrorKind(
     504, "timeout", "the request ran past the server's deadline", type="server_error"
 )
 
-#: Every kind of refusal, by status. The field table's codes (``llmtrio._fields``) are the
+#: Every kind of refusal, by status. The field table's codes (``llmtrio.api._fields``) are the
 #: 400s that name a ``param``.
 ERRORS: Final[tuple[ErrorKind, ...]] = (
     INVALID_REQUEST,

@@ -18,7 +18,7 @@ message's ``role``, a content that is a string or parts, ``tool_choice``'s strin
 named twice, a forced tool that is not offered). Each branch is a field of this table checked
 with :func:`check`, and the errors use the same helpers (:func:`invalid_type`,
 :func:`invalid_value`, :func:`missing`). The vocabulary (:class:`Field`, :func:`check`) is
-``llmtrio._field_spec``.
+``llmtrio.api._field_spec``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from ._errors import OpenAIError, invalid_request
 from ._field_spec import (
     Field,
     RequestLimits,
@@ -40,7 +41,6 @@ from ._field_spec import (
     missing,
     show,
 )
-from ._openai_errors import OpenAIError, invalid_request
 
 __all__ = [
     "ANTHROPIC_BLOCKS",

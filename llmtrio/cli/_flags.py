@@ -1,6 +1,6 @@
 """The command's flags as one table: for each command its sections of rows, each row a flag,
 the setting it gives (``Class.field``: a config field, its default read from the class; or a
-bare ``name``) and its help (see ``llmtrio._parser``, which builds the parser from it)."""
+bare ``name``) and its help (see ``llmtrio.cli._parser``, which builds the parser from it)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ ingress's routing (it checks no methods, answers no 404/405). The ingress's othe
 
 Each route belongs to an error family (:data:`OPENAI_ERRORS` or :data:`ANTHROPIC_ERRORS`):
 every refusal on it, the ingress's and the worker's, is told in that family's shape
-(:func:`error_family`, rendered by ``llmtrio._openai_errors.OpenAIError``).
+(:func:`error_family`, rendered by ``llmtrio.api.OpenAIError``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ DETOKENIZE_PATH = "/detokenize"
 class Route:
     """One operation of the public API.
 
-    ``endpoint`` names the field table's endpoint (``llmtrio._fields``) whose fields make a
+    ``endpoint`` names the field table's endpoint (``llmtrio.api._fields``) whose fields make a
     ring route's request body; a route without one is answered by the ingress itself.
     ``open`` routes are served without an API key. ``errors`` is the family of its error
     shape (the paths under it share it: see :func:`error_family`).
