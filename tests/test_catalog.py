@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 
 from llmtrio.api import FOREVER, keep_alive_seconds
-from llmtrio.cli._catalog import (
-    CatalogError,
-    build_catalog,
-    read_models_file,
-    scan_hf_cache,
-    scan_models_dir,
-)
+from llmtrio.cli._catalog import CatalogError, scan_hf_cache, scan_models_dir
+from llmtrio.cli._catalog_build import build_catalog, read_models_file
 from llmtrio.cli._configs import catalog, on_demand, startup_configs
 from llmtrio.cli._main import _parser
 from llmtrio.engine import EngineConfig

@@ -36,7 +36,7 @@ import trio
 import yaml
 
 from llmtrio.api import LIVEZ_PATH, READYZ_PATH
-from llmtrio.cli._catalog import parse_models_file
+from llmtrio.cli._catalog_build import parse_models_file
 from llmtrio.cli._main import _parser
 from llmtrio.engine import EngineConfig
 from llmtrio.ring import (

@@ -11,6 +11,23 @@
     _openapi     ``/openapi.json``, made from the routes, the fields and the errors
 """
 
+from ._anthropic_fields import ANTHROPIC_BLOCKS as ANTHROPIC_BLOCKS
+from ._anthropic_fields import ANTHROPIC_IMAGE_SOURCE as ANTHROPIC_IMAGE_SOURCE
+from ._anthropic_fields import ANTHROPIC_MESSAGE as ANTHROPIC_MESSAGE
+from ._anthropic_fields import ANTHROPIC_OUTPUT_CONFIG as ANTHROPIC_OUTPUT_CONFIG
+from ._anthropic_fields import ANTHROPIC_REFUSED_BLOCKS as ANTHROPIC_REFUSED_BLOCKS
+from ._anthropic_fields import ANTHROPIC_RESULT_BLOCKS as ANTHROPIC_RESULT_BLOCKS
+from ._anthropic_fields import ANTHROPIC_TEXT_BLOCKS as ANTHROPIC_TEXT_BLOCKS
+from ._anthropic_fields import ANTHROPIC_THINKING as ANTHROPIC_THINKING
+from ._anthropic_fields import ANTHROPIC_TOOL as ANTHROPIC_TOOL
+from ._anthropic_fields import ANTHROPIC_TOOL_CHOICE as ANTHROPIC_TOOL_CHOICE
+from ._chat_fields import IMAGE_URL_PART as IMAGE_URL_PART
+from ._chat_fields import MESSAGE_ROLES as MESSAGE_ROLES
+from ._chat_fields import MESSAGES as MESSAGES
+from ._chat_fields import NAMED_TOOL_CHOICE as NAMED_TOOL_CHOICE
+from ._chat_fields import RESPONSE_FORMAT_JSON_SCHEMA as RESPONSE_FORMAT_JSON_SCHEMA
+from ._chat_fields import TEXT_PARTS as TEXT_PARTS
+from ._chat_fields import TOOL_CHOICE_MODE as TOOL_CHOICE_MODE
 from ._durations import FOREVER as FOREVER
 from ._durations import keep_alive_seconds as keep_alive_seconds
 from ._errors import ANTHROPIC_TYPES as ANTHROPIC_TYPES
@@ -39,6 +56,8 @@ from ._errors import server_error as server_error
 from ._errors import shutting_down as shutting_down
 from ._errors import worker_failed as worker_failed
 from ._errors import wrong_model_kind as wrong_model_kind
+from ._field_spec import INT32_MAX as INT32_MAX
+from ._field_spec import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 from ._field_spec import Field as Field
 from ._field_spec import RequestLimits as RequestLimits
 from ._field_spec import check as check
@@ -50,32 +69,7 @@ from ._field_spec import invalid_type as invalid_type
 from ._field_spec import invalid_value as invalid_value
 from ._field_spec import missing as missing
 from ._field_spec import show as show
-from ._fields import ANTHROPIC_BLOCKS as ANTHROPIC_BLOCKS
-from ._fields import ANTHROPIC_MESSAGE as ANTHROPIC_MESSAGE
-from ._fields import ANTHROPIC_REFUSED_BLOCKS as ANTHROPIC_REFUSED_BLOCKS
-from ._fields import ANTHROPIC_RESULT_BLOCKS as ANTHROPIC_RESULT_BLOCKS
-from ._fields import ANTHROPIC_TEXT_BLOCKS as ANTHROPIC_TEXT_BLOCKS
-from ._fields import ANTHROPIC_TOOL as ANTHROPIC_TOOL
-from ._fields import CHAT as CHAT
-from ._fields import COMPLETIONS as COMPLETIONS
-from ._fields import COUNT_TOKENS as COUNT_TOKENS
-from ._fields import DETOKENIZE as DETOKENIZE
-from ._fields import EMBEDDINGS as EMBEDDINGS
 from ._fields import FIELDS as FIELDS
-from ._fields import IMAGE_URL_PART as IMAGE_URL_PART
-from ._fields import INT32_MAX as INT32_MAX
-from ._fields import MESSAGE_ROLES as MESSAGE_ROLES
-from ._fields import MESSAGES as MESSAGES
-from ._fields import MESSAGES_API as MESSAGES_API
-from ._fields import NAMED_TOOL_CHOICE as NAMED_TOOL_CHOICE
-from ._fields import RESPONSE_FORMAT_JSON_SCHEMA as RESPONSE_FORMAT_JSON_SCHEMA
-from ._fields import RESPONSES as RESPONSES
-from ._fields import RESPONSES_FORMAT as RESPONSES_FORMAT
-from ._fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
-from ._fields import RESPONSES_TOOL as RESPONSES_TOOL
-from ._fields import TEXT_PARTS as TEXT_PARTS
-from ._fields import TOKENIZE as TOKENIZE
-from ._fields import TOOL_CHOICE_MODE as TOOL_CHOICE_MODE
 from ._fields import read as read
 from ._fields import request_schema as request_schema
 from ._openapi import openapi as openapi
@@ -85,23 +79,36 @@ from ._probes import READYZ_PATH as READYZ_PATH
 from ._probes import NotReady as NotReady
 from ._probes import ProbeAnswer as ProbeAnswer
 from ._probes import answer_probe as answer_probe
+from ._responses_fields import RESPONSES_EFFORTS as RESPONSES_EFFORTS
+from ._responses_fields import RESPONSES_FORMAT as RESPONSES_FORMAT
+from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
+from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
 from ._routes import ANTHROPIC_ERRORS as ANTHROPIC_ERRORS
+from ._routes import CHAT as CHAT
 from ._routes import CHAT_PATH as CHAT_PATH
+from ._routes import COMPLETIONS as COMPLETIONS
 from ._routes import COMPLETIONS_PATH as COMPLETIONS_PATH
+from ._routes import COUNT_TOKENS as COUNT_TOKENS
 from ._routes import COUNT_TOKENS_PATH as COUNT_TOKENS_PATH
+from ._routes import DETOKENIZE as DETOKENIZE
 from ._routes import DETOKENIZE_PATH as DETOKENIZE_PATH
+from ._routes import EMBEDDINGS as EMBEDDINGS
 from ._routes import EMBEDDINGS_PATH as EMBEDDINGS_PATH
 from ._routes import HEALTH_PATH as HEALTH_PATH
+from ._routes import MESSAGES_API as MESSAGES_API
 from ._routes import MESSAGES_PATH as MESSAGES_PATH
+from ._routes import MODELS as MODELS
 from ._routes import MODELS_LOAD_PATH as MODELS_LOAD_PATH
 from ._routes import MODELS_PATH as MODELS_PATH
 from ._routes import MODELS_UNLOAD_PATH as MODELS_UNLOAD_PATH
 from ._routes import OPENAI_ERRORS as OPENAI_ERRORS
 from ._routes import OPENAPI_PATH as OPENAPI_PATH
+from ._routes import RESPONSES as RESPONSES
 from ._routes import RESPONSES_INPUT_TOKENS_PATH as RESPONSES_INPUT_TOKENS_PATH
 from ._routes import RESPONSES_PATH as RESPONSES_PATH
 from ._routes import RING_PATHS as RING_PATHS
 from ._routes import ROUTES as ROUTES
+from ._routes import TOKENIZE as TOKENIZE
 from ._routes import TOKENIZE_PATH as TOKENIZE_PATH
 from ._routes import Route as Route
 from ._routes import error_family as error_family
@@ -109,11 +116,15 @@ from ._routes import error_family as error_family
 __all__ = [
     "ANTHROPIC_BLOCKS",
     "ANTHROPIC_ERRORS",
+    "ANTHROPIC_IMAGE_SOURCE",
     "ANTHROPIC_MESSAGE",
+    "ANTHROPIC_OUTPUT_CONFIG",
     "ANTHROPIC_REFUSED_BLOCKS",
     "ANTHROPIC_RESULT_BLOCKS",
     "ANTHROPIC_TEXT_BLOCKS",
+    "ANTHROPIC_THINKING",
     "ANTHROPIC_TOOL",
+    "ANTHROPIC_TOOL_CHOICE",
     "ANTHROPIC_TYPES",
     "CHAT",
     "CHAT_PATH",
@@ -134,10 +145,12 @@ __all__ = [
     "IMAGE_URL_PART",
     "INT32_MAX",
     "LIVEZ_PATH",
+    "MAX_TOP_LOGPROBS",
     "MESSAGES",
     "MESSAGES_API",
     "MESSAGES_PATH",
     "MESSAGE_ROLES",
+    "MODELS",
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
@@ -148,6 +161,7 @@ __all__ = [
     "PROBE_PATHS",
     "READYZ_PATH",
     "RESPONSES",
+    "RESPONSES_EFFORTS",
     "RESPONSES_FORMAT",
     "RESPONSES_IMAGE_PART",
     "RESPONSES_INPUT_TOKENS_PATH",

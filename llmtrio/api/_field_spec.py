@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
 from ._errors import OpenAIError, invalid_request
 
 __all__ = [
+    "INT32_MAX",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_TOP_LOGPROBS",
     "Field",
     "RequestLimits",
     "Schema",
@@ -23,14 +27,27 @@ __all__ = [
     "checked_text",
     "choices",
     "clip",
+    "custom",
     "describe",
+    "fixed",
+    "ignored",
     "invalid_type",
     "invalid_value",
     "missing",
+    "nullable",
+    "part",
+    "ref",
+    "refused",
     "show",
 ]
 
 Schema = dict[str, Any]
+
+INT32_MAX: Final = 2**31 - 1  # values that reach llama.cpp as C ints
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+#: OpenAI's bound on alternatives per token (``top_logprobs``, legacy ``logprobs``).
+MAX_TOP_LOGPROBS: Final = 20
 
 
 def _domains(value: object) -> tuple[str, ...]:
@@ -182,7 +199,7 @@ class Field:
         """The field's JSON schema on a server with ``limits``, where it is used: its
         component's reference if it has one, with its description, ``null`` allowed where
         the field may be null."""
-        schema = _ref(self.component) if self.component else self.body(limits)
+        schema = ref(self.component) if self.component else self.body(limits)
         if self.description:
             schema = {**schema, "description": self.description}
         nullable = self.nullable and not self.required and self.type != "any"
@@ -221,10 +238,6 @@ class Field:
         if upper is not None:
             schema[high] = upper
         return schema
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
 
 
 def check(spec: Field, value: object, limits: RequestLimits, param: str) -> Any:
@@ -425,3 +438,43 @@ def clip(text: str, limit: int) -> str:
 
 def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# -- the table's shorthands -------------------------------------------------------------------
+
+
+def ref(name: str) -> Schema:
+    """A reference to the component schema ``name`` of ``/openapi.json``."""
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: Schema) -> Schema:
+    """``schema``, or null."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def fixed(schema: Schema) -> Callable[[RequestLimits], Schema]:
+    """A field's shape that no limit changes."""
+    return lambda limits: schema
+
+
+def part(name: str, type: str, description: str = "", **kwargs: Any) -> Field:
+    """A property or an item of a nested field (its strings pass as they come unless
+    ``text=True``)."""
+    return Field(name, type, frozenset(), description, **{"text": False, **kwargs})
+
+
+def custom(name: str, schema: Schema, *endpoints: str, **kwargs: Any) -> Field:
+    """A field of ``endpoints`` whose shape is ``schema`` (a union the endpoint tells apart)."""
+    return Field(name, "custom", frozenset(endpoints), shape=fixed(schema), **kwargs)
+
+
+def refused(name: str, what: str, *endpoints: str, allowed: tuple[Any, ...] = ()) -> Field:
+    """A field of ``endpoints`` this server does not implement (``what`` it would do): a 400
+    naming it, unless its value is one of ``allowed`` (which changes nothing)."""
+    return Field(name, "custom", frozenset(endpoints), refused=what, allowed=allowed)
+
+
+def ignored(name: str, type: str, *endpoints: str, **kwargs: Any) -> Field:
+    """A field that changes nothing here, accepted (and checked for its type) and ignored."""
+    return Field(name, type, frozenset(endpoints), "Accepted and ignored.", **kwargs)

@@ -16,7 +16,11 @@ from typing import Any
 
 from .. import __version__
 from ._errors import ANTHROPIC_TYPES, ERRORS, ErrorKind
-from ._fields import (
+from ._field_spec import RequestLimits, ref
+from ._fields import component_schemas, request_schema
+from ._openapi_answers import ANSWERS, STREAM_OPTIONS_NEED_STREAM, response_schemas
+from ._routes import (
+    ANTHROPIC_ERRORS,
     CHAT,
     COMPLETIONS,
     COUNT_TOKENS,
@@ -25,22 +29,12 @@ from ._fields import (
     MESSAGES_API,
     MODELS,
     RESPONSES,
+    ROUTES,
     TOKENIZE,
-    RequestLimits,
-    component_schemas,
-    request_schema,
+    Route,
 )
-from ._routes import ANTHROPIC_ERRORS, ROUTES, Route
 
 __all__ = ["openapi"]
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 _RETRY_AFTER = {
@@ -70,7 +64,7 @@ def _error_responses() -> dict[str, Any]:
         only = {"properties": {"error": {"properties": error}}}
         response: dict[str, Any] = {
             "description": f"Codes: {meanings}.",
-            "content": {"application/json": {"schema": {"allOf": [_ref("Error"), only]}}},
+            "content": {"application/json": {"schema": {"allOf": [ref("Error"), only]}}},
         }
         if any(kind.retry_after for kind in kinds):
             response["headers"] = copy.deepcopy(_RETRY_AFTER)
@@ -105,7 +99,7 @@ def _anthropic_error_responses() -> dict[str, Any]:
         }
         response: dict[str, Any] = {
             "description": f"``{ANTHROPIC_TYPES[status]}``: {meanings}.",
-            "content": {"application/json": {"schema": {"allOf": [_ref("AnthropicError"), only]}}},
+            "content": {"application/json": {"schema": {"allOf": [ref("AnthropicError"), only]}}},
         }
         if any(kind.retry_after for kind in kinds):
             response["headers"] = copy.deepcopy(_RETRY_AFTER)
@@ -118,569 +112,6 @@ _ANTHROPIC_RING_ERRORS = {
     for status in sorted({_anthropic_status(kind) for kind in ERRORS if not kind.url})
 }
 
-_SSE_DESCRIPTION = (
-    "With ``stream: true``: server-sent events, each ``data: <JSON>`` followed by a blank "
-    "line, then ``data: [DONE]``. Each JSON is a {chunk}; a failure after the stream "
-    'started arrives as one event ``data: {{"error": {{...}}}}`` in the shape of ``Error``, '
-    "and the stream ends without ``[DONE]``."
-)
-
-_STREAM_OPTIONS_NEED_STREAM = {
-    "stream_options": {
-        "anyOf": [
-            {"properties": {"stream_options": {"type": "null"}}},
-            {"required": ["stream"], "properties": {"stream": {"const": True}}},
-        ]
-    }
-}
-
-_USAGE = {
-    "type": "object",
-    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-    "properties": {
-        "prompt_tokens": {"type": "integer", "minimum": 0},
-        "completion_tokens": {"type": "integer", "minimum": 0},
-        "total_tokens": {"type": "integer", "minimum": 0},
-    },
-}
-
-_FINISH_REASON = _nullable(
-    {"type": "string", "enum": ["stop", "length", "tool_calls", "content_filter"]}
-)
-
-
-def _completion_object(
-    kind: str, content: dict[str, Any], *, usage_required: bool
-) -> dict[str, Any]:
-    """A completion response (or chunk): OpenAI's envelope around choices that carry
-    ``content`` (their ``message``, ``delta`` or ``text``) beside index, logprobs and finish
-    reason; ``usage`` is required, or may be absent or null."""
-    (field,) = content
-    return {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices"]
-        + (["usage"] if usage_required else []),
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": kind},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["index", field, "finish_reason"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        **content,
-                        "logprobs": {"type": ["object", "null"]},
-                        "finish_reason": _FINISH_REASON,
-                    },
-                },
-            },
-            "usage": _USAGE if usage_required else _nullable(_USAGE),
-        },
-    }
-
-
-_SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "description": "OpenAI's error shape.",
-        "required": ["error"],
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["message", "type", "param", "code"],
-                "properties": {
-                    "message": {"type": "string"},
-                    "type": {"type": "string"},
-                    "param": {"type": ["string", "null"]},
-                    "code": {"type": ["string", "null"]},
-                },
-            }
-        },
-    },
-    "ToolCall": {
-        "type": "object",
-        "required": ["id", "type", "function"],
-        "properties": {
-            "id": {"type": "string"},
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "required": ["name", "arguments"],
-                "properties": {
-                    "name": {"type": "string"},
-                    "arguments": {"type": "string", "description": "A JSON object, as text."},
-                },
-            },
-        },
-    },
-    "ChatCompletion": _completion_object(
-        "chat.completion",
-        {
-            "message": {
-                "type": "object",
-                "required": ["role", "content"],
-                "properties": {
-                    "role": {"const": "assistant"},
-                    "content": {"type": ["string", "null"]},
-                    "reasoning_content": {"type": "string"},
-                    "tool_calls": {"type": "array", "items": _ref("ToolCall")},
-                },
-            },
-        },
-        usage_required=True,
-    ),
-    "ChatCompletionChunk": _completion_object(
-        "chat.completion.chunk",
-        {
-            "delta": {
-                "type": "object",
-                "properties": {
-                    "role": {"const": "assistant"},
-                    "content": {"type": ["string", "null"]},
-                    "reasoning_content": {"type": "string"},
-                    "tool_calls": {"type": "array"},
-                },
-            },
-        },
-        usage_required=False,
-    ),
-    "Completion": _completion_object(
-        "text_completion", {"text": {"type": "string"}}, usage_required=False
-    ),
-    "Model": {
-        "type": "object",
-        "required": ["id", "object", "created", "owned_by"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "model"},
-            "created": {"type": "integer"},
-            "owned_by": {"type": "string"},
-            "kind": {
-                "enum": ["chat", "embedding"],
-                "description": "``chat``: chat and text completions; ``embedding``: embeddings.",
-            },
-            "input_modalities": {
-                "type": "array",
-                "items": {"enum": ["text", "image"]},
-                "description": "What its prompts may hold: ``image`` for a model with a "
-                "vision projector (chat messages' ``image_url`` parts).",
-            },
-            "workers": {
-                "type": "integer",
-                "minimum": 0,
-                "description": "Workers serving it now (0: its last one left within the park "
-                "timeout; its requests park).",
-            },
-            "state": {
-                "enum": ["loaded", "loading", "unloaded"],
-                "description": "Loaded on some worker, else loading, else unloaded (loaded "
-                "on its first request).",
-            },
-            "bytes": {
-                "type": "integer",
-                "minimum": 1,
-                "description": "The estimated memory of its loaded copies (a model loaded "
-                "on demand).",
-            },
-            "unload_in_s": {
-                "type": "integer",
-                "minimum": -1,
-                "description": "Seconds until the idle model unloads (-1: never; absent: "
-                "busy, or not loaded on demand).",
-            },
-        },
-    },
-    "ModelState": {
-        "type": "object",
-        "required": ["success", "model", "state"],
-        "properties": {
-            "success": {"const": True},
-            "model": {"type": "string"},
-            "state": {"enum": ["loaded", "unloading", "unloaded"]},
-        },
-    },
-    "ModelList": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": _ref("Model")},
-        },
-    },
-    "Health": {
-        "type": "object",
-        "required": ["status", "model", "capacity", "ring", "workers"],
-        "properties": {
-            "status": {
-                "enum": ["ok", "no_workers", "draining"],
-                "description": "``ok`` (200); ``no_workers`` or ``draining`` (503).",
-            },
-            "model": {"type": "string"},
-            "reason": {"type": "string", "description": "Why the last worker detached."},
-            "capacity": {
-                "type": "object",
-                "required": ["inflight", "decoding", "max_inflight", "available_slots"],
-                "properties": {
-                    key: {"type": "integer", "minimum": 0}
-                    for key in ("inflight", "decoding", "max_inflight", "available_slots")
-                },
-            },
-            "ring": {
-                "type": "object",
-                "required": ["parked", "serving", "max_streams", "workers"],
-                "properties": {
-                    key: {"type": "integer", "minimum": 0}
-                    for key in ("parked", "serving", "max_streams", "workers")
-                },
-            },
-            "workers": {"type": "array", "items": {"type": "object"}},
-        },
-    },
-}
-
-
-def _sse_event(chunk: str) -> dict[str, Any]:
-    """One server-sent event of a completion stream (OpenAPI 3.1 has ``schema`` describe each
-    event of a ``text/event-stream``; 3.2 names it ``itemSchema``)."""
-    return {
-        "type": "object",
-        "description": _SSE_DESCRIPTION.format(chunk=f"``{chunk}``"),
-        "required": ["data"],
-        "properties": {
-            "event": {"type": "string"},
-            "data": {
-                "anyOf": [
-                    {"const": "[DONE]"},
-                    {
-                        "type": "string",
-                        "contentMediaType": "application/json",
-                        "contentSchema": {"anyOf": [_ref(chunk), _ref("Error")]},
-                    },
-                ]
-            },
-        },
-    }
-
-
-def _completion_answer(response: str, chunk: str) -> dict[str, Any]:
-    return {
-        "description": "The completion: one JSON body, or an event stream.",
-        "headers": {
-            "X-Request-Id": {
-                "description": "This request's id, as the server logs it.",
-                "schema": {"type": "string"},
-            }
-        },
-        "content": {
-            "application/json": {"schema": _ref(response)},
-            "text/event-stream": {"schema": _sse_event(chunk)},
-        },
-    }
-
-
-def _json_answer(description: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-_EMBEDDING_LIST: dict[str, Any] = {
-    "type": "object",
-    "required": ["object", "data", "model", "usage"],
-    "properties": {
-        "object": {"const": "list"},
-        "data": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["object", "index", "embedding"],
-                "properties": {
-                    "object": {"const": "embedding"},
-                    "index": {"type": "integer", "minimum": 0},
-                    "embedding": {
-                        "anyOf": [
-                            {"type": "array", "items": {"type": "number"}},
-                            {"type": "string"},
-                        ],
-                        "description": (
-                            "L2-normalized; a base64 string with ``encoding_format: base64``."
-                        ),
-                    },
-                },
-            },
-        },
-        "model": {"type": "string"},
-        "usage": {
-            "type": "object",
-            "required": ["prompt_tokens", "total_tokens"],
-            "properties": {
-                "prompt_tokens": {"type": "integer", "minimum": 0},
-                "total_tokens": {"type": "integer", "minimum": 0},
-            },
-        },
-    },
-}
-
-
-_RESPONSE_OBJECT: dict[str, Any] = {
-    "type": "object",
-    "description": "OpenAI's ``response`` object (stateless: ``store`` is false).",
-    "required": ["id", "object", "created_at", "status", "model", "output", "tools",
-                 "tool_choice", "parallel_tool_calls"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"const": "response"},
-        "created_at": {"type": "integer"},
-        "status": {"enum": ["completed", "incomplete", "in_progress", "failed"]},
-        "incomplete_details": _nullable({
-            "type": "object", "properties": {"reason": {"const": "max_output_tokens"}}}),
-        "model": {"type": "string"},
-        "output": {
-            "type": "array",
-            "description": "``reasoning``, ``message`` and ``function_call`` items.",
-            "items": {
-                "type": "object",
-                "required": ["id", "type"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "type": {"enum": ["reasoning", "message", "function_call"]},
-                    "call_id": {"type": "string"},
-                    "name": {"type": "string"},
-                    "arguments": {"type": "string", "description": "A JSON object, as text."},
-                    "content": {"type": "array", "items": {"type": "object"}},
-                },
-            },
-        },
-        "tools": {"type": "array"},
-        "parallel_tool_calls": {"type": "boolean"},
-        "store": {"const": False},
-        "usage": _nullable({
-            "type": "object",
-            "required": ["input_tokens", "output_tokens", "total_tokens"],
-            "properties": {
-                key: {"type": "integer", "minimum": 0}
-                for key in ("input_tokens", "output_tokens", "total_tokens")
-            },
-        }),
-    },
-}  # fmt: skip
-_RESPONSE_EVENT: dict[str, Any] = {
-    "type": "object",
-    "description": "With ``stream: true``: server-sent events ``event: <type>`` and ``data: "
-    "<JSON>``, each JSON with its ``type`` and a rising ``sequence_number``: "
-    "``response.created``, ``response.in_progress``, the output's events, then one of "
-    "``response.completed``, ``response.incomplete`` or ``response.failed``; no ``[DONE]``.",
-    "required": ["data"],
-    "properties": {
-        "event": {"type": "string"},
-        "data": {
-            "type": "string",
-            "contentMediaType": "application/json",
-            "contentSchema": {
-                "type": "object",
-                "required": ["type", "sequence_number"],
-                "properties": {
-                    "type": {"type": "string"},
-                    "sequence_number": {"type": "integer", "minimum": 0},
-                },
-            },
-        },
-    },
-}
-_INPUT_TOKENS: dict[str, Any] = {
-    "type": "object",
-    "required": ["object", "input_tokens"],
-    "properties": {
-        "object": {"const": "response.input_tokens"},
-        "input_tokens": {"type": "integer", "minimum": 0},
-    },
-}
-
-_A_USAGE = {
-    "type": "object",
-    "required": ["input_tokens", "output_tokens"],
-    "properties": {
-        "input_tokens": {"type": "integer", "minimum": 0},
-        "output_tokens": {"type": "integer", "minimum": 0},
-        "cache_read_input_tokens": {"type": "integer", "minimum": 0},
-        "cache_creation_input_tokens": {"type": "integer", "minimum": 0},
-    },
-}
-_A_BLOCK: dict[str, Any] = {
-    "anyOf": [
-        {
-            "type": "object",
-            "required": ["type", "text"],
-            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-        },
-        {
-            "type": "object",
-            "required": ["type", "thinking", "signature"],
-            "properties": {
-                "type": {"const": "thinking"},
-                "thinking": {"type": "string"},
-                "signature": {"type": "string"},
-            },
-        },
-        {
-            "type": "object",
-            "required": ["type", "id", "name", "input"],
-            "properties": {
-                "type": {"const": "tool_use"},
-                "id": {"type": "string"},
-                "name": {"type": "string"},
-                "input": {"type": "object"},
-            },
-        },
-    ]
-}
-_MESSAGE: dict[str, Any] = {
-    "type": "object",
-    "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
-    "properties": {
-        "id": {"type": "string"},
-        "type": {"const": "message"},
-        "role": {"const": "assistant"},
-        "model": {"type": "string"},
-        "content": {"type": "array", "items": _A_BLOCK},
-        "stop_reason": _nullable({"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}),
-        "stop_sequence": _nullable({"type": "string"}),
-        "usage": _A_USAGE,
-    },
-}
-_ANTHROPIC_ERROR: dict[str, Any] = {
-    "type": "object",
-    "required": ["type", "error"],
-    "properties": {
-        "type": {"const": "error"},
-        "error": {
-            "type": "object",
-            "required": ["type", "message"],
-            "properties": {
-                "type": {"enum": sorted(set(ANTHROPIC_TYPES.values()))},
-                "message": {"type": "string"},
-            },
-        },
-    },
-}
-_MESSAGE_EVENT: dict[str, Any] = {
-    "type": "object",
-    "description": (
-        "With ``stream: true``: server-sent events, each ``event: <type>`` and ``data: "
-        "<JSON>`` with the same ``type``: ``message_start``, per content block "
-        "``content_block_start``, ``content_block_delta`` (``text_delta``, ``thinking_delta``, "
-        "``signature_delta``, ``input_json_delta``) and ``content_block_stop``, then "
-        "``message_delta`` and ``message_stop``; ``ping`` while a long prompt is ingested; "
-        "a failure after the stream started is one ``error`` event in Anthropic's shape."
-    ),
-    "required": ["event", "data"],
-    "properties": {
-        "event": {
-            "enum": [
-                "message_start",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_stop",
-                "message_delta",
-                "message_stop",
-                "ping",
-                "error",
-            ]
-        },
-        "data": {"type": "string", "contentMediaType": "application/json"},
-    },
-}
-
-# What each operation of the route table answers, by its operation id (the errors aside).
-_ANSWERS: dict[str, dict[str, Any]] = {
-    "createChatCompletion": {"200": _completion_answer("ChatCompletion", "ChatCompletionChunk")},
-    "createCompletion": {"200": _completion_answer("Completion", "Completion")},
-    "createEmbedding": {
-        "200": _json_answer(
-            "One vector per input, in the order of the inputs.", _ref("EmbeddingList")
-        )
-    },
-    "createResponse": {
-        "200": {
-            "description": "The response: one JSON body, or an event stream.",
-            "content": {
-                "application/json": {"schema": _ref("Response")},
-                "text/event-stream": {"schema": _RESPONSE_EVENT},
-            },
-        }
-    },
-    "countResponseInputTokens": {
-        "200": _json_answer("The input's tokens, as a generation counts them.", _INPUT_TOKENS)
-    },
-    "listModels": {"200": _json_answer("The models.", _ref("ModelList"))},
-    "health": {
-        "200": _json_answer("Workers are attached: send requests here.", _ref("Health")),
-        "503": _json_answer(
-            "No worker is attached, or the server is draining: send requests elsewhere.",
-            _ref("Health"),
-        ),
-    },
-    "openapi": {"200": _json_answer("The OpenAPI 3.1 document.", {"type": "object"})},
-    "createMessage": {
-        "200": {
-            "description": "The message: one JSON body, or an event stream.",
-            "content": {
-                "application/json": {"schema": _ref("Message")},
-                "text/event-stream": {"schema": _MESSAGE_EVENT},
-            },
-        }
-    },
-    "countMessageTokens": {
-        "200": _json_answer(
-            "The prompt's length in tokens, templated as a generation's (its "
-            "``input_tokens`` plus ``cache_read_input_tokens``).",
-            {
-                "type": "object",
-                "required": ["input_tokens"],
-                "properties": {"input_tokens": {"type": "integer", "minimum": 0}},
-            },
-        )
-    },
-    "loadModel": {"200": _json_answer("The model is loaded.", _ref("ModelState"))},
-    "unloadModel": {"200": _json_answer("The model is unloading or unloaded.", _ref("ModelState"))},
-    "tokenize": {"200": _json_answer("The token ids (with their pieces).", _ref("TokenList"))},
-    "detokenize": {"200": _json_answer("The tokens' text.", _ref("Detokenized"))},
-}
-#: ``/tokenize``'s answer: ids, or ``{"id", "piece"}`` with a piece's text or bytes.
-_TOKEN_LIST: dict[str, Any] = {
-    "type": "object",
-    "required": ["tokens"],
-    "properties": {
-        "tokens": {
-            "type": "array",
-            "items": {
-                "anyOf": [
-                    {"type": "integer", "minimum": 0},
-                    {
-                        "type": "object",
-                        "required": ["id", "piece"],
-                        "properties": {
-                            "id": {"type": "integer", "minimum": 0},
-                            "piece": {
-                                "anyOf": [
-                                    {"type": "string"},
-                                    {"type": "array", "items": {"type": "integer"}},
-                                ]
-                            },
-                        },
-                    },
-                ]
-            },
-        }
-    },
-}
-_DETOKENIZED: dict[str, Any] = {
-    "type": "object",
-    "required": ["content"],
-    "properties": {"content": {"type": "string"}},
-}
 # The request body's schema of each endpoint of the field table.
 _REQUESTS = {
     CHAT: "ChatCompletionRequest",
@@ -702,14 +133,14 @@ def _operation(route: Route) -> dict[str, Any]:
     if route.open:
         operation["security"] = [{}]
     if route.endpoint is not None:
-        schema = _ref(_REQUESTS[route.endpoint])
+        schema = {"$ref": f"#/components/schemas/{_REQUESTS[route.endpoint]}"}
         operation["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": schema}},
         }
     anthropic = route.errors == ANTHROPIC_ERRORS
     errors = (_ANTHROPIC_RING_ERRORS if anthropic else _RING_ERRORS) if route.ring else {}
-    operation["responses"] = {**copy.deepcopy(_ANSWERS[route.operation_id]), **errors}
+    operation["responses"] = {**copy.deepcopy(ANSWERS[route.operation_id]), **errors}
     return operation
 
 
@@ -718,7 +149,7 @@ def _request(endpoint: str, limits: RequestLimits) -> dict[str, Any]:
     (``stream_options`` only on a request that streams)."""
     schema = request_schema(endpoint, limits)
     if "stream_options" in schema["properties"]:
-        schema["dependentSchemas"] = _STREAM_OPTIONS_NEED_STREAM
+        schema["dependentSchemas"] = STREAM_OPTIONS_NEED_STREAM
     return schema
 
 
@@ -727,15 +158,9 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
     limits its workers check; their bounds show in the request schemas). A new dict each
     call."""
     limits = limits or RequestLimits()
-    schemas = {**copy.deepcopy(_SCHEMAS), **component_schemas(limits)}
+    schemas = {**response_schemas(), **component_schemas(limits)}
     for endpoint, name in _REQUESTS.items():
         schemas[name] = _request(endpoint, limits)
-    schemas["EmbeddingList"] = copy.deepcopy(_EMBEDDING_LIST)
-    schemas["Message"] = copy.deepcopy(_MESSAGE)
-    schemas["AnthropicError"] = copy.deepcopy(_ANTHROPIC_ERROR)
-    schemas["Response"] = copy.deepcopy(_RESPONSE_OBJECT)
-    schemas["TokenList"] = copy.deepcopy(_TOKEN_LIST)
-    schemas["Detokenized"] = copy.deepcopy(_DETOKENIZED)
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)

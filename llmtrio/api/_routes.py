@@ -19,22 +19,31 @@ import attrs
 
 __all__ = [
     "ANTHROPIC_ERRORS",
+    "CHAT",
     "CHAT_PATH",
+    "COMPLETIONS",
     "COMPLETIONS_PATH",
+    "COUNT_TOKENS",
     "COUNT_TOKENS_PATH",
+    "DETOKENIZE",
     "DETOKENIZE_PATH",
+    "EMBEDDINGS",
     "EMBEDDINGS_PATH",
     "HEALTH_PATH",
+    "MESSAGES_API",
     "MESSAGES_PATH",
+    "MODELS",
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
     "OPENAI_ERRORS",
     "OPENAPI_PATH",
+    "RESPONSES",
     "RESPONSES_INPUT_TOKENS_PATH",
     "RESPONSES_PATH",
     "RING_PATHS",
     "ROUTES",
+    "TOKENIZE",
     "TOKENIZE_PATH",
     "Route",
     "error_family",
@@ -55,6 +64,21 @@ COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 #: Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (its types and statuses).
 OPENAI_ERRORS: Final = "openai"
 ANTHROPIC_ERRORS: Final = "anthropic"
+#: The field table's endpoints (``llmtrio.api._fields``): the body each route reads.
+CHAT: Final = "chat"
+COMPLETIONS: Final = "completions"
+EMBEDDINGS: Final = "embeddings"
+#: OpenAI's Responses API (``POST /v1/responses`` and ``/v1/responses/input_tokens``).
+RESPONSES: Final = "responses"
+#: Anthropic's Messages API: a message, and the count of a message request's input tokens
+#: (the same body; ``max_tokens`` and ``stream`` mean nothing there).
+MESSAGES_API: Final = "messages"
+COUNT_TOKENS: Final = "count_tokens"
+#: ``/models/load`` and ``/models/unload``.
+MODELS: Final = "models"
+TOKENIZE: Final = "tokenize"
+DETOKENIZE: Final = "detokenize"
+
 #: llama.cpp's router names: load or unload a catalog model, by name only.
 MODELS_LOAD_PATH = "/models/load"
 MODELS_UNLOAD_PATH = "/models/unload"
@@ -87,32 +111,32 @@ class Route:
 
 
 ROUTES: Final[tuple[Route, ...]] = (
-    Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", "chat"),
+    Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", CHAT),
     Route("POST", COMPLETIONS_PATH, "createCompletion", "Create a text completion.",
-          "completions"),
+          COMPLETIONS),
     Route("POST", EMBEDDINGS_PATH, "createEmbedding",
-          "Create embeddings (on a worker serving an embedding model).", "embeddings"),
+          "Create embeddings (on a worker serving an embedding model).", EMBEDDINGS),
     Route("POST", RESPONSES_PATH, "createResponse",
-          "Create a response (OpenAI's Responses API, stateless).", "responses"),
+          "Create a response (OpenAI's Responses API, stateless).", RESPONSES),
     Route("POST", RESPONSES_INPUT_TOKENS_PATH, "countResponseInputTokens",
-          "Count a response request's input tokens, templated as a generation.", "responses"),
+          "Count a response request's input tokens, templated as a generation.", RESPONSES),
     Route("POST", TOKENIZE_PATH, "tokenize",
-          "Text to the model's token ids (llama.cpp server's /tokenize).", "tokenize"),
+          "Text to the model's token ids (llama.cpp server's /tokenize).", TOKENIZE),
     Route("POST", DETOKENIZE_PATH, "detokenize",
-          "Token ids to the model's text (llama.cpp server's /detokenize).", "detokenize"),
+          "Token ids to the model's text (llama.cpp server's /detokenize).", DETOKENIZE),
     Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),
     Route("GET", OPENAPI_PATH, "openapi", "This document."),
     Route("POST", MESSAGES_PATH, "createMessage", "Create a message (Anthropic's Messages API).",
-          "messages", errors=ANTHROPIC_ERRORS),
+          MESSAGES_API, errors=ANTHROPIC_ERRORS),
     Route("POST", COUNT_TOKENS_PATH, "countMessageTokens",
-          "Count a message request's input tokens (Anthropic's Messages API).", "count_tokens",
+          "Count a message request's input tokens (Anthropic's Messages API).", COUNT_TOKENS,
           errors=ANTHROPIC_ERRORS),
     Route("POST", MODELS_LOAD_PATH, "loadModel",
-          "Load a catalog model now (by its name; never a path).", "models"),
+          "Load a catalog model now (by its name; never a path).", MODELS),
     Route("POST", MODELS_UNLOAD_PATH, "unloadModel",
-          "Unload an idle catalog model now (never a pinned one).", "models"),
+          "Unload an idle catalog model now (never a pinned one).", MODELS),
 )  # fmt: skip
 
 #: Served by the workers through the ring, ``POST`` only.

@@ -150,7 +150,8 @@ def catalog(args: argparse.Namespace) -> Catalog:
     flags under its own settings. A refusal exits naming the model and the key."""
     from ..engine import EngineConfig
     from ..engine.models import HubSettings
-    from ._catalog import CatalogError, build_catalog
+    from ._catalog import CatalogError
+    from ._catalog_build import build_catalog
 
     pinned = engine_configs(args) if args.model or not _has_catalog(args) else []
     shared = [n for name, n in (getattr(args, "threads", None) or []) if name is None]
