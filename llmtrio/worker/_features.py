@@ -38,6 +38,7 @@ from ..engine import (
 
 __all__ = [
     "ToolChoice",
+    "choose_tools",
     "parse_assistant_tool_calls",
     "parse_response_format",
     "parse_tools",
@@ -94,6 +95,39 @@ class ToolChoice:
         }
 
 
+def choose_tools(
+    tools: list[Tool],
+    mode: str,
+    *,
+    name: str | None = None,
+    parallel: bool = True,
+    said: str | None = None,
+    param: str = "tool_choice",
+) -> ToolChoice:
+    """The one rule of every API for which tools a reply may or must call, given the tools a
+    request offers and its choice, read from the API's own shape: ``mode`` ``none``,
+    ``auto`` or ``required`` (chat's and the Responses API's words; Anthropic's ``any`` is
+    ``required``), or ``name``, the one tool the reply must call.
+
+    - ``auto`` (or no choice at all) with no tools offered is ``none``: there is nothing to
+      call, as when a client that always sends ``tool_choice`` has no tools this turn;
+    - ``required`` or a named tool with no tools offered is a 400, as is a name no tool
+      has; ``said`` is the value as the request spelt it, ``param`` the field that holds it.
+
+    Error handling: :class:`OpenAIError` (400) naming ``param``."""
+    if name is not None:
+        forced = tuple(t for t in tools if t.name == name)
+        if not forced:
+            raise invalid_value(param, f"no tool named {show(name)} in 'tools'.")
+        return ToolChoice(tuple(tools), "required", forced, parallel)
+    if mode == "required" and not tools:
+        raise invalid_value(param, f"{show(said or mode)} needs 'tools'.")
+    if not tools:
+        mode = "none"
+    forced = tuple(tools) if mode == "required" else ()
+    return ToolChoice(tuple(tools), mode, forced, parallel)
+
+
 def parse_tools(data: dict[str, Any], limits: RequestLimits) -> ToolChoice:
     """``tools`` (functions only), ``tool_choice`` and ``parallel_tool_calls``."""
     tools: list[Tool] = []
@@ -106,25 +140,17 @@ def parse_tools(data: dict[str, Any], limits: RequestLimits) -> ToolChoice:
         # empty JSON Schema (any value) a call could be any JSON at all.
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         tools.append(Tool(name, function.get("description") or "", parameters))
-    parallel = read(data, CHAT, "parallel_tool_calls", limits)
+    parallel = read(data, CHAT, "parallel_tool_calls", limits) is not False
     choice = data.get("tool_choice")
     if choice is None:
-        mode = "auto" if tools else "none"
-        forced: tuple[Tool, ...] = ()
-    elif isinstance(choice, str):
+        return choose_tools(tools, "auto", parallel=parallel)
+    if isinstance(choice, str):
         mode = check(TOOL_CHOICE_MODE, choice, limits, "tool_choice")
-        forced = tuple(tools) if choice == "required" else ()
-    elif isinstance(choice, dict):
+        return choose_tools(tools, mode, parallel=parallel)
+    if isinstance(choice, dict):
         name = check(NAMED_TOOL_CHOICE, choice, limits, "tool_choice")["function"]["name"]
-        named = [t for t in tools if t.name == name]
-        if not named:
-            raise invalid_value("tool_choice", f"no tool named {show(name)} in 'tools'.")
-        mode, forced = "required", tuple(named)
-    else:
-        raise invalid_type("tool_choice", "a string or an object", choice)
-    if mode != "none" and not tools:
-        raise invalid_value("tool_choice", f"{show(mode)} needs 'tools'.")
-    return ToolChoice(tuple(tools), mode, forced, parallel is not False)
+        return choose_tools(tools, "required", name=name, parallel=parallel)
+    raise invalid_type("tool_choice", "a string or an object", choice)
 
 
 def parse_assistant_tool_calls(value: list[dict[str, Any]] | None) -> list[ToolCall]:

@@ -60,7 +60,7 @@ from ..engine import (
     Tool,
     ToolCall,
 )
-from ._features import ToolChoice
+from ._features import ToolChoice, choose_tools
 from ._fetch import is_remote
 from ._images import image_from_bytes, remote_image
 from ._reasoning import ADAPTIVE_EFFORT, Reasoning, for_effort
@@ -368,27 +368,17 @@ def _tools(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> ToolCh
             raise invalid_value("tools", f"the name {show(name)} is used twice.")
         schema = item.get("input_schema") or {"type": "object", "properties": {}}
         tools.append(Tool(name, item.get("description") or "", schema))
-    choice = read(data, endpoint, "tool_choice", limits)
-    parallel = not (choice or {}).get("disable_parallel_tool_use", False)
-    kind = (choice or {}).get("type", "auto" if tools else "none")
-    forced: tuple[Tool, ...] = ()
-    if kind == "any":
-        mode, forced = "required", tuple(tools)
-    elif kind == "tool":
-        name = choice.get("name") if choice else None
+    choice = read(data, endpoint, "tool_choice", limits) or {}
+    parallel = not choice.get("disable_parallel_tool_use", False)
+    kind = choice.get("type", "auto")
+    if kind == "tool":
+        name = choice.get("name")
         if name is None:
             raise missing("tool_choice.name", " (tool_choice 'tool' names the tool)")
-        forced = tuple(t for t in tools if t.name == name)
-        if not forced:
-            raise invalid_value("tool_choice.name", f"no tool named {show(name)} in 'tools'.")
-        mode = "required"
-    else:
-        mode = kind
-    if mode == "required" and not tools:
-        raise invalid_value("tool_choice", f"{show(kind)} needs 'tools'.")
-    if not tools:
-        mode = "none"
-    return ToolChoice(tuple(tools), mode, forced, parallel)
+        return choose_tools(tools, "required", name=name, parallel=parallel,
+                            param="tool_choice.name")  # fmt: skip
+    mode = "required" if kind == "any" else kind
+    return choose_tools(tools, mode, parallel=parallel, said=kind)
 
 
 def _tool_options(tools: ToolChoice) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from ..engine import (
     Tool,
     ToolCall,
 )
-from ._features import ToolChoice
+from ._features import ToolChoice, choose_tools
 from ._images import image_from_part
 from ._reasoning import Reasoning, for_effort
 from ._requests import json_body, reject_refused
@@ -433,9 +433,8 @@ def _parse_tools(
         )
     parallel = read(data, RESPONSES, "parallel_tool_calls", limits) is not False
     choice = data.get("tool_choice")
-    forced: tuple[Tool, ...] = ()
     if choice is None:
-        mode = "auto"
+        chosen = choose_tools(tools, "auto", parallel=parallel)
     elif isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
             raise invalid_value(
@@ -443,11 +442,7 @@ def _parse_tools(
                 f"{show(choice)}. Supported values are: 'none', 'auto', 'required' or a "
                 "named function.",
             )
-        mode = choice
-        if mode == "required":
-            if not tools:
-                raise invalid_value("tool_choice", "'required' needs function tools in 'tools'.")
-            forced = tuple(tools)
+        chosen = choose_tools(tools, choice, parallel=parallel)
     elif isinstance(choice, dict):
         kind = choice.get("type")
         if kind != "function":
@@ -458,16 +453,11 @@ def _parse_tools(
         name = choice.get("name")
         if not isinstance(name, str):
             raise invalid_type("tool_choice.name", "a string", name)
-        named = [t for t in tools if t.name == name]
-        if not named:
-            raise invalid_value("tool_choice", f"no function tool named {show(name)} in 'tools'.")
-        mode, forced = "required", tuple(named)
+        chosen = choose_tools(tools, "required", name=name, parallel=parallel)
     else:
         raise invalid_type("tool_choice", "a string or an object", choice)
-    if not tools:
-        mode = "none"
     echo = choice if choice is not None else "auto"
-    return ToolChoice(tuple(tools), mode, forced, parallel), offered, echo
+    return chosen, offered, echo
 
 
 def _parse_format(data: dict[str, Any], limits: RequestLimits) -> tuple[dict[str, Any], Any]:
