@@ -117,3 +117,14 @@ def test_json_object_grammar_is_llama_cpps() -> None:
     from llmtrio.engine import JSON_OBJECT_GRAMMAR
 
     assert JSON_OBJECT_GRAMMAR == llama_grammar.JSON_GBNF
+
+
+def test_every_ring_route_needs_a_model_kind_the_ring_knows() -> None:
+    """The route table (``llmtrio.api``) says which kind of model each ring route needs; the
+    kinds are the ring's own (heartbeats carry them), so the two cannot drift apart."""
+    from llmtrio.api import MANAGE_PATHS, MODEL_KINDS, ROUTES
+    from llmtrio.ring import KINDS
+
+    assert set(MODEL_KINDS) == {route.path for route in ROUTES if route.ring}
+    assert {kind for kind in MODEL_KINDS.values() if kind is not None} == set(KINDS)
+    assert all(MODEL_KINDS[path] is None for path in MANAGE_PATHS)

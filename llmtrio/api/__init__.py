@@ -85,6 +85,7 @@ from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
 from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
 from ._routes import ANTHROPIC_ERRORS as ANTHROPIC_ERRORS
 from ._routes import CHAT as CHAT
+from ._routes import CHAT_MODEL as CHAT_MODEL
 from ._routes import CHAT_PATH as CHAT_PATH
 from ._routes import COMPLETIONS as COMPLETIONS
 from ._routes import COMPLETIONS_PATH as COMPLETIONS_PATH
@@ -92,11 +93,14 @@ from ._routes import COUNT_TOKENS as COUNT_TOKENS
 from ._routes import COUNT_TOKENS_PATH as COUNT_TOKENS_PATH
 from ._routes import DETOKENIZE as DETOKENIZE
 from ._routes import DETOKENIZE_PATH as DETOKENIZE_PATH
+from ._routes import EMBEDDING_MODEL as EMBEDDING_MODEL
 from ._routes import EMBEDDINGS as EMBEDDINGS
 from ._routes import EMBEDDINGS_PATH as EMBEDDINGS_PATH
 from ._routes import HEALTH_PATH as HEALTH_PATH
+from ._routes import MANAGE_PATHS as MANAGE_PATHS
 from ._routes import MESSAGES_API as MESSAGES_API
 from ._routes import MESSAGES_PATH as MESSAGES_PATH
+from ._routes import MODEL_KINDS as MODEL_KINDS
 from ._routes import MODELS as MODELS
 from ._routes import MODELS_LOAD_PATH as MODELS_LOAD_PATH
 from ._routes import MODELS_PATH as MODELS_PATH
@@ -127,6 +131,7 @@ __all__ = [
     "ANTHROPIC_TOOL_CHOICE",
     "ANTHROPIC_TYPES",
     "CHAT",
+    "CHAT_MODEL",
     "CHAT_PATH",
     "COMPLETIONS",
     "COMPLETIONS_PATH",
@@ -137,6 +142,7 @@ __all__ = [
     "DETOKENIZE_PATH",
     "EMBEDDINGS",
     "EMBEDDINGS_PATH",
+    "EMBEDDING_MODEL",
     "ERRORS",
     "FIELDS",
     "FOREVER",
@@ -145,6 +151,7 @@ __all__ = [
     "IMAGE_URL_PART",
     "INT32_MAX",
     "LIVEZ_PATH",
+    "MANAGE_PATHS",
     "MAX_TOP_LOGPROBS",
     "MESSAGES",
     "MESSAGES_API",
@@ -154,6 +161,7 @@ __all__ = [
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
+    "MODEL_KINDS",
     "NAMED_TOOL_CHOICE",
     "OPENAI_ERRORS",
     "OPENAPI_PATH",

@@ -13,6 +13,7 @@ every refusal on it, the ingress's and the worker's, is told in that family's sh
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import attrs
@@ -20,6 +21,7 @@ import attrs
 __all__ = [
     "ANTHROPIC_ERRORS",
     "CHAT",
+    "CHAT_MODEL",
     "CHAT_PATH",
     "COMPLETIONS",
     "COMPLETIONS_PATH",
@@ -29,13 +31,16 @@ __all__ = [
     "DETOKENIZE_PATH",
     "EMBEDDINGS",
     "EMBEDDINGS_PATH",
+    "EMBEDDING_MODEL",
     "HEALTH_PATH",
+    "MANAGE_PATHS",
     "MESSAGES_API",
     "MESSAGES_PATH",
     "MODELS",
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
+    "MODEL_KINDS",
     "OPENAI_ERRORS",
     "OPENAPI_PATH",
     "RESPONSES",
@@ -79,6 +84,10 @@ MODELS: Final = "models"
 TOKENIZE: Final = "tokenize"
 DETOKENIZE: Final = "detokenize"
 
+#: The kinds of model a route needs (the ring's model kinds: ``llmtrio.ring.KINDS``).
+CHAT_MODEL: Final = "chat"
+EMBEDDING_MODEL: Final = "embedding"
+
 #: llama.cpp's router names: load or unload a catalog model, by name only.
 MODELS_LOAD_PATH = "/models/load"
 MODELS_UNLOAD_PATH = "/models/unload"
@@ -93,7 +102,10 @@ class Route:
     ``endpoint`` names the field table's endpoint (``llmtrio.api._fields``) whose fields make a
     ring route's request body; a route without one is answered by the ingress itself.
     ``open`` routes are served without an API key. ``errors`` is the family of its error
-    shape (the paths under it share it: see :func:`error_family`).
+    shape (the paths under it share it: see :func:`error_family`). ``model_kind`` is the
+    kind of model a ring route needs (a kind of the ring's ``KINDS``; ``None``: a model of
+    any kind, as every model has a tokenizer). A ``manage`` route names its model exactly
+    (loads or unloads it), never through a default.
     """
 
     method: str
@@ -103,6 +115,8 @@ class Route:
     endpoint: str | None = None
     open: bool = False
     errors: str = OPENAI_ERRORS
+    model_kind: str | None = CHAT_MODEL
+    manage: bool = False
 
     @property
     def ring(self) -> bool:
@@ -115,15 +129,18 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", COMPLETIONS_PATH, "createCompletion", "Create a text completion.",
           COMPLETIONS),
     Route("POST", EMBEDDINGS_PATH, "createEmbedding",
-          "Create embeddings (on a worker serving an embedding model).", EMBEDDINGS),
+          "Create embeddings (on a worker serving an embedding model).", EMBEDDINGS,
+          model_kind=EMBEDDING_MODEL),
     Route("POST", RESPONSES_PATH, "createResponse",
           "Create a response (OpenAI's Responses API, stateless).", RESPONSES),
     Route("POST", RESPONSES_INPUT_TOKENS_PATH, "countResponseInputTokens",
           "Count a response request's input tokens, templated as a generation.", RESPONSES),
     Route("POST", TOKENIZE_PATH, "tokenize",
-          "Text to the model's token ids (llama.cpp server's /tokenize).", TOKENIZE),
+          "Text to the model's token ids (llama.cpp server's /tokenize).", TOKENIZE,
+          model_kind=None),
     Route("POST", DETOKENIZE_PATH, "detokenize",
-          "Token ids to the model's text (llama.cpp server's /detokenize).", DETOKENIZE),
+          "Token ids to the model's text (llama.cpp server's /detokenize).", DETOKENIZE,
+          model_kind=None),
     Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),
@@ -134,13 +151,21 @@ ROUTES: Final[tuple[Route, ...]] = (
           "Count a message request's input tokens (Anthropic's Messages API).", COUNT_TOKENS,
           errors=ANTHROPIC_ERRORS),
     Route("POST", MODELS_LOAD_PATH, "loadModel",
-          "Load a catalog model now (by its name; never a path).", MODELS),
+          "Load a catalog model now (by its name; never a path).", MODELS, model_kind=None,
+          manage=True),
     Route("POST", MODELS_UNLOAD_PATH, "unloadModel",
-          "Unload an idle catalog model now (never a pinned one).", MODELS),
+          "Unload an idle catalog model now (never a pinned one).", MODELS, model_kind=None,
+          manage=True),
 )  # fmt: skip
 
 #: Served by the workers through the ring, ``POST`` only.
 RING_PATHS: Final = frozenset(route.path for route in ROUTES if route.ring)
+#: The routes that manage a model, of any kind: they name it exactly, never by a default.
+MANAGE_PATHS: Final = frozenset(route.path for route in ROUTES if route.manage)
+#: The kind of model each ring route needs (``None``: any kind).
+MODEL_KINDS: Final[Mapping[str, str | None]] = {
+    route.path: route.model_kind for route in ROUTES if route.ring
+}
 
 
 def error_family(path: str) -> str:

@@ -33,37 +33,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Final
 
 from ..api import (
-    CHAT_PATH,
-    COMPLETIONS_PATH,
-    DETOKENIZE_PATH,
-    EMBEDDINGS_PATH,
-    MODELS_LOAD_PATH,
-    MODELS_UNLOAD_PATH,
-    TOKENIZE_PATH,
+    MANAGE_PATHS,
+    MODEL_KINDS,
     invalid_request,
     missing_model,
     model_not_found,
     wrong_model_kind,
 )
-from ..ring import CHAT, EMBEDDING, ModelStats
+from ..ring import CHAT, ModelStats
 
-__all__ = ["ENDPOINT_KINDS", "requested_model", "resolve_model"]
-
-ENDPOINT_KINDS: Final[Mapping[str, str | None]] = {
-    CHAT_PATH: CHAT,
-    COMPLETIONS_PATH: CHAT,
-    EMBEDDINGS_PATH: EMBEDDING,
-    TOKENIZE_PATH: None,
-    DETOKENIZE_PATH: None,
-}
-"""The kind of model each of the ring's routes needs (``None``: any kind, every model's
-tokenizer; no model is then of "the other kind")."""
-
-#: The routes that manage a model, of any kind: they name it exactly, never by a default.
-MANAGE_PATHS: Final = frozenset({MODELS_LOAD_PATH, MODELS_UNLOAD_PATH})
+__all__ = ["requested_model", "resolve_model"]
 
 
 def requested_model(body: bytes) -> object:
@@ -91,7 +72,7 @@ def resolve_model(
     Error handling: :class:`OpenAIError` (400 for a ``model`` that is not a string or is of
     the other kind, or when none is named and none can be chosen; 404 for an unknown one).
     """
-    kind = ENDPOINT_KINDS.get(path, CHAT)
+    kind = MODEL_KINDS.get(path, CHAT)
     if requested is not None and not isinstance(requested, str):
         raise invalid_request(
             f"'model' must be a string, not {type(requested).__name__}", param="model"

@@ -3,15 +3,11 @@ their ``model``, a name the ring knows (never a path), to a worker that lists it
 
 from __future__ import annotations
 
-from typing import Final
-
-from ..api import MODELS_LOAD_PATH, MODELS_UNLOAD_PATH, OpenAIError, dumps, invalid_request
+from ..api import MANAGE_PATHS, MODELS_LOAD_PATH, OpenAIError, dumps, invalid_request
 from ..ring import ClaimedStream
 from ._endpoint import JSON_HEADERS
 
 __all__ = ["MANAGE_PATHS", "answer_pinned", "path_of", "respond_error", "respond_state"]
-
-MANAGE_PATHS: Final = frozenset({MODELS_LOAD_PATH, MODELS_UNLOAD_PATH})
 
 
 def path_of(claimed: ClaimedStream) -> str:
