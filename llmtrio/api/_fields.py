@@ -31,7 +31,17 @@ from ._chat_fields import CHAT_FIELDS, chat_components
 from ._errors import invalid_request
 from ._field_spec import INT32_MAX, Field, RequestLimits, Schema, check, custom, missing, part
 from ._responses_fields import RESPONSES_FIELDS, responses_components
-from ._routes import DETOKENIZE, MODELS, TOKENIZE
+from ._routes import (
+    CHAT,
+    COMPLETIONS,
+    COUNT_TOKENS,
+    DETOKENIZE,
+    EMBEDDINGS,
+    MESSAGES_API,
+    MODELS,
+    RESPONSES,
+    TOKENIZE,
+)
 
 __all__ = ["FIELDS", "component_schemas", "field", "read", "request_schema"]
 
@@ -46,6 +56,18 @@ _TOKENIZE_CONTENT: Schema = {
     ]
 }
 
+
+#: Ollama's ``keep_alive``, on every ring route: how long an on-demand model stays loaded
+#: after this request (read by the worker's host as ``llmtrio.api.keep_alive_seconds`` does).
+_KEEP_ALIVE = custom(
+    "keep_alive",
+    {"anyOf": [{"type": "number"}, {"type": "string"}]},
+    CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES_API, COUNT_TOKENS, MODELS, TOKENIZE,
+    DETOKENIZE,
+    description="A model on demand stays loaded this long after the request: seconds, or a "
+    'duration such as "10m" or "1h30m"; negative: for ever; 0: unloaded once idle. The '
+    "model's own keep-alive when absent; a model loaded at start is never unloaded.",
+)  # fmt: skip
 
 #: Every endpoint's fields: OpenAI's chat, completions and embeddings, the Responses API,
 #: Anthropic's Messages API, then llama.cpp's router and tokenizer endpoints.
@@ -70,6 +92,7 @@ FIELDS: Final[tuple[Field, ...]] = (
     Field("tokens", "array", frozenset({DETOKENIZE}), "Token ids of the model's vocabulary.",
           required=True,
           items=part("", "integer", nullable=False, minimum=0, maximum=INT32_MAX)),
+    _KEEP_ALIVE,
 )  # fmt: skip
 
 
