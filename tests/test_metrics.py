@@ -15,7 +15,7 @@ import trio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, TOKENIZE_PATH
 from llmtrio.cli import run_worker, serve_metrics
 from llmtrio.ring import Heartbeat, RequestHead, Ring, RingConfig, client_ssl_context
 from llmtrio.web import IngressMetrics, ServeConfig, serve_ingress
@@ -317,3 +317,37 @@ async def test_an_ingress_exports_the_pickers_gauges_for_its_own_ring() -> None:
         for stream in [served, *parked]:
             stream.cancel()
         claimed.fail("done")
+
+
+async def test_a_tokenize_request_is_not_counted_as_a_generation(gemma_path: Path) -> None:
+    """``/tokenize`` (and the other answers that generate nothing) count in a counter of
+    their own; the per-request series of generations (TTFT, end to end, queue, lengths,
+    successes) count the one chat request only."""
+    engine = engine_config(gemma_path, max_inflight=2, ctx_size=512)
+    config = ServeConfig(port=0, ring=RingConfig(max_streams=8), graceful_timeout=1)
+    async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
+        metrics = stack.url + "/metrics"
+        before = await scrape(http, metrics)
+        tokenized = await http.post(stack.url + TOKENIZE_PATH, json={"content": "Hello there"})
+        assert tokenized.status_code == 200, tokenized.text
+        chat = await http.post(
+            stack.url + CHAT_PATH, json={"messages": HI, "max_tokens": 3, "ignore_eos": True}
+        )
+        assert chat.status_code == 200, chat.text
+        await stack.wait_idle()
+        after = await scrape(http, metrics)
+
+    def delta(name: str, **labels: str) -> float:
+        return moved(before, after, name, **labels)
+
+    for name in (
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_queue_time_seconds_count",
+        "vllm:request_prompt_tokens_count",
+        "vllm:request_generation_tokens_count",
+    ):
+        assert delta(name) == 1, name
+    assert delta("vllm:request_success_total", finished_reason="length") == 1
+    assert delta("vllm:request_success_total", finished_reason="stop") == 0
+    assert delta("llmtrio_tokenize_requests_total") == 1
