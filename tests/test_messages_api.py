@@ -38,7 +38,7 @@ from llmtrio.worker import RequestLimits
 from llmtrio.worker._messages_request import parse_messages_request
 from llmtrio.worker._messages_response import MessageBody, MessageStream, signature
 from llmtrio.worker._reasoning import ADAPTIVE_EFFORT, for_effort
-from llmtrio.worker._responses import ResponseMeta
+from llmtrio.worker._encoding import ResponseMeta
 
 from ._helpers import engine_config
 from ._procs import Ring

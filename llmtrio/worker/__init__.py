@@ -9,8 +9,8 @@ from ._host import ModelLoadFailed as ModelLoadFailed
 from ._host import serve_hosted_link as serve_hosted_link
 from ._metrics import EngineCollector as EngineCollector
 from ._metrics import WorkerMetrics as WorkerMetrics
-from ._worker import HEARTBEAT_INTERVAL_S as HEARTBEAT_INTERVAL_S
-from ._worker import serve_link as serve_link
+from ._link import HEARTBEAT_INTERVAL_S as HEARTBEAT_INTERVAL_S
+from ._link import serve_link as serve_link
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",

@@ -55,7 +55,7 @@ from ._requests import (
     parse_stream,
     reject_refused,
 )
-from ._responses import from_engine_error
+from ._encoding import from_engine_error
 
 __all__ = ["ChatCompletionRequest", "parse_chat_request"]
 

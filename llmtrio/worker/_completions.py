@@ -33,7 +33,7 @@ from ._requests import (
     parse_stream,
     reject_refused,
 )
-from ._responses import DONE, Envelope, ResponseMeta, from_engine_error, timings_json, usage_json
+from ._encoding import DONE, Envelope, ResponseMeta, from_engine_error, timings_json, usage_json
 
 __all__ = ["CompletionRequest", "TextBody", "TextStream", "parse_completion_request"]
 

@@ -33,7 +33,7 @@ from ..api import (
 )
 from ..engine import Done, Event, StopReason, Timings
 from ._requests import json_body, reject_refused
-from ._responses import WholeBody
+from ._encoding import WholeBody
 
 __all__ = [
     "EmbeddingsBody",

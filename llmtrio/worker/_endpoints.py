@@ -43,11 +43,11 @@ from ._embeddings import (
     parse_embeddings_request,
     too_long,
 )
-from ._endpoint import Encoder, Endpoint, run_tokenizer
+from ._pipeline import Encoder, Endpoint, run_tokenizer
 from ._images import fetch_remote_images
 from ._messages_request import MessagesRequest, parse_messages_request
 from ._messages_response import Counted, MessageBody, MessageStream, TokenCount
-from ._responses import ResponseMeta, from_engine_error
+from ._encoding import ResponseMeta, from_engine_error
 from ._responses_output import InputTokensBody, ResponsesBody, ResponsesStream
 from ._responses_request import ResponsesRequest, naming_input, parse_responses_request
 from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT

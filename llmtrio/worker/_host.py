@@ -59,11 +59,11 @@ from ..api import (
 from ..engine import EngineConfig, EngineError, open_engine
 from ..engine.models import check_gguf, model_kind
 from ..ring import ClaimedStream, Heartbeat, ProtocolError, RingLink
-from ._budget import LoadPolicy, ModelCost, ModelState, estimate_cost
-from ._endpoint import JSON_HEADERS, ModelEngine
+from ._load_policy import LoadPolicy, ModelCost, ModelState, estimate_cost
+from ._pipeline import JSON_HEADERS, ModelEngine
 from ._manage import path_of, pinned, respond_error, respond_state
 from ._metrics import WorkerMetrics
-from ._worker import HEARTBEAT_INTERVAL_S, _request_id, _serve_stream
+from ._link import HEARTBEAT_INTERVAL_S, _request_id, _serve_stream
 
 __all__ = [
     "LOAD_WAITERS",

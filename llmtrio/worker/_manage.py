@@ -7,7 +7,7 @@ from typing import Final
 
 from ..api import MODELS_LOAD_PATH, MODELS_UNLOAD_PATH, OpenAIError, dumps, invalid_request
 from ..ring import ClaimedStream
-from ._endpoint import JSON_HEADERS
+from ._pipeline import JSON_HEADERS
 
 __all__ = ["MANAGE_PATHS", "answer_pinned", "path_of", "respond_error", "respond_state"]
 

@@ -38,7 +38,7 @@ from ..engine import (
     ToolCallStream,
 )
 from ._messages_request import MessagesRequest
-from ._responses import ResponseMeta, WholeBody
+from ._encoding import ResponseMeta, WholeBody
 
 __all__ = ["Counted", "MessageBody", "MessageStream", "TokenCount", "signature", "stop_reason"]
 

@@ -34,7 +34,7 @@ from ..engine import (
     ToolCallStream,
 )
 from ._chat_response import finish_reason
-from ._responses import ResponseMeta, WholeBody, token_logprob_json
+from ._encoding import ResponseMeta, WholeBody, token_logprob_json
 from ._responses_request import ResponsesRequest
 
 __all__ = ["InputTokensBody", "ResponsesBody", "ResponsesStream", "response_usage"]

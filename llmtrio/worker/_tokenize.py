@@ -37,9 +37,9 @@ from ..api import (
 )
 from ..engine import Done, StopReason, Timings
 from ._embeddings import Finished
-from ._endpoint import Encoder, ModelEngine, run_tokenizer
+from ._pipeline import Encoder, ModelEngine, run_tokenizer
 from ._requests import json_body
-from ._responses import ResponseMeta, WholeBody
+from ._encoding import ResponseMeta, WholeBody
 
 __all__ = [
     "DETOKENIZE_ENDPOINT",

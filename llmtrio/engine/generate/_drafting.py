@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from .._types import EngineConfig
 from ..llama import LlamaModel
-from ..spec import Acceptance, Candidate, DraftGate, StepCosts, micro_batch_sizes, repacked
+from ..spec_decode import Acceptance, Candidate, DraftGate, StepCosts, micro_batch_sizes, repacked
 from ._jobs import Job, Part
 from ._step import CoreRequest
 

@@ -15,8 +15,8 @@ import numpy.typing as npt
 from .._types import GenerateRequest
 from ..grammar import Grammar
 from ..llama import LlamaModel, Penalties, SlotSampler
-from ..spec import Acceptance
-from ._budget import ThinkBudget
+from ..spec_decode import Acceptance
+from ._think_budget import ThinkBudget
 from ._step import CoreRequest, StepOutput
 
 __all__ = ["Drafter", "Job", "Part", "slot_sampler"]

@@ -21,7 +21,7 @@ import trio
 from ..api import RequestLimits
 from ..engine import EngineFailedError
 from ..ring import ClaimedStream, Heartbeat, RingLink
-from ._endpoint import ModelEngine, serve_request
+from ._pipeline import ModelEngine, serve_request
 from ._endpoints import ENDPOINTS
 from ._manage import MANAGE_PATHS, answer_pinned, path_of
 from ._metrics import WorkerMetrics

@@ -63,7 +63,7 @@ from ..engine import (
 )
 from ..ring import ClaimedStream, Outcome, StreamCancelledError
 from ._metrics import WorkerMetrics
-from ._responses import ResponseMeta, from_engine_error, new_id
+from ._encoding import ResponseMeta, from_engine_error, new_id
 
 __all__ = [
     "Encoder",
