@@ -48,13 +48,13 @@ from ..spec_decode import (
     Shape,
     plan_drafts,
 )
-from ._think_budget import ThinkBudget, think_markers
 from ._drafting import DraftBudget, cut_anywhere, judge_shadow
 from ._jobs import Drafter, Job, Part, slot_sampler
 from ._pool import SharedPool
 from ._prompt_cache import PromptCache
 from ._scheduler import Scheduler, Start
 from ._step import CoreRequest, StepOutput
+from ._think_budget import ThinkBudget, think_markers
 
 __all__ = ["Drafter", "EngineCore"]
 

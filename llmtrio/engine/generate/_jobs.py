@@ -16,8 +16,8 @@ from .._types import GenerateRequest
 from ..grammar import Grammar
 from ..llama import LlamaModel, Penalties, SlotSampler
 from ..spec_decode import Acceptance
-from ._think_budget import ThinkBudget
 from ._step import CoreRequest, StepOutput
+from ._think_budget import ThinkBudget
 
 __all__ = ["Drafter", "Job", "Part", "slot_sampler"]
 
