@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio.engine._types import EngineConfig
+from llmtrio.engine._config import EngineConfig
 from llmtrio.engine.generate._drafting import DraftBudget, _runs, judge_shadow
 from llmtrio.engine.generate._jobs import Job, Part
 from llmtrio.engine.spec_decode import (

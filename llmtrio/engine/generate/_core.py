@@ -35,9 +35,10 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from .._config import EngineConfig
 from .._errors import DecodeError
 from .._stats import EngineStats
-from .._types import EngineConfig, StopReason
+from .._types import StopReason
 from ..llama import Batch, LlamaModel, RawLogprob, verify
 from ..spec_decode import (
     Acceptance,
