@@ -55,7 +55,6 @@ __all__ = [
     "Lease",
     "ModelStatus",
     "Pinned",
-    "request_id",
     "serve_link",
 ]
 
@@ -240,7 +239,7 @@ class _Taken:
     unloads: int
 
 
-def request_id(claimed: ClaimedStream) -> str:
+def _request_id(claimed: ClaimedStream) -> str:
     """The request's id as the ingress set it (``x-request-id``), for the log."""
     for name, value in claimed.head.headers:
         if name == "x-request-id":
@@ -341,7 +340,7 @@ async def serve_link(
         """Give back a stream claimed before the model began to unload: parked again at
         the front, for another worker or the next load."""
         logger.info(
-            "request %s handed back: %s is unloading", request_id(claimed), hosting.model_name
+            "request %s handed back: %s is unloading", _request_id(claimed), hosting.model_name
         )
         with contextlib.suppress(ProtocolError):  # its ingress is gone, and requeued it
             claimed.release()
@@ -381,7 +380,7 @@ async def serve_link(
                 if path == MODELS_LOAD_PATH:
                     await respond_state(claimed, hosting.model_name, "loaded")
         except Exception:  # the stream is failed by `with claimed`; nothing else is touched
-            logger.exception("request %s: the worker failed", request_id(claimed))
+            logger.exception("request %s: the worker failed", _request_id(claimed))
         finally:
             free(taken)
 
@@ -454,5 +453,5 @@ async def _serve_stream(
     if endpoint is None:
         raise LookupError(f"the ingress routed {path!r} to this worker, which does not serve it")
     await serve_request(
-        endpoint, engine, claimed, limits=limits, metrics=metrics, request_id=request_id(claimed)
+        endpoint, engine, claimed, limits=limits, metrics=metrics, request_id=_request_id(claimed)
     )
