@@ -35,10 +35,10 @@ from llmtrio.engine import Done, StopReason, Timings, Token
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.worker import RequestLimits
+from llmtrio.worker._encoding import ResponseMeta
 from llmtrio.worker._messages_request import parse_messages_request
 from llmtrio.worker._messages_response import MessageBody, MessageStream, signature
 from llmtrio.worker._reasoning import ADAPTIVE_EFFORT, for_effort
-from llmtrio.worker._responses import ResponseMeta
 
 from ._helpers import engine_config
 from ._procs import Ring

@@ -34,12 +34,8 @@ from llmtrio.engine import (
     model_name_of,
     resolve_model,
 )
-from llmtrio.engine.models._source import (
-    HubSettings,
-    NoMatchingFile,
-    choose_gguf,
-    choose_mmproj,
-)
+from llmtrio.engine.models._repo_files import NoMatchingFile, choose_gguf, choose_mmproj
+from llmtrio.engine.models._source import HubSettings
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_REPO = "someone/Other-Model-GGUF"

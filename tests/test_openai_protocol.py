@@ -45,7 +45,7 @@ from llmtrio.engine._types import (
 )
 from llmtrio.worker._chat_request import ChatCompletionRequest, parse_chat_request
 from llmtrio.worker._chat_response import ChatBody, ChatStream, completion_body
-from llmtrio.worker._responses import ResponseMeta, from_engine_error, new_id
+from llmtrio.worker._encoding import ResponseMeta, from_engine_error, new_id
 
 HI = [{"role": "user", "content": "hi"}]
 DONE = Done(StopReason.END_OF_GENERATION, 7, 3, Timings(0.001, 0.02, 0.05), cached_tokens=2)

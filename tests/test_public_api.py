@@ -22,7 +22,7 @@ import llmtrio.worker
 
 ENGINE_PARTS = [
     importlib.import_module(f"llmtrio.engine.{part}")
-    for part in ("grammar", "tools", "llama", "spec", "models", "generate", "embed")
+    for part in ("grammar", "tools", "llama", "spec_decode", "models", "generate", "embed")
 ]
 
 

@@ -22,7 +22,7 @@ from llmtrio.api import RESPONSES_INPUT_TOKENS_PATH, RESPONSES_PATH, OpenAIError
 from llmtrio.engine import ChatMessage, Done, StopReason, Timings, Token, ToolCall
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
-from llmtrio.worker._responses import ResponseMeta
+from llmtrio.worker._encoding import ResponseMeta
 from llmtrio.worker._responses_output import ResponsesBody, ResponsesStream
 from llmtrio.worker._responses_request import ResponsesRequest, parse_responses_request
 

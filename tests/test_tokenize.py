@@ -17,8 +17,8 @@ from llmtrio.api import CHAT_PATH, DETOKENIZE_PATH, TOKENIZE_PATH
 from llmtrio.engine import EmbeddingEngine
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
-from llmtrio.worker._endpoint import run_tokenizer
-from llmtrio.worker._responses import ResponseMeta
+from llmtrio.worker._encoding import ResponseMeta
+from llmtrio.worker._pipeline import run_tokenizer
 from llmtrio.worker._tokenize import (
     DETOKENIZE_ENDPOINT,
     TOKENIZE_ENDPOINT,

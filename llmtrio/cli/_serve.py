@@ -24,7 +24,7 @@ from ._ingress import serve_ring_ingress, until_signalled
 
 if TYPE_CHECKING:
     from ..engine import EmbeddingEngine, Engine, EngineConfig, EngineFailedError
-    from ..worker import HostConfig, HostedModel, ModelHost
+    from ..worker import HostConfig, HostedModel, ModelHost, WorkerMetrics
     from ._catalog import CatalogModel
 
 __all__ = ["serve", "serve_until_signalled", "serving"]
@@ -81,7 +81,9 @@ async def serve(
             model_host.pin(engine.model_name, HostedModel.of(engine.model_name, each).cost)
         # Every engine's figures, labelled with its model's name; the ingress exports the
         # picker's gauges for the whole ring, these engines included.
-        metrics = WorkerMetrics(registry, engines, picker_gauges=False)
+        metrics = WorkerMetrics(
+            registry, engines, models=[m.name for m in hosted], picker_gauges=False
+        )
         failure: EngineFailedError | None = None
 
         async def local_worker(
@@ -109,7 +111,7 @@ async def serve(
             for engine in engines:
                 await nursery.start(local_worker, engine)
             if hosted:
-                await _start_hosted(ring, nursery, model_host, hosted, limits)
+                await _start_hosted(ring, nursery, model_host, hosted, metrics, limits)
             for model in on_demand:
                 if model.load:
                     nursery.start_soon(_preload, model_host, model.name)
@@ -134,10 +136,11 @@ async def _start_hosted(
     nursery: trio.Nursery,
     host: ModelHost,
     hosted: Sequence[HostedModel],
+    metrics: WorkerMetrics,
     limits: RequestLimits | None,
 ) -> None:
     """The host's loop and a local worker per on-demand model, each on its own link."""
-    from ..worker import LOAD_WAITERS, serve_hosted_link
+    from ..worker import LOAD_WAITERS, OnDemand, serve_link
 
     await nursery.start(host.run)
 
@@ -148,7 +151,13 @@ async def _start_hosted(
             models=model.names,
             kinds=[model.kind] * len(model.names),
         ) as link:
-            await serve_hosted_link(host, model.name, link, limits=limits, task_status=task_status)
+            await serve_link(
+                OnDemand(host, model.name),
+                link,
+                metrics=metrics,
+                limits=limits,
+                task_status=task_status,
+            )
 
     for model in hosted:
         await nursery.start(hosted_worker, model)

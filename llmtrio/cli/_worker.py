@@ -66,8 +66,8 @@ async def run_worker(
         HostConfig,
         HostedModel,
         ModelHost,
+        OnDemand,
         WorkerMetrics,
-        serve_hosted_link,
         serve_link,
     )
 
@@ -139,7 +139,7 @@ async def run_worker(
                 # Entered last, left first: the streams end before the links close.
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 # Every engine's figures, labelled with its model's name.
-                metrics = WorkerMetrics(registry, engines)
+                metrics = WorkerMetrics(registry, engines, models=[m.name for m in hosted])
                 for engine, one in zip(engines, links, strict=False):
                     await nursery.start(
                         partial(serve_link, engine, one, metrics=metrics, limits=limits)
@@ -148,7 +148,13 @@ async def run_worker(
                     await nursery.start(model_host.run)
                 for model, one in zip(hosted, links[len(engines) :], strict=True):
                     await nursery.start(
-                        partial(serve_hosted_link, model_host, model.name, one, limits=limits)
+                        partial(
+                            serve_link,
+                            OnDemand(model_host, model.name),
+                            one,
+                            metrics=metrics,
+                            limits=limits,
+                        )
                     )
                 link = links[0]
                 logger.info(

@@ -38,6 +38,7 @@ from ..engine import (
     InvalidRequestError,
     Sampling,
 )
+from ._encoding import from_engine_error
 from ._features import (
     ToolChoice,
     parse_assistant_tool_calls,
@@ -55,7 +56,6 @@ from ._requests import (
     parse_stream,
     reject_refused,
 )
-from ._responses import from_engine_error
 
 __all__ = ["ChatCompletionRequest", "parse_chat_request"]
 

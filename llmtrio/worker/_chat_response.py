@@ -32,7 +32,7 @@ from ..engine import (
     ToolCallStream,
 )
 from ._chat_request import ChatCompletionRequest
-from ._responses import (
+from ._encoding import (
     DONE,
     Envelope,
     ResponseMeta,

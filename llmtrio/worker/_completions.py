@@ -23,6 +23,7 @@ from ..api import (
     read,
 )
 from ..engine import Done, GenerateRequest, InvalidRequestError, Sampling, Token, TokenLogprob
+from ._encoding import DONE, Envelope, ResponseMeta, from_engine_error, timings_json, usage_json
 from ._features import parse_response_format
 from ._requests import (
     json_body,
@@ -33,7 +34,6 @@ from ._requests import (
     parse_stream,
     reject_refused,
 )
-from ._responses import DONE, Envelope, ResponseMeta, from_engine_error, timings_json, usage_json
 
 __all__ = ["CompletionRequest", "TextBody", "TextStream", "parse_completion_request"]
 

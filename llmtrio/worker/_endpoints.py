@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import attrs
-import trio
 
 from ..api import (
     CHAT_PATH,
@@ -23,31 +23,22 @@ from ..api import (
     RESPONSES_PATH,
     RequestLimits,
 )
-from ..engine import (
-    Done,
-    EmbeddingEngine,
-    Engine,
-    Generation,
-    RequestError,
-    StopReason,
-    Timings,
-)
+from ..engine import EmbeddingEngine, Engine, Generation, RequestError
 from ._chat_request import ChatCompletionRequest, parse_chat_request
 from ._chat_response import ChatBody, ChatStream
 from ._completions import CompletionRequest, TextBody, TextStream, parse_completion_request
 from ._embeddings import (
+    Embedded,
     EmbeddingsBody,
     EmbeddingsRequest,
-    Finished,
-    embeddings_done,
     parse_embeddings_request,
     too_long,
 )
-from ._endpoint import Encoder, Endpoint, run_tokenizer
+from ._encoding import Counted, ResponseMeta, from_engine_error
 from ._images import fetch_remote_images
 from ._messages_request import MessagesRequest, parse_messages_request
-from ._messages_response import Counted, MessageBody, MessageStream, TokenCount
-from ._responses import ResponseMeta, from_engine_error
+from ._messages_response import MessageBody, MessageStream, TokenCount
+from ._pipeline import Encoder, Endpoint, Finished, run_tokenizer
 from ._responses_output import InputTokensBody, ResponsesBody, ResponsesStream
 from ._responses_request import ResponsesRequest, naming_input, parse_responses_request
 from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
@@ -83,7 +74,7 @@ class _Chat:
         async with engine.submit(generate) as generation:
             yield generation
 
-    def encoder(self, request: ChatCompletionRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: ChatCompletionRequest, meta: ResponseMeta) -> Encoder[Any]:
         return ChatStream(request, meta) if request.stream else ChatBody(request, meta)
 
 
@@ -107,7 +98,7 @@ class _Completions:
         async with engine.submit(generate) as generation:
             yield generation
 
-    def encoder(self, request: CompletionRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: CompletionRequest, meta: ResponseMeta) -> Encoder[Any]:
         return TextStream(request, meta) if request.stream else TextBody(request, meta)
 
 
@@ -127,7 +118,6 @@ class _Embeddings:
     async def run(
         self, engine: EmbeddingEngine, request: EmbeddingsRequest
     ) -> AsyncIterator[Finished]:
-        started = trio.current_time()
         tokens: list[list[int]]
         if request.inputs and isinstance(request.inputs[0], str):
             texts = [str(item) for item in request.inputs]
@@ -140,11 +130,9 @@ class _Embeddings:
             if len(ids) > engine.ctx_size:
                 raise too_long(index, len(ids), engine.ctx_size)
         result = await engine.embed_tokens(tokens)
-        yield Finished(
-            embeddings_done(result.vectors, result.prompt_tokens, trio.current_time() - started)
-        )
+        yield Finished(Embedded(vectors=result.vectors, prompt_tokens=result.prompt_tokens))
 
-    def encoder(self, request: EmbeddingsRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: EmbeddingsRequest, meta: ResponseMeta) -> Encoder[Any]:
         return EmbeddingsBody(request, meta.model)
 
 
@@ -167,7 +155,7 @@ class _Responses:
             async with engine.submit(generate) as generation:
                 yield generation
 
-    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder[Any]:
         return ResponsesStream(request, meta) if request.stream else ResponsesBody(request, meta)
 
 
@@ -188,9 +176,9 @@ class _ResponsesInputTokens:
         generate = await fetch_remote_images(request.generate, engine)
         with _naming_input():
             count = await engine.count_prompt_tokens(generate)
-        yield Finished(Done(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))
+        yield Finished(Counted(prompt_tokens=count))
 
-    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder[Any]:
         return InputTokensBody()
 
 
@@ -224,7 +212,7 @@ class _Messages:
         async with engine.submit(generate) as generation:
             yield generation
 
-    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder[Any]:
         return MessageStream(request, meta) if request.stream else MessageBody(request, meta)
 
 
@@ -244,9 +232,9 @@ class _CountTokens:
     async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Finished]:
         generate = await fetch_remote_images(request.generate, engine)
         count = await engine.count_prompt_tokens(generate)
-        yield Finished(Counted(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))
+        yield Finished(Counted(prompt_tokens=count))
 
-    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder[Any]:
         return TokenCount()
 
 

@@ -1,13 +1,14 @@
 """``POST /models/load`` and ``/models/unload`` on a worker: the ingress has routed them by
-their ``model``, a name the ring knows (never a path), to a worker that lists it."""
+their ``model``, a name the ring knows (never a path), to a worker that lists it. The answers
+a link gives for its model (``_link``): its state, or a refusal."""
 
 from __future__ import annotations
 
-from ..api import MANAGE_PATHS, MODELS_LOAD_PATH, OpenAIError, dumps, invalid_request
+from ..api import OPENAI_ERRORS, OpenAIError, dumps, invalid_request
 from ..ring import ClaimedStream
-from ._endpoint import JSON_HEADERS
+from ._pipeline import JSON_HEADERS
 
-__all__ = ["MANAGE_PATHS", "answer_pinned", "path_of", "respond_error", "respond_state"]
+__all__ = ["path_of", "pinned", "respond_error", "respond_state"]
 
 
 def path_of(claimed: ClaimedStream) -> str:
@@ -20,17 +21,14 @@ async def respond_state(claimed: ClaimedStream, model: str, state: str) -> None:
     await claimed.respond(200, JSON_HEADERS, body)
 
 
-async def respond_error(claimed: ClaimedStream, error: OpenAIError) -> None:
-    await claimed.respond(error.status, (*JSON_HEADERS, *error.headers), error.body())
-
-
-async def answer_pinned(claimed: ClaimedStream, model: str) -> None:
-    """A load or unload of a model loaded at start (``--model``): loaded already; never
-    unloaded."""
-    if path_of(claimed) == MODELS_LOAD_PATH:
-        await respond_state(claimed, model, "loaded")
-        return
-    await respond_error(claimed, pinned(model))
+async def respond_error(
+    claimed: ClaimedStream, error: OpenAIError, family: str = OPENAI_ERRORS
+) -> None:
+    """``error`` as the whole response, in ``family``'s shape and with its status (a route's
+    family: ``llmtrio.api.error_family``)."""
+    await claimed.respond(
+        error.status_in(family), (*JSON_HEADERS, *error.headers), error.body(family)
+    )
 
 
 def pinned(model: str) -> OpenAIError:

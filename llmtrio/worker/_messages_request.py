@@ -60,12 +60,12 @@ from ..engine import (
     Tool,
     ToolCall,
 )
+from ._encoding import from_engine_error
 from ._features import ToolChoice, choose_tools
 from ._fetch import is_remote
 from ._images import image_from_bytes, remote_image
 from ._reasoning import ADAPTIVE_EFFORT, Reasoning, for_effort
 from ._requests import json_body, parse_max_tokens, reject_refused
-from ._responses import from_engine_error
 
 __all__ = ["MessagesRequest", "parse_messages_request"]
 

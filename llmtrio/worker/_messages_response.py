@@ -37,10 +37,10 @@ from ..engine import (
     ToolCallStart,
     ToolCallStream,
 )
+from ._encoding import Counted, ResponseMeta, WholeBody
 from ._messages_request import MessagesRequest
-from ._responses import ResponseMeta, WholeBody
 
-__all__ = ["Counted", "MessageBody", "MessageStream", "TokenCount", "signature", "stop_reason"]
+__all__ = ["MessageBody", "MessageStream", "TokenCount", "signature", "stop_reason"]
 
 #: Seconds without an event before a stream opens and pings (then between pings).
 KEEPALIVE_S = 5.0
@@ -276,16 +276,11 @@ def _merged(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return merged
 
 
-class Counted(Done):
-    """The end of a ``count_tokens`` request: a prompt counted, nothing generated (the
-    worker's metrics count its request and prompt tokens, no latencies)."""
-
-
 class TokenCount(WholeBody):
     """``count_tokens``' body: ``{"input_tokens": N}``, the prompt's length templated as a
     generation's is; a failure in Anthropic's words."""
 
     errors = ANTHROPIC_ERRORS
 
-    def finish(self, done: Done) -> bytes:
-        return dumps({"input_tokens": done.prompt_tokens})
+    def finish(self, counted: Counted) -> bytes:
+        return dumps({"input_tokens": counted.prompt_tokens})

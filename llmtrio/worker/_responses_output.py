@@ -34,7 +34,7 @@ from ..engine import (
     ToolCallStream,
 )
 from ._chat_response import finish_reason
-from ._responses import ResponseMeta, WholeBody, token_logprob_json
+from ._encoding import Counted, ResponseMeta, WholeBody, token_logprob_json
 from ._responses_request import ResponsesRequest
 
 __all__ = ["InputTokensBody", "ResponsesBody", "ResponsesStream", "response_usage"]
@@ -311,5 +311,5 @@ class InputTokensBody(WholeBody):
     """``{"object": "response.input_tokens", "input_tokens": N}``: the prompt's tokens,
     templated exactly as a generation's (its ``usage.input_tokens``)."""
 
-    def finish(self, done: Done) -> bytes:
-        return dumps({"object": "response.input_tokens", "input_tokens": done.prompt_tokens})
+    def finish(self, counted: Counted) -> bytes:
+        return dumps({"object": "response.input_tokens", "input_tokens": counted.prompt_tokens})

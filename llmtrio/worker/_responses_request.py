@@ -47,11 +47,11 @@ from ..engine import (
     Tool,
     ToolCall,
 )
+from ._encoding import from_engine_error
 from ._features import ToolChoice, choose_tools
 from ._images import image_from_part
 from ._reasoning import Reasoning, for_effort
 from ._requests import json_body, reject_refused
-from ._responses import from_engine_error
 
 __all__ = ["LOGPROBS_INCLUDE", "ResponsesRequest", "naming_input", "parse_responses_request"]
 

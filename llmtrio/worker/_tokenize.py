@@ -14,12 +14,11 @@ unfinished becomes U+FFFD). A token id outside the vocabulary is a 400 naming it
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
-import trio
 
 from ..api import (
     DETOKENIZE,
@@ -35,17 +34,17 @@ from ..api import (
     missing,
     read,
 )
-from ..engine import Done, StopReason, Timings
-from ._embeddings import Finished
-from ._endpoint import Encoder, ModelEngine, run_tokenizer
+from ._encoding import Answer, ResponseMeta, WholeBody
+from ._pipeline import Encoder, Finished, ModelEngine, run_tokenizer
 from ._requests import json_body
-from ._responses import ResponseMeta, WholeBody
 
 __all__ = [
     "DETOKENIZE_ENDPOINT",
     "TOKENIZE_ENDPOINT",
     "DetokenizeRequest",
+    "Detokenized",
     "TokenizeRequest",
+    "Tokenized",
     "parse_detokenize_request",
     "parse_tokenize_request",
 ]
@@ -116,25 +115,22 @@ def parse_detokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) ->
     return DetokenizeRequest(read(data, DETOKENIZE, "model", limits), tuple(tokens))
 
 
-@attrs.frozen
-class Tokenized(Done):
-    """The end of a ``/tokenize``: a :class:`~llmtrio.engine.Done` (nothing generated or
-    ingested) with the token ids and, when asked for, their pieces."""
+@attrs.frozen(kw_only=True)
+class Tokenized(Answer):
+    """The answer of a ``/tokenize``: the token ids and, when asked for, their pieces
+    (nothing generated or ingested)."""
 
-    tokens: tuple[int, ...] = attrs.field(kw_only=True)
-    pieces: tuple[bytes, ...] | None = attrs.field(kw_only=True, default=None)
-
-
-@attrs.frozen
-class Detokenized(Done):
-    """The end of a ``/detokenize``: the tokens' text."""
-
-    content: str = attrs.field(kw_only=True)
+    kind: ClassVar[str] = "tokenize"
+    tokens: tuple[int, ...]
+    pieces: tuple[bytes, ...] | None = None
 
 
-def _done(cls: Callable[..., Done], started: float, **fields: Any) -> Done:
-    timings = Timings(0.0, trio.current_time() - started, 0.0)
-    return cls(StopReason.END_OF_GENERATION, 0, 0, timings, **fields)
+@attrs.frozen(kw_only=True)
+class Detokenized(Answer):
+    """The answer of a ``/detokenize``: the tokens' text."""
+
+    kind: ClassVar[str] = "detokenize"
+    content: str
 
 
 def _vocabulary_error(param: str, token: int, n_vocab: int) -> OpenAIError:
@@ -182,13 +178,12 @@ class _Tokenize:
 
     @asynccontextmanager
     async def run(self, engine: ModelEngine, request: TokenizeRequest) -> AsyncIterator[Finished]:
-        started = trio.current_time()
         size = sum(len(part) if isinstance(part, str) else 1 for part in request.content)
         tokens, pieces = await run_tokenizer(size, _tokenize, engine, request)
         piece_tuple = tuple(pieces) if request.with_pieces else None
-        yield Finished(_done(Tokenized, started, tokens=tuple(tokens), pieces=piece_tuple))
+        yield Finished(Tokenized(tokens=tuple(tokens), pieces=piece_tuple))
 
-    def encoder(self, request: TokenizeRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: TokenizeRequest, meta: ResponseMeta) -> Encoder[Any]:
         return _TokenizeBody()
 
 
@@ -205,11 +200,10 @@ class _Detokenize:
 
     @asynccontextmanager
     async def run(self, engine: ModelEngine, request: DetokenizeRequest) -> AsyncIterator[Finished]:
-        started = trio.current_time()
         content = await run_tokenizer(len(request.tokens), _detokenize, engine, request.tokens)
-        yield Finished(_done(Detokenized, started, content=content))
+        yield Finished(Detokenized(content=content))
 
-    def encoder(self, request: DetokenizeRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: DetokenizeRequest, meta: ResponseMeta) -> Encoder[Any]:
         return _DetokenizeBody()
 
 
@@ -222,20 +216,18 @@ def _piece(piece: bytes) -> str | list[int]:
 
 
 class _TokenizeBody(WholeBody):
-    def finish(self, done: Done) -> bytes:
-        assert isinstance(done, Tokenized)
-        if done.pieces is None:
-            return b'{"tokens":' + json.dumps(done.tokens, separators=(",", ":")).encode() + b"}"
+    def finish(self, answer: Tokenized) -> bytes:
+        if answer.pieces is None:
+            return b'{"tokens":' + json.dumps(answer.tokens, separators=(",", ":")).encode() + b"}"
         entries = [
-            {"id": t, "piece": _piece(p)} for t, p in zip(done.tokens, done.pieces, strict=True)
+            {"id": t, "piece": _piece(p)} for t, p in zip(answer.tokens, answer.pieces, strict=True)
         ]
         return dumps({"tokens": entries})
 
 
 class _DetokenizeBody(WholeBody):
-    def finish(self, done: Done) -> bytes:
-        assert isinstance(done, Detokenized)
-        return dumps({"content": done.content})
+    def finish(self, answer: Detokenized) -> bytes:
+        return dumps({"content": answer.content})
 
 
 TOKENIZE_ENDPOINT = _Tokenize()

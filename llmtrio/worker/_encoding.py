@@ -1,6 +1,8 @@
-"""What every completion response is built from: ids, the chunk envelope of an event stream,
-usage, timings and log-probabilities in OpenAI's shapes, and the OpenAI error for an engine
-error. Pure: no I/O, no clock; randomness only in the ids.
+"""What every response the worker writes is built from: ids, the chunk envelope of an event
+stream, usage, timings and log-probabilities in OpenAI's shapes, the OpenAI error for an
+engine error; and the ends of the work that is not a generation (:class:`Answer`), with the
+base of their one-body encoders (:class:`WholeBody`). Pure: no I/O, no clock; randomness only
+in the ids.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import re
 import secrets
 from collections.abc import Sequence
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -35,6 +37,8 @@ from ..engine import (
 
 __all__ = [
     "DONE",
+    "Answer",
+    "Counted",
     "Envelope",
     "ResponseMeta",
     "WholeBody",
@@ -131,11 +135,39 @@ class Envelope:
         return self._open + b'],"usage":' + dumps(usage_json(done)) + b"}\n\n"
 
 
+@attrs.frozen(kw_only=True)
+class Answer:
+    """The end of an endpoint's work that is not a generation: its own type among the events
+    of the worker's pipeline, beside the engine's ``Done`` (never one): a tokenizer route's
+    answer, the vectors of an embeddings request, a prompt's token count. Each kind's type
+    says its ``kind``, which the worker's metrics count in a counter of its own; none is
+    observed as a generation (no time to first token, no output tokens).
+
+    ``prompt_tokens``: the prompt tokens it counted or embedded (the count the response's
+    outcome states on the ring); ``inputs``: how many inputs it answered (an embeddings
+    request's texts or token arrays; one otherwise)."""
+
+    kind: ClassVar[str]
+    prompt_tokens: int = 0
+
+    @property
+    def inputs(self) -> int:
+        return 1
+
+
+@attrs.frozen(kw_only=True)
+class Counted(Answer):
+    """A prompt counted, nothing generated (``/v1/messages/count_tokens``,
+    ``/v1/responses/input_tokens``): templated and tokenized as its generation would be."""
+
+    kind: ClassVar[str] = "count_tokens"
+
+
 class WholeBody:
-    """The part every encoder of one JSON body shares (the worker's ``Encoder`` shape, never
-    streamed): nothing before or per event, the body whole from ``finish`` (each one's own),
-    the stop's ``finish_reason``, and a failure worded in ``errors``' family (an error
-    response, since nothing went out before it)."""
+    """The part every encoder of an :class:`Answer` shares (the worker's ``Encoder`` shape,
+    one JSON body, never streamed): nothing before or per event, the body whole from
+    ``finish`` (each one's own), the ``finish_reason`` ``stop``, and a failure worded in
+    ``errors``' family (an error response, since nothing went out before it)."""
 
     streaming = False
     errors = OPENAI_ERRORS
@@ -146,8 +178,8 @@ class WholeBody:
     def event(self, token: Any) -> bytes:
         return b""
 
-    def finish_reason(self, done: Done) -> str:
-        return done.stop.finish_reason
+    def finish_reason(self, answer: Answer) -> str:
+        return "stop"
 
     def failure(self, error: OpenAIError) -> bytes:
         return error.sse(self.errors)
