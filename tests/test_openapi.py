@@ -133,7 +133,7 @@ def test_the_error_responses_are_the_error_catalogs() -> None:
     assert len(listed) == len(errors.ERRORS)
     request_statuses = {str(kind.status) for kind in errors.ERRORS if not kind.url}
     anthropic = {
-        str(kind.error("").status_in(ANTHROPIC_ERRORS)) for kind in errors.ERRORS if not kind.url
+        str(ANTHROPIC_ERRORS.status(kind.error(""))) for kind in errors.ERRORS if not kind.url
     }
     for route in ROUTES:
         operation = document["paths"][route.path][route.method.lower()]
@@ -155,9 +155,7 @@ def test_anthropics_routes_document_anthropics_error_shape() -> None:
     responses = openapi()["components"]["responses"]
     shaped = {name: r for name, r in responses.items() if name.startswith("AnthropicError")}
     statuses = {int(name.removeprefix("AnthropicError")) for name in shaped}
-    expected = {
-        kind.error("").status_in(ANTHROPIC_ERRORS) for kind in errors.ERRORS if not kind.url
-    }
+    expected = {ANTHROPIC_ERRORS.status(kind.error("")) for kind in errors.ERRORS if not kind.url}
     assert statuses == expected and 529 in statuses
     for status, response in ((s, shaped[f"AnthropicError{s}"]) for s in statuses):
         schema = response["content"]["application/json"]["schema"]["allOf"]

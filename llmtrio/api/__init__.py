@@ -30,15 +30,17 @@ from ._chat_fields import TEXT_PARTS as TEXT_PARTS
 from ._chat_fields import TOOL_CHOICE_MODE as TOOL_CHOICE_MODE
 from ._durations import FOREVER as FOREVER
 from ._durations import keep_alive_seconds as keep_alive_seconds
+from ._errors import ANTHROPIC_ERRORS as ANTHROPIC_ERRORS
 from ._errors import ANTHROPIC_TYPES as ANTHROPIC_TYPES
 from ._errors import DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES
 from ._errors import ERRORS as ERRORS
 from ._errors import HOST_NOT_ALLOWED as HOST_NOT_ALLOWED
+from ._errors import OPENAI_ERRORS as OPENAI_ERRORS
 from ._errors import ORIGIN_NOT_ALLOWED as ORIGIN_NOT_ALLOWED
+from ._errors import ApiError as ApiError
+from ._errors import ErrorFamily as ErrorFamily
 from ._errors import ErrorKind as ErrorKind
-from ._errors import OpenAIError as OpenAIError
 from ._errors import body_timeout as body_timeout
-from ._errors import dumps as dumps
 from ._errors import invalid_api_key as invalid_api_key
 from ._errors import invalid_request as invalid_request
 from ._errors import method_not_allowed as method_not_allowed
@@ -72,6 +74,10 @@ from ._field_spec import show as show
 from ._fields import FIELDS as FIELDS
 from ._fields import read as read
 from ._fields import request_schema as request_schema
+from ._json import SSE_DONE as SSE_DONE
+from ._json import dumps as dumps
+from ._json import json_string as json_string
+from ._json import sse as sse
 from ._openapi import openapi as openapi
 from ._probes import LIVEZ_PATH as LIVEZ_PATH
 from ._probes import PROBE_PATHS as PROBE_PATHS
@@ -83,7 +89,6 @@ from ._responses_fields import RESPONSES_EFFORTS as RESPONSES_EFFORTS
 from ._responses_fields import RESPONSES_FORMAT as RESPONSES_FORMAT
 from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
 from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
-from ._routes import ANTHROPIC_ERRORS as ANTHROPIC_ERRORS
 from ._routes import CHAT as CHAT
 from ._routes import CHAT_MODEL as CHAT_MODEL
 from ._routes import CHAT_PATH as CHAT_PATH
@@ -105,7 +110,6 @@ from ._routes import MODELS as MODELS
 from ._routes import MODELS_LOAD_PATH as MODELS_LOAD_PATH
 from ._routes import MODELS_PATH as MODELS_PATH
 from ._routes import MODELS_UNLOAD_PATH as MODELS_UNLOAD_PATH
-from ._routes import OPENAI_ERRORS as OPENAI_ERRORS
 from ._routes import OPENAPI_PATH as OPENAPI_PATH
 from ._routes import RESPONSES as RESPONSES
 from ._routes import RESPONSES_INPUT_TOKENS_PATH as RESPONSES_INPUT_TOKENS_PATH
@@ -178,14 +182,16 @@ __all__ = [
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "RING_PATHS",
     "ROUTES",
+    "SSE_DONE",
     "TEXT_PARTS",
     "TOKENIZE",
     "TOKENIZE_PATH",
     "TOOL_CHOICE_MODE",
+    "ApiError",
+    "ErrorFamily",
     "ErrorKind",
     "Field",
     "NotReady",
-    "OpenAIError",
     "ProbeAnswer",
     "RequestLimits",
     "Route",
@@ -202,6 +208,7 @@ __all__ = [
     "invalid_request",
     "invalid_type",
     "invalid_value",
+    "json_string",
     "keep_alive_seconds",
     "method_not_allowed",
     "missing",
@@ -221,6 +228,7 @@ __all__ = [
     "server_error",
     "show",
     "shutting_down",
+    "sse",
     "worker_failed",
     "wrong_model_kind",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ._errors import OpenAIError
+from ._errors import ApiError
 from ._field_spec import (
     INT32_MAX,
     INT64_MAX,
@@ -78,7 +78,7 @@ def _embedding_input_shape(limits: RequestLimits) -> Schema:
     }
 
 
-def _as_missing(param: str, value: object) -> OpenAIError:
+def _as_missing(param: str, value: object) -> ApiError:
     return missing(param)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import attrs
 
-from ._errors import OpenAIError, invalid_request
+from ._errors import ApiError, invalid_request
 
 __all__ = [
     "INT32_MAX",
@@ -115,7 +115,7 @@ class RequestLimits:
 
 
 #: A wrong value's error, given the field's ``param`` and the value.
-Fault = Callable[[str, object], OpenAIError]
+Fault = Callable[[str, object], ApiError]
 
 _EXPECTED = {
     "boolean": "a boolean",
@@ -245,7 +245,7 @@ def check(spec: Field, value: object, limits: RequestLimits, param: str) -> Any:
     absent or null value that may be left out; a ``float`` for a number, an ``int`` for an
     integer; any other value itself (an object or an array whole, each part checked).
 
-    Error handling: :class:`OpenAIError` (400) naming the field, or the part of it that is
+    Error handling: :class:`ApiError` (400) naming the field, or the part of it that is
     wrong: ``missing_required_parameter``, ``invalid_type``, ``invalid_value`` (a value not
     in ``enum``, text that is not Unicode), ``empty_array``, ``array_above_max_length``,
     ``decimal_below_min_value``/``decimal_above_max_value`` or
@@ -255,7 +255,7 @@ def check(spec: Field, value: object, limits: RequestLimits, param: str) -> Any:
         return _check(spec, value, limits, param)
     try:
         return _check(spec, value, limits, param)
-    except OpenAIError:
+    except ApiError:
         assert spec.fault is not None
         raise spec.fault(param, value) from None
 
@@ -361,7 +361,7 @@ def _check_number(spec: Field, value: Any, limits: RequestLimits, param: str) ->
 # -- errors, one shape -------------------------------------------------------------------------
 
 
-def missing(param: str, note: str = "") -> OpenAIError:
+def missing(param: str, note: str = "") -> ApiError:
     """400 ``missing_required_parameter``."""
     return invalid_request(
         f"Missing required parameter: '{param}'{note}.",
@@ -370,7 +370,7 @@ def missing(param: str, note: str = "") -> OpenAIError:
     )
 
 
-def invalid_type(param: str, expected: str, value: object) -> OpenAIError:
+def invalid_type(param: str, expected: str, value: object) -> ApiError:
     """400 ``invalid_type``: ``expected`` says what would do ("a string")."""
     return invalid_request(
         f"Invalid type for '{param}': expected {expected}, but got {describe(value)} instead.",
@@ -379,7 +379,7 @@ def invalid_type(param: str, expected: str, value: object) -> OpenAIError:
     )
 
 
-def invalid_value(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
+def invalid_value(param: str, message: str, code: str = "invalid_value") -> ApiError:
     """400 naming ``param``: ``message`` says what is wrong with its value."""
     return invalid_request(f"Invalid '{param}': {message}", param=param, code=code)
 

@@ -130,7 +130,7 @@ def read(data: Mapping[str, Any], endpoint: str, name: str, limits: RequestLimit
     integer; the value itself for a boolean or a string. A refused field's allowed value
     reads as ``None``.
 
-    Error handling: :class:`OpenAIError` (400) naming the field: ``missing_required_parameter``,
+    Error handling: :class:`ApiError` (400) naming the field: ``missing_required_parameter``,
     ``invalid_type``, ``decimal_below_min_value``/``decimal_above_max_value``,
     ``integer_below_min_value``/``integer_above_max_value``, or ``unsupported_parameter`` for a
     field this server does not implement.

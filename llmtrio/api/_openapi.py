@@ -15,12 +15,11 @@ import copy
 from typing import Any
 
 from .. import __version__
-from ._errors import ANTHROPIC_TYPES, ERRORS, ErrorKind
+from ._errors import ANTHROPIC_ERRORS, ANTHROPIC_TYPES, ERRORS, ErrorKind
 from ._field_spec import RequestLimits, ref
 from ._fields import component_schemas, request_schema
 from ._openapi_answers import ANSWERS, STREAM_OPTIONS_NEED_STREAM, response_schemas
 from ._routes import (
-    ANTHROPIC_ERRORS,
     CHAT,
     COMPLETIONS,
     COUNT_TOKENS,
@@ -81,7 +80,7 @@ _RING_ERRORS = {
 
 
 def _anthropic_status(kind: ErrorKind) -> int:
-    return kind.error("").status_in(ANTHROPIC_ERRORS)
+    return ANTHROPIC_ERRORS.status(kind.error(""))
 
 
 def _anthropic_error_responses() -> dict[str, Any]:

@@ -8,7 +8,7 @@ ingress's routing (it checks no methods, answers no 404/405). The ingress's othe
 
 Each route belongs to an error family (:data:`OPENAI_ERRORS` or :data:`ANTHROPIC_ERRORS`):
 every refusal on it, the ingress's and the worker's, is told in that family's shape
-(:func:`error_family`, rendered by ``llmtrio.api.OpenAIError``).
+(:func:`error_family`: an ``llmtrio.api.ErrorFamily`` renders them).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Final
 
 import attrs
 
+from ._errors import ANTHROPIC_ERRORS, OPENAI_ERRORS, ErrorFamily
+
 __all__ = [
-    "ANTHROPIC_ERRORS",
     "CHAT",
     "CHAT_MODEL",
     "CHAT_PATH",
@@ -41,7 +42,6 @@ __all__ = [
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
     "MODEL_KINDS",
-    "OPENAI_ERRORS",
     "OPENAPI_PATH",
     "RESPONSES",
     "RESPONSES_INPUT_TOKENS_PATH",
@@ -65,10 +65,6 @@ RESPONSES_INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
-#: The error families: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` and
-#: Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (its types and statuses).
-OPENAI_ERRORS: Final = "openai"
-ANTHROPIC_ERRORS: Final = "anthropic"
 #: The field table's endpoints (``llmtrio.api._fields``): the body each route reads.
 CHAT: Final = "chat"
 COMPLETIONS: Final = "completions"
@@ -114,7 +110,7 @@ class Route:
     summary: str
     endpoint: str | None = None
     open: bool = False
-    errors: str = OPENAI_ERRORS
+    errors: ErrorFamily = OPENAI_ERRORS
     model_kind: str | None = CHAT_MODEL
     manage: bool = False
 
@@ -168,7 +164,7 @@ MODEL_KINDS: Final[Mapping[str, str | None]] = {
 }
 
 
-def error_family(path: str) -> str:
+def error_family(path: str) -> ErrorFamily:
     """The error family of every answer on ``path``: its route's, or for a path no route
     names, the family of the route it lies under (``/v1/messages/batches`` is refused in
     Anthropic's shape); OpenAI's otherwise."""

@@ -1,6 +1,6 @@
 """Which model a request goes to: the ingress's resolution of a request's ``model``, the same
 on every replica (pure: the request's field, the endpoint's kind, the models the ring knows
-and the configured default in; a routing key or an :class:`OpenAIError` out).
+and the configured default in; a routing key or an :class:`ApiError` out).
 
 The rules, in order, for a named model:
 
@@ -42,7 +42,7 @@ from ..api import (
     model_not_found,
     wrong_model_kind,
 )
-from ..ring import CHAT, ModelStats
+from ..ring import CHAT, EMBEDDING, ModelStats
 
 __all__ = ["requested_model", "resolve_model"]
 
@@ -69,7 +69,7 @@ def resolve_model(
     the ``models`` the ring knows (``Ring.models()``) and the ``default`` model (if any); see
     the module's rules.
 
-    Error handling: :class:`OpenAIError` (400 for a ``model`` that is not a string or is of
+    Error handling: :class:`ApiError` (400 for a ``model`` that is not a string or is of
     the other kind, or when none is named and none can be chosen; 404 for an unknown one).
     """
     kind = MODEL_KINDS.get(path, CHAT)
@@ -106,7 +106,7 @@ def resolve_model(
     if not models or (takes_any and not served):
         return ""  # nothing routed yet: any worker
     others = [m.name for m in models.values() if not _fits(m.kind, kind)]
-    raise missing_model(served, others, path)
+    raise missing_model(served, others, path, embeddings=kind == EMBEDDING)
 
 
 def _fits(model_kind: str, kind: str | None) -> bool:

@@ -3,7 +3,7 @@
 The fields are read and checked as the field table (``llmtrio.api._fields``) says, nested ones
 included; what is left here (and in ``_features`` for tools and structured output) is what the
 table cannot say: a message's role picks which fields it has, its content is a string or
-text parts, and rules across fields. Every refusal is an :class:`OpenAIError` (400) naming
+text parts, and rules across fields. Every refusal is an :class:`ApiError` (400) naming
 the field.
 """
 
@@ -113,7 +113,7 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
 
     The body's size is the ingress's to limit (``--max-body-bytes``), once.
 
-    Error handling: raises :class:`OpenAIError`, 400 for anything wrong (invalid UTF-8 or
+    Error handling: raises :class:`ApiError`, 400 for anything wrong (invalid UTF-8 or
     JSON, a body that is not an object, a field of the wrong type or out of range, an
     unsupported message, a request over one of ``limits``), naming the offending field in
     ``param``.
@@ -242,7 +242,7 @@ def _parse_image_content(
     parts (``IMAGE_URL_PART``), each image a media marker in the text (parts joined by
     newlines) and an :class:`Image`, its header read and checked (``max_image_pixels``).
 
-    Error handling: :class:`OpenAIError` (400) naming the part: a part of the wrong shape, a
+    Error handling: :class:`ApiError` (400) naming the part: a part of the wrong shape, a
     URL neither a ``data:`` URI nor an ``http(s)`` URL of an allowed host (fetched later, by
     the endpoint's ``run``), bytes that are not an image, too many pixels."""
     texts: list[str] = []

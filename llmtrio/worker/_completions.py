@@ -13,7 +13,9 @@ import attrs
 
 from ..api import (
     COMPLETIONS,
-    OpenAIError,
+    OPENAI_ERRORS,
+    SSE_DONE,
+    ApiError,
     RequestLimits,
     dumps,
     invalid_request,
@@ -23,7 +25,7 @@ from ..api import (
     read,
 )
 from ..engine import Done, GenerateRequest, InvalidRequestError, Sampling, Token, TokenLogprob
-from ._encoding import DONE, Envelope, ResponseMeta, from_engine_error, timings_json, usage_json
+from ._encoding import Envelope, ResponseMeta, from_engine_error, timings_json, usage_json
 from ._features import parse_response_format
 from ._requests import (
     json_body,
@@ -58,7 +60,7 @@ class CompletionRequest:
     def generate(self, tokenize: Callable[[str], list[int]]) -> GenerateRequest:
         """The engine request; ``tokenize`` turns a text prompt into ids (BOS included).
 
-        Error handling: :class:`OpenAIError` (400) for an empty prompt."""
+        Error handling: :class:`ApiError` (400) for an empty prompt."""
         tokens = tokenize(self.prompt) if isinstance(self.prompt, str) else list(self.prompt)
         if not tokens:
             raise invalid_value("prompt", "it must not be empty.")
@@ -97,7 +99,7 @@ def parse_completion_request(body: bytes, limits: RequestLimits = _NO_LIMITS) ->
     and penalties, ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``,
     ``logprobs`` (0 to 20 alternatives), ``logit_bias``, ``ignore_eos``, ``cache_prompt``,
     ``response_format`` (llama.cpp's extensions); ``n`` and ``best_of`` of 1, ``echo``
-    false. Error handling: :class:`OpenAIError` 400, naming the field (``max_tokens`` and
+    false. Error handling: :class:`ApiError` 400, naming the field (``max_tokens`` and
     ``stop`` over ``limits`` too).
     """
     data = json_body(body)
@@ -174,13 +176,13 @@ class TextStream:
         out = self._envelope.chunk(last, timings=timings_json(done))
         if self._include_usage:
             out += self._envelope.usage(done)
-        return out + DONE
+        return out + SSE_DONE
 
     def finish_reason(self, done: Done) -> str:
         return done.stop.finish_reason
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()
+    def failure(self, error: ApiError) -> bytes:
+        return OPENAI_ERRORS.event(error)
 
 
 class TextBody:
@@ -219,5 +221,5 @@ class TextBody:
     def finish_reason(self, done: Done) -> str:
         return done.stop.finish_reason
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()
+    def failure(self, error: ApiError) -> bytes:
+        return OPENAI_ERRORS.event(error)

@@ -8,20 +8,19 @@ in the ids.
 from __future__ import annotations
 
 import math
-import re
 import secrets
 from collections.abc import Sequence
-from json.encoder import encode_basestring
 from typing import Any, ClassVar
 
 import attrs
 
 from ..api import (
-    ANTHROPIC_ERRORS,
     OPENAI_ERRORS,
-    OpenAIError,
+    ApiError,
+    ErrorFamily,
     dumps,
     invalid_request,
+    json_string,
     model_unavailable,
     server_error,
 )
@@ -36,7 +35,6 @@ from ..engine import (
 )
 
 __all__ = [
-    "DONE",
     "Answer",
     "Counted",
     "Envelope",
@@ -44,15 +42,10 @@ __all__ = [
     "WholeBody",
     "chat_logprobs_json",
     "from_engine_error",
-    "json_string",
     "new_id",
     "timings_json",
     "usage_json",
 ]
-
-#: The last event of a completion stream.
-DONE = b"data: [DONE]\n\n"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def new_id(prefix: str) -> str:
@@ -70,16 +63,6 @@ class ResponseMeta:
     created: int
     model: str
     prompt_tokens: int | None = None
-
-
-def json_string(text: str) -> bytes:
-    """``text`` as a JSON string literal in UTF-8; lone surrogates (not encodable) become
-    U+FFFD."""
-    literal = encode_basestring(text)
-    try:
-        return literal.encode()
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", literal).encode()
 
 
 @attrs.frozen
@@ -181,8 +164,8 @@ class WholeBody:
     def finish_reason(self, answer: Answer) -> str:
         return "stop"
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse(self.errors)
+    def failure(self, error: ApiError) -> bytes:
+        return self.errors.event(error)
 
 
 def usage_json(done: Done) -> dict[str, Any]:
@@ -252,7 +235,7 @@ def chat_logprobs_json(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     return {"content": [token_logprob_json(e) for e in entries], "refusal": None}
 
 
-def from_engine_error(exc: EngineError, family: str = OPENAI_ERRORS) -> OpenAIError:
+def from_engine_error(exc: EngineError, family: ErrorFamily = OPENAI_ERRORS) -> ApiError:
     """The error for an exception the engine raised or reported, on a route of ``family``
     (``llmtrio.api.error_family``).
 
@@ -272,12 +255,12 @@ def from_engine_error(exc: EngineError, family: str = OPENAI_ERRORS) -> OpenAIEr
     return server_error(f"The model failed while generating: {exc}")
 
 
-def _prompt_too_long(exc: PromptTooLongError, family: str) -> OpenAIError:
+def _prompt_too_long(exc: PromptTooLongError, family: ErrorFamily) -> ApiError:
     """A prompt over the context, in the one wording of each route family: OpenAI's (clients
     match "maximum context length"), Anthropic's (Claude Code compacts its conversation when
     it reads "prompt is too long"). The Responses API's routes name ``input`` instead
     (``_responses_request.naming_input``)."""
-    if family == ANTHROPIC_ERRORS:
+    if family.anthropic:
         message = (
             f"prompt is too long: {exc.prompt_tokens} tokens > {exc.ctx_size - 1} maximum "
             f"(this model's context is {exc.ctx_size} tokens, and at least one is left to "

@@ -6,7 +6,7 @@ The fields' shapes (nested parts included) are the field table's (``llmtrio.api.
 checks them; what is left here is what the table cannot say: which branch of a union a value
 takes, defaults, and rules across items (a tool named twice, a forced tool that is not
 offered). Each function reads its fields from the parsed JSON body and raises
-:class:`OpenAIError` (400, naming the field, in the one shape of ``llmtrio.api._fields``) for
+:class:`ApiError` (400, naming the field, in the one shape of ``llmtrio.api._fields``) for
 anything it cannot honour.
 """
 
@@ -114,7 +114,7 @@ def choose_tools(
     - ``required`` or a named tool with no tools offered is a 400, as is a name no tool
       has; ``said`` is the value as the request spelt it, ``param`` the field that holds it.
 
-    Error handling: :class:`OpenAIError` (400) naming ``param``."""
+    Error handling: :class:`ApiError` (400) naming ``param``."""
     if name is not None:
         forced = tuple(t for t in tools if t.name == name)
         if not forced:

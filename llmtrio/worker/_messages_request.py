@@ -18,7 +18,7 @@ becomes chat messages for the model's template, as chat completions' do:
 - a conversation that ends with an assistant turn (Anthropic's "prefill") is a 400: the
   template opens a new turn after it.
 
-Every refusal is an :class:`OpenAIError` (400) naming the field or the block, told in
+Every refusal is an :class:`ApiError` (400) naming the field or the block, told in
 Anthropic's error shape by the route (``llmtrio.api.error_family``).
 """
 
@@ -113,7 +113,7 @@ def parse_messages_request(
     A forced tool call (``any``, ``tool``) or ``output_config.format`` turns thinking off
     (their grammar holds from the first token); with thinking asked for, that is a 400.
 
-    Error handling: raises :class:`OpenAIError`, 400 naming the field or block.
+    Error handling: raises :class:`ApiError`, 400 naming the field or block.
     """
     data = json_body(body)
     reject_refused(data, endpoint, limits)
@@ -291,7 +291,7 @@ def _image(block: dict[str, Any], where: str, limits: RequestLimits) -> Image:
     type, the bytes decide which. A ``url`` source is a ``RemoteImage``, fetched by the
     endpoint's ``run``.
 
-    Error handling: :class:`OpenAIError` (400) naming the source's field: a ``url`` source
+    Error handling: :class:`ApiError` (400) naming the source's field: a ``url`` source
     of a host not allowed, a ``file`` source, a missing ``media_type`` or ``data``, bad
     base64, bytes that are no image."""
     source = block["source"]

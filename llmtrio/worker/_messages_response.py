@@ -24,7 +24,7 @@ import hashlib
 import json
 from typing import Any
 
-from ..api import ANTHROPIC_ERRORS, OpenAIError, dumps
+from ..api import ANTHROPIC_ERRORS, ApiError, dumps, sse
 from ..engine import (
     Done,
     StopReason,
@@ -101,7 +101,7 @@ def _message(meta: ResponseMeta, content: list[dict[str, Any]], **rest: Any) -> 
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + dumps({"type": name, **data}) + b"\n\n"
+    return sse(dumps({"type": name, **data}), name)
 
 
 class MessageStream:
@@ -151,9 +151,9 @@ class MessageStream:
     def finish_reason(self, done: Done) -> str:
         return finish_reason(done, self._calls)
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         """Anthropic's ``error`` event."""
-        return error.sse(ANTHROPIC_ERRORS)
+        return ANTHROPIC_ERRORS.event(error)
 
     def _text(self, text: str) -> bytes:
         if self._open != "text":
@@ -260,9 +260,9 @@ class MessageBody:
     def finish_reason(self, done: Done) -> str:
         return finish_reason(done, self._calls)
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         """Anthropic's ``error`` event."""
-        return error.sse(ANTHROPIC_ERRORS)
+        return ANTHROPIC_ERRORS.event(error)
 
 
 def _merged(content: list[dict[str, Any]]) -> list[dict[str, Any]]:

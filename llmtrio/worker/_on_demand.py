@@ -43,7 +43,7 @@ LOAD_WAITERS = 64
 def request_keep_alive(body: bytes) -> float | None:
     """A request body's ``keep_alive`` (Ollama's field) in seconds; ``None`` when absent.
 
-    Error handling: :class:`OpenAIError` 400 naming ``keep_alive``."""
+    Error handling: :class:`ApiError` 400 naming ``keep_alive``."""
     try:
         fields = json.loads(body)
     except (ValueError, RecursionError):

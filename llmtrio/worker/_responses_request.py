@@ -10,7 +10,7 @@ same conversation in chat completions would be, so prompt reuse works across bot
 
 Stateless: nothing is stored, so what refers to a stored response (``previous_response_id``,
 ``conversation``, an ``item_reference`` item) is a 400 naming it. Every refusal is an
-:class:`OpenAIError` (400) naming the field.
+:class:`ApiError` (400) naming the field.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..api import (
     RESPONSES_FORMAT,
     RESPONSES_IMAGE_PART,
     RESPONSES_TOOL,
-    OpenAIError,
+    ApiError,
     RequestLimits,
     check,
     checked_text,
@@ -123,7 +123,7 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     ``conversation``, ``background: true``, ``background_options``, ``prompt``, ``image``,
     file and audio parts. The other fields of the table are accepted and ignored.
 
-    Error handling: raises :class:`OpenAIError`, 400 naming the offending field in ``param``.
+    Error handling: raises :class:`ApiError`, 400 naming the offending field in ``param``.
     """
     data = json_body(body)
     reject_refused(data, RESPONSES, limits)
@@ -199,7 +199,7 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     )
 
 
-def naming_input(error: OpenAIError) -> OpenAIError:
+def naming_input(error: ApiError) -> ApiError:
     """``error`` naming ``input`` where the engine names chat's ``messages`` (a prompt too
     long for the context, a bad message)."""
     if error.param == "messages":
@@ -312,7 +312,7 @@ def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple
     image a media marker in the text (parts joined by newlines) and an :class:`Image`, its
     header read and checked (``worker._images``).
 
-    Error handling: :class:`OpenAIError` (400) naming the part: a ``file_id``, no
+    Error handling: :class:`ApiError` (400) naming the part: a ``file_id``, no
     ``image_url``, a URL neither a ``data:`` URI nor an ``http(s)`` URL of an allowed host,
     bytes that are not an image."""
     texts: list[str] = []

@@ -25,7 +25,7 @@ from ..api import (
     DETOKENIZE_PATH,
     TOKENIZE,
     TOKENIZE_PATH,
-    OpenAIError,
+    ApiError,
     RequestLimits,
     checked_text,
     dumps,
@@ -72,7 +72,7 @@ class DetokenizeRequest:
 
 
 def parse_tokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> TokenizeRequest:
-    """Parse and validate a ``/tokenize`` body. Error handling: :class:`OpenAIError` 400
+    """Parse and validate a ``/tokenize`` body. Error handling: :class:`ApiError` 400
     naming the field (``content[2]`` for a part that is neither a text nor a token id)."""
     data = json_body(body)
     content = data.get("content")  # the field table's shape; its branches are read here
@@ -108,7 +108,7 @@ def _content_part(item: object, param: str) -> str | int:
 
 
 def parse_detokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> DetokenizeRequest:
-    """Parse and validate a ``/detokenize`` body. Error handling: :class:`OpenAIError` 400
+    """Parse and validate a ``/detokenize`` body. Error handling: :class:`ApiError` 400
     naming the field."""
     data = json_body(body)
     tokens = read(data, DETOKENIZE, "tokens", limits)
@@ -133,7 +133,7 @@ class Detokenized(Answer):
     content: str
 
 
-def _vocabulary_error(param: str, token: int, n_vocab: int) -> OpenAIError:
+def _vocabulary_error(param: str, token: int, n_vocab: int) -> ApiError:
     return invalid_value(param, f"token id {token} is outside the vocabulary (0..{n_vocab - 1}).")
 
 
