@@ -22,8 +22,8 @@ from ._anthropic_fields import ANTHROPIC_THINKING as ANTHROPIC_THINKING
 from ._anthropic_fields import ANTHROPIC_TOOL as ANTHROPIC_TOOL
 from ._anthropic_fields import ANTHROPIC_TOOL_CHOICE as ANTHROPIC_TOOL_CHOICE
 from ._chat_fields import IMAGE_URL_PART as IMAGE_URL_PART
+from ._chat_fields import MESSAGE_FIELDS as MESSAGE_FIELDS
 from ._chat_fields import MESSAGE_ROLES as MESSAGE_ROLES
-from ._chat_fields import MESSAGES as MESSAGES
 from ._chat_fields import NAMED_TOOL_CHOICE as NAMED_TOOL_CHOICE
 from ._chat_fields import RESPONSE_FORMAT_JSON_SCHEMA as RESPONSE_FORMAT_JSON_SCHEMA
 from ._chat_fields import TEXT_PARTS as TEXT_PARTS
@@ -89,35 +89,27 @@ from ._responses_fields import RESPONSES_EFFORTS as RESPONSES_EFFORTS
 from ._responses_fields import RESPONSES_FORMAT as RESPONSES_FORMAT
 from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
 from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
-from ._routes import CHAT as CHAT
 from ._routes import CHAT_MODEL as CHAT_MODEL
 from ._routes import CHAT_PATH as CHAT_PATH
-from ._routes import COMPLETIONS as COMPLETIONS
 from ._routes import COMPLETIONS_PATH as COMPLETIONS_PATH
-from ._routes import COUNT_TOKENS as COUNT_TOKENS
 from ._routes import COUNT_TOKENS_PATH as COUNT_TOKENS_PATH
-from ._routes import DETOKENIZE as DETOKENIZE
 from ._routes import DETOKENIZE_PATH as DETOKENIZE_PATH
 from ._routes import EMBEDDING_MODEL as EMBEDDING_MODEL
-from ._routes import EMBEDDINGS as EMBEDDINGS
 from ._routes import EMBEDDINGS_PATH as EMBEDDINGS_PATH
 from ._routes import HEALTH_PATH as HEALTH_PATH
 from ._routes import MANAGE_PATHS as MANAGE_PATHS
-from ._routes import MESSAGES_API as MESSAGES_API
 from ._routes import MESSAGES_PATH as MESSAGES_PATH
 from ._routes import MODEL_KINDS as MODEL_KINDS
-from ._routes import MODELS as MODELS
 from ._routes import MODELS_LOAD_PATH as MODELS_LOAD_PATH
 from ._routes import MODELS_PATH as MODELS_PATH
 from ._routes import MODELS_UNLOAD_PATH as MODELS_UNLOAD_PATH
 from ._routes import OPENAPI_PATH as OPENAPI_PATH
-from ._routes import RESPONSES as RESPONSES
 from ._routes import RESPONSES_INPUT_TOKENS_PATH as RESPONSES_INPUT_TOKENS_PATH
 from ._routes import RESPONSES_PATH as RESPONSES_PATH
 from ._routes import RING_PATHS as RING_PATHS
 from ._routes import ROUTES as ROUTES
-from ._routes import TOKENIZE as TOKENIZE
 from ._routes import TOKENIZE_PATH as TOKENIZE_PATH
+from ._routes import Body as Body
 from ._routes import Route as Route
 from ._routes import error_family as error_family
 
@@ -134,17 +126,12 @@ __all__ = [
     "ANTHROPIC_TOOL",
     "ANTHROPIC_TOOL_CHOICE",
     "ANTHROPIC_TYPES",
-    "CHAT",
     "CHAT_MODEL",
     "CHAT_PATH",
-    "COMPLETIONS",
     "COMPLETIONS_PATH",
-    "COUNT_TOKENS",
     "COUNT_TOKENS_PATH",
     "DEFAULT_MAX_BODY_BYTES",
-    "DETOKENIZE",
     "DETOKENIZE_PATH",
-    "EMBEDDINGS",
     "EMBEDDINGS_PATH",
     "EMBEDDING_MODEL",
     "ERRORS",
@@ -158,10 +145,8 @@ __all__ = [
     "MANAGE_PATHS",
     "MAX_TOP_LOGPROBS",
     "MESSAGES",
-    "MESSAGES_API",
     "MESSAGES_PATH",
     "MESSAGE_ROLES",
-    "MODELS",
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
@@ -172,7 +157,6 @@ __all__ = [
     "ORIGIN_NOT_ALLOWED",
     "PROBE_PATHS",
     "READYZ_PATH",
-    "RESPONSES",
     "RESPONSES_EFFORTS",
     "RESPONSES_FORMAT",
     "RESPONSES_IMAGE_PART",
@@ -184,10 +168,10 @@ __all__ = [
     "ROUTES",
     "SSE_DONE",
     "TEXT_PARTS",
-    "TOKENIZE",
     "TOKENIZE_PATH",
     "TOOL_CHOICE_MODE",
     "ApiError",
+    "Body",
     "ErrorFamily",
     "ErrorKind",
     "Field",

@@ -17,7 +17,7 @@ from ._field_spec import (
     ref,
     refused,
 )
-from ._routes import COUNT_TOKENS, MESSAGES_API
+from ._routes import Body
 
 __all__ = [
     "ANTHROPIC_BLOCKS",
@@ -36,7 +36,7 @@ __all__ = [
 
 
 def _anthropic(*names: str) -> frozenset[str]:
-    return frozenset(names or (MESSAGES_API, COUNT_TOKENS))
+    return frozenset(names or (Body.MESSAGES, Body.COUNT_TOKENS))
 
 
 def _anthropic_ignored(
@@ -172,10 +172,10 @@ ANTHROPIC_OUTPUT_CONFIG: Final = part("output_config", "object", properties=(
 #: The fields of the Messages API and its token count.
 ANTHROPIC_FIELDS: Final[tuple[Field, ...]] = (
     Field("model", "string", _anthropic(), "The model's name (resolved as every route's)."),
-    Field("max_tokens", "integer", _anthropic(MESSAGES_API), required=True, minimum=1,
+    Field("max_tokens", "integer", _anthropic(Body.MESSAGES), required=True, minimum=1,
           maximum=INT32_MAX, limit="max_tokens"),
-    Field("max_tokens", "integer", _anthropic(COUNT_TOKENS), "Accepted and ignored.", minimum=0,
-          maximum=INT32_MAX),
+    Field("max_tokens", "integer", _anthropic(Body.COUNT_TOKENS), "Accepted and ignored.",
+          minimum=0, maximum=INT32_MAX),
     Field("messages", "array", _anthropic(), required=True, limit="max_messages",
           items=part("", "custom", nullable=False, component="AnthropicMessage"),
           empty="an array with at least one message"),
@@ -184,7 +184,7 @@ ANTHROPIC_FIELDS: Final[tuple[Field, ...]] = (
     Field("stop_sequences", "array", _anthropic(), limit="max_stop",
           items=part("", "string", nullable=False, min_length=1,
                       expected="a non-empty string")),
-    Field("stream", "boolean", _anthropic(MESSAGES_API)),
+    Field("stream", "boolean", _anthropic(Body.MESSAGES)),
     Field("temperature", "number", _anthropic(), minimum=0, maximum=1),
     Field("top_p", "number", _anthropic(), minimum=0, maximum=1, exclusive_minimum=True),
     Field("top_k", "integer", _anthropic(), "0 keeps every token.", minimum=0, maximum=INT32_MAX),
@@ -195,7 +195,7 @@ ANTHROPIC_FIELDS: Final[tuple[Field, ...]] = (
           "medium's by default), ``disabled`` (off); absent: the template's default.",
           properties=ANTHROPIC_THINKING.properties),
     Field("output_config", "object", _anthropic(), properties=ANTHROPIC_OUTPUT_CONFIG.properties),
-    Field("ignore_eos", "boolean", _anthropic(MESSAGES_API),
+    Field("ignore_eos", "boolean", _anthropic(Body.MESSAGES),
           "llama.cpp's extension: generate through end-of-generation tokens (benchmarks)."),
     Field("metadata", "object", _anthropic(), "Accepted and ignored.",
           properties=(part("user_id", "any"),)),
@@ -206,7 +206,7 @@ ANTHROPIC_FIELDS: Final[tuple[Field, ...]] = (
     _anthropic_ignored("inference_geo"),
     _anthropic_ignored("diagnostics"),
     _anthropic_ignored("context_management"),
-    refused("mcp_servers", "remote MCP servers", MESSAGES_API, COUNT_TOKENS),
+    refused("mcp_servers", "remote MCP servers", Body.MESSAGES, Body.COUNT_TOKENS),
 )  # fmt: skip
 
 

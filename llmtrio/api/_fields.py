@@ -32,15 +32,7 @@ from ._errors import invalid_request
 from ._field_spec import INT32_MAX, Field, RequestLimits, Schema, check, custom, missing, part
 from ._responses_fields import RESPONSES_FIELDS, responses_components
 from ._routes import (
-    CHAT,
-    COMPLETIONS,
-    COUNT_TOKENS,
-    DETOKENIZE,
-    EMBEDDINGS,
-    MESSAGES_API,
-    MODELS,
-    RESPONSES,
-    TOKENIZE,
+    Body,
 )
 
 __all__ = ["FIELDS", "component_schemas", "field", "read", "request_schema"]
@@ -62,8 +54,7 @@ _TOKENIZE_CONTENT: Schema = {
 _KEEP_ALIVE = custom(
     "keep_alive",
     {"anyOf": [{"type": "number"}, {"type": "string"}]},
-    CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES_API, COUNT_TOKENS, MODELS, TOKENIZE,
-    DETOKENIZE,
+    *Body,
     description="A model on demand stays loaded this long after the request: seconds, or a "
     'duration such as "10m" or "1h30m"; negative: for ever; 0: unloaded once idle. The '
     "model's own keep-alive when absent; a model loaded at start is never unloaded.",
@@ -75,21 +66,21 @@ FIELDS: Final[tuple[Field, ...]] = (
     *CHAT_FIELDS,
     *RESPONSES_FIELDS,
     *ANTHROPIC_FIELDS,
-    Field("model", "string", frozenset({MODELS}), required=True,
+    Field("model", "string", frozenset({Body.MODELS}), required=True,
           description="A catalog model's name (never a path or a repository)."),
-    Field("model", "string", frozenset({TOKENIZE, DETOKENIZE}),
+    Field("model", "string", frozenset({Body.TOKENIZE, Body.DETOKENIZE}),
           "Whose tokenizer: any model served, a chat or an embedding model."),
-    custom("content", _TOKENIZE_CONTENT, TOKENIZE, required=True,
+    custom("content", _TOKENIZE_CONTENT, Body.TOKENIZE, required=True,
             description="A text, or an array of texts and token ids (the ids kept as they "
             "are)."),
-    Field("add_special", "boolean", frozenset({TOKENIZE}),
+    Field("add_special", "boolean", frozenset({Body.TOKENIZE}),
           "Add the special tokens the model adds to a prompt (its BOS); default false."),
-    Field("parse_special", "boolean", frozenset({TOKENIZE}),
+    Field("parse_special", "boolean", frozenset({Body.TOKENIZE}),
           "Read special-token text (``<|im_end|>``) as those tokens; default true."),
-    Field("with_pieces", "boolean", frozenset({TOKENIZE}),
+    Field("with_pieces", "boolean", frozenset({Body.TOKENIZE}),
           "Each token as ``{\"id\", \"piece\"}``: its text, or its bytes as an array of "
           "numbers where they are not UTF-8 on their own."),
-    Field("tokens", "array", frozenset({DETOKENIZE}), "Token ids of the model's vocabulary.",
+    Field("tokens", "array", frozenset({Body.DETOKENIZE}), "Token ids of the model's vocabulary.",
           required=True,
           items=part("", "integer", nullable=False, minimum=0, maximum=INT32_MAX)),
     _KEEP_ALIVE,

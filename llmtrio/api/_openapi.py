@@ -20,16 +20,8 @@ from ._field_spec import RequestLimits, ref
 from ._fields import component_schemas, request_schema
 from ._openapi_answers import ANSWERS, STREAM_OPTIONS_NEED_STREAM, response_schemas
 from ._routes import (
-    CHAT,
-    COMPLETIONS,
-    COUNT_TOKENS,
-    DETOKENIZE,
-    EMBEDDINGS,
-    MESSAGES_API,
-    MODELS,
-    RESPONSES,
     ROUTES,
-    TOKENIZE,
+    Body,
     Route,
 )
 
@@ -113,15 +105,15 @@ _ANTHROPIC_RING_ERRORS = {
 
 # The request body's schema of each endpoint of the field table.
 _REQUESTS = {
-    CHAT: "ChatCompletionRequest",
-    COMPLETIONS: "CompletionRequest",
-    EMBEDDINGS: "EmbeddingRequest",
-    MESSAGES_API: "MessageRequest",
-    COUNT_TOKENS: "CountMessageTokensRequest",
-    RESPONSES: "ResponseCreateRequest",
-    MODELS: "ModelRequest",
-    TOKENIZE: "TokenizeRequest",
-    DETOKENIZE: "DetokenizeRequest",
+    Body.CHAT: "ChatCompletionRequest",
+    Body.COMPLETIONS: "CompletionRequest",
+    Body.EMBEDDINGS: "EmbeddingRequest",
+    Body.MESSAGES: "MessageRequest",
+    Body.COUNT_TOKENS: "CountMessageTokensRequest",
+    Body.RESPONSES: "ResponseCreateRequest",
+    Body.MODELS: "ModelRequest",
+    Body.TOKENIZE: "TokenizeRequest",
+    Body.DETOKENIZE: "DetokenizeRequest",
 }
 
 

@@ -20,7 +20,7 @@ from ._field_spec import (
     ref,
     refused,
 )
-from ._routes import RESPONSES
+from ._routes import Body
 
 __all__ = [
     "RESPONSES_EFFORTS",
@@ -31,7 +31,7 @@ __all__ = [
     "responses_components",
 ]
 
-_RESPONSES: Final = frozenset({RESPONSES})
+_RESPONSES: Final = frozenset({Body.RESPONSES})
 
 # -- nested fields ---------------------------------------------------------
 
@@ -192,12 +192,12 @@ RESPONSES_FIELDS: Final[tuple[Field, ...]] = (
           "Alternatives per token, reported with ``include: "
           "[\"message.output_text.logprobs\"]``.", minimum=0, maximum=MAX_TOP_LOGPROBS),
     Field("stream", "boolean", _RESPONSES),
-    ignored("stream_options", "object", RESPONSES),
+    ignored("stream_options", "object", Body.RESPONSES),
     Field("tools", "array", _RESPONSES,
           items=part("", "custom", nullable=False, shape=fixed(_RESPONSES_TOOLS)),
           description="``function`` tools; tools of other types (``web_search``, "
           "``file_search``, ...) are left out of what the model is offered."),
-    custom("tool_choice", _RESPONSES_TOOL_CHOICE, RESPONSES),
+    custom("tool_choice", _RESPONSES_TOOL_CHOICE, Body.RESPONSES),
     Field("parallel_tool_calls", "boolean", _RESPONSES),
     Field("max_tool_calls", "integer", _RESPONSES,
           "At most this many function calls in the output (0: none).",
@@ -218,18 +218,18 @@ RESPONSES_FIELDS: Final[tuple[Field, ...]] = (
     Field("include", "array", _RESPONSES, "``message.output_text.logprobs`` reports "
           "log-probabilities; the other values are accepted and ignored.",
           items=part("", "string", nullable=False)),
-    ignored("prompt_cache_key", "string", RESPONSES),
-    ignored("prompt_cache_retention", "string", RESPONSES),
-    ignored("prompt_cache_options", "object", RESPONSES),
-    ignored("safety_identifier", "string", RESPONSES),
-    ignored("service_tier", "string", RESPONSES),
-    ignored("truncation", "string", RESPONSES),
-    ignored("moderation", "any", RESPONSES),
-    ignored("context_management", "any", RESPONSES),
-    refused("previous_response_id", "stored responses (this server is stateless)", RESPONSES),
-    refused("conversation", "conversations (this server is stateless)", RESPONSES),
-    refused("background", "background responses", RESPONSES, allowed=(False,)),
-    refused("background_options", "background responses", RESPONSES),
-    refused("prompt", "stored prompts", RESPONSES),
-    refused("image", "image generation", RESPONSES),
+    ignored("prompt_cache_key", "string", Body.RESPONSES),
+    ignored("prompt_cache_retention", "string", Body.RESPONSES),
+    ignored("prompt_cache_options", "object", Body.RESPONSES),
+    ignored("safety_identifier", "string", Body.RESPONSES),
+    ignored("service_tier", "string", Body.RESPONSES),
+    ignored("truncation", "string", Body.RESPONSES),
+    ignored("moderation", "any", Body.RESPONSES),
+    ignored("context_management", "any", Body.RESPONSES),
+    refused("previous_response_id", "stored responses (this server is stateless)", Body.RESPONSES),
+    refused("conversation", "conversations (this server is stateless)", Body.RESPONSES),
+    refused("background", "background responses", Body.RESPONSES, allowed=(False,)),
+    refused("background_options", "background responses", Body.RESPONSES),
+    refused("prompt", "stored prompts", Body.RESPONSES),
+    refused("image", "image generation", Body.RESPONSES),
 )  # fmt: skip

@@ -13,6 +13,7 @@ every refusal on it, the ingress's and the worker's, is told in that family's sh
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import Final
 
@@ -21,35 +22,27 @@ import attrs
 from ._errors import ANTHROPIC_ERRORS, OPENAI_ERRORS, ErrorFamily
 
 __all__ = [
-    "CHAT",
     "CHAT_MODEL",
     "CHAT_PATH",
-    "COMPLETIONS",
     "COMPLETIONS_PATH",
-    "COUNT_TOKENS",
     "COUNT_TOKENS_PATH",
-    "DETOKENIZE",
     "DETOKENIZE_PATH",
-    "EMBEDDINGS",
     "EMBEDDINGS_PATH",
     "EMBEDDING_MODEL",
     "HEALTH_PATH",
     "MANAGE_PATHS",
-    "MESSAGES_API",
     "MESSAGES_PATH",
-    "MODELS",
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
     "MODEL_KINDS",
     "OPENAPI_PATH",
-    "RESPONSES",
     "RESPONSES_INPUT_TOKENS_PATH",
     "RESPONSES_PATH",
     "RING_PATHS",
     "ROUTES",
-    "TOKENIZE",
     "TOKENIZE_PATH",
+    "Body",
     "Route",
     "error_family",
 ]
@@ -65,20 +58,26 @@ RESPONSES_INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
-#: The field table's endpoints (``llmtrio.api._fields``): the body each route reads.
-CHAT: Final = "chat"
-COMPLETIONS: Final = "completions"
-EMBEDDINGS: Final = "embeddings"
-#: OpenAI's Responses API (``POST /v1/responses`` and ``/v1/responses/input_tokens``).
-RESPONSES: Final = "responses"
-#: Anthropic's Messages API: a message, and the count of a message request's input tokens
-#: (the same body; ``max_tokens`` and ``stream`` mean nothing there).
-MESSAGES_API: Final = "messages"
-COUNT_TOKENS: Final = "count_tokens"
-#: ``/models/load`` and ``/models/unload``.
-MODELS: Final = "models"
-TOKENIZE: Final = "tokenize"
-DETOKENIZE: Final = "detokenize"
+
+class Body(enum.StrEnum):
+    """The field table's endpoints (``llmtrio.api._fields``): which request body a route
+    reads."""
+
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+    EMBEDDINGS = "embeddings"
+    #: OpenAI's Responses API (``POST /v1/responses`` and ``/v1/responses/input_tokens``).
+    RESPONSES = "responses"
+    #: Anthropic's Messages API.
+    MESSAGES = "messages"
+    #: The count of a message request's input tokens (the same body as ``MESSAGES``;
+    #: ``max_tokens`` and ``stream`` mean nothing there).
+    COUNT_TOKENS = "count_tokens"
+    #: ``/models/load`` and ``/models/unload``.
+    MODELS = "models"
+    TOKENIZE = "tokenize"
+    DETOKENIZE = "detokenize"
+
 
 #: The kinds of model a route needs (the ring's model kinds: ``llmtrio.ring.KINDS``).
 CHAT_MODEL: Final = "chat"
@@ -108,7 +107,7 @@ class Route:
     path: str
     operation_id: str
     summary: str
-    endpoint: str | None = None
+    endpoint: Body | None = None
     open: bool = False
     errors: ErrorFamily = OPENAI_ERRORS
     model_kind: str | None = CHAT_MODEL
@@ -121,36 +120,36 @@ class Route:
 
 
 ROUTES: Final[tuple[Route, ...]] = (
-    Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", CHAT),
+    Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", Body.CHAT),
     Route("POST", COMPLETIONS_PATH, "createCompletion", "Create a text completion.",
-          COMPLETIONS),
+          Body.COMPLETIONS),
     Route("POST", EMBEDDINGS_PATH, "createEmbedding",
-          "Create embeddings (on a worker serving an embedding model).", EMBEDDINGS,
+          "Create embeddings (on a worker serving an embedding model).", Body.EMBEDDINGS,
           model_kind=EMBEDDING_MODEL),
     Route("POST", RESPONSES_PATH, "createResponse",
-          "Create a response (OpenAI's Responses API, stateless).", RESPONSES),
+          "Create a response (OpenAI's Responses API, stateless).", Body.RESPONSES),
     Route("POST", RESPONSES_INPUT_TOKENS_PATH, "countResponseInputTokens",
-          "Count a response request's input tokens, templated as a generation.", RESPONSES),
+          "Count a response request's input tokens, templated as a generation.", Body.RESPONSES),
     Route("POST", TOKENIZE_PATH, "tokenize",
-          "Text to the model's token ids (llama.cpp server's /tokenize).", TOKENIZE,
+          "Text to the model's token ids (llama.cpp server's /tokenize).", Body.TOKENIZE,
           model_kind=None),
     Route("POST", DETOKENIZE_PATH, "detokenize",
-          "Token ids to the model's text (llama.cpp server's /detokenize).", DETOKENIZE,
+          "Token ids to the model's text (llama.cpp server's /detokenize).", Body.DETOKENIZE,
           model_kind=None),
     Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),
     Route("GET", OPENAPI_PATH, "openapi", "This document."),
     Route("POST", MESSAGES_PATH, "createMessage", "Create a message (Anthropic's Messages API).",
-          MESSAGES_API, errors=ANTHROPIC_ERRORS),
+          Body.MESSAGES, errors=ANTHROPIC_ERRORS),
     Route("POST", COUNT_TOKENS_PATH, "countMessageTokens",
-          "Count a message request's input tokens (Anthropic's Messages API).", COUNT_TOKENS,
+          "Count a message request's input tokens (Anthropic's Messages API).", Body.COUNT_TOKENS,
           errors=ANTHROPIC_ERRORS),
     Route("POST", MODELS_LOAD_PATH, "loadModel",
-          "Load a catalog model now (by its name; never a path).", MODELS, model_kind=None,
+          "Load a catalog model now (by its name; never a path).", Body.MODELS, model_kind=None,
           manage=True),
     Route("POST", MODELS_UNLOAD_PATH, "unloadModel",
-          "Unload an idle catalog model now (never a pinned one).", MODELS, model_kind=None,
+          "Unload an idle catalog model now (never a pinned one).", Body.MODELS, model_kind=None,
           manage=True),
 )  # fmt: skip
 

@@ -42,7 +42,7 @@ from ..api import (
     model_not_found,
     wrong_model_kind,
 )
-from ..ring import CHAT, EMBEDDING, ModelStats
+from ..ring import CHAT_MODEL, EMBEDDING_MODEL, ModelStats
 
 __all__ = ["requested_model", "resolve_model"]
 
@@ -72,7 +72,7 @@ def resolve_model(
     Error handling: :class:`ApiError` (400 for a ``model`` that is not a string or is of
     the other kind, or when none is named and none can be chosen; 404 for an unknown one).
     """
-    kind = MODEL_KINDS.get(path, CHAT)
+    kind = MODEL_KINDS.get(path, CHAT_MODEL)
     if requested is not None and not isinstance(requested, str):
         raise invalid_request(
             f"'model' must be a string, not {type(requested).__name__}", param="model"
@@ -106,7 +106,7 @@ def resolve_model(
     if not models or (takes_any and not served):
         return ""  # nothing routed yet: any worker
     others = [m.name for m in models.values() if not _fits(m.kind, kind)]
-    raise missing_model(served, others, path, embeddings=kind == EMBEDDING)
+    raise missing_model(served, others, path, embeddings=kind == EMBEDDING_MODEL)
 
 
 def _fits(model_kind: str, kind: str | None) -> bool:

@@ -28,7 +28,7 @@ from ..api import (
     openapi,
     request_too_large,
 )
-from ..ring import CHAT, ModelStats, Ring, WorkerStats
+from ..ring import CHAT_MODEL, ModelStats, Ring, WorkerStats
 from ._access import exchange_of
 from ._drain import Drain
 from ._metrics import CONTENT_TYPE, IngressMetrics
@@ -134,7 +134,7 @@ def pages_app(
     async def models() -> Response:
         known = ring.models()
         if not known and model_name:
-            known = {model_name: ModelStats(model_name, CHAT, workers=0)}
+            known = {model_name: ModelStats(model_name, CHAT_MODEL, workers=0)}
         return _json(
             {
                 "object": "list",

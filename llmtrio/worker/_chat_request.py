@@ -14,11 +14,11 @@ from typing import Any, TypeGuard
 import attrs
 
 from ..api import (
-    CHAT,
     IMAGE_URL_PART,
+    MESSAGE_FIELDS,
     MESSAGE_ROLES,
-    MESSAGES,
     TEXT_PARTS,
+    Body,
     RequestLimits,
     check,
     checked_text,
@@ -119,19 +119,19 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
     ``param``.
     """
     data = json_body(body)
-    reject_refused(data, CHAT, limits)
-    model = read(data, CHAT, "model", limits)
+    reject_refused(data, Body.CHAT, limits)
+    model = read(data, Body.CHAT, "model", limits)
     messages = _parse_messages(data, limits)
-    max_tokens = parse_max_tokens(data, CHAT, limits)
-    sampling = parse_sampling(data, CHAT, limits)
+    max_tokens = parse_max_tokens(data, Body.CHAT, limits)
+    sampling = parse_sampling(data, Body.CHAT, limits)
     logprobs = _parse_logprobs(data, limits)
     tools = parse_tools(data, limits)
-    output_format = parse_response_format(data, CHAT, limits)
+    output_format = parse_response_format(data, Body.CHAT, limits)
     if tools.forced:
         output_format = {}  # a forced call wins over the format of a plain reply
     stop = parse_stop(data.get("stop"), limits)
-    read(data, CHAT, "n", limits)
-    stream, include_usage = parse_stream(data, CHAT, limits)
+    read(data, Body.CHAT, "n", limits)
+    stream, include_usage = parse_stream(data, Body.CHAT, limits)
     think = _parse_think(data, limits)
     reasoning = _parse_effort(data, limits)
     asked = think  # the request's own switch wins over its effort's
@@ -152,8 +152,8 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
             sampling=Sampling(**sampling),
             stop=stop,
             think=think,
-            ignore_eos=read(data, CHAT, "ignore_eos", limits) or False,
-            cache_prompt=read(data, CHAT, "cache_prompt", limits) is not False,
+            ignore_eos=read(data, Body.CHAT, "ignore_eos", limits) or False,
+            cache_prompt=read(data, Body.CHAT, "cache_prompt", limits) is not False,
             logit_bias=parse_logit_bias(data.get("logit_bias")),
             logprobs=logprobs,
             reasoning_budget=reasoning.budget,
@@ -175,8 +175,8 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
 def _parse_logprobs(data: dict[str, Any], limits: RequestLimits) -> int | None:
     """``logprobs`` (a boolean) and ``top_logprobs`` (only with ``logprobs``): the number of
     alternatives to report, or ``None`` for no log-probabilities."""
-    logprobs = read(data, CHAT, "logprobs", limits)
-    top = read(data, CHAT, "top_logprobs", limits)
+    logprobs = read(data, Body.CHAT, "logprobs", limits)
+    top = read(data, Body.CHAT, "top_logprobs", limits)
     if top is not None and not logprobs:
         raise invalid_value(
             "top_logprobs", "'logprobs' must be set to true when 'top_logprobs' is used."
@@ -186,14 +186,14 @@ def _parse_logprobs(data: dict[str, Any], limits: RequestLimits) -> int | None:
 
 def _parse_effort(data: dict[str, Any], limits: RequestLimits) -> Reasoning:
     """``reasoning_effort``: thinking on or off and a budget (``_reasoning.EFFORTS``)."""
-    effort: str | None = read(data, CHAT, "reasoning_effort", limits)
+    effort: str | None = read(data, Body.CHAT, "reasoning_effort", limits)
     return Reasoning() if effort is None else for_effort(effort)
 
 
 def _parse_think(data: dict[str, Any], limits: RequestLimits) -> bool | None:
     """``think``, else ``chat_template_kwargs.enable_thinking``."""
-    think: bool | None = read(data, CHAT, "think", limits)
-    kwargs = read(data, CHAT, "chat_template_kwargs", limits)
+    think: bool | None = read(data, Body.CHAT, "think", limits)
+    kwargs = read(data, Body.CHAT, "chat_template_kwargs", limits)
     if kwargs is not None and think is None:
         think = kwargs.get("enable_thinking")
     return think
@@ -203,14 +203,14 @@ def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMes
     """``messages``: the array as the field table bounds it, each message's fields as the
     table says for its role, and its content."""
     messages = []
-    for i, item in enumerate(read(data, CHAT, "messages", limits)):
+    for i, item in enumerate(read(data, Body.CHAT, "messages", limits)):
         where = f"messages[{i}]"
         if not isinstance(item, dict):
             raise invalid_type(where, "an object", item)
         role = _parse_role(item.get("role"), f"{where}.role")
         content = ""
         images: list[Image] = []
-        for part in MESSAGES[role].properties:
+        for part in MESSAGE_FIELDS[role].properties:
             at = f"{where}.{part.name}"
             if part.name == "content":
                 value = item.get("content")

@@ -12,10 +12,10 @@ from typing import Any
 import attrs
 
 from ..api import (
-    COMPLETIONS,
     OPENAI_ERRORS,
     SSE_DONE,
     ApiError,
+    Body,
     RequestLimits,
     dumps,
     invalid_request,
@@ -103,28 +103,28 @@ def parse_completion_request(body: bytes, limits: RequestLimits = _NO_LIMITS) ->
     ``stop`` over ``limits`` too).
     """
     data = json_body(body)
-    reject_refused(data, COMPLETIONS, limits)
+    reject_refused(data, Body.COMPLETIONS, limits)
     for name in ("n", "best_of"):
-        read(data, COMPLETIONS, name, limits)
-    model = read(data, COMPLETIONS, "model", limits)
+        read(data, Body.COMPLETIONS, name, limits)
+    model = read(data, Body.COMPLETIONS, "model", limits)
     prompt = _parse_prompt(data.get("prompt"))
     if isinstance(prompt, str) and not prompt:
         raise invalid_value("prompt", "it must not be empty.")
-    max_tokens = parse_max_tokens(data, COMPLETIONS, limits)
+    max_tokens = parse_max_tokens(data, Body.COMPLETIONS, limits)
     if max_tokens is None:
         max_tokens = min(DEFAULT_MAX_TOKENS, limits.max_tokens or DEFAULT_MAX_TOKENS)
-    sampling = parse_sampling(data, COMPLETIONS, limits)
-    logprobs = read(data, COMPLETIONS, "logprobs", limits)
-    stream, include_usage = parse_stream(data, COMPLETIONS, limits)
+    sampling = parse_sampling(data, Body.COMPLETIONS, limits)
+    logprobs = read(data, Body.COMPLETIONS, "logprobs", limits)
+    stream, include_usage = parse_stream(data, Body.COMPLETIONS, limits)
     try:
         options = {
             "max_tokens": max_tokens,
             "sampling": Sampling(**sampling),
             "stop": parse_stop(data.get("stop"), limits),
-            "ignore_eos": read(data, COMPLETIONS, "ignore_eos", limits) or False,
-            "cache_prompt": read(data, COMPLETIONS, "cache_prompt", limits) is not False,
+            "ignore_eos": read(data, Body.COMPLETIONS, "ignore_eos", limits) or False,
+            "cache_prompt": read(data, Body.COMPLETIONS, "cache_prompt", limits) is not False,
             "logit_bias": parse_logit_bias(data.get("logit_bias")),
-            **parse_response_format(data, COMPLETIONS, limits),
+            **parse_response_format(data, Body.COMPLETIONS, limits),
         }
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from None

@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..api import (
-    EMBEDDINGS,
     ApiError,
+    Body,
     RequestLimits,
     checked_text,
     describe,
@@ -75,9 +75,9 @@ def parse_embeddings_request(body: bytes, limits: RequestLimits = _NO_LIMITS) ->
     that is empty, of the wrong type or beyond ``limits.max_embedding_inputs``.
     """
     data = json_body(body)
-    reject_refused(data, EMBEDDINGS, limits)
-    model = read(data, EMBEDDINGS, "model", limits)
-    read(data, EMBEDDINGS, "user", limits)
+    reject_refused(data, Body.EMBEDDINGS, limits)
+    model = read(data, Body.EMBEDDINGS, "model", limits)
+    read(data, Body.EMBEDDINGS, "user", limits)
     encoding = data.get("encoding_format")
     if encoding is None:
         encoding = "float"

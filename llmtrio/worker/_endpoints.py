@@ -15,12 +15,12 @@ import attrs
 from ..api import (
     CHAT_PATH,
     COMPLETIONS_PATH,
-    COUNT_TOKENS,
     COUNT_TOKENS_PATH,
     EMBEDDINGS_PATH,
     MESSAGES_PATH,
     RESPONSES_INPUT_TOKENS_PATH,
     RESPONSES_PATH,
+    Body,
     RequestLimits,
 )
 from ..engine import EmbeddingEngine, Engine, Generation, RequestError
@@ -44,14 +44,14 @@ from ._responses_request import ResponsesRequest, naming_input, parse_responses_
 from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
 
 __all__ = [
-    "CHAT",
-    "COMPLETIONS",
-    "COUNT_MESSAGE_TOKENS",
-    "EMBEDDINGS",
+    "CHAT_ENDPOINT",
+    "COMPLETIONS_ENDPOINT",
+    "COUNT_MESSAGE_TOKENS_ENDPOINT",
+    "EMBEDDINGS_ENDPOINT",
     "ENDPOINTS",
-    "MESSAGES",
-    "RESPONSES",
-    "RESPONSES_INPUT_TOKENS",
+    "MESSAGES_ENDPOINT",
+    "RESPONSES_ENDPOINT",
+    "RESPONSES_INPUT_TOKENS_ENDPOINT",
 ]
 
 
@@ -226,7 +226,7 @@ class _CountTokens:
     id_prefix: str = "count"
 
     def parse(self, body: bytes, limits: RequestLimits) -> MessagesRequest:
-        return parse_messages_request(body, limits, endpoint=COUNT_TOKENS)
+        return parse_messages_request(body, limits, endpoint=Body.COUNT_TOKENS)
 
     @asynccontextmanager
     async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Finished]:
@@ -238,24 +238,24 @@ class _CountTokens:
         return TokenCount()
 
 
-CHAT: Endpoint[ChatCompletionRequest] = _Chat()
-COMPLETIONS: Endpoint[CompletionRequest] = _Completions()
-EMBEDDINGS: Endpoint[EmbeddingsRequest] = _Embeddings()
-RESPONSES: Endpoint[ResponsesRequest] = _Responses()
-RESPONSES_INPUT_TOKENS: Endpoint[ResponsesRequest] = _ResponsesInputTokens()
-MESSAGES: Endpoint[MessagesRequest] = _Messages()
-COUNT_MESSAGE_TOKENS: Endpoint[MessagesRequest] = _CountTokens()
+CHAT_ENDPOINT: Endpoint[ChatCompletionRequest] = _Chat()
+COMPLETIONS_ENDPOINT: Endpoint[CompletionRequest] = _Completions()
+EMBEDDINGS_ENDPOINT: Endpoint[EmbeddingsRequest] = _Embeddings()
+RESPONSES_ENDPOINT: Endpoint[ResponsesRequest] = _Responses()
+RESPONSES_INPUT_TOKENS_ENDPOINT: Endpoint[ResponsesRequest] = _ResponsesInputTokens()
+MESSAGES_ENDPOINT: Endpoint[MessagesRequest] = _Messages()
+COUNT_MESSAGE_TOKENS_ENDPOINT: Endpoint[MessagesRequest] = _CountTokens()
 #: Every endpoint the worker serves, by route.
 ENDPOINTS: dict[str, Endpoint[object]] = {
     e.route: e  # type: ignore[misc]
     for e in (
-        CHAT,
-        COMPLETIONS,
-        EMBEDDINGS,
-        RESPONSES,
-        RESPONSES_INPUT_TOKENS,
-        MESSAGES,
-        COUNT_MESSAGE_TOKENS,
+        CHAT_ENDPOINT,
+        COMPLETIONS_ENDPOINT,
+        EMBEDDINGS_ENDPOINT,
+        RESPONSES_ENDPOINT,
+        RESPONSES_INPUT_TOKENS_ENDPOINT,
+        MESSAGES_ENDPOINT,
+        COUNT_MESSAGE_TOKENS_ENDPOINT,
     )
 }
 #: llama.cpp server's tokenizer routes, on any model.

@@ -18,10 +18,10 @@ from typing import Any
 import attrs
 
 from ..api import (
-    CHAT,
     NAMED_TOOL_CHOICE,
     RESPONSE_FORMAT_JSON_SCHEMA,
     TOOL_CHOICE_MODE,
+    Body,
     RequestLimits,
     check,
     invalid_type,
@@ -131,7 +131,7 @@ def choose_tools(
 def parse_tools(data: dict[str, Any], limits: RequestLimits) -> ToolChoice:
     """``tools`` (functions only), ``tool_choice`` and ``parallel_tool_calls``."""
     tools: list[Tool] = []
-    for item in read(data, CHAT, "tools", limits) or ():
+    for item in read(data, Body.CHAT, "tools", limits) or ():
         function = item["function"]
         name = function["name"]
         if any(t.name == name for t in tools):
@@ -140,7 +140,7 @@ def parse_tools(data: dict[str, Any], limits: RequestLimits) -> ToolChoice:
         # empty JSON Schema (any value) a call could be any JSON at all.
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         tools.append(Tool(name, function.get("description") or "", parameters))
-    parallel = read(data, CHAT, "parallel_tool_calls", limits) is not False
+    parallel = read(data, Body.CHAT, "parallel_tool_calls", limits) is not False
     choice = data.get("tool_choice")
     if choice is None:
         return choose_tools(tools, "auto", parallel=parallel)

@@ -39,7 +39,7 @@ from ..api import (
     ANTHROPIC_RESULT_BLOCKS,
     ANTHROPIC_TEXT_BLOCKS,
     ANTHROPIC_TOOL,
-    MESSAGES_API,
+    Body,
     RequestLimits,
     check,
     checked_text,
@@ -89,7 +89,7 @@ class MessagesRequest:
 
 
 def parse_messages_request(
-    body: bytes, limits: RequestLimits = _NO_LIMITS, *, endpoint: str = MESSAGES_API
+    body: bytes, limits: RequestLimits = _NO_LIMITS, *, endpoint: str = Body.MESSAGES
 ) -> MessagesRequest:
     """Parse and validate a Messages API request body (``endpoint``: ``messages`` or
     ``count_tokens``, which takes the same body without needing ``max_tokens``).
@@ -121,7 +121,7 @@ def parse_messages_request(
     for name in ("metadata", "cache_control", "service_tier", "speed", "container"):
         read(data, endpoint, name, limits)
     messages = [*_system(data, endpoint, limits), *_messages(data, endpoint, limits)]
-    if endpoint == MESSAGES_API:
+    if endpoint == Body.MESSAGES:
         max_tokens = parse_max_tokens(data, endpoint, limits)
         stream = bool(read(data, endpoint, "stream", limits))
     else:
@@ -154,7 +154,7 @@ def parse_messages_request(
             sampling=Sampling(**sampling),
             stop=stop,
             think=reasoning.think,
-            ignore_eos=endpoint == MESSAGES_API
+            ignore_eos=endpoint == Body.MESSAGES
             and bool(read(data, endpoint, "ignore_eos", limits)),
             reasoning_budget=reasoning.budget if reasoning.think else None,
             **output_format,

@@ -21,11 +21,11 @@ from typing import Any, TypeGuard
 import attrs
 
 from ..api import (
-    RESPONSES,
     RESPONSES_FORMAT,
     RESPONSES_IMAGE_PART,
     RESPONSES_TOOL,
     ApiError,
+    Body,
     RequestLimits,
     check,
     checked_text,
@@ -126,23 +126,23 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     Error handling: raises :class:`ApiError`, 400 naming the offending field in ``param``.
     """
     data = json_body(body)
-    reject_refused(data, RESPONSES, limits)
-    model = read(data, RESPONSES, "model", limits)
-    instructions = read(data, RESPONSES, "instructions", limits)
+    reject_refused(data, Body.RESPONSES, limits)
+    model = read(data, Body.RESPONSES, "model", limits)
+    instructions = read(data, Body.RESPONSES, "instructions", limits)
     messages = [ChatMessage("system", instructions)] if instructions else []
     messages += _parse_input(data, limits)
     if not messages:
         raise invalid_value(
             "input", "empty array. Expected at least one input item.", "empty_array"
         )
-    max_output: int | None = read(data, RESPONSES, "max_output_tokens", limits)
+    max_output: int | None = read(data, Body.RESPONSES, "max_output_tokens", limits)
     sampling = {
         name: value
         for name in ("temperature", "top_p")
-        if (value := read(data, RESPONSES, name, limits)) is not None
+        if (value := read(data, Body.RESPONSES, name, limits)) is not None
     }
     tools, offered, choice_echo = _parse_tools(data, limits)
-    max_tool_calls = read(data, RESPONSES, "max_tool_calls", limits)
+    max_tool_calls = read(data, Body.RESPONSES, "max_tool_calls", limits)
     if max_tool_calls == 0:
         tools = attrs.evolve(tools, mode="none", forced=())
     output_format, format_echo = _parse_format(data, limits)
@@ -151,13 +151,13 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     effort, reasoning = _parse_reasoning(data, limits)
     if output_format or tools.forced:
         reasoning = Reasoning(think=False)
-    include = read(data, RESPONSES, "include", limits) or []
-    top_logprobs = read(data, RESPONSES, "top_logprobs", limits)
+    include = read(data, Body.RESPONSES, "include", limits) or []
+    top_logprobs = read(data, Body.RESPONSES, "top_logprobs", limits)
     logprobs = LOGPROBS_INCLUDE in include
-    stream = read(data, RESPONSES, "stream", limits) or False
-    metadata = read(data, RESPONSES, "metadata", limits)
+    stream = read(data, Body.RESPONSES, "stream", limits) or False
+    metadata = read(data, Body.RESPONSES, "metadata", limits)
     for name in _ACCEPTED:
-        read(data, RESPONSES, name, limits)  # accepted, checked for their type
+        read(data, Body.RESPONSES, name, limits)  # accepted, checked for their type
     try:
         generate = GenerateRequest(
             messages=messages,
@@ -398,7 +398,7 @@ def _parse_tools(
     tools: list[Tool] = []
     offered: list[dict[str, Any]] = []
     skipped: list[str] = []
-    for i, item in enumerate(read(data, RESPONSES, "tools", limits) or ()):
+    for i, item in enumerate(read(data, Body.RESPONSES, "tools", limits) or ()):
         where = f"tools[{i}]"
         if not isinstance(item, dict):
             raise invalid_type(where, "an object", item)
@@ -431,7 +431,7 @@ def _parse_tools(
         logger.warning(
             "responses: left out tools this server cannot run: %s", ", ".join(sorted(set(skipped)))
         )
-    parallel = read(data, RESPONSES, "parallel_tool_calls", limits) is not False
+    parallel = read(data, Body.RESPONSES, "parallel_tool_calls", limits) is not False
     choice = data.get("tool_choice")
     if choice is None:
         chosen = choose_tools(tools, "auto", parallel=parallel)
@@ -464,7 +464,7 @@ def _parse_format(data: dict[str, Any], limits: RequestLimits) -> tuple[dict[str
     """``text.format``: :class:`GenerateRequest` keyword arguments (``grammar`` or
     ``json_schema``: the same grammar path as chat's ``response_format``), and the format as
     the response echoes it."""
-    text = read(data, RESPONSES, "text", limits)
+    text = read(data, Body.RESPONSES, "text", limits)
     value = None if text is None else check(RESPONSES_FORMAT, text.get("format"), limits,
                                             "text.format")  # fmt: skip
     if value is None or value["type"] == "text":
@@ -486,7 +486,7 @@ def _parse_format(data: dict[str, Any], limits: RequestLimits) -> tuple[dict[str
 
 def _parse_reasoning(data: dict[str, Any], limits: RequestLimits) -> tuple[str | None, Reasoning]:
     """``reasoning.effort``: the effort named (``None``: none) and what it asks for."""
-    reasoning = read(data, RESPONSES, "reasoning", limits)
+    reasoning = read(data, Body.RESPONSES, "reasoning", limits)
     effort = None if reasoning is None else reasoning.get("effort")
     if effort is None:
         return None, Reasoning()

@@ -21,11 +21,10 @@ from typing import Any, ClassVar
 import attrs
 
 from ..api import (
-    DETOKENIZE,
     DETOKENIZE_PATH,
-    TOKENIZE,
     TOKENIZE_PATH,
     ApiError,
+    Body,
     RequestLimits,
     checked_text,
     dumps,
@@ -85,11 +84,11 @@ def parse_tokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> T
     else:
         raise invalid_type("content", "a string or an array of strings and token ids", content)
     flags = {
-        name: read(data, TOKENIZE, name, limits)
+        name: read(data, Body.TOKENIZE, name, limits)
         for name in ("add_special", "parse_special", "with_pieces")
     }
     return TokenizeRequest(
-        read(data, TOKENIZE, "model", limits),
+        read(data, Body.TOKENIZE, "model", limits),
         parts,
         add_special=flags["add_special"] is True,
         parse_special=flags["parse_special"] is not False,
@@ -111,8 +110,8 @@ def parse_detokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) ->
     """Parse and validate a ``/detokenize`` body. Error handling: :class:`ApiError` 400
     naming the field."""
     data = json_body(body)
-    tokens = read(data, DETOKENIZE, "tokens", limits)
-    return DetokenizeRequest(read(data, DETOKENIZE, "model", limits), tuple(tokens))
+    tokens = read(data, Body.DETOKENIZE, "tokens", limits)
+    return DetokenizeRequest(read(data, Body.DETOKENIZE, "model", limits), tuple(tokens))
 
 
 @attrs.frozen(kw_only=True)
