@@ -27,7 +27,6 @@ from ._media import decode_image as decode_image
 from ._media import image_from_url as image_from_url
 from ._open import open_engine as open_engine
 from ._stats import EngineStats as EngineStats
-from ._types import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 from ._types import Capacity as Capacity
 from ._types import ChatMessage as ChatMessage
 from ._types import Done as Done
@@ -68,7 +67,6 @@ __all__ = [
     "DEFAULT_REPO",
     "EMBEDDING_SEQUENCES",
     "JSON_OBJECT_GRAMMAR",
-    "MAX_TOP_LOGPROBS",
     "MEDIA_MARKER",
     "Capacity",
     "ChatMessage",

@@ -15,7 +15,6 @@ from ._media import MEDIA_MARKER, Image
 
 __all__ = [
     "GREEDY",
-    "MAX_TOP_LOGPROBS",
     "Capacity",
     "ChatMessage",
     "Done",
@@ -188,9 +187,6 @@ def _tuple_of_tools(value: Sequence[Tool]) -> tuple[Tool, ...]:
     return _tuple_of(value, Tool, "tools")
 
 
-MAX_TOP_LOGPROBS = 20
-
-
 @attrs.frozen
 class GenerateRequest:
     """One generation: chat ``messages`` (templated with the model's chat template) or raw
@@ -268,10 +264,8 @@ class GenerateRequest:
             )
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
-            )
+        if self.logprobs is not None and self.logprobs < 0:
+            raise InvalidRequestError("top_logprobs must not be negative", param="top_logprobs")
         if self.grammar is not None and not self.grammar.strip():
             raise InvalidRequestError("grammar must not be empty", param="grammar")
         if self.tool_choice not in ("auto", "required", "none"):

@@ -36,6 +36,7 @@ from ._encoding import (
     Envelope,
     ResponseMeta,
     chat_logprobs_json,
+    finish_reason,
     timings_json,
     usage_json,
 )
@@ -56,13 +57,6 @@ def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
         }
     )
     return out
-
-
-def finish_reason(done: Done, calls: int) -> str:
-    """``tool_calls`` for a reply with calls, unless it ran out of tokens (then ``length``,
-    as OpenAI's: the last call's arguments are cut short)."""
-    reason = done.stop.finish_reason
-    return "tool_calls" if calls and reason != "length" else reason
 
 
 def split_tool_calls(request: ChatCompletionRequest, text: str) -> tuple[str, list[ToolCall]]:

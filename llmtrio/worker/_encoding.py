@@ -41,6 +41,7 @@ __all__ = [
     "ResponseMeta",
     "WholeBody",
     "chat_logprobs_json",
+    "finish_reason",
     "from_engine_error",
     "new_id",
     "timings_json",
@@ -166,6 +167,15 @@ class WholeBody:
 
     def failure(self, error: ApiError) -> bytes:
         return self.errors.event(error)
+
+
+def finish_reason(done: Done, calls: int) -> str:
+    """OpenAI's ``finish_reason`` of a generation's end, on every route (the ring's outcome
+    states it, so the ingress counts one vocabulary): ``tool_calls`` for a reply with
+    ``calls``, unless it ran out of tokens (then ``length``, as OpenAI's: the last call's
+    arguments are cut short)."""
+    reason = done.stop.finish_reason
+    return "tool_calls" if calls and reason != "length" else reason
 
 
 def usage_json(done: Done) -> dict[str, Any]:

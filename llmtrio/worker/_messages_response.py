@@ -37,7 +37,7 @@ from ..engine import (
     ToolCallStart,
     ToolCallStream,
 )
-from ._encoding import Counted, ResponseMeta, WholeBody
+from ._encoding import Counted, ResponseMeta, WholeBody, finish_reason
 from ._messages_request import MessagesRequest
 
 __all__ = ["MessageBody", "MessageStream", "TokenCount", "signature", "stop_reason"]
@@ -61,13 +61,6 @@ def stop_reason(done: Done, calls: int) -> str:
     if done.stop is StopReason.STOP_STRING:
         return "stop_sequence"
     return "end_turn"
-
-
-def finish_reason(done: Done, calls: int) -> str:
-    """OpenAI's ``finish_reason`` of the same end, which the ring's outcome states (the
-    ingress's metrics count one vocabulary for every route)."""
-    reason = done.stop.finish_reason
-    return "tool_calls" if calls and reason != "length" else reason
 
 
 def usage_json(done: Done) -> dict[str, int]:

@@ -33,8 +33,7 @@ from ..engine import (
     ToolCallStart,
     ToolCallStream,
 )
-from ._chat_response import finish_reason
-from ._encoding import Counted, ResponseMeta, WholeBody, token_logprob_json
+from ._encoding import Counted, ResponseMeta, WholeBody, finish_reason, token_logprob_json
 from ._responses_request import ResponsesRequest
 
 __all__ = ["InputTokensBody", "ResponsesBody", "ResponsesStream", "response_usage"]
