@@ -97,6 +97,7 @@ from ._routes import DETOKENIZE_PATH as DETOKENIZE_PATH
 from ._routes import EMBEDDING_MODEL as EMBEDDING_MODEL
 from ._routes import EMBEDDINGS_PATH as EMBEDDINGS_PATH
 from ._routes import HEALTH_PATH as HEALTH_PATH
+from ._routes import IMAGE_PARTS as IMAGE_PARTS
 from ._routes import MANAGE_PATHS as MANAGE_PATHS
 from ._routes import MESSAGES_PATH as MESSAGES_PATH
 from ._routes import MODEL_KINDS as MODEL_KINDS
@@ -139,13 +140,14 @@ __all__ = [
     "FOREVER",
     "HEALTH_PATH",
     "HOST_NOT_ALLOWED",
+    "IMAGE_PARTS",
     "IMAGE_URL_PART",
     "INT32_MAX",
     "LIVEZ_PATH",
     "MANAGE_PATHS",
     "MAX_TOP_LOGPROBS",
-    "MESSAGES",
     "MESSAGES_PATH",
+    "MESSAGE_FIELDS",
     "MESSAGE_ROLES",
     "MODELS_LOAD_PATH",
     "MODELS_PATH",

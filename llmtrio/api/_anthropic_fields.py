@@ -17,7 +17,7 @@ from ._field_spec import (
     ref,
     refused,
 )
-from ._routes import Body
+from ._routes import IMAGE_PARTS, Body
 
 __all__ = [
     "ANTHROPIC_BLOCKS",
@@ -33,6 +33,9 @@ __all__ = [
     "ANTHROPIC_TOOL_CHOICE",
     "anthropic_components",
 ]
+
+#: The ``type`` of an image block.
+_IMAGE = IMAGE_PARTS[Body.MESSAGES]
 
 
 def _anthropic(*names: str) -> frozenset[str]:
@@ -76,10 +79,10 @@ ANTHROPIC_IMAGE_SOURCE: Final = part("source", "object", required=True, nullable
 ))  # fmt: skip
 _A_IMAGE_BLOCK = part("", "object", nullable=False, component="AnthropicImageBlock",
                        properties=(
-    _block_type("image"), ANTHROPIC_IMAGE_SOURCE, _CACHE_CONTROL,
+    _block_type(_IMAGE), ANTHROPIC_IMAGE_SOURCE, _CACHE_CONTROL,
 ))  # fmt: skip
 #: A tool result's content when it is not a string: text and image blocks.
-ANTHROPIC_RESULT_BLOCKS: Final = {"text": _A_TEXT_BLOCK, "image": _A_IMAGE_BLOCK}
+ANTHROPIC_RESULT_BLOCKS: Final = {"text": _A_TEXT_BLOCK, _IMAGE: _A_IMAGE_BLOCK}
 _A_RESULT_CONTENT: Schema = {
     "anyOf": [
         {"type": "string"},
@@ -106,7 +109,7 @@ ANTHROPIC_BLOCKS: Final = {
         part("signature", "string", "Not checked."))),
     "redacted_thinking": part("", "object", nullable=False, properties=(
         _block_type("redacted_thinking"), part("data", "string"))),
-    "image": _A_IMAGE_BLOCK,
+    _IMAGE: _A_IMAGE_BLOCK,
 }  # fmt: skip
 #: Content blocks this server cannot take yet, and what they are.
 ANTHROPIC_REFUSED_BLOCKS: Final = {

@@ -24,7 +24,7 @@ from ._field_spec import (
     ref,
     refused,
 )
-from ._routes import Body
+from ._routes import IMAGE_PARTS, Body
 
 __all__ = [
     "CHAT_FIELDS",
@@ -99,7 +99,7 @@ TEXT_PARTS: Final = part("content", "array", items=_TEXT_PART,
 #: An image in a user message (a model with a vision projector): a ``data:`` URI, or an
 #: ``http(s)`` URL of a host the server fetches from (``--allowed-media-domains``).
 IMAGE_URL_PART: Final = part("", "object", nullable=False, component="ImageUrlPart", properties=(
-    part("type", "string", required=True, enum=("image_url",)),
+    part("type", "string", required=True, enum=(IMAGE_PARTS[Body.CHAT],)),
     part("image_url", "object", required=True, nullable=False, properties=(
         part("url", "string", required=True, nullable=False,
               description="A data: URI with a base64 PNG, JPEG, WebP or GIF (its first "

@@ -20,7 +20,7 @@ from ._field_spec import (
     ref,
     refused,
 )
-from ._routes import Body
+from ._routes import IMAGE_PARTS, Body
 
 __all__ = [
     "RESPONSES_EFFORTS",
@@ -58,7 +58,7 @@ RESPONSES_FORMAT: Final = part("format", "object", component="ResponsesTextForma
 #: URI; a ``file_id`` refers to stored files, which this server has none of.
 RESPONSES_IMAGE_PART: Final = part("", "object", nullable=False,
                                     component="ResponsesInputImage", properties=(
-    part("type", "string", required=True, enum=("input_image",)),
+    part("type", "string", required=True, enum=(IMAGE_PARTS[Body.RESPONSES],)),
     part("image_url", "string", description="A data: URI with a base64 PNG, JPEG, WebP or GIF "
           "(its first frame), or an http(s) URL of a host the server fetches from "
           "(--allowed-media-domains); the type is read from the bytes."),

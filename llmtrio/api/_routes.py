@@ -30,6 +30,7 @@ __all__ = [
     "EMBEDDINGS_PATH",
     "EMBEDDING_MODEL",
     "HEALTH_PATH",
+    "IMAGE_PARTS",
     "MANAGE_PATHS",
     "MESSAGES_PATH",
     "MODELS_LOAD_PATH",
@@ -100,7 +101,8 @@ class Route:
     shape (the paths under it share it: see :func:`error_family`). ``model_kind`` is the
     kind of model a ring route needs (a kind of the ring's ``KINDS``; ``None``: a model of
     any kind, as every model has a tokenizer). A ``manage`` route names its model exactly
-    (loads or unloads it), never through a default.
+    (loads or unloads it), never through a default. ``image_part`` is the ``type`` of its
+    body's image parts (a vision model's input), if it takes any.
     """
 
     method: str
@@ -112,6 +114,7 @@ class Route:
     errors: ErrorFamily = OPENAI_ERRORS
     model_kind: str | None = CHAT_MODEL
     manage: bool = False
+    image_part: str | None = None
 
     @property
     def ring(self) -> bool:
@@ -120,16 +123,19 @@ class Route:
 
 
 ROUTES: Final[tuple[Route, ...]] = (
-    Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", Body.CHAT),
+    Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", Body.CHAT,
+          image_part="image_url"),
     Route("POST", COMPLETIONS_PATH, "createCompletion", "Create a text completion.",
           Body.COMPLETIONS),
     Route("POST", EMBEDDINGS_PATH, "createEmbedding",
           "Create embeddings (on a worker serving an embedding model).", Body.EMBEDDINGS,
           model_kind=EMBEDDING_MODEL),
     Route("POST", RESPONSES_PATH, "createResponse",
-          "Create a response (OpenAI's Responses API, stateless).", Body.RESPONSES),
+          "Create a response (OpenAI's Responses API, stateless).", Body.RESPONSES,
+          image_part="input_image"),
     Route("POST", RESPONSES_INPUT_TOKENS_PATH, "countResponseInputTokens",
-          "Count a response request's input tokens, templated as a generation.", Body.RESPONSES),
+          "Count a response request's input tokens, templated as a generation.", Body.RESPONSES,
+          image_part="input_image"),
     Route("POST", TOKENIZE_PATH, "tokenize",
           "Text to the model's token ids (llama.cpp server's /tokenize).", Body.TOKENIZE,
           model_kind=None),
@@ -141,10 +147,10 @@ ROUTES: Final[tuple[Route, ...]] = (
           open=True),
     Route("GET", OPENAPI_PATH, "openapi", "This document."),
     Route("POST", MESSAGES_PATH, "createMessage", "Create a message (Anthropic's Messages API).",
-          Body.MESSAGES, errors=ANTHROPIC_ERRORS),
+          Body.MESSAGES, errors=ANTHROPIC_ERRORS, image_part="image"),
     Route("POST", COUNT_TOKENS_PATH, "countMessageTokens",
           "Count a message request's input tokens (Anthropic's Messages API).", Body.COUNT_TOKENS,
-          errors=ANTHROPIC_ERRORS),
+          errors=ANTHROPIC_ERRORS, image_part="image"),
     Route("POST", MODELS_LOAD_PATH, "loadModel",
           "Load a catalog model now (by its name; never a path).", Body.MODELS, model_kind=None,
           manage=True),
@@ -157,6 +163,12 @@ ROUTES: Final[tuple[Route, ...]] = (
 RING_PATHS: Final = frozenset(route.path for route in ROUTES if route.ring)
 #: The routes that manage a model, of any kind: they name it exactly, never by a default.
 MANAGE_PATHS: Final = frozenset(route.path for route in ROUTES if route.manage)
+#: The ``type`` of each field-table endpoint's image parts.
+IMAGE_PARTS: Final[Mapping[Body, str]] = {
+    route.endpoint: route.image_part
+    for route in ROUTES
+    if route.endpoint is not None and route.image_part is not None
+}
 #: The kind of model each ring route needs (``None``: any kind).
 MODEL_KINDS: Final[Mapping[str, str | None]] = {
     route.path: route.model_kind for route in ROUTES if route.ring

@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from ..api import (
+    IMAGE_PARTS,
     ApiError,
     body_timeout,
     error_family,
@@ -306,9 +307,11 @@ class RingRequest:
         await send({"type": "http.response.body", "body": body, "more_body": True})
 
 
-#: An image part of any API: chat completions' ``image_url``, the Responses API's
-#: ``input_image``, Anthropic's ``image``.
-_IMAGE_PART = re.compile(rb'"type"\s*:\s*"(?:image_url|input_image|image)"')
+#: An image part of any API (each route's ``image_part``: chat completions' ``image_url``,
+#: the Responses API's ``input_image``, Anthropic's ``image``).
+_IMAGE_PART = re.compile(
+    rb'"type"\s*:\s*"(?:' + b"|".join(sorted({p.encode() for p in IMAGE_PARTS.values()})) + rb')"'
+)
 
 
 def holds_images(body: bytes) -> bool:

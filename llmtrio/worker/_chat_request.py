@@ -14,6 +14,7 @@ from typing import Any, TypeGuard
 import attrs
 
 from ..api import (
+    IMAGE_PARTS,
     IMAGE_URL_PART,
     MESSAGE_FIELDS,
     MESSAGE_ROLES,
@@ -58,6 +59,9 @@ from ._requests import (
 )
 
 __all__ = ["ChatCompletionRequest", "parse_chat_request"]
+
+#: The ``type`` of chat's image parts.
+_IMAGE = IMAGE_PARTS[Body.CHAT]
 
 _NO_LIMITS = RequestLimits()
 
@@ -231,7 +235,7 @@ def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMes
 
 def _has_images(value: object) -> TypeGuard[list[Any]]:
     return isinstance(value, list) and any(
-        isinstance(part, dict) and part.get("type") == "image_url" for part in value
+        isinstance(part, dict) and part.get("type") == _IMAGE for part in value
     )
 
 
@@ -249,7 +253,7 @@ def _parse_image_content(
     images: list[Image] = []
     for i, part in enumerate(value):
         at = f"{where}[{i}]"
-        if isinstance(part, dict) and part.get("type") == "image_url":
+        if isinstance(part, dict) and part.get("type") == _IMAGE:
             checked = check(IMAGE_URL_PART, part, limits, at)
             images.append(
                 image_from_part(checked["image_url"]["url"], f"{at}.image_url.url", limits)

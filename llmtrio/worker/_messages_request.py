@@ -39,6 +39,7 @@ from ..api import (
     ANTHROPIC_RESULT_BLOCKS,
     ANTHROPIC_TEXT_BLOCKS,
     ANTHROPIC_TOOL,
+    IMAGE_PARTS,
     Body,
     RequestLimits,
     check,
@@ -68,6 +69,9 @@ from ._reasoning import ADAPTIVE_EFFORT, Reasoning, for_effort
 from ._requests import json_body, parse_max_tokens, reject_refused
 
 __all__ = ["MessagesRequest", "parse_messages_request"]
+
+#: The ``type`` of Anthropic's image blocks.
+_IMAGE = IMAGE_PARTS[Body.MESSAGES]
 
 logger = logging.getLogger("llmtrio.worker")
 
@@ -206,8 +210,8 @@ def _refuse_block(block: object, where: str, allowed: tuple[str, ...]) -> str:
     )
 
 
-_USER_BLOCKS = ("text", "image", "tool_result")
-_RESULT_BLOCKS = ("text", "image")
+_USER_BLOCKS = ("text", _IMAGE, "tool_result")
+_RESULT_BLOCKS = ("text", _IMAGE)
 _ASSISTANT_BLOCKS = ("text", "tool_use", "thinking", "redacted_thinking")
 
 
@@ -249,7 +253,7 @@ def _user_blocks(blocks: list[Any], where: str, limits: RequestLimits) -> list[C
         if kind == "text":
             texts.append(block["text"])
             continue
-        if kind == "image":
+        if kind == _IMAGE:
             images.append(_image(block, at, limits))
             texts.append(MEDIA_MARKER)
             continue
@@ -272,7 +276,7 @@ def _tool_result(block: dict[str, Any], where: str, limits: RequestLimits) -> Ch
             at = f"{where}.content[{i}]"
             kind = _refuse_block(item, at, _RESULT_BLOCKS)
             check(ANTHROPIC_RESULT_BLOCKS[kind], item, limits, at)
-            if kind == "image":
+            if kind == _IMAGE:
                 images.append(_image(item, at, limits))
                 texts.append(MEDIA_MARKER)
             else:

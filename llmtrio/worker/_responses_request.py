@@ -21,6 +21,7 @@ from typing import Any, TypeGuard
 import attrs
 
 from ..api import (
+    IMAGE_PARTS,
     RESPONSES_FORMAT,
     RESPONSES_IMAGE_PART,
     RESPONSES_TOOL,
@@ -54,6 +55,9 @@ from ._reasoning import Reasoning, for_effort
 from ._requests import json_body, reject_refused
 
 __all__ = ["LOGPROBS_INCLUDE", "ResponsesRequest", "naming_input", "parse_responses_request"]
+
+#: The ``type`` of the Responses API's image parts.
+_IMAGE = IMAGE_PARTS[Body.RESPONSES]
 
 logger = logging.getLogger("llmtrio.worker")
 
@@ -303,7 +307,7 @@ def _add_call(messages: list[ChatMessage], item: dict[str, Any], where: str) -> 
 
 def _has_images(value: object) -> TypeGuard[list[Any]]:
     return isinstance(value, list) and any(
-        isinstance(part, dict) and part.get("type") == "input_image" for part in value
+        isinstance(part, dict) and part.get("type") == _IMAGE for part in value
     )
 
 
@@ -319,7 +323,7 @@ def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple
     images: list[Image] = []
     for i, part in enumerate(value):
         at = f"{where}[{i}]"
-        if not (isinstance(part, dict) and part.get("type") == "input_image"):
+        if not (isinstance(part, dict) and part.get("type") == _IMAGE):
             texts.append(_text_part(part, at))
             continue
         checked = check(RESPONSES_IMAGE_PART, part, limits, at)
