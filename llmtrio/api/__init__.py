@@ -73,6 +73,7 @@ from ._field_spec import missing as missing
 from ._field_spec import show as show
 from ._fields import FIELDS as FIELDS
 from ._fields import read as read
+from ._fields import read_keep_alive as read_keep_alive
 from ._fields import request_schema as request_schema
 from ._json import SSE_DONE as SSE_DONE
 from ._json import dumps as dumps
@@ -207,6 +208,7 @@ __all__ = [
     "openapi",
     "rate_limited",
     "read",
+    "read_keep_alive",
     "request_schema",
     "request_timeout",
     "request_too_large",

@@ -23,11 +23,13 @@ with :func:`check`, and the errors use the same helpers (:func:`invalid_type`,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 from ._anthropic_fields import ANTHROPIC_FIELDS, anthropic_components
 from ._chat_fields import CHAT_FIELDS, chat_components
+from ._durations import keep_alive_seconds
 from ._errors import invalid_request
 from ._field_spec import INT32_MAX, Field, RequestLimits, Schema, check, custom, missing, part
 from ._responses_fields import RESPONSES_FIELDS, responses_components
@@ -35,7 +37,7 @@ from ._routes import (
     Body,
 )
 
-__all__ = ["FIELDS", "component_schemas", "field", "read", "request_schema"]
+__all__ = ["FIELDS", "component_schemas", "field", "read", "read_keep_alive", "request_schema"]
 
 #: ``/tokenize``'s ``content``: a text, or texts and token ids (llama.cpp's mixed prompt).
 _TOKENIZE_CONTENT: Schema = {
@@ -141,3 +143,22 @@ def read(data: Mapping[str, Any], endpoint: str, name: str, limits: RequestLimit
             code="unsupported_parameter",
         )
     return check(spec, value, limits, name)
+
+
+def read_keep_alive(body: bytes) -> float | None:
+    """A request body's ``keep_alive`` (:data:`_KEEP_ALIVE`, on every ring route) in seconds,
+    ``None`` when absent or null, or when the body is not a JSON object (the endpoint answers
+    that body's own error). The model host reads it before the endpoint parses the body, since
+    a model on demand loads first.
+
+    Error handling: :class:`ApiError` (400) naming ``keep_alive``."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("keep_alive") is None:
+        return None
+    try:
+        return keep_alive_seconds(data["keep_alive"])
+    except ValueError as exc:
+        raise invalid_request(f"'keep_alive' {exc}", param="keep_alive") from None
