@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from llmtrio.api import (
     FIELDS,
-    MESSAGES,
+    MESSAGE_FIELDS,
     NAMED_TOOL_CHOICE,
     RESPONSE_FORMAT_JSON_SCHEMA,
     TEXT_PARTS,
@@ -191,7 +191,7 @@ NESTED_BODY: dict[str, Any] = {
 }  # fmt: skip
 _CHAT_FIELDS = {f.name: f for f in FIELDS if "chat" in f.endpoints}
 NESTED_SPECS: list[tuple[str, Field]] = [
-    *((f"messages[{i}]", MESSAGES[m["role"]]) for i, m in enumerate(NESTED_BODY["messages"])),
+    *((f"messages[{i}]", MESSAGE_FIELDS[m["role"]]) for i, m in enumerate(NESTED_BODY["messages"])),
     ("messages[1].content", TEXT_PARTS),
     *((name, _CHAT_FIELDS[name])
       for name in ("tools", "response_format", "stream_options", "chat_template_kwargs")),
