@@ -27,9 +27,9 @@ from llmtrio.engine import (
     TokenLogprob,
     json_schema_grammar,
 )
-from llmtrio.engine._types import MAX_RECURRENT_DRAFT
+from llmtrio.engine._config import MAX_RECURRENT_DRAFT
 from llmtrio.engine.llama import Batch, LlamaModel, Penalties
-from llmtrio.engine.llama._sampling import logprob_of
+from llmtrio.engine.llama._logits import logprob_of
 
 from ._helpers import assert_greedy_agrees, collect, collect_logprobs, engine_config, run
 

@@ -28,13 +28,18 @@ from schemathesis.specs.openapi.checks import (
 )
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
-from llmtrio import _openai_errors as errors
-from llmtrio._fields import RequestLimits, request_schema
-from llmtrio._routes import ANTHROPIC_ERRORS, ROUTES, error_family
+from llmtrio.api import (
+    ANTHROPIC_ERRORS,
+    ROUTES,
+    RequestLimits,
+    error_family,
+    openapi,
+    request_schema,
+)
+from llmtrio.api import _errors as errors
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.web._auth import OPEN_PATHS
-from llmtrio.web._openapi import openapi
 
 from ._helpers import engine_config
 from ._procs import Ring
@@ -128,7 +133,7 @@ def test_the_error_responses_are_the_error_catalogs() -> None:
     assert len(listed) == len(errors.ERRORS)
     request_statuses = {str(kind.status) for kind in errors.ERRORS if not kind.url}
     anthropic = {
-        str(kind.error("").status_in(ANTHROPIC_ERRORS)) for kind in errors.ERRORS if not kind.url
+        str(ANTHROPIC_ERRORS.status(kind.error(""))) for kind in errors.ERRORS if not kind.url
     }
     for route in ROUTES:
         operation = document["paths"][route.path][route.method.lower()]
@@ -150,9 +155,7 @@ def test_anthropics_routes_document_anthropics_error_shape() -> None:
     responses = openapi()["components"]["responses"]
     shaped = {name: r for name, r in responses.items() if name.startswith("AnthropicError")}
     statuses = {int(name.removeprefix("AnthropicError")) for name in shaped}
-    expected = {
-        kind.error("").status_in(ANTHROPIC_ERRORS) for kind in errors.ERRORS if not kind.url
-    }
+    expected = {ANTHROPIC_ERRORS.status(kind.error("")) for kind in errors.ERRORS if not kind.url}
     assert statuses == expected and 529 in statuses
     for status, response in ((s, shaped[f"AnthropicError{s}"]) for s in statuses):
         schema = response["content"]["application/json"]["schema"]["allOf"]

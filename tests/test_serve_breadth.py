@@ -12,7 +12,7 @@ import openai
 import pydantic
 import pytest
 
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH
 
 from ._server import LiveServer
 from .test_serve import client, sse_events

@@ -16,7 +16,7 @@ import httpx
 import jsonschema
 import pytest
 
-from llmtrio._routes import CHAT_PATH, MESSAGES_PATH, RESPONSES_PATH
+from llmtrio.api import CHAT_PATH, MESSAGES_PATH, RESPONSES_PATH
 from llmtrio.engine import GenerateRequest, Grammar, InvalidRequestError, Tool
 from llmtrio.engine.generate import _inputs
 from llmtrio.engine.tools import tool_call_grammar

@@ -9,6 +9,9 @@ async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
     vectors = (await engine.embed(["a text", "another"])).vectors   # L2-normalized rows
 """
 
+from ._config import DEFAULT_QUANT as DEFAULT_QUANT
+from ._config import DEFAULT_REPO as DEFAULT_REPO
+from ._config import EngineConfig as EngineConfig
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
@@ -25,14 +28,10 @@ from ._media import decode_image as decode_image
 from ._media import image_from_url as image_from_url
 from ._open import open_engine as open_engine
 from ._stats import EngineStats as EngineStats
-from ._types import DEFAULT_QUANT as DEFAULT_QUANT
-from ._types import DEFAULT_REPO as DEFAULT_REPO
-from ._types import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 from ._types import TEXT_INPUT as TEXT_INPUT
 from ._types import Capacity as Capacity
 from ._types import ChatMessage as ChatMessage
 from ._types import Done as Done
-from ._types import EngineConfig as EngineConfig
 from ._types import Event as Event
 from ._types import Failed as Failed
 from ._types import GenerateRequest as GenerateRequest
@@ -73,7 +72,6 @@ __all__ = [
     "DEFAULT_REPO",
     "EMBEDDING_SEQUENCES",
     "JSON_OBJECT_GRAMMAR",
-    "MAX_TOP_LOGPROBS",
     "MEDIA_MARKER",
     "TEXT_INPUT",
     "CannotTranslateError",

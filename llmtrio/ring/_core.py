@@ -23,7 +23,7 @@ import attrs
 from ._config import default
 from ._errors import ProtocolError, RingFullError
 from ._messages import (
-    CHAT,
+    CHAT_MODEL,
     Assign,
     Attach,
     Cancel,
@@ -181,7 +181,7 @@ class RingCore:
             until = beat.unload_in_s if beat and own == "loaded" else 0
             for index, name in enumerate(worker.models):
                 known = models.get(name)
-                kind = worker.kinds[index] if worker.kinds else CHAT
+                kind = worker.kinds[index] if worker.kinds else CHAT_MODEL
                 vision = name in worker.vision
                 if known is None:
                     models[name] = ModelStats(name, kind, 1, own, size, until, vision=vision)

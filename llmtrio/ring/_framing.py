@@ -27,7 +27,7 @@ import trio
 
 from ._errors import ProtocolError
 from ._messages import (
-    CHAT,
+    CHAT_MODEL,
     Assign,
     Attach,
     Cancel,
@@ -103,7 +103,9 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                 "max_inflight": max_inflight,
                 "models": list(models),
             }
-            if any(kind != CHAT for kind in message.kinds):  # all chat: as the previous version
+            if any(
+                kind != CHAT_MODEL for kind in message.kinds
+            ):  # all chat: as the previous version
                 attach["kinds"] = list(message.kinds)
             if message.vision:  # none: as the previous version
                 attach["vision"] = list(message.vision)

@@ -1,19 +1,23 @@
-"""The ingress app: the OpenAI-compatible API in front of a ring, and the chat page.
+"""The ingress app: the API in front of a ring (OpenAI's, Anthropic's Messages API,
+llama.cpp's tokenizer routes, the models' load and unload), and the chat page.
 
-It parks each completion request on the ring and relays the response lane; it knows nothing
-of the engine. One ASGI app, three parts, one module each:
+It parks each ring request on the ring and relays the response lane; it knows nothing of the
+engine. One ASGI app, three parts, one module each:
 
 - :class:`Ingress` (here), at the ASGI level, owns every request's whole life: it gives it
   an id, runs the checks (``_checks``: origin and host, preflight, API key, and for the ring's
-  routes the drain and the rate limit), serves the ring's routes (``POST
-  /v1/chat/completions``, ``POST /v1/completions``) itself (``_relay``), and hands the rest to
-  the pages app. A ring request's stream is cancelled by the request's own scope, whenever
-  and however it ends, never by a body generator that may not start.
+  routes the drain and the rate limit), serves the ring's routes (``POST`` on
+  ``llmtrio.api.RING_PATHS``: chat and text completions, the Responses API, embeddings,
+  Messages, the token counts, tokenize and detokenize, the models' load and unload) itself
+  (``_relay``), and hands the rest to the pages app. A ring request's stream is cancelled by
+  the request's own scope, whenever and however it ends, never by a body generator that may
+  not start.
 - ``_pages``, a Quart-Trio app: ``/``, ``/health``, ``/v1/models``, ``/metrics``,
   ``/openapi.json`` and the 404/405s.
 
 Faults stay in their request: anything unexpected while serving one becomes that request's
-500 in OpenAI's shape (no internals in it) and a logged traceback with its request id.
+500 in its route's error family (no internals in it) and a logged traceback with its request
+id.
 
 Every request gets an id (the client's own ``X-Request-Id`` when it is sane), sent back as
 ``X-Request-Id`` and carried to the worker; when it ends it is counted in the ingress's
@@ -27,8 +31,7 @@ from typing import Any
 
 import trio
 
-from .._fields import RequestLimits
-from .._openai_errors import DEFAULT_MAX_BODY_BYTES
+from ..api import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from ..ring import Ring
 from ._access import CLIENT_CLOSED, Exchange, request_id, with_exchange
 from ._checks import Admitted, Checks, Gate

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import trio
 
-from .._openai_errors import (
-    OpenAIError,
+from ..api import (
+    IMAGE_PARTS,
+    ApiError,
     body_timeout,
+    error_family,
     no_worker,
     request_timeout,
     request_too_large,
@@ -32,7 +34,6 @@ from .._openai_errors import (
     shutting_down,
     worker_failed,
 )
-from .._routes import error_family
 from ..ring import (
     ParkTimeoutError,
     RequestHead,
@@ -59,30 +60,20 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
-def encode_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+def encode_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 
 
 async def send_error(
-    send: Send, exchange: Exchange, error: OpenAIError, extra: list[tuple[str, str]] | None = None
+    send: Send, exchange: Exchange, error: ApiError, extra: list[tuple[str, str]] | None = None
 ) -> None:
     """Answer with ``error`` (its status, its JSON body, in the shape of the request's route:
-    ``llmtrio._routes.error_family``), recording its code on ``exchange``."""
+    ``llmtrio.api.error_family``), recording its code on ``exchange``."""
     exchange.ended_with(error.error_code)
-    family = error_family(exchange.path)
-    body = error.body(family)
-    headers = [
-        ("content-type", "application/json"),
-        ("content-length", str(len(body))),
-        *error.headers,
-        *(extra or []),
-    ]
+    status, headers, body = error_family(exchange.path).response(error)
+    headers = (*headers, ("content-length", str(len(body))), *(extra or []))
     await send(
-        {
-            "type": "http.response.start",
-            "status": error.status_in(family),
-            "headers": encode_headers(headers),
-        }
+        {"type": "http.response.start", "status": status, "headers": encode_headers(headers)}
     )
     await send({"type": "http.response.body", "body": body})
 
@@ -213,7 +204,7 @@ class RingRequest:
                 self._default_model,
                 takes_any=self._ring.takes_any_model,
             )
-        except OpenAIError as error:
+        except ApiError as error:
             await self._send_error(send, error)
             return
         try:
@@ -244,7 +235,7 @@ class RingRequest:
         else:
             self._exchange.ended_with(server_error().error_code)
 
-    async def _end_early(self, send: Send, error: OpenAIError) -> None:
+    async def _end_early(self, send: Send, error: ApiError) -> None:
         """End the response with ``error`` as far as it got (the deadline passed, or the drain
         cut it): the error itself before the head, an error event on a started event stream;
         nothing once its last byte went out."""
@@ -305,20 +296,22 @@ class RingRequest:
             {"type": "http.response.start", "status": status, "headers": encode_headers(headers)}
         )
 
-    async def _send_error(self, send: Send, error: OpenAIError) -> None:
+    async def _send_error(self, send: Send, error: ApiError) -> None:
         self._started = True
         await send_error(send, self._exchange, error, self._extra)
 
-    async def _send_event(self, send: Send, error: OpenAIError) -> None:
+    async def _send_event(self, send: Send, error: ApiError) -> None:
         """``error`` as an event on the started event stream, recording its code."""
         self._exchange.ended_with(error.error_code)
-        body = error.sse(error_family(self._exchange.path))
+        body = error_family(self._exchange.path).event(error)
         await send({"type": "http.response.body", "body": body, "more_body": True})
 
 
-#: An image part of any API: chat completions' ``image_url``, the Responses API's
-#: ``input_image``, Anthropic's ``image``.
-_IMAGE_PART = re.compile(rb'"type"\s*:\s*"(?:image_url|input_image|image)"')
+#: An image part of any API (each route's ``image_part``: chat completions' ``image_url``,
+#: the Responses API's ``input_image``, Anthropic's ``image``).
+_IMAGE_PART = re.compile(
+    rb'"type"\s*:\s*"(?:' + b"|".join(sorted({p.encode() for p in IMAGE_PARTS.values()})) + rb')"'
+)
 
 
 def holds_images(body: bytes) -> bool:

@@ -27,8 +27,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 from prometheus_client import CollectorRegistry
 
-from .._fields import RequestLimits
-from .._openai_errors import DEFAULT_MAX_BODY_BYTES
+from ..api import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from ..ring import MAX_FRAME_SIZE, Ring, RingConfig
 from ._app import create_app
 from ._auth import ApiKeys

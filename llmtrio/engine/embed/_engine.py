@@ -27,9 +27,9 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from .._config import EngineConfig
 from .._errors import DecodeError, EngineClosedError, InvalidRequestError, ModelLoadError
 from .._lifecycle import DecodeLoop
-from .._types import EngineConfig
 from ..llama import Batch, LlamaModel
 from ..models import POOLING_NAMES, ResolvedModel
 from ._pack import EmbedPacker, Packed, ThreadChooser

@@ -16,7 +16,7 @@ temperature and its random state advance token by token), and stops at the first
 that differs from the draft: every token emitted is the one the sequence would have
 sampled at its position, and the drafts after the first wrong one are cut from memory.
 
-A reasoning budget (``_budget.py``): once a sequence has spent its budget inside its think
+A reasoning budget (``_think_budget.py``): once a sequence has spent its budget inside its think
 block, the position after takes ``</think>`` whatever the logits say (its sampler takes it as
 if picked), and a draft that would cross the budget is cut at the marker.
 
@@ -35,11 +35,12 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from .._config import EngineConfig
 from .._errors import DecodeError
 from .._stats import EngineStats
-from .._types import EngineConfig, StopReason
+from .._types import StopReason
 from ..llama import Batch, LlamaModel, RawLogprob, verify
-from ..spec import (
+from ..spec_decode import (
     Acceptance,
     DraftGate,
     NgramDrafter,
@@ -48,13 +49,13 @@ from ..spec import (
     Shape,
     plan_drafts,
 )
-from ._budget import ThinkBudget, think_markers
 from ._drafting import DraftBudget, cut_anywhere, judge_shadow
 from ._jobs import Drafter, Job, Part, slot_sampler
 from ._pool import SharedPool
 from ._prompt_cache import PromptCache
 from ._scheduler import Scheduler, Start
 from ._step import CoreRequest, StepOutput
+from ._think_budget import ThinkBudget, think_markers
 
 __all__ = ["Drafter", "EngineCore"]
 

@@ -24,10 +24,11 @@ import attrs
 import numpy as np
 import trio
 
+from .._config import MAX_RECURRENT_DRAFT, EngineConfig
 from .._errors import EngineClosedError, EngineFailedError, ModelLoadError
 from .._lifecycle import DecodeLoop
 from .._media import MEDIA_MARKER
-from .._types import MAX_RECURRENT_DRAFT, Capacity, EngineConfig, GenerateRequest, TokenLogprob
+from .._types import Capacity, GenerateRequest, TokenLogprob
 from ..llama import LlamaModel, RawLogprob
 from ..models import ResolvedModel
 from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN

@@ -20,10 +20,11 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from .._config import EngineConfig
 from .._errors import GrammarBugError, GrammarError, InvalidRequestError, PromptTooLongError
 from .._media import MEDIA_MARKER, Image
 from .._stats import EngineStats
-from .._types import EngineConfig, GenerateRequest
+from .._types import GenerateRequest
 from ..grammar import Grammar
 from ..llama import ImageChunk, LlamaModel
 from ._chat import ChatTemplate

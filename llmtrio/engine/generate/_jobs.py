@@ -15,9 +15,9 @@ import numpy.typing as npt
 from .._types import GenerateRequest
 from ..grammar import Grammar
 from ..llama import LlamaModel, Penalties, SlotSampler
-from ..spec import Acceptance
-from ._budget import ThinkBudget
+from ..spec_decode import Acceptance
 from ._step import CoreRequest, StepOutput
+from ._think_budget import ThinkBudget
 
 __all__ = ["Drafter", "Job", "Part", "slot_sampler"]
 

@@ -14,21 +14,13 @@ from typing import TYPE_CHECKING
 import trio
 from prometheus_client import CollectorRegistry
 
+from ..api import RequestLimits
+from ..ring import DialConfig, RemoteLink, connect_ring
 from ._metrics_server import serve_metrics
-from .engine import EngineConfig, open_engine
-from .ring import DialConfig, RemoteLink, connect_ring
-from .worker import (
-    LOAD_WAITERS,
-    HostConfig,
-    HostedModel,
-    ModelHost,
-    RequestLimits,
-    WorkerMetrics,
-    serve_hosted_link,
-    serve_link,
-)
 
 if TYPE_CHECKING:
+    from ..engine import EngineConfig
+    from ..worker import HostConfig
     from ._catalog import CatalogModel
 
 __all__ = ["run_worker"]
@@ -67,6 +59,18 @@ async def run_worker(
     holds finish (up to ``graceful_timeout`` seconds; then they are cancelled and their
     ingresses fail them), detaches from every ingress and frees the model.
     """
+    # Imported here: the CLI's face loads neither the engine nor llama.cpp.
+    from ..engine import EngineConfig, open_engine
+    from ..worker import (
+        LOAD_WAITERS,
+        HostConfig,
+        HostedModel,
+        ModelHost,
+        OnDemand,
+        WorkerMetrics,
+        serve_link,
+    )
+
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
     registry = CollectorRegistry()
     link: RemoteLink | None = None
@@ -135,7 +139,7 @@ async def run_worker(
                 # Entered last, left first: the streams end before the links close.
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 # Every engine's figures, labelled with its model's name.
-                metrics = WorkerMetrics(registry, engines)
+                metrics = WorkerMetrics(registry, engines, models=[m.name for m in hosted])
                 for engine, one in zip(engines, links, strict=False):
                     await nursery.start(
                         partial(serve_link, engine, one, metrics=metrics, limits=limits)
@@ -144,7 +148,13 @@ async def run_worker(
                     await nursery.start(model_host.run)
                 for model, one in zip(hosted, links[len(engines) :], strict=True):
                     await nursery.start(
-                        partial(serve_hosted_link, model_host, model.name, one, limits=limits)
+                        partial(
+                            serve_link,
+                            OnDemand(model_host, model.name),
+                            one,
+                            metrics=metrics,
+                            limits=limits,
+                        )
                     )
                 link = links[0]
                 logger.info(

@@ -1,7 +1,7 @@
 """What a request field is (:class:`Field`), how a value is checked against one
 (:func:`check`) and the one shape of a field's errors. Pure: no I/O.
 
-The table of the API's fields, nested ones included, is ``llmtrio._fields``; this module is
+The table of the API's fields, nested ones included, is ``llmtrio.api._fields``; this module is
 the vocabulary it is written in.
 """
 
@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
-from ._openai_errors import OpenAIError, invalid_request
+from ._errors import ApiError, invalid_request
 
 __all__ = [
+    "INT32_MAX",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_TOP_LOGPROBS",
     "Field",
     "RequestLimits",
     "Schema",
@@ -23,14 +27,27 @@ __all__ = [
     "checked_text",
     "choices",
     "clip",
+    "custom",
     "describe",
+    "fixed",
+    "ignored",
     "invalid_type",
     "invalid_value",
     "missing",
+    "nullable",
+    "part",
+    "ref",
+    "refused",
     "show",
 ]
 
 Schema = dict[str, Any]
+
+INT32_MAX: Final = 2**31 - 1  # values that reach llama.cpp as C ints
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+#: OpenAI's bound on alternatives per token (``top_logprobs``, legacy ``logprobs``).
+MAX_TOP_LOGPROBS: Final = 20
 
 
 def _domains(value: object) -> tuple[str, ...]:
@@ -98,7 +115,7 @@ class RequestLimits:
 
 
 #: A wrong value's error, given the field's ``param`` and the value.
-Fault = Callable[[str, object], OpenAIError]
+Fault = Callable[[str, object], ApiError]
 
 _EXPECTED = {
     "boolean": "a boolean",
@@ -182,7 +199,7 @@ class Field:
         """The field's JSON schema on a server with ``limits``, where it is used: its
         component's reference if it has one, with its description, ``null`` allowed where
         the field may be null."""
-        schema = _ref(self.component) if self.component else self.body(limits)
+        schema = ref(self.component) if self.component else self.body(limits)
         if self.description:
             schema = {**schema, "description": self.description}
         nullable = self.nullable and not self.required and self.type != "any"
@@ -223,16 +240,12 @@ class Field:
         return schema
 
 
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
 def check(spec: Field, value: object, limits: RequestLimits, param: str) -> Any:
     """``value`` checked as ``spec`` says; ``param`` names it in errors. ``None`` for an
     absent or null value that may be left out; a ``float`` for a number, an ``int`` for an
     integer; any other value itself (an object or an array whole, each part checked).
 
-    Error handling: :class:`OpenAIError` (400) naming the field, or the part of it that is
+    Error handling: :class:`ApiError` (400) naming the field, or the part of it that is
     wrong: ``missing_required_parameter``, ``invalid_type``, ``invalid_value`` (a value not
     in ``enum``, text that is not Unicode), ``empty_array``, ``array_above_max_length``,
     ``decimal_below_min_value``/``decimal_above_max_value`` or
@@ -242,7 +255,7 @@ def check(spec: Field, value: object, limits: RequestLimits, param: str) -> Any:
         return _check(spec, value, limits, param)
     try:
         return _check(spec, value, limits, param)
-    except OpenAIError:
+    except ApiError:
         assert spec.fault is not None
         raise spec.fault(param, value) from None
 
@@ -348,7 +361,7 @@ def _check_number(spec: Field, value: Any, limits: RequestLimits, param: str) ->
 # -- errors, one shape -------------------------------------------------------------------------
 
 
-def missing(param: str, note: str = "") -> OpenAIError:
+def missing(param: str, note: str = "") -> ApiError:
     """400 ``missing_required_parameter``."""
     return invalid_request(
         f"Missing required parameter: '{param}'{note}.",
@@ -357,7 +370,7 @@ def missing(param: str, note: str = "") -> OpenAIError:
     )
 
 
-def invalid_type(param: str, expected: str, value: object) -> OpenAIError:
+def invalid_type(param: str, expected: str, value: object) -> ApiError:
     """400 ``invalid_type``: ``expected`` says what would do ("a string")."""
     return invalid_request(
         f"Invalid type for '{param}': expected {expected}, but got {describe(value)} instead.",
@@ -366,7 +379,7 @@ def invalid_type(param: str, expected: str, value: object) -> OpenAIError:
     )
 
 
-def invalid_value(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
+def invalid_value(param: str, message: str, code: str = "invalid_value") -> ApiError:
     """400 naming ``param``: ``message`` says what is wrong with its value."""
     return invalid_request(f"Invalid '{param}': {message}", param=param, code=code)
 
@@ -425,3 +438,43 @@ def clip(text: str, limit: int) -> str:
 
 def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# -- the table's shorthands -------------------------------------------------------------------
+
+
+def ref(name: str) -> Schema:
+    """A reference to the component schema ``name`` of ``/openapi.json``."""
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: Schema) -> Schema:
+    """``schema``, or null."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def fixed(schema: Schema) -> Callable[[RequestLimits], Schema]:
+    """A field's shape that no limit changes."""
+    return lambda limits: schema
+
+
+def part(name: str, type: str, description: str = "", **kwargs: Any) -> Field:
+    """A property or an item of a nested field (its strings pass as they come unless
+    ``text=True``)."""
+    return Field(name, type, frozenset(), description, **{"text": False, **kwargs})
+
+
+def custom(name: str, schema: Schema, *endpoints: str, **kwargs: Any) -> Field:
+    """A field of ``endpoints`` whose shape is ``schema`` (a union the endpoint tells apart)."""
+    return Field(name, "custom", frozenset(endpoints), shape=fixed(schema), **kwargs)
+
+
+def refused(name: str, what: str, *endpoints: str, allowed: tuple[Any, ...] = ()) -> Field:
+    """A field of ``endpoints`` this server does not implement (``what`` it would do): a 400
+    naming it, unless its value is one of ``allowed`` (which changes nothing)."""
+    return Field(name, "custom", frozenset(endpoints), refused=what, allowed=allowed)
+
+
+def ignored(name: str, type: str, *endpoints: str, **kwargs: Any) -> Field:
+    """A field that changes nothing here, accepted (and checked for its type) and ignored."""
+    return Field(name, type, frozenset(endpoints), "Accepted and ignored.", **kwargs)

@@ -1,4 +1,4 @@
-"""The command's parser, built from a table of flags (``llmtrio._flags``): for each flag,
+"""The command's parser, built from a table of flags (``llmtrio.cli._flags``): for each flag,
 the setting it gives and its help.
 
 A setting is a field of a config class (``EngineConfig``, ``ServeConfig``, ``RingConfig``,
@@ -6,7 +6,7 @@ A setting is a field of a config class (``EngineConfig``, ``ServeConfig``, ``Rin
 option's ``dest`` is the field, and its default a :class:`Default`, looked up only to be shown
 (the engine's classes load llama.cpp, which ``llmtrio serve --no-local-worker`` must not); an
 option left out keeps its :class:`Default`, so the class's own default applies
-(``llmtrio._configs.build``). A row naming a bare ``name`` is a value the command reads
+(``llmtrio.cli._configs.build``). A row naming a bare ``name`` is a value the command reads
 itself (or a field whose class default is ``None`` as well), its default argparse's
 (``None``, or the row's ``default=``).
 """
@@ -70,12 +70,12 @@ class Default:
 HOMES = {
     "EngineConfig": "llmtrio.engine",
     "Sampling": "llmtrio.engine",
-    "RequestLimits": "llmtrio._fields",
+    "RequestLimits": "llmtrio.api",
     "ServeConfig": "llmtrio.web",
     "RingConfig": "llmtrio.ring",
     "ControlConfig": "llmtrio.ring",
     "DialConfig": "llmtrio.ring",
-    "run_worker": "llmtrio._remote_worker",
+    "run_worker": "llmtrio.cli._worker",
     "HostConfig": "llmtrio.worker",
 }
 

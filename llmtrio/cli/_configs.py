@@ -1,5 +1,5 @@
 """From the parsed flags to the config values: each class built from the flags named as its
-fields (a flag left out leaves the class's default, see ``llmtrio._parser``). The classes'
+fields (a flag left out leaves the class's default, see ``llmtrio.cli._parser``). The classes'
 errors name fields; :func:`build` names the flags.
 """
 
@@ -18,11 +18,11 @@ from ._threads import thread_counts
 from ._values import ModelSpec
 
 if TYPE_CHECKING:
+    from ..api import RequestLimits
+    from ..engine import EngineConfig, Sampling
+    from ..ring import ControlConfig, DialConfig
+    from ..web import ServeConfig
     from ._catalog import Catalog, CatalogModel
-    from ._fields import RequestLimits
-    from .engine import EngineConfig, Sampling
-    from .ring import ControlConfig, DialConfig
-    from .web import ServeConfig
 
 __all__ = [
     "build",
@@ -83,9 +83,9 @@ def build(
 
 def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     """One engine config per ``--model`` (the flags shared by all; ``--threads`` per model,
-    see :func:`llmtrio._threads.thread_counts`); the default model's alone without
+    see :func:`llmtrio.cli._threads.thread_counts`); the default model's alone without
     ``--model``. ``--model-name`` names a single model. A refusal exits naming the flag."""
-    from .engine import EngineConfig, model_name_of
+    from ..engine import EngineConfig, model_name_of
 
     values = [ModelSpec.parse(text) for text in (args.model or [])]
     command = f"llmtrio {args.command}"
@@ -144,13 +144,14 @@ def _has_catalog(args: argparse.Namespace) -> bool:
 
 
 def catalog(args: argparse.Namespace) -> Catalog:
-    """Every model the command may serve (``llmtrio._catalog``): each ``--model`` (pinned;
+    """Every model the command may serve (``llmtrio.cli._catalog``): each ``--model`` (pinned;
     the default model when neither ``--model`` nor a catalog flag is given), then the
     models file's, the folder's and the Hugging Face cache's, each with the command's engine
     flags under its own settings. A refusal exits naming the model and the key."""
-    from ._catalog import CatalogError, build_catalog
-    from .engine import EngineConfig
-    from .engine.models import HubSettings
+    from ..engine import EngineConfig
+    from ..engine.models import HubSettings
+    from ._catalog import CatalogError
+    from ._catalog_build import build_catalog
 
     pinned = engine_configs(args) if args.model or not _has_catalog(args) else []
     shared = [n for name, n in (getattr(args, "threads", None) or []) if name is None]
@@ -188,7 +189,7 @@ def on_demand(args: argparse.Namespace) -> list[CatalogModel]:
 
 def host_config(args: argparse.Namespace) -> Any:
     """The budget of the models on demand (``llmtrio.worker.HostConfig``)."""
-    from .worker import HostConfig
+    from ..worker import HostConfig
 
     return build(HostConfig, args)
 
@@ -202,13 +203,13 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def request_limits(args: argparse.Namespace) -> RequestLimits:
-    from ._fields import RequestLimits  # not from .worker, which loads the engine
+    from ..api import RequestLimits  # not from .worker, which loads the engine
 
     return build(RequestLimits, args)
 
 
 def _api_keys(args: argparse.Namespace) -> list[str]:
-    from .web import read_key_file
+    from ..web import read_key_file
 
     keys = list(args.api_key)
     for path in args.api_key_file:
@@ -224,7 +225,7 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
 def control_config(args: argparse.Namespace, host: str) -> ControlConfig | None:
     """The control listener's config (``None`` without ``--control-port``); ``host`` when
     ``--control-host`` is not given."""
-    from .ring import ControlConfig, server_ssl_context
+    from ..ring import ControlConfig, server_ssl_context
 
     files = (args.control_cert, args.control_key, args.control_ca)
     if args.control_port is None:
@@ -247,14 +248,14 @@ def control_config(args: argparse.Namespace, host: str) -> ControlConfig | None:
 
 
 def dial_config(args: argparse.Namespace) -> DialConfig:
-    from .ring import DialConfig
+    from ..ring import DialConfig
 
     return build(DialConfig, args)
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
-    from .ring import RingConfig
-    from .web import ServeConfig
+    from ..ring import RingConfig
+    from ..web import ServeConfig
 
     origins = [
         origin.strip()
@@ -272,6 +273,6 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 
 
 def sampling(args: argparse.Namespace) -> Sampling:
-    from .engine import InvalidRequestError, Sampling
+    from ..engine import InvalidRequestError, Sampling
 
     return build(Sampling, args, (InvalidRequestError,))

@@ -17,15 +17,15 @@ import attrs
 import trio
 from prometheus_client import CollectorRegistry
 
-from ._fields import RequestLimits
+from ..api import RequestLimits
+from ..ring import ControlConfig, Ring
+from ..web import ServeConfig
 from ._ingress import serve_ring_ingress, until_signalled
-from .ring import ControlConfig, Ring
-from .web import ServeConfig
 
 if TYPE_CHECKING:
+    from ..engine import EmbeddingEngine, Engine, EngineConfig, EngineFailedError
+    from ..worker import HostConfig, HostedModel, ModelHost, WorkerMetrics
     from ._catalog import CatalogModel
-    from .engine import EmbeddingEngine, Engine, EngineConfig, EngineFailedError
-    from .worker import HostConfig, HostedModel, ModelHost
 
 __all__ = ["serve", "serve_until_signalled", "serving"]
 
@@ -65,8 +65,8 @@ async def serve(
     worker detaches at once (``/health`` answers 503 with the reason), the server shuts down
     as on ``shutdown``, then this raises. A llama.cpp abort takes the whole process down.
     """
-    from .engine import EngineConfig, EngineFailedError, open_engine
-    from .worker import HostConfig, HostedModel, ModelHost, WorkerMetrics, serve_link
+    from ..engine import EngineConfig, EngineFailedError, open_engine
+    from ..worker import HostConfig, HostedModel, ModelHost, WorkerMetrics, serve_link
 
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
     async with AsyncExitStack() as stack:
@@ -81,7 +81,9 @@ async def serve(
             model_host.pin(engine.model_name, HostedModel.of(engine.model_name, each).cost)
         # Every engine's figures, labelled with its model's name; the ingress exports the
         # picker's gauges for the whole ring, these engines included.
-        metrics = WorkerMetrics(registry, engines, picker_gauges=False)
+        metrics = WorkerMetrics(
+            registry, engines, models=[m.name for m in hosted], picker_gauges=False
+        )
         failure: EngineFailedError | None = None
 
         async def local_worker(
@@ -109,7 +111,7 @@ async def serve(
             for engine in engines:
                 await nursery.start(local_worker, engine)
             if hosted:
-                await _start_hosted(ring, nursery, model_host, hosted, limits)
+                await _start_hosted(ring, nursery, model_host, hosted, metrics, limits)
             for model in on_demand:
                 if model.load:
                     nursery.start_soon(_preload, model_host, model.name)
@@ -134,10 +136,11 @@ async def _start_hosted(
     nursery: trio.Nursery,
     host: ModelHost,
     hosted: Sequence[HostedModel],
+    metrics: WorkerMetrics,
     limits: RequestLimits | None,
 ) -> None:
     """The host's loop and a local worker per on-demand model, each on its own link."""
-    from .worker import LOAD_WAITERS, serve_hosted_link
+    from ..worker import LOAD_WAITERS, OnDemand, serve_link
 
     await nursery.start(host.run)
 
@@ -148,7 +151,13 @@ async def _start_hosted(
             models=model.names,
             kinds=[model.kind] * len(model.names),
         ) as link:
-            await serve_hosted_link(host, model.name, link, limits=limits, task_status=task_status)
+            await serve_link(
+                OnDemand(host, model.name),
+                link,
+                metrics=metrics,
+                limits=limits,
+                task_status=task_status,
+            )
 
     for model in hosted:
         await nursery.start(hosted_worker, model)
@@ -156,7 +165,7 @@ async def _start_hosted(
 
 async def _preload(host: ModelHost, name: str) -> None:
     """Load ``name`` at start (its ``load = true``); then it idles as any loaded model."""
-    from .worker import ModelLoadFailed
+    from ..worker import ModelLoadFailed
 
     try:
         await host.acquire(name)
@@ -178,7 +187,7 @@ async def serve_until_signalled(
 
     Error handling: :class:`EngineFailedError` as ``serve`` raises it (the command exits
     non-zero)."""
-    from .engine import EngineFailedError
+    from ..engine import EngineFailedError
 
     failure: EngineFailedError | None = None
 

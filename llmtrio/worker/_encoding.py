@@ -1,21 +1,29 @@
-"""What every completion response is built from: ids, the chunk envelope of an event stream,
-usage, timings and log-probabilities in OpenAI's shapes, and the OpenAI error for an engine
-error. Pure: no I/O, no clock; randomness only in the ids.
+"""What every response the worker writes is built from: ids, the chunk envelope of an event
+stream, usage, timings and log-probabilities in OpenAI's shapes, the OpenAI error for an
+engine error; and the ends of the work that is not a generation (:class:`Answer`), with the
+base of their one-body encoders (:class:`WholeBody`). Pure: no I/O, no clock; randomness only
+in the ids.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import secrets
 from collections.abc import Sequence
-from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
-from .._openai_errors import OpenAIError, dumps, invalid_request, model_unavailable, server_error
-from .._routes import ANTHROPIC_ERRORS, OPENAI_ERRORS
+from ..api import (
+    OPENAI_ERRORS,
+    ApiError,
+    ErrorFamily,
+    dumps,
+    invalid_request,
+    json_string,
+    model_unavailable,
+    server_error,
+)
 from ..engine import (
     Done,
     EngineClosedError,
@@ -28,21 +36,18 @@ from ..engine import (
 )
 
 __all__ = [
-    "DONE",
+    "Answer",
+    "Counted",
     "Envelope",
     "ResponseMeta",
     "WholeBody",
     "chat_logprobs_json",
+    "finish_reason",
     "from_engine_error",
-    "json_string",
     "new_id",
     "timings_json",
     "usage_json",
 ]
-
-#: The last event of a completion stream.
-DONE = b"data: [DONE]\n\n"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def new_id(prefix: str) -> str:
@@ -60,16 +65,6 @@ class ResponseMeta:
     created: int
     model: str
     prompt_tokens: int | None = None
-
-
-def json_string(text: str) -> bytes:
-    """``text`` as a JSON string literal in UTF-8; lone surrogates (not encodable) become
-    U+FFFD."""
-    literal = encode_basestring(text)
-    try:
-        return literal.encode()
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", literal).encode()
 
 
 @attrs.frozen
@@ -125,11 +120,39 @@ class Envelope:
         return self._open + b'],"usage":' + dumps(usage_json(done)) + b"}\n\n"
 
 
+@attrs.frozen(kw_only=True)
+class Answer:
+    """The end of an endpoint's work that is not a generation: its own type among the events
+    of the worker's pipeline, beside the engine's ``Done`` (never one): a tokenizer route's
+    answer, the vectors of an embeddings request, a prompt's token count. Each kind's type
+    says its ``kind``, which the worker's metrics count in a counter of its own; none is
+    observed as a generation (no time to first token, no output tokens).
+
+    ``prompt_tokens``: the prompt tokens it counted or embedded (the count the response's
+    outcome states on the ring); ``inputs``: how many inputs it answered (an embeddings
+    request's texts or token arrays; one otherwise)."""
+
+    kind: ClassVar[str]
+    prompt_tokens: int = 0
+
+    @property
+    def inputs(self) -> int:
+        return 1
+
+
+@attrs.frozen(kw_only=True)
+class Counted(Answer):
+    """A prompt counted, nothing generated (``/v1/messages/count_tokens``,
+    ``/v1/responses/input_tokens``): templated and tokenized as its generation would be."""
+
+    kind: ClassVar[str] = "count_tokens"
+
+
 class WholeBody:
-    """The part every encoder of one JSON body shares (the worker's ``Encoder`` shape, never
-    streamed): nothing before or per event, the body whole from ``finish`` (each one's own),
-    the stop's ``finish_reason``, and a failure worded in ``errors``' family (an error
-    response, since nothing went out before it)."""
+    """The part every encoder of an :class:`Answer` shares (the worker's ``Encoder`` shape,
+    one JSON body, never streamed): nothing before or per event, the body whole from
+    ``finish`` (each one's own), the ``finish_reason`` ``stop``, and a failure worded in
+    ``errors``' family (an error response, since nothing went out before it)."""
 
     streaming = False
     errors = OPENAI_ERRORS
@@ -140,11 +163,20 @@ class WholeBody:
     def event(self, token: Any) -> bytes:
         return b""
 
-    def finish_reason(self, done: Done) -> str:
-        return done.stop.finish_reason
+    def finish_reason(self, answer: Answer) -> str:
+        return "stop"
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse(self.errors)
+    def failure(self, error: ApiError) -> bytes:
+        return self.errors.event(error)
+
+
+def finish_reason(done: Done, calls: int) -> str:
+    """OpenAI's ``finish_reason`` of a generation's end, on every route (the ring's outcome
+    states it, so the ingress counts one vocabulary): ``tool_calls`` for a reply with
+    ``calls``, unless it ran out of tokens (then ``length``, as OpenAI's: the last call's
+    arguments are cut short)."""
+    reason = done.stop.finish_reason
+    return "tool_calls" if calls and reason != "length" else reason
 
 
 def usage_json(done: Done) -> dict[str, Any]:
@@ -214,9 +246,9 @@ def chat_logprobs_json(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     return {"content": [token_logprob_json(e) for e in entries], "refusal": None}
 
 
-def from_engine_error(exc: EngineError, family: str = OPENAI_ERRORS) -> OpenAIError:
+def from_engine_error(exc: EngineError, family: ErrorFamily = OPENAI_ERRORS) -> ApiError:
     """The error for an exception the engine raised or reported, on a route of ``family``
-    (``llmtrio._routes.error_family``).
+    (``llmtrio.api.error_family``).
 
     A :class:`PromptTooLongError` becomes a 400 ``context_length_exceeded`` on ``messages``,
     worded as ``family``'s clients match it (:func:`_prompt_too_long`); any other
@@ -237,12 +269,12 @@ def from_engine_error(exc: EngineError, family: str = OPENAI_ERRORS) -> OpenAIEr
     return server_error(f"The model failed while generating: {exc}")
 
 
-def _prompt_too_long(exc: PromptTooLongError, family: str) -> OpenAIError:
+def _prompt_too_long(exc: PromptTooLongError, family: ErrorFamily) -> ApiError:
     """A prompt over the context, in the one wording of each route family: OpenAI's (clients
     match "maximum context length"), Anthropic's (Claude Code compacts its conversation when
     it reads "prompt is too long"). The Responses API's routes name ``input`` instead
     (``_responses_request.naming_input``)."""
-    if family == ANTHROPIC_ERRORS:
+    if family.anthropic:
         message = (
             f"prompt is too long: {exc.prompt_tokens} tokens > {exc.ctx_size - 1} maximum "
             f"(this model's context is {exc.ctx_size} tokens, and at least one is left to "

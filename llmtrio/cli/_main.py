@@ -40,9 +40,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from ..ring import client_ssl_context
     from ._ingress import until_signalled
-    from ._remote_worker import run_worker
-    from .ring import client_ssl_context
+    from ._worker import run_worker
 
     try:
         context = client_ssl_context(args.tls_cert, args.tls_key, args.ca)
@@ -76,7 +76,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from . import server
+    from . import _serve as server
 
     try:
         config = serve_config(args)
@@ -98,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _generate(args: argparse.Namespace) -> int:
-    from .engine import Done, Engine, Failed, GenerateRequest, Token
+    from ..engine import Done, Engine, Failed, GenerateRequest, Token
 
     request = GenerateRequest.user(
         args.prompt,
@@ -138,7 +138,7 @@ async def _generate(args: argparse.Namespace) -> int:
 
 
 async def _embed(args: argparse.Namespace) -> int:
-    from .engine import EmbeddingEngine
+    from ..engine import EmbeddingEngine
 
     async with EmbeddingEngine.open(engine_config(args)) as engine:
         result = await engine.embed(args.texts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .engine import DEFAULT_QUANT, DEFAULT_REPO, EngineConfig, resolve_model
+from ..engine import DEFAULT_QUANT, DEFAULT_REPO, EngineConfig, resolve_model
 
 __all__ = ["pull"]
 

@@ -1,7 +1,7 @@
 """A tiny HTTP server for ``GET /metrics`` on Trio (h11 over ``trio.serve_tcp``), for a
 process with no HTTP server of its own: a remote worker (``llmtrio worker
 --metrics-port``). On loopback by default; it serves the registry's text and, when given a
-readiness check, the probes ``/livez`` and ``/readyz`` (``llmtrio._probes``)."""
+readiness check, the probes ``/livez`` and ``/readyz`` (``llmtrio.api._probes``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import h11
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from ._probes import PROBE_PATHS, NotReady, answer_probe
+from ..api import PROBE_PATHS, NotReady, answer_probe
 
 __all__ = ["serve_metrics"]
 

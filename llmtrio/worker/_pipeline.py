@@ -3,8 +3,15 @@
 An endpoint is a small value: the route it answers, the kind of model it needs, how to parse
 its request body into engine work (:meth:`Endpoint.parse`, pure), how to run that work on the
 engine (:meth:`Endpoint.run`, an ``async with`` giving the events), and how to encode the
-events as a JSON body or as server-sent events (:meth:`Endpoint.encoder`, pure). Chat and
-text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a new instance.
+events as a JSON body or as server-sent events (:meth:`Endpoint.encoder`, pure). Every route
+the worker serves is one instance (``_endpoints.ENDPOINTS``: OpenAI's chat and text
+completions, Responses API and embeddings, Anthropic's Messages API, the token counts,
+llama.cpp's tokenizer routes); a new endpoint is a new instance.
+
+The events of the work end with the engine's ``Done`` (a generation), a ``Failed``, or an
+:class:`~._encoding.Answer` (work that is not a generation: a tokenizer's answer, the vectors
+of an embeddings request, a token count), each answer kind its own type; the metrics observe
+generations only, and count each kind of answer in a counter of its own.
 
 :func:`serve_request` is the one path every endpoint's requests go through:
 
@@ -15,7 +22,7 @@ text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a 
   JSON response; an encoder that :class:`KeepsAlive` (Anthropic's stream) opens its stream
   before the first event when that is slow to come (a long prompt), and pings until it does;
 - every error is told in the shape of the endpoint's route family
-  (``llmtrio._routes.error_family``: OpenAI's, or Anthropic's on ``/v1/messages*``), and an
+  (``llmtrio.api.error_family``: OpenAI's, or Anthropic's on ``/v1/messages*``), and an
   engine's refusal in its words (``from_engine_error``: a prompt too long for the context is
   "maximum context length" to OpenAI's clients, "prompt is too long" to Anthropic's);
 - an event stream is relayed with back-pressure while the engine works and flushed in one
@@ -26,7 +33,7 @@ text completions are two instances (``_worker.ENDPOINTS``); a new endpoint is a 
 - every end states the response's :class:`~llmtrio.ring.Outcome` (its finish reason and
   token counts, or its error code) on the ring, for the ingress's access log and metrics,
   which never read the response's bytes;
-- anything unexpected is the caller's to turn into a 500 (``_worker``): this request only.
+- anything unexpected is the caller's to turn into a 500 (``_link``): this request only.
 
 :func:`run_tokenizer` is where an endpoint's own tokenizer work runs (a completion's prompt,
 embeddings' texts, ``/tokenize``): on the event loop when it is small, else in a thread.
@@ -36,16 +43,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar, TypeVarTuple, runtime_checkable
 
 import attrs
 import trio
 
-from .._fields import RequestLimits
-from .._openai_errors import OpenAIError, server_error, wrong_model_kind
-from .._routes import OPENAI_ERRORS, error_family
+from ..api import (
+    OPENAI_ERRORS,
+    ApiError,
+    ErrorFamily,
+    RequestLimits,
+    error_family,
+    server_error,
+    wrong_model_kind,
+)
 from ..engine import (
     Done,
     EmbeddingEngine,
@@ -57,15 +70,18 @@ from ..engine import (
     Token,
 )
 from ..ring import ClaimedStream, Outcome, StreamCancelledError
+from ._encoding import Answer, ResponseMeta, from_engine_error, new_id
 from ._metrics import WorkerMetrics
-from ._responses import ResponseMeta, from_engine_error, new_id
 
 __all__ = [
+    "JSON_HEADERS",
     "Encoder",
     "Endpoint",
     "Events",
+    "Finished",
     "KeepsAlive",
     "ModelEngine",
+    "WorkEvent",
     "run_tokenizer",
     "serve_request",
 ]
@@ -81,16 +97,22 @@ JSON_HEADERS = (("content-type", "application/json"),)
 
 Request = TypeVar("Request")
 Result = TypeVar("Result")
+#: What an encoder finishes a response with: the engine's ``Done``, or an ``Answer`` of a kind.
+End = TypeVar("End", contravariant=True)
 Args = TypeVarTuple("Args")
 #: The engine a worker serves one model with: a generating one or an embedding one
 #: (``.kind`` says which: ``"chat"`` or ``"embedding"``).
 ModelEngine = Engine | EmbeddingEngine
+#: One event of an endpoint's work: a generation's (the engine's ``Token``, ``Done``,
+#: ``Failed``) or the one ``Answer`` of work that is not a generation.
+WorkEvent = Event | Answer
 
 
 class Events(Protocol):
-    """What an endpoint's work yields: its events in order, the last one a ``Done`` or a
-    ``Failed`` (a :class:`~llmtrio.engine.Generation` is one). ``ended`` is set once the work
-    has finished producing (the rest is buffered); :meth:`drain` takes the buffered rest."""
+    """What an endpoint's work yields: its events in order, the last one a ``Done``, an
+    ``Answer`` or a ``Failed`` (a :class:`~llmtrio.engine.Generation` is one; so is
+    :class:`Finished`). ``ended`` is set once the work has finished producing (the rest is
+    buffered); :meth:`drain` takes the buffered rest."""
 
     ended: trio.Event
 
@@ -99,12 +121,32 @@ class Events(Protocol):
         """The prompt's length once the work has started, when it is known then (a
         generation's); ``None`` otherwise."""
 
-    def __aiter__(self) -> AsyncIterator[Event]: ...
+    def __aiter__(self) -> AsyncIterator[WorkEvent]: ...
 
-    def drain(self) -> list[Event]: ...
+    def drain(self) -> Sequence[WorkEvent]: ...
 
 
-class Encoder(Protocol):
+class Finished:
+    """Work that finished before it was handed over (its one ``Answer``: the vectors of an
+    embeddings request, a tokenizer's answer, a count): the ``Events`` shape, already
+    ended."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._events: list[WorkEvent] = [answer]
+        self.prompt_tokens: int | None = None
+        self.ended = trio.Event()
+        self.ended.set()
+
+    async def __aiter__(self) -> AsyncIterator[WorkEvent]:
+        while self._events:
+            yield self._events.pop(0)
+
+    def drain(self) -> list[WorkEvent]:
+        events, self._events = self._events, []
+        return events
+
+
+class Encoder(Protocol[End]):
     """One response's bytes: ``streaming`` says whether they are server-sent events (the
     head goes out with the first event) or one JSON body (written by :meth:`finish`)."""
 
@@ -116,13 +158,13 @@ class Encoder(Protocol):
     def event(self, token: Token) -> bytes:
         """One event's bytes (nothing for a JSON body, which is written at the end)."""
 
-    def finish(self, done: Done) -> bytes:
+    def finish(self, end: End) -> bytes:
         """The last bytes: a stream's finish, usage and ``[DONE]``; a JSON body whole."""
 
-    def finish_reason(self, done: Done) -> str:
+    def finish_reason(self, end: End) -> str:
         """OpenAI's ``finish_reason`` the response gave (``tool_calls`` when it made one)."""
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         """The last bytes of an event stream that fails after its head: chat's
         ``data: {"error": ...}``, the Responses API's ``response.failed`` event."""
 
@@ -158,17 +200,18 @@ class Endpoint(Protocol[Request]):
         """The prefix of its response ids (``chatcmpl``, ``cmpl``)."""
 
     def parse(self, body: bytes, limits: RequestLimits) -> Request:
-        """The request, parsed and validated. Error handling: :class:`OpenAIError`."""
+        """The request, parsed and validated. Error handling: :class:`ApiError`."""
 
     def run(self, engine: Any, request: Request) -> AbstractAsyncContextManager[Events]:
         """Start the work on ``engine`` (a :data:`ModelEngine` of :attr:`model_kind`);
         leaving the block ends it.
 
-        Error handling: :class:`OpenAIError` or :class:`EngineError` when the work cannot
+        Error handling: :class:`ApiError` or :class:`EngineError` when the work cannot
         start."""
 
-    def encoder(self, request: Request, meta: ResponseMeta) -> Encoder:
-        """The encoder of this request's response."""
+    def encoder(self, request: Request, meta: ResponseMeta) -> Encoder[Any]:
+        """The encoder of this request's response (of a ``Done`` for a generation's work,
+        of its ``Answer`` for other work)."""
 
 
 #: Tokenizer work on up to this many characters of text (or token ids) in all runs on the
@@ -196,7 +239,7 @@ class _Response:
         claimed: ClaimedStream,
         metrics: WorkerMetrics | None,
         engine: ModelEngine,
-        family: str = OPENAI_ERRORS,
+        family: ErrorFamily = OPENAI_ERRORS,
     ) -> None:
         self.claimed = claimed
         self.family = family  # the shape its errors are told in (its route's)
@@ -206,7 +249,7 @@ class _Response:
         self.sent_head = False
         self.outcome: Outcome | None = None
         #: The response's encoder, once the request is parsed (it words a stream's failure).
-        self.encoder: Encoder | None = None
+        self.encoder: Encoder[Any] | None = None
 
     async def head(
         self, status: int, headers: tuple[tuple[str, str], ...], *, streaming: bool = False
@@ -215,18 +258,26 @@ class _Response:
         self.streaming = streaming
         await self.claimed.send_head(status, headers)
 
-    def finished(self, done: Done, encoder: Encoder) -> None:
-        """The work is done: its finish reason as the response gives it, and its counts."""
-        if self.metrics is not None:
-            self.metrics.finished(done, self.engine.model_name)
+    def finished(self, end: Done | Answer, encoder: Encoder[Any]) -> None:
+        """The work is done: its finish reason as the response gives it, and its counts (an
+        answer's prompt tokens; nothing reused, nothing generated)."""
+        model = self.engine.model_name
+        if isinstance(end, Answer):
+            if self.metrics is not None:
+                self.metrics.answered(end, model)
+            cached, completion = 0, 0
+        else:
+            if self.metrics is not None:
+                self.metrics.generated(end, model)
+            cached, completion = end.cached_tokens, end.completion_tokens
         self.outcome = Outcome(
-            finish_reason=encoder.finish_reason(done),
-            prompt_tokens=done.prompt_tokens,
-            cached_tokens=done.cached_tokens,
-            completion_tokens=done.completion_tokens,
+            finish_reason=encoder.finish_reason(end),
+            prompt_tokens=end.prompt_tokens,
+            cached_tokens=cached,
+            completion_tokens=completion,
         )
 
-    def failed(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> OpenAIError:
+    def failed(self, error: ApiError, *, prompt_tokens: int | None = None) -> ApiError:
         """The response tells ``error``: its code, besides the counts known so far."""
         known = self.outcome or Outcome(prompt_tokens=prompt_tokens)
         self.outcome = attrs.evolve(known, error_code=error.error_code)
@@ -240,14 +291,12 @@ class _Response:
         self.sent_head = True
         await self.claimed.respond(status, headers, body, outcome=self.outcome)
 
-    async def error(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> None:
+    async def error(self, error: ApiError, *, prompt_tokens: int | None = None) -> None:
         """A whole error response: status, JSON body, end."""
         self.failed(error, prompt_tokens=prompt_tokens)
-        await self.whole(
-            error.status_in(self.family), (*JSON_HEADERS, *error.headers), error.body(self.family)
-        )
+        await self.whole(*self.family.response(error))
 
-    async def fail(self, error: OpenAIError) -> None:
+    async def fail(self, error: ApiError) -> None:
         """End with ``error``: an error response before the head, an error event on an event
         stream; a JSON body cut after its head can only be failed."""
         if not self.sent_head:
@@ -256,7 +305,7 @@ class _Response:
         self.failed(error)
         if self.streaming:
             encoder = self.encoder
-            await self.end(error.sse(self.family) if encoder is None else encoder.failure(error))
+            await self.end(self.family.event(error) if encoder is None else encoder.failure(error))
         else:
             self.claimed.fail(error.message, outcome=self.outcome)
 
@@ -299,7 +348,7 @@ async def _respond(
         return
     try:
         request = endpoint.parse(response.claimed.body, limits)
-    except OpenAIError as error:
+    except ApiError as error:
         await response.error(error)
         return
     meta = ResponseMeta(new_id(endpoint.id_prefix), int(time.time()), engine.model_name)
@@ -311,7 +360,7 @@ async def _respond(
                 await _stream(response, encoder, events)
             else:
                 await _whole(response, encoder, events)
-    except OpenAIError as error:
+    except ApiError as error:
         await response.error(error)
     except EngineError as exc:
         await response.error(
@@ -319,14 +368,14 @@ async def _respond(
         )
 
 
-async def _stream(response: _Response, encoder: Encoder, events: Events) -> None:
+async def _stream(response: _Response, encoder: Encoder[Any], events: Events) -> None:
     """An event stream; its head goes out with the first event, so a request that fails
     before any token gets a plain error response with its status."""
 
-    def encode(event: Event) -> bytes:
+    def encode(event: WorkEvent) -> bytes:
         if isinstance(event, Token):
             return encoder.event(event)
-        if isinstance(event, Done):
+        if isinstance(event, Done | Answer):
             last = encoder.finish(event)
             response.finished(event, encoder)
             return last
@@ -355,8 +404,8 @@ async def _stream(response: _Response, encoder: Encoder, events: Events) -> None
 
 
 async def _first_keeping_alive(
-    response: _Response, encoder: Encoder, iterator: AsyncIterator[Event]
-) -> Event:
+    response: _Response, encoder: Encoder[Any], iterator: AsyncIterator[WorkEvent]
+) -> WorkEvent:
     """The work's first event; if it takes longer than the encoder's ``keepalive_s``, the
     stream opens (head, :meth:`Encoder.start`) and pings while it waits (``KeepsAlive``)."""
     assert isinstance(encoder, KeepsAlive)
@@ -373,8 +422,8 @@ async def _first_keeping_alive(
 async def _relay(
     response: _Response,
     events: Events,
-    iterator: AsyncIterator[Event],
-    encode: Callable[[Event], bytes],
+    iterator: AsyncIterator[WorkEvent],
+    encode: Callable[[WorkEvent], bytes],
     first: bytes,
 ) -> None:
     """Send each event's bytes as the work produces them, waiting on the client's buffer
@@ -403,23 +452,23 @@ async def _relay(
     await response.end(b"".join(unsent))
 
 
-async def _whole(response: _Response, encoder: Encoder, events: Events) -> None:
+async def _whole(response: _Response, encoder: Encoder[Any], events: Events) -> None:
     """One JSON body, written once the work is done: its head goes out with it, so a
     failure at any point is still an error response with its status. The events are read to
-    their end (the last is a ``Done`` or a ``Failed``), so that no async generator of theirs is
-    left for the garbage collector to close in a task of its own."""
-    last: Event | None = None
+    their end (the last is a ``Done``, an ``Answer`` or a ``Failed``), so that no async
+    generator of theirs is left for the garbage collector to close in a task of its own."""
+    last: WorkEvent | None = None
     async for event in events:
         if isinstance(event, Token):
             encoder.event(event)
         else:
             last = event
-    if isinstance(last, Done):
+    if isinstance(last, Done | Answer):
         body = encoder.finish(last)
         response.finished(last, encoder)
         await response.whole(200, JSON_HEADERS, body)
     else:
-        assert isinstance(last, Failed), "the work's events end with a Done or a Failed"
+        assert isinstance(last, Failed), "the work's events end with a Done, an Answer or a Failed"
         await response.error(
             _failure(last, response.family), prompt_tokens=_prompt_tokens(last.error)
         )
@@ -433,7 +482,7 @@ def _prompt_tokens(error: Exception) -> int | None:
     return None
 
 
-def _failure(event: Failed, family: str) -> OpenAIError:
+def _failure(event: Failed, family: ErrorFamily) -> ApiError:
     logger.warning("generation failed: %s", event.error)
     if isinstance(event.error, EngineError):
         return from_engine_error(event.error, family)

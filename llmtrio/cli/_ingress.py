@@ -13,9 +13,9 @@ from functools import partial
 import trio
 from prometheus_client import CollectorRegistry
 
-from ._fields import RequestLimits
-from .ring import ControlConfig, Ring, serve_control
-from .web import ServeConfig, serve_ingress
+from ..api import RequestLimits
+from ..ring import ControlConfig, Ring, serve_control
+from ..web import ServeConfig, serve_ingress
 
 __all__ = ["serve_ring_ingress", "until_signalled"]
 

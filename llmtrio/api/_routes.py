@@ -8,34 +8,42 @@ ingress's routing (it checks no methods, answers no 404/405). The ingress's othe
 
 Each route belongs to an error family (:data:`OPENAI_ERRORS` or :data:`ANTHROPIC_ERRORS`):
 every refusal on it, the ingress's and the worker's, is told in that family's shape
-(:func:`error_family`, rendered by ``llmtrio._openai_errors.OpenAIError``).
+(:func:`error_family`: an ``llmtrio.api.ErrorFamily`` renders them).
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Mapping
 from typing import Final
 
 import attrs
 
+from ._errors import ANTHROPIC_ERRORS, OPENAI_ERRORS, ErrorFamily
+
 __all__ = [
-    "ANTHROPIC_ERRORS",
+    "CHAT_MODEL",
     "CHAT_PATH",
     "COMPLETIONS_PATH",
     "COUNT_TOKENS_PATH",
     "DETOKENIZE_PATH",
     "EMBEDDINGS_PATH",
+    "EMBEDDING_MODEL",
     "HEALTH_PATH",
+    "IMAGE_PARTS",
+    "MANAGE_PATHS",
     "MESSAGES_PATH",
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
-    "OPENAI_ERRORS",
+    "MODEL_KINDS",
     "OPENAPI_PATH",
     "RESPONSES_INPUT_TOKENS_PATH",
     "RESPONSES_PATH",
     "RING_PATHS",
     "ROUTES",
     "TOKENIZE_PATH",
+    "Body",
     "Route",
     "error_family",
 ]
@@ -51,10 +59,31 @@ RESPONSES_INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
-#: The error families: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` and
-#: Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (its types and statuses).
-OPENAI_ERRORS: Final = "openai"
-ANTHROPIC_ERRORS: Final = "anthropic"
+
+class Body(enum.StrEnum):
+    """The field table's endpoints (``llmtrio.api._fields``): which request body a route
+    reads."""
+
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+    EMBEDDINGS = "embeddings"
+    #: OpenAI's Responses API (``POST /v1/responses`` and ``/v1/responses/input_tokens``).
+    RESPONSES = "responses"
+    #: Anthropic's Messages API.
+    MESSAGES = "messages"
+    #: The count of a message request's input tokens (the same body as ``MESSAGES``;
+    #: ``max_tokens`` and ``stream`` mean nothing there).
+    COUNT_TOKENS = "count_tokens"
+    #: ``/models/load`` and ``/models/unload``.
+    MODELS = "models"
+    TOKENIZE = "tokenize"
+    DETOKENIZE = "detokenize"
+
+
+#: The kinds of model a route needs (the ring's model kinds: ``llmtrio.ring.KINDS``).
+CHAT_MODEL: Final = "chat"
+EMBEDDING_MODEL: Final = "embedding"
+
 #: llama.cpp's router names: load or unload a catalog model, by name only.
 MODELS_LOAD_PATH = "/models/load"
 MODELS_UNLOAD_PATH = "/models/unload"
@@ -66,19 +95,26 @@ DETOKENIZE_PATH = "/detokenize"
 class Route:
     """One operation of the public API.
 
-    ``endpoint`` names the field table's endpoint (``llmtrio._fields``) whose fields make a
+    ``endpoint`` names the field table's endpoint (``llmtrio.api._fields``) whose fields make a
     ring route's request body; a route without one is answered by the ingress itself.
     ``open`` routes are served without an API key. ``errors`` is the family of its error
-    shape (the paths under it share it: see :func:`error_family`).
+    shape (the paths under it share it: see :func:`error_family`). ``model_kind`` is the
+    kind of model a ring route needs (a kind of the ring's ``KINDS``; ``None``: a model of
+    any kind, as every model has a tokenizer). A ``manage`` route names its model exactly
+    (loads or unloads it), never through a default. ``image_part`` is the ``type`` of its
+    body's image parts (a vision model's input), if it takes any.
     """
 
     method: str
     path: str
     operation_id: str
     summary: str
-    endpoint: str | None = None
+    endpoint: Body | None = None
     open: bool = False
-    errors: str = OPENAI_ERRORS
+    errors: ErrorFamily = OPENAI_ERRORS
+    model_kind: str | None = CHAT_MODEL
+    manage: bool = False
+    image_part: str | None = None
 
     @property
     def ring(self) -> bool:
@@ -87,39 +123,59 @@ class Route:
 
 
 ROUTES: Final[tuple[Route, ...]] = (
-    Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", "chat"),
+    Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", Body.CHAT,
+          image_part="image_url"),
     Route("POST", COMPLETIONS_PATH, "createCompletion", "Create a text completion.",
-          "completions"),
+          Body.COMPLETIONS),
     Route("POST", EMBEDDINGS_PATH, "createEmbedding",
-          "Create embeddings (on a worker serving an embedding model).", "embeddings"),
+          "Create embeddings (on a worker serving an embedding model).", Body.EMBEDDINGS,
+          model_kind=EMBEDDING_MODEL),
     Route("POST", RESPONSES_PATH, "createResponse",
-          "Create a response (OpenAI's Responses API, stateless).", "responses"),
+          "Create a response (OpenAI's Responses API, stateless).", Body.RESPONSES,
+          image_part="input_image"),
     Route("POST", RESPONSES_INPUT_TOKENS_PATH, "countResponseInputTokens",
-          "Count a response request's input tokens, templated as a generation.", "responses"),
+          "Count a response request's input tokens, templated as a generation.", Body.RESPONSES,
+          image_part="input_image"),
     Route("POST", TOKENIZE_PATH, "tokenize",
-          "Text to the model's token ids (llama.cpp server's /tokenize).", "tokenize"),
+          "Text to the model's token ids (llama.cpp server's /tokenize).", Body.TOKENIZE,
+          model_kind=None),
     Route("POST", DETOKENIZE_PATH, "detokenize",
-          "Token ids to the model's text (llama.cpp server's /detokenize).", "detokenize"),
+          "Token ids to the model's text (llama.cpp server's /detokenize).", Body.DETOKENIZE,
+          model_kind=None),
     Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),
     Route("GET", OPENAPI_PATH, "openapi", "This document."),
     Route("POST", MESSAGES_PATH, "createMessage", "Create a message (Anthropic's Messages API).",
-          "messages", errors=ANTHROPIC_ERRORS),
+          Body.MESSAGES, errors=ANTHROPIC_ERRORS, image_part="image"),
     Route("POST", COUNT_TOKENS_PATH, "countMessageTokens",
-          "Count a message request's input tokens (Anthropic's Messages API).", "count_tokens",
-          errors=ANTHROPIC_ERRORS),
+          "Count a message request's input tokens (Anthropic's Messages API).", Body.COUNT_TOKENS,
+          errors=ANTHROPIC_ERRORS, image_part="image"),
     Route("POST", MODELS_LOAD_PATH, "loadModel",
-          "Load a catalog model now (by its name; never a path).", "models"),
+          "Load a catalog model now (by its name; never a path).", Body.MODELS, model_kind=None,
+          manage=True),
     Route("POST", MODELS_UNLOAD_PATH, "unloadModel",
-          "Unload an idle catalog model now (never a pinned one).", "models"),
+          "Unload an idle catalog model now (never a pinned one).", Body.MODELS, model_kind=None,
+          manage=True),
 )  # fmt: skip
 
 #: Served by the workers through the ring, ``POST`` only.
 RING_PATHS: Final = frozenset(route.path for route in ROUTES if route.ring)
+#: The routes that manage a model, of any kind: they name it exactly, never by a default.
+MANAGE_PATHS: Final = frozenset(route.path for route in ROUTES if route.manage)
+#: The ``type`` of each field-table endpoint's image parts.
+IMAGE_PARTS: Final[Mapping[Body, str]] = {
+    route.endpoint: route.image_part
+    for route in ROUTES
+    if route.endpoint is not None and route.image_part is not None
+}
+#: The kind of model each ring route needs (``None``: any kind).
+MODEL_KINDS: Final[Mapping[str, str | None]] = {
+    route.path: route.model_kind for route in ROUTES if route.ring
+}
 
 
-def error_family(path: str) -> str:
+def error_family(path: str) -> ErrorFamily:
     """The error family of every answer on ``path``: its route's, or for a path no route
     names, the family of the route it lies under (``/v1/messages/batches`` is refused in
     Anthropic's shape); OpenAI's otherwise."""
