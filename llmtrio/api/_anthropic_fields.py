@@ -149,7 +149,8 @@ ANTHROPIC_TOOL: Final = part("", "object", nullable=False, component="AnthropicT
     part("input_schema", "schema", nullable=False, default={}, expected="a JSON schema object"),
     part("type", "string", "``custom``; a server tool's type (``web_search_20250305``, ...) "
           "is left out of what the model is offered."),
-    _CACHE_CONTROL, part("strict", "any", "Accepted: the schema is enforced on a call."),
+    _CACHE_CONTROL, part("strict", "any", "true: a keyword the grammar cannot enforce is "
+                                         "refused; else it is relaxed."),
 ))  # fmt: skip
 ANTHROPIC_TOOL_CHOICE: Final = part("tool_choice", "object", properties=(
     part("type", "string", required=True, enum=("auto", "any", "tool", "none")),

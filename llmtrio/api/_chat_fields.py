@@ -164,7 +164,8 @@ _TOOL = part("", "object", nullable=False, component="Tool", properties=(
         part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
         part("description", "string", falsy_is_null=True),
         part("parameters", "object", "The arguments' JSON Schema; none (or {}) takes none."),
-        part("strict", "any", "Accepted and not read."),
+        part("strict", "any", "true: a keyword the grammar cannot enforce is refused; "
+                                "else it is relaxed."),
     )),
 ))  # fmt: skip
 #: ``tool_choice`` as a string.
@@ -188,7 +189,8 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 RESPONSE_FORMAT_JSON_SCHEMA: Final = part(
     "json_schema", "object", required=True, fault=_as_missing, properties=(
         part("name", "string", required=True, fault=_as_missing),
-        part("strict", "boolean", "Whatever it says, the schema is enforced."),
+        part("strict", "boolean", "true: a keyword the grammar cannot enforce is refused; "
+                                    "else it is relaxed."),
         part("schema", "schema", nullable=False, default={}, expected="a JSON schema object"),
     ))  # fmt: skip
 

@@ -43,7 +43,8 @@ RESPONSES_TOOL: Final = part("", "object", nullable=False, component="ResponsesF
     part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
     part("description", "string", falsy_is_null=True),
     part("parameters", "object", "The arguments' JSON Schema; none (or {}) takes none."),
-    part("strict", "any", "Accepted; the parameters' schema is enforced whatever it says."),
+    part("strict", "any", "true: a keyword the grammar cannot enforce is refused; else it "
+                          "is relaxed."),
 ))  # fmt: skip
 #: ``text.format``: ``json_schema`` is flat (``name``, ``schema``, ``strict`` beside ``type``).
 RESPONSES_FORMAT: Final = part("format", "object", component="ResponsesTextFormat",
@@ -51,7 +52,8 @@ RESPONSES_FORMAT: Final = part("format", "object", component="ResponsesTextForma
     part("type", "string", required=True, enum=RESPONSE_FORMATS),
     part("name", "string"),
     part("schema", "schema", expected="a JSON schema object"),
-    part("strict", "boolean", "Whatever it says, the schema is enforced."),
+    part("strict", "boolean", "true: a keyword the grammar cannot enforce is refused; else "
+                              "it is relaxed."),
     part("description", "string"),
 ))  # fmt: skip
 #: An ``input_image`` part of a user message (a model with a vision projector): a ``data:``

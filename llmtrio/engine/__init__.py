@@ -16,6 +16,7 @@ from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
 from ._errors import EngineFailedError as EngineFailedError
+from ._errors import GrammarBugError as GrammarBugError
 from ._errors import GrammarError as GrammarError
 from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import ModelLoadError as ModelLoadError
@@ -27,6 +28,7 @@ from ._media import decode_image as decode_image
 from ._media import image_from_url as image_from_url
 from ._open import open_engine as open_engine
 from ._stats import EngineStats as EngineStats
+from ._types import TEXT_INPUT as TEXT_INPUT
 from ._types import Capacity as Capacity
 from ._types import ChatMessage as ChatMessage
 from ._types import Done as Done
@@ -35,6 +37,7 @@ from ._types import Failed as Failed
 from ._types import GenerateRequest as GenerateRequest
 from ._types import Sampling as Sampling
 from ._types import StopReason as StopReason
+from ._types import TextFormat as TextFormat
 from ._types import Timings as Timings
 from ._types import Token as Token
 from ._types import TokenLogprob as TokenLogprob
@@ -46,8 +49,10 @@ from .embed import Embeddings as Embeddings
 from .generate import Engine as Engine
 from .generate import Generation as Generation
 from .grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
+from .grammar import CannotTranslateError as CannotTranslateError
 from .grammar import Grammar as Grammar
 from .grammar import json_schema_grammar as json_schema_grammar
+from .grammar import lark_grammar as lark_grammar
 from .models import ResolvedModel as ResolvedModel
 from .models import demo_model_path as demo_model_path
 from .models import model_kind_of as model_kind_of
@@ -68,6 +73,8 @@ __all__ = [
     "EMBEDDING_SEQUENCES",
     "JSON_OBJECT_GRAMMAR",
     "MEDIA_MARKER",
+    "TEXT_INPUT",
+    "CannotTranslateError",
     "Capacity",
     "ChatMessage",
     "DecodeError",
@@ -85,6 +92,7 @@ __all__ = [
     "GenerateRequest",
     "Generation",
     "Grammar",
+    "GrammarBugError",
     "GrammarError",
     "Image",
     "InvalidRequestError",
@@ -94,6 +102,7 @@ __all__ = [
     "ResolvedModel",
     "Sampling",
     "StopReason",
+    "TextFormat",
     "Timings",
     "Token",
     "TokenLogprob",
@@ -109,6 +118,7 @@ __all__ = [
     "demo_model_path",
     "image_from_url",
     "json_schema_grammar",
+    "lark_grammar",
     "model_kind_of",
     "model_name_of",
     "new_tool_call_id",

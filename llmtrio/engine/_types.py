@@ -15,6 +15,8 @@ from ._media import MEDIA_MARKER, Image
 
 __all__ = [
     "GREEDY",
+    "TEXT_INPUT",
+    "TEXT_PARAMETERS",
     "Capacity",
     "ChatMessage",
     "Done",
@@ -23,6 +25,7 @@ __all__ = [
     "GenerateRequest",
     "Sampling",
     "StopReason",
+    "TextFormat",
     "Timings",
     "Token",
     "TokenLogprob",
@@ -31,26 +34,72 @@ __all__ = [
 ]
 
 
+#: The one parameter a text tool is shown with, and written with: its input.
+TEXT_INPUT = "input"
+_TEXT_SYNTAXES = (None, "lark", "regex")
+
+
+@attrs.frozen
+class TextFormat:
+    """What a text tool's input may be (the Responses API's ``custom`` tool ``format``):
+    any text (``syntax`` ``None``), or text that ``definition`` accepts, a Lark grammar
+    (``"lark"``: the subset ``llmtrio.engine.grammar`` translates) or a regular expression
+    the whole text matches (``"regex"``)."""
+
+    syntax: str | None = None
+    definition: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if self.syntax not in _TEXT_SYNTAXES:
+            raise InvalidRequestError(
+                f"a text format's syntax is 'lark', 'regex' or none, not {self.syntax!r}",
+                param="tools",
+            )
+
+
 @attrs.frozen
 class Tool:
-    """A function the model may call: ``parameters`` is its JSON Schema (an object schema)."""
+    """A function the model may call: ``parameters`` is its JSON Schema (an object schema).
+
+    ``strict``: the schema is enforced exactly, and a keyword the grammar cannot enforce is
+    refused (an :class:`InvalidRequestError` naming it); otherwise such a keyword is relaxed
+    for its sub-schema, with a warning.
+
+    ``text``: the tool takes text instead of JSON arguments (``parameters`` is then unused):
+    the model writes it as the one parameter :data:`TEXT_INPUT` (JSON form: ``"arguments":
+    {"input": "..."}``; XML form: ``<parameter=input>``), and the call's
+    :attr:`ToolCall.arguments` is the text itself. A grammar the engine cannot translate
+    leaves the text free, with a warning (refused when ``strict``).
+    """
 
     name: str
     description: str = ""
     parameters: dict[str, Any] = attrs.field(factory=lambda: {"type": "object", "properties": {}})
+    strict: bool = False
+    text: TextFormat | None = None
 
     def as_openai(self) -> dict[str, Any]:
-        """The tool as OpenAI's ``tools`` entry, the shape chat templates expect."""
+        """The tool as OpenAI's ``tools`` entry, the shape chat templates expect (a text
+        tool: a function of one string parameter, :data:`TEXT_INPUT`)."""
         function: dict[str, Any] = {"name": self.name}
         if self.description:
             function["description"] = self.description
-        function["parameters"] = self.parameters
+        function["parameters"] = self.parameters if self.text is None else TEXT_PARAMETERS
         return {"type": "function", "function": function}
+
+
+#: A text tool's parameters as templates are shown them.
+TEXT_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {TEXT_INPUT: {"type": "string"}},
+    "required": [TEXT_INPUT],
+}
 
 
 @attrs.frozen
 class ToolCall:
-    """A call the model made (or made earlier, in the history): ``arguments`` is JSON text."""
+    """A call the model made (or made earlier, in the history): ``arguments`` is JSON text
+    (a text tool's call: the text)."""
 
     id: str
     name: str
@@ -200,7 +249,9 @@ class GenerateRequest:
 
     ``grammar`` is a GBNF grammar (llama.cpp's, root rule ``root``) every generated token must
     follow; the generation ends when the grammar is complete. ``json_schema`` is a JSON
-    schema the reply must follow (compiled to a grammar off the event loop, once per schema).
+    schema the reply must follow (compiled to a grammar off the event loop, once per schema);
+    a keyword the grammar cannot enforce is refused when ``json_schema_strict``, else relaxed
+    for its sub-schema with a warning (a tool's ``strict`` says the same for its schema).
     ``logprobs`` asks for each token's log-probability and that many alternatives (0 to 20);
     ``None`` costs nothing.
 
@@ -243,6 +294,7 @@ class GenerateRequest:
     logprobs: int | None = None
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tuple_of_tools)
     json_schema: dict[str, Any] | bool | None = None
+    json_schema_strict: bool = False
     tool_choice: str = "auto"
     tool_name: str | None = None
     parallel_tool_calls: bool = True

@@ -29,6 +29,7 @@ from ..engine import (
     EngineClosedError,
     EngineError,
     EngineFailedError,
+    GrammarBugError,
     PromptTooLongError,
     RequestError,
     TokenLogprob,
@@ -252,12 +253,15 @@ def from_engine_error(exc: EngineError, family: ErrorFamily = OPENAI_ERRORS) -> 
     A :class:`PromptTooLongError` becomes a 400 ``context_length_exceeded`` on ``messages``,
     worded as ``family``'s clients match it (:func:`_prompt_too_long`); any other
     :class:`RequestError` a 400 naming its ``param``; :class:`EngineClosedError` a 503;
-    anything else a 500.
+    anything else a 500 (a :class:`GrammarBugError` too: a grammar the server wrote wrongly
+    is its own fault, never the request's).
     """
     if isinstance(exc, PromptTooLongError):
         return _prompt_too_long(exc, family)
     if isinstance(exc, RequestError):
         return invalid_request(str(exc), param=exc.param, code="invalid_value")
+    if isinstance(exc, GrammarBugError):
+        return server_error(f"The server could not constrain this reply: {exc}.")
     if isinstance(exc, EngineFailedError):
         return model_unavailable("The model failed and cannot serve requests.")
     if isinstance(exc, EngineClosedError):

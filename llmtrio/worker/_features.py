@@ -52,9 +52,9 @@ def parse_response_format(
     ``json_schema`` (``{"name", "schema", "strict"}``), as :class:`GenerateRequest` keyword
     arguments (``grammar`` or ``json_schema``).
 
-    Whatever ``strict`` says, the schema is enforced; the engine compiles it (off the event
-    loop, once per schema) and refuses a keyword the grammar cannot enforce with a 400
-    naming it."""
+    The engine compiles the schema (off the event loop, once per schema): with ``strict:
+    true`` a keyword the grammar cannot enforce is refused with a 400 naming it, else it is
+    relaxed for its sub-schema with a warning."""
     value = read(data, endpoint, "response_format", limits)
     if value is None or value["type"] == "text":
         return {}
@@ -62,7 +62,7 @@ def parse_response_format(
         return {"grammar": JSON_OBJECT_GRAMMAR}
     param = "response_format.json_schema"
     spec = check(RESPONSE_FORMAT_JSON_SCHEMA, value.get("json_schema"), limits, param)
-    return {"json_schema": spec.get("schema", {})}
+    return {"json_schema": spec.get("schema", {}), "json_schema_strict": spec.get("strict") is True}
 
 
 @attrs.frozen
@@ -139,7 +139,8 @@ def parse_tools(data: dict[str, Any], limits: RequestLimits) -> ToolChoice:
         # OpenAI: no parameters is an empty parameter list, and clients write {} for it; as the
         # empty JSON Schema (any value) a call could be any JSON at all.
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
-        tools.append(Tool(name, function.get("description") or "", parameters))
+        strict = function.get("strict") is True
+        tools.append(Tool(name, function.get("description") or "", parameters, strict=strict))
     parallel = read(data, Body.CHAT, "parallel_tool_calls", limits) is not False
     choice = data.get("tool_choice")
     if choice is None:

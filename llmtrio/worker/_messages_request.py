@@ -371,7 +371,8 @@ def _tools(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> ToolCh
         if any(t.name == name for t in tools):
             raise invalid_value("tools", f"the name {show(name)} is used twice.")
         schema = item.get("input_schema") or {"type": "object", "properties": {}}
-        tools.append(Tool(name, item.get("description") or "", schema))
+        strict = item.get("strict") is True
+        tools.append(Tool(name, item.get("description") or "", schema, strict=strict))
     choice = read(data, endpoint, "tool_choice", limits) or {}
     parallel = not choice.get("disable_parallel_tool_use", False)
     kind = choice.get("type", "auto")
@@ -399,7 +400,9 @@ def _output_format(data: dict[str, Any], endpoint: str, limits: RequestLimits) -
     output_format = config.get("format")
     if output_format is None:
         return {}
-    return {"json_schema": output_format["schema"]}
+    # Anthropic's structured outputs are always exact: a keyword the grammar cannot enforce
+    # is refused, as Anthropic's API refuses it.
+    return {"json_schema": output_format["schema"], "json_schema_strict": True}
 
 
 def _reasoning(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> Reasoning:

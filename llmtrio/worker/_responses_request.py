@@ -421,7 +421,8 @@ def _parse_tools(
         if any(t.name == name for t in tools):
             raise invalid_value("tools", f"the name {show(name)} is used twice.")
         parameters = item.get("parameters") or {"type": "object", "properties": {}}
-        tools.append(Tool(name, item.get("description") or "", parameters))
+        strict = item.get("strict") is True
+        tools.append(Tool(name, item.get("description") or "", parameters, strict=strict))
         offered.append(
             {
                 "type": "function",
@@ -485,7 +486,7 @@ def _parse_format(data: dict[str, Any], limits: RequestLimits) -> tuple[dict[str
         "strict": value.get("strict"),
         "description": value.get("description"),
     }
-    return {"json_schema": value["schema"]}, echo
+    return {"json_schema": value["schema"], "json_schema_strict": value.get("strict") is True}, echo
 
 
 def _parse_reasoning(data: dict[str, Any], limits: RequestLimits) -> tuple[str | None, Reasoning]:

@@ -12,6 +12,8 @@ turned into what the decode core takes, before anything is queued.
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Sequence
 
@@ -19,7 +21,7 @@ import attrs
 import numpy as np
 
 from .._config import EngineConfig
-from .._errors import InvalidRequestError, PromptTooLongError
+from .._errors import GrammarBugError, GrammarError, InvalidRequestError, PromptTooLongError
 from .._media import MEDIA_MARKER, Image
 from .._stats import EngineStats
 from .._types import GenerateRequest
@@ -31,6 +33,23 @@ from ._prompt_cache import common_prefix
 from ._request_grammar import request_grammar
 
 __all__ = ["InputProcessor", "Prepared", "image_placeholders"]
+
+
+logger = logging.getLogger("llmtrio.engine")
+
+
+def _log_grammar_bug(request: GenerateRequest, grammar: str, error: Exception) -> None:
+    """A grammar the engine wrote that llama.cpp refused, logged with what it came from."""
+    if request.json_schema is not None:
+        source: object = {"json_schema": request.json_schema}
+    else:
+        source = {"tools": [attrs.asdict(tool) for tool in request.tools]}
+    logger.error(
+        "llama.cpp cannot parse the grammar written for %s (%s):\n%s",
+        json.dumps(source, ensure_ascii=False),
+        error,
+        grammar,
+    )
 
 
 def image_placeholders(digest: str, count: int) -> list[int]:
@@ -95,8 +114,9 @@ class InputProcessor:
         or its tools), compiled and parsed once.
 
         Error handling: :class:`PromptTooLongError`, :class:`InvalidRequestError` (a token
-        id or a ``logit_bias`` outside the vocabulary, a schema the grammar cannot enforce),
-        :class:`GrammarError` (a grammar llama.cpp cannot parse)."""
+        id or a ``logit_bias`` outside the vocabulary, a strict schema the grammar cannot
+        enforce), :class:`GrammarError` (the request's own grammar does not parse),
+        :class:`GrammarBugError` (one the engine wrote does not: logged with its schema)."""
         prepared = self.prompt(request)
         self._encode(prepared)
         self._check_logit_bias(request)
@@ -104,7 +124,16 @@ class InputProcessor:
             request, xml_calls=self.template.xml_tool_calls, opens_think=prepared.opens_think
         )
         if grammar is not None:
-            self._model.grammars.check(grammar.text)
+            try:
+                self._model.grammars.check(grammar.text)
+            except GrammarError as exc:
+                if request.grammar is not None:
+                    raise  # the request's own: its fault
+                _log_grammar_bug(request, grammar.text, exc)
+                raise GrammarBugError(
+                    "the grammar written for this request's schema does not parse; this is "
+                    "the server's bug, and it is logged with the schema"
+                ) from None
         return attrs.evolve(prepared, grammar=grammar)
 
     def tokenize_prompt(self, text: str) -> list[int]:
