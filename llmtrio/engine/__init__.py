@@ -12,6 +12,9 @@ async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
 from ._config import DEFAULT_QUANT as DEFAULT_QUANT
 from ._config import DEFAULT_REPO as DEFAULT_REPO
 from ._config import EngineConfig as EngineConfig
+from ._audio import AUDIO_FORMATS as AUDIO_FORMATS
+from ._audio import Audio as Audio
+from ._audio import decode_audio as decode_audio
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
@@ -33,6 +36,7 @@ from ._types import Done as Done
 from ._types import Event as Event
 from ._types import Failed as Failed
 from ._types import GenerateRequest as GenerateRequest
+from ._types import Media as Media
 from ._types import Sampling as Sampling
 from ._types import StopReason as StopReason
 from ._types import Timings as Timings
@@ -63,11 +67,13 @@ from .tools import new_tool_call_id as new_tool_call_id
 from .tools import tool_call_grammar as tool_call_grammar
 
 __all__ = [
+    "AUDIO_FORMATS",
     "DEFAULT_QUANT",
     "DEFAULT_REPO",
     "EMBEDDING_SEQUENCES",
     "JSON_OBJECT_GRAMMAR",
     "MEDIA_MARKER",
+    "Audio",
     "Capacity",
     "ChatMessage",
     "DecodeError",
@@ -88,6 +94,7 @@ __all__ = [
     "GrammarError",
     "Image",
     "InvalidRequestError",
+    "Media",
     "ModelLoadError",
     "PromptTooLongError",
     "RequestError",
@@ -105,6 +112,7 @@ __all__ = [
     "ToolCallParser",
     "ToolCallStart",
     "ToolCallStream",
+    "decode_audio",
     "decode_image",
     "demo_model_path",
     "image_from_url",

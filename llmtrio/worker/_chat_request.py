@@ -229,7 +229,7 @@ def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMes
             messages.append(ChatMessage("tool", content, tool_call_id=item.get("tool_call_id")))
         else:
             role = "system" if role == "developer" else role
-            messages.append(ChatMessage(role, content, tool_calls=calls, images=images))
+            messages.append(ChatMessage(role, content, tool_calls=calls, media=images))
     return messages
 
 

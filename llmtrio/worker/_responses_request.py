@@ -278,7 +278,7 @@ def _add_message(
     value = item.get("content")
     if role == "user" and _has_images(value):
         content, images = _image_content(value, f"{where}.content", limits)
-        messages.append(ChatMessage("user", content, images=images))
+        messages.append(ChatMessage("user", content, media=images))
         return
     content = _text(value, f"{where}.content")
     if role == "assistant" and messages and _open_assistant(messages[-1]):
