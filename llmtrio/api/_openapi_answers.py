@@ -176,9 +176,10 @@ _SCHEMAS: dict[str, Any] = {
             },
             "input_modalities": {
                 "type": "array",
-                "items": {"enum": ["text", "image"]},
+                "items": {"enum": ["text", "image", "audio"]},
                 "description": "What its prompts may hold: ``image`` for a model with a "
-                "vision projector (chat messages' ``image_url`` parts).",
+                "vision projector (chat messages' ``image_url`` parts), ``audio`` for one "
+                "with an audio projector (``input_audio`` parts, transcriptions).",
             },
             "workers": {
                 "type": "integer",

@@ -9,12 +9,12 @@ async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
     vectors = (await engine.embed(["a text", "another"])).vectors   # L2-normalized rows
 """
 
-from ._config import DEFAULT_QUANT as DEFAULT_QUANT
-from ._config import DEFAULT_REPO as DEFAULT_REPO
-from ._config import EngineConfig as EngineConfig
 from ._audio import AUDIO_FORMATS as AUDIO_FORMATS
 from ._audio import Audio as Audio
 from ._audio import decode_audio as decode_audio
+from ._config import DEFAULT_QUANT as DEFAULT_QUANT
+from ._config import DEFAULT_REPO as DEFAULT_REPO
+from ._config import EngineConfig as EngineConfig
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError

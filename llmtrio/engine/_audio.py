@@ -148,7 +148,9 @@ def _wav_format(data: bytes, at: int, size: int, param: str) -> tuple[int, int]:
 
 def _flac_seconds(data: bytes, param: str) -> float:
     if len(data) < 42 or data[4] & 0x7F != 0:
-        raise InvalidRequestError("the FLAC has no STREAMINFO block (a truncated file?)", param=param)
+        raise InvalidRequestError(
+            "the FLAC has no STREAMINFO block (a truncated file?)", param=param
+        )
     info = data[8:42]
     min_block, max_block = struct.unpack_from(">HH", info, 0)
     packed = int.from_bytes(info[10:18], "big")
@@ -158,8 +160,7 @@ def _flac_seconds(data: bytes, param: str) -> float:
         raise InvalidRequestError("the FLAC's STREAMINFO gives no sample rate", param=param)
     if total == 0:
         raise InvalidRequestError(
-            "the FLAC's STREAMINFO gives no length (a stream written without it is not "
-            "read)",
+            "the FLAC's STREAMINFO gives no length (a stream written without it is not read)",
             param=param,
         )
     pos, last = 4, False
@@ -330,7 +331,7 @@ def _mp3_seconds(data: bytes, param: str, max_seconds: float) -> float:
         header = _mp3_header(data, pos)
         if header is None:
             rest = data[pos:]
-            if frames and (rest[:3] == b"TAG" and len(rest) == 128 or rest[:8] == b"APETAGEX"):
+            if frames and ((rest[:3] == b"TAG" and len(rest) == 128) or rest[:8] == b"APETAGEX"):
                 break  # an ID3v1 or APE tag closes the file
             if frames < 2:  # random bytes may look like one frame header
                 raise InvalidRequestError("the data is not a WAV, MP3 or FLAC file", param=param)

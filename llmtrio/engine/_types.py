@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import attrs
 
-from ._errors import InvalidRequestError
 from ._audio import Audio
+from ._errors import InvalidRequestError
 from ._media import MEDIA_MARKER, Image
 
 __all__ = [

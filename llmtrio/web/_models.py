@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from ..api import (
     MANAGE_PATHS,
     MODEL_KINDS,
+    form_field,
     invalid_request,
     missing_model,
     model_not_found,
@@ -47,9 +48,12 @@ from ..ring import CHAT_MODEL, EMBEDDING_MODEL, ModelStats
 __all__ = ["requested_model", "resolve_model"]
 
 
-def requested_model(body: bytes) -> object:
-    """The ``model`` field of a request body; ``None`` when it has none, or when the body is
-    not a JSON object (the worker answers that body's own error)."""
+def requested_model(body: bytes, *, form: bool = False) -> object:
+    """The ``model`` field of a request body (a ``form`` route's: its text field ``model``);
+    ``None`` when it has none, or when the body is not a JSON object or a form (the worker
+    answers that body's own error)."""
+    if form:
+        return form_field(body, "model")
     try:
         fields = json.loads(body)
     except (ValueError, RecursionError):

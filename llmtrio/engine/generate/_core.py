@@ -329,7 +329,9 @@ class EngineCore:
         # A non-causal chunk is ingested whole, in a chunk of its own; a causal one in
         # prompt chunks of its own, which end where it begins and ends.
         spans = tuple((begin, end) for begin, end, chunk in media if chunk.non_causal)
-        bounds = tuple(b for begin, end, chunk in media if not chunk.non_causal for b in (begin, end))
+        bounds = tuple(
+            b for begin, end, chunk in media if not chunk.non_causal for b in (begin, end)
+        )
         if keep == 0 or not model.forget(seq, job.position(keep)):
             model.forget(seq)
             keep = 0
@@ -622,4 +624,3 @@ def _decode_error(rc: int) -> str:
         -1: "llama.cpp rejected the batch as invalid",
     }
     return f"llama_decode failed ({rc}): {reasons.get(rc, 'fatal error in the compute graph')}"
-

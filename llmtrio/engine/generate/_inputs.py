@@ -212,14 +212,12 @@ class InputProcessor:
         audio = sum(len(message.audio) for message in request.messages)
         if images and (projector is None or not projector.vision):
             raise InvalidRequestError(
-                "this model takes no images (it was started without a vision projector: "
-                "--mmproj)",
+                "this model takes no images (it was started without a vision projector: --mmproj)",
                 param="messages",
             )
         if audio and (projector is None or not projector.audio):
             raise InvalidRequestError(
-                "this model takes no audio (it was started without an audio projector: "
-                "--mmproj)",
+                "this model takes no audio (it was started without an audio projector: --mmproj)",
                 param="messages",
             )
         if images > self._config.max_images:

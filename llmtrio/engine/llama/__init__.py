@@ -12,18 +12,18 @@ from ._logits import Penalties as Penalties
 from ._logits import RawLogprob as RawLogprob
 from ._model import Batch as Batch
 from ._model import LlamaModel as LlamaModel
-from ._sampler import SlotSampler as SlotSampler
-from ._verify import verify as verify
 from ._projector import MediaChunk as MediaChunk
 from ._projector import Projector as Projector
+from ._sampler import SlotSampler as SlotSampler
+from ._verify import verify as verify
 
 __all__ = [
     "Batch",
     "LlamaModel",
     "MediaChunk",
     "Penalties",
-    "RawLogprob",
     "Projector",
+    "RawLogprob",
     "SlotSampler",
     "verify",
 ]

@@ -219,8 +219,7 @@ class Projector:
             said = f"{audio.seconds:.1f} s"
             why = "no samples" if samples == 0 else f"{samples / self.sample_rate:.1f} s"
             raise InvalidRequestError(
-                f"the audio at '{audio.param}' decodes to {why}, not the {said} its header "
-                "says",
+                f"the audio at '{audio.param}' decodes to {why}, not the {said} its header says",
                 param=audio.param,
             )
         mtmd.mtmd_bitmap_set_id(bitmap, audio.digest.encode())
@@ -249,7 +248,9 @@ class Projector:
                 seen[media.digest] = media.index + 1
                 out.append(media)
             else:
-                raise InvalidRequestError("only images and audio are taken as media", param="messages")
+                raise InvalidRequestError(
+                    "only images and audio are taken as media", param="messages"
+                )
         return out
 
     def decoder_positions(self, chunk: MediaChunk, pos0: int) -> npt.NDArray[np.int32] | None:
