@@ -51,4 +51,7 @@ def encode(samples: np.ndarray, fmt: str, rate: int = 16000) -> bytes:
 
 def input_audio(data: bytes, fmt: str = "wav") -> dict[str, object]:
     """An ``input_audio`` part (chat completions' and the Responses API's shape)."""
-    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}}
+    return {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt},
+    }

@@ -74,10 +74,9 @@ async def connect_ring(
 ) -> AsyncIterator[RemoteLink]:
     """Attach to every ingress in ``urls`` (``wss://HOST:PORT``) and yield the link. A HOST
     that is a name is resolved, and every address it stands for is an ingress (see
-    ``DialConfig``). ``models``, their ``kinds`` and those that take images (``vision``) and audio
-    (``audio``) go
-    in the ``Attach``; a link serving
-    exactly one model claims for that model (``Claim.model``).
+    ``DialConfig``). ``models``, their ``kinds`` and those that take images (``vision``) and
+    audio (``audio``) go in the ``Attach``; a link serving exactly one model claims for that
+    model (``Claim.model``).
 
     Connections are made and remade in the background: the link is usable at once, and
     streams come from whichever ingresses are attached. Refusals (TLS, protocol version)

@@ -39,6 +39,7 @@ from ..api import (
     MODEL_KINDS,
     form_field,
     invalid_request,
+    is_form,
     missing_model,
     model_not_found,
     wrong_model_kind,
@@ -49,10 +50,10 @@ __all__ = ["requested_model", "resolve_model"]
 
 
 def requested_model(body: bytes, *, form: bool = False) -> object:
-    """The ``model`` field of a request body (a ``form`` route's: its text field ``model``);
-    ``None`` when it has none, or when the body is not a JSON object or a form (the worker
-    answers that body's own error)."""
-    if form:
+    """The ``model`` field of a request body (on a ``form`` route, a form's text field
+    ``model``); ``None`` when it has none, or when the body is not a JSON object or a form
+    (the worker answers that body's own error: a form route's, that it must be a form)."""
+    if form and is_form(body):
         return form_field(body, "model")
     try:
         fields = json.loads(body)
