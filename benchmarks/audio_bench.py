@@ -3,9 +3,10 @@ encoder) projector (``tests/_projector.py``) sized by ``--width``/``--blocks`` (
 512 and 6 by default):
 
 - ``ttft``: one streamed chat request with ``--seconds`` of audio (a new file each, so each
-  encodes), time to the first content chunk, on ``llmtrio serve`` and on llama-server on the
-  same model and projector files (llama-server from ``benchmarks/build_llama_server.sh``'s
-  cache, built from the llama.cpp sources llama-cpp-python vendors), one request at a time;
+  encodes), time to the first content chunk, on ``llmtrio serve`` (one per
+  ``--prefill-chunks``) and on llama-server on the same model and projector files
+  (llama-server from ``benchmarks/build_llama_server.sh``'s cache, built from the llama.cpp
+  sources llama-cpp-python vendors), one request at a time, the servers in turns;
 - ``gaps``: the gaps between tokens of ``--streams`` text streams already decoding, while
   ``--requests`` audio requests arrive one after another (their windows encoded in the
   threads that prepare requests, their embeddings ingested in prompt chunks between decode
@@ -104,43 +105,57 @@ def _ttft(url: str, seconds: float, seed: int) -> float:
     return time.perf_counter() - started
 
 
-def _serve_and_time(argv: list[str], url: str, args: argparse.Namespace, log: Path) -> list[float]:
-    with log.open("wb") as out:
-        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        _ttft(url, 2.0, 0)  # warm up
-        return [_ttft(url, args.seconds, seed) for seed in range(1, args.requests + 1)]
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+def _wait_healthy(url: str) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not come up")
 
 
 def ttft(args: argparse.Namespace) -> None:
+    """The servers run side by side (each with one slot, idle while another works) and take
+    the requests in turns, so a machine whose load drifts weighs on each alike."""
     model = str(demo_model_path())
     with tempfile.TemporaryDirectory() as folder:
         projector = str(_projector(folder, args))
-        ours_port, theirs_port = _port(), _port()
-        ours = [sys.executable, "-m", "llmtrio", "serve", "--model", model, "--mmproj",
-                projector, "--port", str(ours_port), "--threads", str(args.threads),
-                "--max-inflight", "1", "--no-spec", "--ctx-size", "4096"]  # fmt: skip
-        theirs = [str(args.llama_server), "-m", model, "--mmproj", projector, "--port",
-                  str(theirs_port), "-t", str(args.threads), "-tb", str(args.threads), "-np",
-                  "1", "-c", "4096", "--no-warmup"]  # fmt: skip
-        runs = [("llmtrio", ours, f"http://127.0.0.1:{ours_port}")]
+        runs: list[tuple[str, list[str], str]] = []
+        for chunk in args.prefill_chunks:
+            port = _port()
+            argv = [sys.executable, "-m", "llmtrio", "serve", "--model", model, "--mmproj",
+                    projector, "--port", str(port), "--threads", str(args.threads),
+                    "--max-inflight", "1", "--no-spec", "--ctx-size", "4096",
+                    "--prefill-chunk", str(chunk)]  # fmt: skip
+            runs.append((f"llmtrio --prefill-chunk {chunk}", argv, f"http://127.0.0.1:{port}"))
         if args.llama_server is not None:
-            runs.append(("llama-server", theirs, f"http://127.0.0.1:{theirs_port}"))
-        for name, argv, url in runs:
-            times = _serve_and_time(argv, url, args, args.out / f"audio-{name}.log")
-            shown = ", ".join(f"{t:.2f}" for t in times)
-            print(f"{name}: TTFT median {statistics.median(times):.2f} s ({shown} s)")
+            port = _port()
+            argv = [str(args.llama_server), "-m", model, "--mmproj", projector, "--port",
+                    str(port), "-t", str(args.threads), "-tb", str(args.threads), "-np", "1",
+                    "-c", "4096", "--no-warmup"]  # fmt: skip
+            runs.append(("llama-server", argv, f"http://127.0.0.1:{port}"))
+        servers = []
+        try:
+            for name, argv, _ in runs:
+                log = (args.out / f"audio-{name.split()[0]}-{len(servers)}.log").open("wb")
+                servers.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+            for _, _, url in runs:
+                _wait_healthy(url)
+                _ttft(url, 2.0, 0)  # warm up
+            times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+            for seed in range(1, args.requests + 1):
+                for name, _, url in runs:
+                    times[name].append(_ttft(url, args.seconds, seed * 10 + len(times[name])))
+            for name, measured in times.items():
+                shown = ", ".join(f"{t:.1f}" for t in measured)
+                print(f"{name}: TTFT median {statistics.median(measured):.1f} s ({shown} s)")
+        finally:
+            for server in servers:
+                server.terminate()
+                server.wait(timeout=60)
 
 
 async def _gaps(engine: Engine, args: argparse.Namespace, requests: int) -> list[float]:
@@ -218,6 +233,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("ttft", "gaps"))
     parser.add_argument("--llama-server", type=Path, help="llama-server to compare (ttft)")
+    parser.add_argument(
+        "--prefill-chunks", type=int, nargs="+", default=[256, 512],
+        help="llmtrio's --prefill-chunk, one server each (ttft; llama-server's ubatch is 512)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--requests", type=int, default=3)
