@@ -149,6 +149,8 @@ class Attach:
     (optional on the wire, as from a worker of the previous version) means all chat."""
     vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take images (optional on the wire: none)."""
+    audio: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
+    """The ``models`` that take audio (optional on the wire: none)."""
 
     @kinds.validator
     def _check_kinds(

@@ -54,6 +54,8 @@ class ModelStats:
     """Seconds until its last loaded copy unloads when idle: -1 never, 0 not stated."""
     vision: bool = False
     """Whether it takes images (as its first worker said)."""
+    audio: bool = False
+    """Whether it takes audio (as its first worker said)."""
 
 
 @attrs.frozen

@@ -146,7 +146,11 @@ def pages_app(
                         "owned_by": "llmtrio",
                         "kind": model.kind,
                         "workers": model.workers,
-                        "input_modalities": ["text", "image"] if model.vision else ["text"],
+                        "input_modalities": [
+                            "text",
+                            *(["image"] if model.vision else []),
+                            *(["audio"] if model.audio else []),
+                        ],
                         "state": model.state,
                         **({"bytes": model.bytes} if model.bytes else {}),
                         **({"unload_in_s": model.unload_in_s} if model.unload_in_s else {}),
