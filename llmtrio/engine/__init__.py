@@ -15,6 +15,7 @@ from ._audio import decode_audio as decode_audio
 from ._config import DEFAULT_QUANT as DEFAULT_QUANT
 from ._config import DEFAULT_REPO as DEFAULT_REPO
 from ._config import EngineConfig as EngineConfig
+from ._config import LoraSpec as LoraSpec
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
@@ -52,12 +53,15 @@ from .embed import EmbeddingEngine as EmbeddingEngine
 from .embed import Embeddings as Embeddings
 from .generate import Engine as Engine
 from .generate import Generation as Generation
+from .generate import ServedAdapter as ServedAdapter
 from .grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
 from .grammar import CannotTranslateError as CannotTranslateError
 from .grammar import Grammar as Grammar
 from .grammar import json_schema_grammar as json_schema_grammar
 from .grammar import lark_grammar as lark_grammar
+from .models import LoraHeader as LoraHeader
 from .models import ResolvedModel as ResolvedModel
+from .models import check_lora as check_lora
 from .models import demo_model_path as demo_model_path
 from .models import model_kind_of as model_kind_of
 from .models import model_name_of as model_name_of
@@ -102,12 +106,15 @@ __all__ = [
     "GrammarError",
     "Image",
     "InvalidRequestError",
+    "LoraHeader",
+    "LoraSpec",
     "Media",
     "ModelLoadError",
     "PromptTooLongError",
     "RequestError",
     "ResolvedModel",
     "Sampling",
+    "ServedAdapter",
     "StopReason",
     "TextFormat",
     "Timings",
@@ -121,6 +128,7 @@ __all__ = [
     "ToolCallParser",
     "ToolCallStart",
     "ToolCallStream",
+    "check_lora",
     "decode_audio",
     "decode_image",
     "demo_model_path",

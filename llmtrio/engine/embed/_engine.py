@@ -99,6 +99,11 @@ class EmbeddingEngine(DecodeLoop):
                 f"{resolved.name} is not an embedding model: its GGUF names no mean, CLS or "
                 f"last pooling (llama.cpp pooling type {model.pooling})"
             )
+        if config.lora:
+            raise ModelLoadError(
+                f"{resolved.name} is an embedding model: LoRA adapters are served on "
+                "generating models only"
+            )
         super().__init__(config, model, resolved)
         self.pooling = pooling
         self.ctx_size = model.ctx_size

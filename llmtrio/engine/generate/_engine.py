@@ -11,32 +11,40 @@ Three parts, with plain values and callables between them (vLLM v1's lines):
   ``llama_decode`` → sample; the decode thread here only feeds it and posts what it returns;
 - per-generation output processing (``_output.py``): pieces, UTF-8, stop strings, think
   blocks and log-probabilities, on the Trio side, off the decode thread's critical path.
+
+LoRA adapters (``_lora.py``): the engine serves those of its config from the start and loads
+or unloads others at run time (:meth:`Engine.load_adapter`, :meth:`Engine.unload_adapter`):
+their files are read and freed on the decode thread, between two steps (a decode reads the
+model's list of adapters). Each request runs under the set it names (``submit``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import numpy as np
+import outcome
 import trio
 
-from .._config import MAX_RECURRENT_DRAFT, EngineConfig
-from .._errors import EngineClosedError, EngineFailedError, ModelLoadError
+from .._config import MAX_RECURRENT_DRAFT, EngineConfig, LoraSpec
+from .._errors import EngineClosedError, EngineFailedError, InvalidRequestError, ModelLoadError
 from .._lifecycle import DecodeLoop
 from .._media import MEDIA_MARKER
 from .._types import Capacity, GenerateRequest, TokenLogprob
 from ..llama import LlamaModel, RawLogprob
-from ..models import ResolvedModel
+from ..models import ResolvedModel, check_lora
 from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from ._chat import ChatTemplate
 from ._core import EngineCore
 from ._generation import Generation
 from ._inputs import InputProcessor
+from ._lora import BASE, Adapters, LoraSet, ServedAdapter, adapter_identity
 from ._output import OutputProcessor
 from ._step import CoreRequest, StepOutput
 from ._text import THINK_CLOSE, THINK_OPEN
@@ -44,6 +52,8 @@ from ._text import THINK_CLOSE, THINK_OPEN
 __all__ = ["Engine", "context_params"]
 
 logger = logging.getLogger("llmtrio.engine")
+
+T = TypeVar("T")
 
 
 #: A request whose messages hold at most this many characters in all (or whose prompt is at
@@ -71,6 +81,23 @@ def _load_projector(model: LlamaModel, projector: Path, config: EngineConfig) ->
     Error handling: :class:`ModelLoadError` when llama.cpp cannot load it (or it does not
     fit the model)."""
     model.load_projector(projector, threads=config.threads, marker=MEDIA_MARKER)
+
+
+def _identity(spec: LoraSpec) -> str:
+    try:
+        return adapter_identity(spec.path)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read the LoRA adapter {spec.path}: {exc}") from None
+
+
+def _load_adapters(model: LlamaModel, specs: tuple[LoraSpec, ...]) -> None:
+    """Load the adapters of the config for ``model`` (in its list, in the config's order).
+
+    Error handling: :class:`ModelLoadError` when one is not a LoRA adapter of the model's
+    architecture (naming both) or llama.cpp cannot load it."""
+    for spec in specs:
+        check_lora(spec.path, model.architecture)
+        model.load_lora(spec.path)
 
 
 class Engine(DecodeLoop):
@@ -108,6 +135,15 @@ class Engine(DecodeLoop):
         self._generations: dict[int, Generation] = {}
         #: Requests accepted and not yet released (waiting ones included).
         self._inflight = 0
+        #: The LoRA adapters served (loaded with the model, in the config's order), the set
+        #: of each request in flight under one, and the names unloaded since.
+        self._adapters = Adapters()
+        for spec, adapter in zip(config.lora, model.adapters, strict=True):
+            self._adapters.add(spec, adapter, _identity(spec), spec.path.stat().st_size)
+        self._loras: dict[int, LoraSet] = {}
+        self._unloaded: set[str] = set()
+        #: Work for the decode thread between two steps (loading and freeing adapters).
+        self._calls: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -134,6 +170,11 @@ class Engine(DecodeLoop):
                 n_rs_seq=n_rs_seq,
                 **config.load_settings,
             )
+            try:
+                _load_adapters(model, config.lora)
+            except BaseException:
+                model.close()
+                raise
             projector = (config.mmproj or resolved.mmproj) if config.vision else None
             if projector is None:
                 return model
@@ -157,9 +198,10 @@ class Engine(DecodeLoop):
         model, config = self._model, self.config
         memory = "hybrid" if model.is_hybrid else "recurrent" if model.is_recurrent else "attention"
         pool = " in one pool" if config.kv_unified else ""
+        adapters = f", LoRA adapters: {', '.join(s.name for s in config.lora)}" * bool(config.lora)
         return (
             f"{memory} memory, chat template: {self._inputs.template.source}, "
-            f"{config.max_inflight} slots x {config.ctx_size} tokens{pool}"
+            f"{config.max_inflight} slots x {config.ctx_size} tokens{pool}{adapters}"
         )
 
     @property
@@ -195,6 +237,97 @@ class Engine(DecodeLoop):
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         return self._model.tokenize(text, add_special=add_special)
 
+    # -- LoRA adapters -------------------------------------------------------------------
+
+    @property
+    def adapters(self) -> tuple[ServedAdapter, ...]:
+        """The LoRA adapters it serves, by id."""
+        return self._adapters.served
+
+    def adapter_in_flight(self, name: str) -> int:
+        """Requests accepted and not yet released that run under adapter ``name``."""
+        return self._adapters.in_flight(name)
+
+    async def load_adapter(self, spec: LoraSpec) -> ServedAdapter:
+        """Serve ``spec`` from now on, under the next id. Its file is read on the decode
+        thread between two steps (the steps wait that long).
+
+        Error handling: :class:`InvalidRequestError` (``lora_name``) when an adapter of that
+        name is served already; :class:`ModelLoadError` when the file is not a LoRA adapter
+        of the model's architecture (naming both) or llama.cpp cannot load it;
+        :class:`EngineClosedError` once the engine is closed."""
+        self._check_free(spec.name)
+        architecture = self._model.architecture
+        await trio.to_thread.run_sync(check_lora, spec.path, architecture)
+        identity = await trio.to_thread.run_sync(_identity, spec)
+        model = self._model
+        adapter = await self._on_decode_thread(lambda: model.load_lora(spec.path))
+        try:
+            self._check_free(spec.name)  # another load of the name may have won meanwhile
+        except InvalidRequestError:
+            await self._on_decode_thread(lambda: model.free_lora(adapter))
+            raise
+        self._unloaded.discard(spec.name)
+        served = self._adapters.add(spec, adapter, identity, spec.path.stat().st_size)
+        logger.info("%s: serving the LoRA adapter %s (%s)", self.model_name, spec.name, spec.path)
+        return served
+
+    def _check_free(self, name: str) -> None:
+        if name in self._adapters or name == self.model_name:
+            raise InvalidRequestError(f"the name {name!r} is served already", param="lora_name")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Serve adapter ``name`` no more and free it (on the decode thread); a request for
+        it from then on is refused, until one of that name is loaded again.
+
+        Error handling: :class:`InvalidRequestError` (``lora_name``) when no adapter of that
+        name is served, or requests run under it (an adapter in flight is never unloaded);
+        :class:`EngineClosedError` once the engine is closed."""
+        if name not in self._adapters:
+            raise InvalidRequestError(
+                f"no LoRA adapter named {name!r} is served", param="lora_name"
+            )
+        busy = self._adapters.in_flight(name)
+        if busy:
+            raise InvalidRequestError(
+                f"the LoRA adapter {name!r} has {busy} requests in flight: it is not unloaded",
+                param="lora_name",
+            )
+        adapter = self._adapters.remove(name)
+        self._unloaded.add(name)
+        model = self._model
+        await self._on_decode_thread(lambda: model.free_lora(adapter))
+        logger.info("%s: unloaded the LoRA adapter %s", self.model_name, name)
+
+    def _lora_set(self, request: GenerateRequest) -> LoraSet:
+        name = request.model_name
+        if name is not None and name in self._unloaded:
+            raise InvalidRequestError(
+                f"the LoRA adapter {name!r} was unloaded: it is served no more", param="model"
+            )
+        return self._adapters.resolve(name, request.lora)
+
+    async def _on_decode_thread(self, work: Callable[[], T]) -> T:
+        """``work()`` on the decode thread between two steps; its result or exception.
+        Shielded: once asked, the work is done and its result taken (bounded by a step).
+
+        Error handling: :class:`EngineClosedError` when the engine is closed."""
+        done = trio.Event()
+        result: list[outcome.Outcome[T]] = []
+
+        def call() -> None:
+            result.append(outcome.capture(work))
+            self._post_soon(lambda _: done.set(), None)
+
+        with self._cond:
+            if self._closed:
+                raise self._failure or EngineClosedError("the engine is closed")
+            self._calls.append(call)
+            self._cond.notify()
+        with trio.CancelScope(shield=True):
+            await done.wait()
+        return result[0].unwrap()
+
     async def count_prompt_tokens(self, request: GenerateRequest) -> int:
         """The number of tokens ``request``'s prompt has, templated and tokenized exactly as
         :meth:`submit` would (its ``usage.prompt_tokens``), without generating.
@@ -221,6 +354,30 @@ class Engine(DecodeLoop):
         if self._closed:
             raise self._failure or EngineClosedError("the engine is closed")
         self._inputs.check_size(request)
+        lora = self._lora_set(request)
+        # Held from here: an adapter a request is prepared for is never unloaded.
+        self._adapters.begin(lora)
+        try:
+            key, generation, scope = await self._queue(request, lora)
+        except BaseException:
+            self._adapters.end(lora)
+            raise
+        self._loras[key] = lora
+        self._generations[key] = generation
+        self._inflight += 1
+        self._capacity_changed()
+        with scope:
+            try:
+                yield generation
+            finally:
+                if not generation.finished:
+                    self._end(key)
+
+    async def _queue(
+        self, request: GenerateRequest, lora: LoraSet
+    ) -> tuple[int, Generation, trio.CancelScope]:
+        """Prepare ``request`` (on the event loop when it is short, else in a thread) and
+        hand it to the decode thread; its key, generation and the generation's scope."""
         if _prepares_inline(request):
             prepared = self._inputs.prepare(request)
         else:
@@ -237,13 +394,13 @@ class Engine(DecodeLoop):
         prompt = prepared.tokens
         key = self._next_key
         self._next_key += 1
-        scope = trio.CancelScope()
         output = OutputProcessor(
             stops=request.stop,
             opens_think=prepared.opens_think,
             piece=self._piece,
             token_logprob=self._token_logprob,
         )
+        scope = trio.CancelScope()
         generation = Generation(
             prompt_tokens=len(prompt),
             audio_tokens=prepared.audio_tokens,
@@ -261,21 +418,14 @@ class Engine(DecodeLoop):
             grammar=prepared.grammar,
             media=prepared.media,
             opens_think=prepared.opens_think,
+            lora=lora,
         )
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under
                 raise self._failure or EngineClosedError("the engine is closed")
             self._inbox.append(core_request)
             self._cond.notify()
-        self._generations[key] = generation
-        self._inflight += 1
-        self._capacity_changed()
-        with scope:
-            try:
-                yield generation
-            finally:
-                if not generation.finished:
-                    self._end(key)
+        return key, generation, scope
 
     # -- Trio-side helpers -------------------------------------------------------------
 
@@ -321,6 +471,7 @@ class Engine(DecodeLoop):
                 continue
             if output.released:
                 del self._generations[output.key]
+                self._adapters.end(self._loras.pop(output.key, BASE))
                 self._inflight -= 1
                 self._capacity_changed()
             generation.apply(output)
@@ -337,12 +488,17 @@ class Engine(DecodeLoop):
                 with self._cond:
                     if not core.busy:
                         self._decoding = 0
-                    while not (self._closing or self._inbox or self._cancels or core.busy):
+                    while not (
+                        self._closing or self._inbox or self._cancels or self._calls or core.busy
+                    ):
                         self._cond.wait()
                     if self._closing:
                         break
                     new, self._inbox = self._inbox, []
                     cancels, self._cancels = self._cancels, set()
+                    calls, self._calls = self._calls, []
+                for call in calls:
+                    call()
                 for request in new:
                     core.add(request)
                 for key in cancels:
@@ -360,6 +516,9 @@ class Engine(DecodeLoop):
             with self._cond:
                 self._closed = True
                 waiting, self._inbox = self._inbox, []
+                calls, self._calls = self._calls, []
+            for call in calls:  # the model is freed only once this thread has stopped
+                call()
             error = (
                 EngineClosedError("the engine closed")
                 if failure is None

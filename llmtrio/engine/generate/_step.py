@@ -10,6 +10,7 @@ import numpy.typing as npt
 from .._types import GenerateRequest, StopReason
 from ..grammar import Grammar
 from ..llama import MediaChunk, RawLogprob
+from ._lora import BASE, LoraSet
 
 __all__ = ["CoreRequest", "StepOutput"]
 
@@ -17,7 +18,8 @@ __all__ = ["CoreRequest", "StepOutput"]
 @attrs.frozen(eq=False)
 class CoreRequest:
     """One request as the core takes it: the prompt's token ids, how many tokens it may
-    generate, and the prompt lengths worth a snapshot on recurrent memory (``hints``)."""
+    generate, the prompt lengths worth a snapshot on recurrent memory (``hints``), and the
+    LoRA adapters it runs under."""
 
     key: int
     prompt: npt.NDArray[np.int32]
@@ -31,6 +33,8 @@ class CoreRequest:
     media: tuple[tuple[int, MediaChunk], ...] = ()
     #: Its prompt leaves a think block open: the first tokens are reasoning.
     opens_think: bool = False
+    #: The LoRA adapters it runs under (none: the base model).
+    lora: LoraSet = BASE
 
 
 @attrs.frozen(eq=False)

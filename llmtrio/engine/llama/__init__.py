@@ -1,7 +1,8 @@
 """The binding to llama.cpp: the only part of llmtrio that imports ``llama_cpp``. The model,
 its context and batch (:class:`LlamaModel`, :class:`Batch`), a slot's sampler with its
 extras (penalties, log-probabilities, a grammar) and the verification of drafts beside it,
-the parsed-grammar cache, llama.cpp's log, and a projector for images and audio
+the parsed-grammar cache, llama.cpp's log, LoRA adapters (:class:`LoraAdapter`, the set a
+context decodes with), and a projector for images and audio
 (:class:`Projector`, llama.cpp's multimodal library).
 
 Everything here runs on the thread that owns the context (the loader, then the decode loop);
@@ -10,6 +11,7 @@ nothing here knows of Trio.
 
 from ._logits import Penalties as Penalties
 from ._logits import RawLogprob as RawLogprob
+from ._lora import LoraAdapter as LoraAdapter
 from ._model import Batch as Batch
 from ._model import LlamaModel as LlamaModel
 from ._projector import MediaChunk as MediaChunk
@@ -20,6 +22,7 @@ from ._verify import verify as verify
 __all__ = [
     "Batch",
     "LlamaModel",
+    "LoraAdapter",
     "MediaChunk",
     "Penalties",
     "Projector",

@@ -1,5 +1,5 @@
 """Where a model comes from (a file, split GGUF parts, the Hugging Face cache, the demo
-fallback) and what its GGUF header says (its kind, pooling, file type).
+fallback), what its GGUF header says (its kind, pooling, file type), and a LoRA adapter's header.
 """
 
 from ._demo import demo_model_path as demo_model_path
@@ -8,6 +8,8 @@ from ._gguf import GGUFInfo as GGUFInfo
 from ._gguf import check_gguf as check_gguf
 from ._gguf import model_kind as model_kind
 from ._gguf import model_kind_of as model_kind_of
+from ._lora import LoraHeader as LoraHeader
+from ._lora import check_lora as check_lora
 from ._source import HubSettings as HubSettings
 from ._source import ResolvedModel as ResolvedModel
 from ._source import model_name_of as model_name_of
@@ -17,8 +19,10 @@ __all__ = [
     "POOLING_NAMES",
     "GGUFInfo",
     "HubSettings",
+    "LoraHeader",
     "ResolvedModel",
     "check_gguf",
+    "check_lora",
     "demo_model_path",
     "model_kind",
     "model_kind_of",
