@@ -64,6 +64,9 @@ EXAMPLES = {
     "countMessageTokens": 10,
     "loadModel": 4,
     "unloadModel": 4,
+    # the server has no --lora-dir: every load is refused, in a documented way
+    "loadLoraAdapter": 4,
+    "unloadLoraAdapter": 4,
     # forms; the served model takes no audio: every one is refused, in a documented way
     "createTranscription": 6,
     "createTranslation": 4,

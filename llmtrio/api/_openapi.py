@@ -116,6 +116,8 @@ _REQUESTS = {
     Body.DETOKENIZE: "DetokenizeRequest",
     Body.TRANSCRIPTIONS: "CreateTranscriptionRequest",
     Body.TRANSLATIONS: "CreateTranslationRequest",
+    Body.LOAD_LORA: "LoadLoraAdapterRequest",
+    Body.UNLOAD_LORA: "UnloadLoraAdapterRequest",
 }
 
 

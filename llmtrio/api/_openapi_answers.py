@@ -204,6 +204,26 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Seconds until the idle model unloads (-1: never; absent: "
                 "busy, or not loaded on demand).",
             },
+            "parent": {
+                "type": ["string", "null"],
+                "description": "A LoRA adapter's base model (vLLM's); null for a model.",
+            },
+        },
+    },
+    "AdapterState": {
+        "type": "object",
+        "required": ["success", "lora_name", "model", "state"],
+        "properties": {
+            "success": {"const": True},
+            "lora_name": {"type": "string"},
+            "model": {"type": "string", "description": "Its base model."},
+            "state": {"enum": ["loaded", "unloaded"]},
+            "id": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Its id among the model's adapters (llama.cpp's ``lora`` "
+                "field names it so); on a load.",
+            },
         },
     },
     "ModelState": {
@@ -465,6 +485,10 @@ _ANSWERS: dict[str, dict[str, Any]] = {
     "detokenize": {"200": _json_answer("The tokens' text.", ref("Detokenized"))},
     "createTranscription": {"200": TRANSCRIPTION_ANSWER},
     "createTranslation": {"200": TRANSCRIPTION_ANSWER},
+    "loadLoraAdapter": {
+        "200": _json_answer("The adapter is loaded and served.", ref("AdapterState"))
+    },
+    "unloadLoraAdapter": {"200": _json_answer("The adapter is unloaded.", ref("AdapterState"))},
 }
 
 

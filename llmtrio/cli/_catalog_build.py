@@ -26,6 +26,8 @@ from ._catalog import (
     scan_hf_cache,
     scan_models_dir,
 )
+from ._catalog_lora import attach_adapters, check_adapters, file_adapters
+from ._values import LoraFlag
 
 if TYPE_CHECKING:
     from ..engine import EngineConfig
@@ -93,7 +95,7 @@ ENGINE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "mmap": ("mmap", _bool),
 }
 #: The keys that are not the engine's settings.
-OWN_KEYS = ("source", "keep_alive", "load", "aliases", "projector", "chat_template_file")
+OWN_KEYS = ("source", "keep_alive", "load", "aliases", "projector", "chat_template_file", "lora")
 
 
 def _where(file: Path, name: str | None, key: str | None = None) -> str:
@@ -154,6 +156,8 @@ def _model_entry(
                 own[key] = tuple(value)
             elif key in ("source", "projector", "chat_template_file"):
                 own[key] = _str(value)
+            elif key == "lora":
+                fields["lora"] = file_adapters(file, name, value)
             else:
                 known = ", ".join([*ENGINE_KEYS, *OWN_KEYS])
                 raise CatalogError(f"{_where(file, name, key)}: unknown key (known: {known})")
@@ -254,13 +258,17 @@ def build_catalog(
     models_file: Path | None = None,
     models_dir: Path | None = None,
     hf_cache: Path | None = None,
+    adapters: Sequence[LoraFlag] = (),
 ) -> Catalog:
     """The catalog of ``pinned`` (the ``--model`` configs, loaded at start and pinned) and
     of the models file, folder and cache given, each model of those from ``base`` (the
-    command's engine flags) and its own settings.
+    command's engine flags) and its own settings; each of ``adapters`` (``--lora``) on its
+    base model (``llmtrio.cli._catalog_lora``).
 
     Error handling: :class:`CatalogError` as the parts raise it, and when two models are
-    served under one name or an alias names another model."""
+    served under one name or an alias names another model, or for an adapter that cannot be
+    served (named as another, of no model served, not a LoRA adapter of its base's
+    architecture)."""
     from ..engine import model_name_of
 
     explicit = [
@@ -297,4 +305,6 @@ def build_catalog(
             continue
         names[model.name] = model
         catalog.append(model)
+    catalog = attach_adapters(catalog, adapters)
+    check_adapters(catalog)
     return Catalog(tuple(catalog))

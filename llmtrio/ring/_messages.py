@@ -212,6 +212,10 @@ class Heartbeat:
     """The worker's memory budget still free for a load without evicting: -1 no bound, 0 not
     stated or none free (optional on the wire). Of the links whose model is ``unloaded``, the
     ring has the one stating the most load it (see ``RingCore``)."""
+    adapters: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
+    """The LoRA adapters the link serves now on its model (the first it attached with), each
+    under its own model name: the ring routes those names to the link as it routes its models,
+    and lists them with that model as their parent (optional on the wire: none)."""
 
 
 @attrs.frozen

@@ -56,6 +56,8 @@ class ModelStats:
     """Whether it takes images (as its first worker said)."""
     audio: bool = False
     """Whether it takes audio (as its first worker said)."""
+    parent: str | None = None
+    """A LoRA adapter's base model (as its first worker said); ``None``: a model."""
 
 
 @attrs.frozen

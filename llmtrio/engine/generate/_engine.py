@@ -244,6 +244,10 @@ class Engine(DecodeLoop):
         """The LoRA adapters it serves, by id."""
         return self._adapters.served
 
+    def serves_adapter(self, name: str) -> bool:
+        """Whether ``name`` is one of its adapters."""
+        return name in self._adapters
+
     def adapter_in_flight(self, name: str) -> int:
         """Requests accepted and not yet released that run under adapter ``name``."""
         return self._adapters.in_flight(name)
