@@ -14,7 +14,7 @@ The rules of a load, as ``/models/load``'s: a client names things, it never give
 with a separator, ``..`` or a leading dot is refused, and without ``--lora-dir`` no adapter is
 loaded at run time. The adapter's name must be new to the model; its file must be a LoRA
 adapter of the model's architecture (the error names both). Its bytes (its file's size) are
-asked of the memory budget of the worker's models (``--memory-budget-mib``) before it loads;
+asked of the memory budget of the worker's models (``--memory-budget``) before it loads;
 an adapter that does not fit is refused (503), nothing evicted for it. An adapter with
 requests in flight is never unloaded (400, naming how many).
 """
