@@ -1,19 +1,23 @@
 """LoRA adapters in the catalog and the memory budget: ``--lora NAME=PATH[:SCALE][@BASE]``, a
-models file's ``lora = [...]``, what is refused at start (naming what), and adapters counted
-in a model's cost and reserved from the budget as they load at run time."""
+models file's ``lora = [...]``, what is refused at start (naming what), adapters counted in a
+model's cost and reserved from the budget as they load at run time, and a run-time load's
+file: a name in ``--lora-dir``, never a path."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
 
+from llmtrio.api import ApiError, RequestLimits
 from llmtrio.cli._configs import catalog
 from llmtrio.cli._main import _parser
 from llmtrio.cli._values import LoraFlag
 from llmtrio.engine import LoraSpec
 from llmtrio.worker import HostedModel
+from llmtrio.worker._adapters import AdapterBook, AdapterLoad
 from llmtrio.worker._load_policy import LoadPolicy
 
 from ._helpers import engine_config
@@ -120,3 +124,30 @@ def test_what_cannot_be_served_is_refused_at_start_naming_what(
         argv.append(flag)
     with pytest.raises(SystemExit, match=named.replace("(", r"\(")):
         catalog(_parse(*argv))
+
+
+def _load(book: AdapterBook, **body: object) -> AdapterLoad:
+    return AdapterLoad.parse(json.dumps(body).encode(), book, RequestLimits())
+
+
+def test_a_run_time_load_names_a_file_in_the_lora_dir_never_a_path(tmp_path: Path) -> None:
+    (tmp_path / "sql.gguf").write_bytes(b"GGUF")
+    (tmp_path / "fr").write_bytes(b"GGUF")
+    book = AdapterBook("g", (LoraSpec("x", tmp_path / "fr"),), tmp_path)
+    assert _load(book, lora_name="s", lora_path="sql").spec == LoraSpec("s", tmp_path / "sql.gguf")
+    assert _load(book, lora_name="f", lora_path="fr", scale=0.5).spec.scale == 0.5
+    for path, why in [
+        ("../sql.gguf", "not a path"),
+        (str(tmp_path / "sql.gguf"), "not a path"),
+        (".hidden", "not a path"),
+        ("absent", "no adapter named 'absent'"),
+    ]:
+        with pytest.raises(ApiError, match=why) as caught:
+            _load(book, lora_name="s", lora_path=path)
+        assert (caught.value.status, caught.value.param) == (400, "lora_path")
+    with pytest.raises(ApiError, match="serves 'x' already") as caught:
+        _load(book, lora_name="x", lora_path="sql")
+    assert caught.value.param == "lora_name"
+    closed = AdapterBook("g")
+    with pytest.raises(ApiError, match="start it with --lora-dir"):
+        _load(closed, lora_name="s", lora_path="sql")
