@@ -12,10 +12,9 @@ Three parts, with plain values and callables between them (vLLM v1's lines):
 - per-generation output processing (``_output.py``): pieces, UTF-8, stop strings, think
   blocks and log-probabilities, on the Trio side, off the decode thread's critical path.
 
-LoRA adapters (``_lora.py``): the engine serves those of its config from the start and loads
-or unloads others at run time (:meth:`Engine.load_adapter`, :meth:`Engine.unload_adapter`):
-their files are read and freed on the decode thread, between two steps (a decode reads the
-model's list of adapters). Each request runs under the set it names (``submit``).
+LoRA adapters (``_engine_adapters.py``, ``_lora.py``): the engine serves those of its config
+from the start and loads or unloads others at run time (:meth:`Engine.load_adapter`,
+:meth:`Engine.unload_adapter`). Each request runs under the set it names (``submit``).
 """
 
 from __future__ import annotations
@@ -32,19 +31,20 @@ import numpy as np
 import outcome
 import trio
 
-from .._config import MAX_RECURRENT_DRAFT, EngineConfig, LoraSpec
-from .._errors import EngineClosedError, EngineFailedError, InvalidRequestError, ModelLoadError
+from .._config import MAX_RECURRENT_DRAFT, EngineConfig
+from .._errors import EngineClosedError, EngineFailedError, ModelLoadError
 from .._lifecycle import DecodeLoop
 from .._media import MEDIA_MARKER
 from .._types import Capacity, GenerateRequest, TokenLogprob
 from ..llama import LlamaModel, RawLogprob
-from ..models import ResolvedModel, check_lora
+from ..models import ResolvedModel
 from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from ._chat import ChatTemplate
 from ._core import EngineCore
+from ._engine_adapters import AdapterMethods, identity_of, load_adapters
 from ._generation import Generation
 from ._inputs import InputProcessor
-from ._lora import BASE, Adapters, LoraSet, ServedAdapter, adapter_identity
+from ._lora import BASE, Adapters, LoraSet
 from ._output import OutputProcessor
 from ._step import CoreRequest, StepOutput
 from ._text import THINK_CLOSE, THINK_OPEN
@@ -83,24 +83,7 @@ def _load_projector(model: LlamaModel, projector: Path, config: EngineConfig) ->
     model.load_projector(projector, threads=config.threads, marker=MEDIA_MARKER)
 
 
-def _identity(spec: LoraSpec) -> str:
-    try:
-        return adapter_identity(spec.path)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read the LoRA adapter {spec.path}: {exc}") from None
-
-
-def _load_adapters(model: LlamaModel, specs: tuple[LoraSpec, ...]) -> None:
-    """Load the adapters of the config for ``model`` (in its list, in the config's order).
-
-    Error handling: :class:`ModelLoadError` when one is not a LoRA adapter of the model's
-    architecture (naming both) or llama.cpp cannot load it."""
-    for spec in specs:
-        check_lora(spec.path, model.architecture)
-        model.load_lora(spec.path)
-
-
-class Engine(DecodeLoop):
+class Engine(DecodeLoop, AdapterMethods):
     """Continuous batching over ``config.max_inflight`` slots of one llama.cpp model.
 
     Open it with :meth:`open`; submit with :meth:`submit`.
@@ -139,7 +122,7 @@ class Engine(DecodeLoop):
         #: of each request in flight under one, and the names unloaded since.
         self._adapters = Adapters()
         for spec, adapter in zip(config.lora, model.adapters, strict=True):
-            self._adapters.add(spec, adapter, _identity(spec), spec.path.stat().st_size)
+            self._adapters.add(spec, adapter, identity_of(spec), spec.path.stat().st_size)
         self._loras: dict[int, LoraSet] = {}
         self._unloaded: set[str] = set()
         #: Work for the decode thread between two steps (loading and freeing adapters).
@@ -171,7 +154,7 @@ class Engine(DecodeLoop):
                 **config.load_settings,
             )
             try:
-                _load_adapters(model, config.lora)
+                load_adapters(model, config.lora)
             except BaseException:
                 model.close()
                 raise
@@ -236,80 +219,6 @@ class Engine(DecodeLoop):
 
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         return self._model.tokenize(text, add_special=add_special)
-
-    # -- LoRA adapters -------------------------------------------------------------------
-
-    @property
-    def adapters(self) -> tuple[ServedAdapter, ...]:
-        """The LoRA adapters it serves, by id."""
-        return self._adapters.served
-
-    def serves_adapter(self, name: str) -> bool:
-        """Whether ``name`` is one of its adapters."""
-        return name in self._adapters
-
-    def adapter_in_flight(self, name: str) -> int:
-        """Requests accepted and not yet released that run under adapter ``name``."""
-        return self._adapters.in_flight(name)
-
-    async def load_adapter(self, spec: LoraSpec) -> ServedAdapter:
-        """Serve ``spec`` from now on, under the next id. Its file is read on the decode
-        thread between two steps (the steps wait that long).
-
-        Error handling: :class:`InvalidRequestError` (``lora_name``) when an adapter of that
-        name is served already; :class:`ModelLoadError` when the file is not a LoRA adapter
-        of the model's architecture (naming both) or llama.cpp cannot load it;
-        :class:`EngineClosedError` once the engine is closed."""
-        self._check_free(spec.name)
-        architecture = self._model.architecture
-        await trio.to_thread.run_sync(check_lora, spec.path, architecture)
-        identity = await trio.to_thread.run_sync(_identity, spec)
-        model = self._model
-        adapter = await self._on_decode_thread(lambda: model.load_lora(spec.path))
-        try:
-            self._check_free(spec.name)  # another load of the name may have won meanwhile
-        except InvalidRequestError:
-            await self._on_decode_thread(lambda: model.free_lora(adapter))
-            raise
-        self._unloaded.discard(spec.name)
-        served = self._adapters.add(spec, adapter, identity, spec.path.stat().st_size)
-        logger.info("%s: serving the LoRA adapter %s (%s)", self.model_name, spec.name, spec.path)
-        return served
-
-    def _check_free(self, name: str) -> None:
-        if name in self._adapters or name == self.model_name:
-            raise InvalidRequestError(f"the name {name!r} is served already", param="lora_name")
-
-    async def unload_adapter(self, name: str) -> None:
-        """Serve adapter ``name`` no more and free it (on the decode thread); a request for
-        it from then on is refused, until one of that name is loaded again.
-
-        Error handling: :class:`InvalidRequestError` (``lora_name``) when no adapter of that
-        name is served, or requests run under it (an adapter in flight is never unloaded);
-        :class:`EngineClosedError` once the engine is closed."""
-        if name not in self._adapters:
-            raise InvalidRequestError(
-                f"no LoRA adapter named {name!r} is served", param="lora_name"
-            )
-        busy = self._adapters.in_flight(name)
-        if busy:
-            raise InvalidRequestError(
-                f"the LoRA adapter {name!r} has {busy} requests in flight: it is not unloaded",
-                param="lora_name",
-            )
-        adapter = self._adapters.remove(name)
-        self._unloaded.add(name)
-        model = self._model
-        await self._on_decode_thread(lambda: model.free_lora(adapter))
-        logger.info("%s: unloaded the LoRA adapter %s", self.model_name, name)
-
-    def _lora_set(self, request: GenerateRequest) -> LoraSet:
-        name = request.model_name
-        if name is not None and name in self._unloaded:
-            raise InvalidRequestError(
-                f"the LoRA adapter {name!r} was unloaded: it is served no more", param="model"
-            )
-        return self._adapters.resolve(name, request.lora)
 
     async def _on_decode_thread(self, work: Callable[[], T]) -> T:
         """``work()`` on the decode thread between two steps; its result or exception.
