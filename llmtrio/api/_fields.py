@@ -30,6 +30,7 @@ from ._anthropic_fields import ANTHROPIC_FIELDS, anthropic_components
 from ._chat_fields import CHAT_FIELDS, chat_components
 from ._errors import invalid_request
 from ._field_spec import INT32_MAX, Field, RequestLimits, Schema, check, custom, missing, part
+from ._rerank_fields import RERANK_FIELDS, rerank_components
 from ._responses_fields import RESPONSES_FIELDS, responses_components
 from ._routes import (
     CHAT,
@@ -39,7 +40,10 @@ from ._routes import (
     EMBEDDINGS,
     MESSAGES_API,
     MODELS,
+    RERANK,
+    RERANK_V2,
     RESPONSES,
+    SCORE,
     TOKENIZE,
 )
 
@@ -63,22 +67,23 @@ _KEEP_ALIVE = custom(
     "keep_alive",
     {"anyOf": [{"type": "number"}, {"type": "string"}]},
     CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES_API, COUNT_TOKENS, MODELS, TOKENIZE,
-    DETOKENIZE,
+    DETOKENIZE, RERANK, RERANK_V2, SCORE,
     description="A model on demand stays loaded this long after the request: seconds, or a "
     'duration such as "10m" or "1h30m"; negative: for ever; 0: unloaded once idle. The '
     "model's own keep-alive when absent; a model loaded at start is never unloaded.",
 )  # fmt: skip
 
 #: Every endpoint's fields: OpenAI's chat, completions and embeddings, the Responses API,
-#: Anthropic's Messages API, then llama.cpp's router and tokenizer endpoints.
+#: Anthropic's Messages API, reranking, then llama.cpp's router and tokenizer endpoints.
 FIELDS: Final[tuple[Field, ...]] = (
     *CHAT_FIELDS,
     *RESPONSES_FIELDS,
     *ANTHROPIC_FIELDS,
+    *RERANK_FIELDS,
     Field("model", "string", frozenset({MODELS}), required=True,
           description="A catalog model's name (never a path or a repository)."),
     Field("model", "string", frozenset({TOKENIZE, DETOKENIZE}),
-          "Whose tokenizer: any model served, a chat or an embedding model."),
+          "Whose tokenizer: any model served, of any kind."),
     custom("content", _TOKENIZE_CONTENT, TOKENIZE, required=True,
             description="A text, or an array of texts and token ids (the ids kept as they "
             "are)."),
@@ -102,6 +107,7 @@ def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
         **chat_components(limits),
         **responses_components(limits),
         **anthropic_components(limits),
+        **rerank_components(limits),
     }
 
 

@@ -28,8 +28,11 @@ from ._routes import (
     EMBEDDINGS,
     MESSAGES_API,
     MODELS,
+    RERANK,
+    RERANK_V2,
     RESPONSES,
     ROUTES,
+    SCORE,
     TOKENIZE,
     Route,
 )
@@ -123,6 +126,9 @@ _REQUESTS = {
     MODELS: "ModelRequest",
     TOKENIZE: "TokenizeRequest",
     DETOKENIZE: "DetokenizeRequest",
+    RERANK: "RerankRequest",
+    RERANK_V2: "CohereRerankRequest",
+    SCORE: "ScoreRequest",
 }
 
 
@@ -170,8 +176,9 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
             "title": "llmtrio",
             "version": __version__,
             "description": (
-                "OpenAI-compatible chat and text completions and embeddings, and "
-                "Anthropic's Messages API (``/v1/messages``, errors in Anthropic's shape), "
+                "OpenAI-compatible chat and text completions and embeddings, "
+                "Anthropic's Messages API (``/v1/messages``, errors in Anthropic's shape), and "
+                "reranking in Jina's, Cohere's and vLLM's shapes, "
                 "served by llama.cpp workers through an upload-response ring. An API key, when the "
                 "server is started with one (``--api-key``), goes in ``Authorization: Bearer`` or "
                 "``X-Api-Key``; without one, no key is needed."

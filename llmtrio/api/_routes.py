@@ -43,11 +43,19 @@ __all__ = [
     "MODEL_KINDS",
     "OPENAI_ERRORS",
     "OPENAPI_PATH",
+    "RERANK",
+    "RERANK_ALIAS_PATH",
+    "RERANK_MODEL",
+    "RERANK_PATH",
+    "RERANK_V2",
+    "RERANK_V2_PATH",
     "RESPONSES",
     "RESPONSES_INPUT_TOKENS_PATH",
     "RESPONSES_PATH",
     "RING_PATHS",
     "ROUTES",
+    "SCORE",
+    "SCORE_PATH",
     "TOKENIZE",
     "TOKENIZE_PATH",
     "Route",
@@ -64,6 +72,12 @@ RESPONSES_PATH = "/v1/responses"
 RESPONSES_INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+#: Reranking: Jina's and llama.cpp's shape (also llama.cpp's unversioned path), Cohere's v2,
+#: and vLLM's scores of text pairs.
+RERANK_PATH = "/v1/rerank"
+RERANK_ALIAS_PATH = "/rerank"
+RERANK_V2_PATH = "/v2/rerank"
+SCORE_PATH = "/v1/score"
 
 #: The error families: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` and
 #: Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (its types and statuses).
@@ -83,10 +97,15 @@ COUNT_TOKENS: Final = "count_tokens"
 MODELS: Final = "models"
 TOKENIZE: Final = "tokenize"
 DETOKENIZE: Final = "detokenize"
+#: Reranking's three bodies: Jina's (and llama.cpp's), Cohere's v2, vLLM's ``/v1/score``.
+RERANK: Final = "rerank"
+RERANK_V2: Final = "rerank_v2"
+SCORE: Final = "score"
 
 #: The kinds of model a route needs (the ring's model kinds: ``llmtrio.ring.KINDS``).
 CHAT_MODEL: Final = "chat"
 EMBEDDING_MODEL: Final = "embedding"
+RERANK_MODEL: Final = "rerank"
 
 #: llama.cpp's router names: load or unload a catalog model, by name only.
 MODELS_LOAD_PATH = "/models/load"
@@ -141,6 +160,18 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", DETOKENIZE_PATH, "detokenize",
           "Token ids to the model's text (llama.cpp server's /detokenize).", DETOKENIZE,
           model_kind=None),
+    Route("POST", RERANK_PATH, "rerank",
+          "Rank documents by their relevance to a query (Jina's and llama.cpp's shape; a "
+          "reranking model).", RERANK, model_kind=RERANK_MODEL),
+    Route("POST", RERANK_ALIAS_PATH, "rerankUnversioned",
+          "The same as /v1/rerank (llama.cpp server's path).", RERANK,
+          model_kind=RERANK_MODEL),
+    Route("POST", RERANK_V2_PATH, "rerankV2",
+          "Rank documents by their relevance to a query (Cohere's v2 shape; a reranking "
+          "model).", RERANK_V2, model_kind=RERANK_MODEL),
+    Route("POST", SCORE_PATH, "score",
+          "Score text pairs, one to one or one to many (vLLM's shape; a reranking model).",
+          SCORE, model_kind=RERANK_MODEL),
     Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),

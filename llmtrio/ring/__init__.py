@@ -37,6 +37,7 @@ from ._messages import CHAT as CHAT
 from ._messages import EMBEDDING as EMBEDDING
 from ._messages import KINDS as KINDS
 from ._messages import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._messages import RERANK as RERANK
 from ._messages import Assign as Assign
 from ._messages import Attach as Attach
 from ._messages import Cancel as Cancel
@@ -85,6 +86,7 @@ __all__ = [
     "KINDS",
     "MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
+    "RERANK",
     "SESSION_TRANSITIONS",
     "TRANSITIONS",
     "WORKER_HEADER",

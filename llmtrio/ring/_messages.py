@@ -19,6 +19,7 @@ __all__ = [
     "EMBEDDING",
     "KINDS",
     "PROTOCOL_VERSION",
+    "RERANK",
     "Assign",
     "Attach",
     "Cancel",
@@ -47,7 +48,9 @@ CHAT: Final = "chat"
 """A model's kind: chat and text completions."""
 EMBEDDING: Final = "embedding"
 """A model's kind: embeddings."""
-KINDS: Final = (CHAT, EMBEDDING)
+RERANK: Final = "rerank"
+"""A model's kind: reranking (a cross-encoder's scores of query-document pairs)."""
+KINDS: Final = (CHAT, EMBEDDING, RERANK)
 
 
 Headers: TypeAlias = tuple[tuple[str, str], ...]
@@ -145,8 +148,9 @@ class Attach:
     models: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     version: int = attrs.field(default=PROTOCOL_VERSION, kw_only=True, validator=_int_at_least(0))
     kinds: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
-    """Each model's kind (``"chat"`` or ``"embedding"``), in the order of ``models``; empty
-    (optional on the wire, as from a worker of the previous version) means all chat."""
+    """Each model's kind (``"chat"``, ``"embedding"`` or ``"rerank"``), in the order of
+    ``models``; empty (optional on the wire, as from a worker of the previous version) means
+    all chat."""
     vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take images (optional on the wire: none)."""
 
