@@ -148,7 +148,8 @@ class Attach:
     models: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     version: int = attrs.field(default=PROTOCOL_VERSION, kw_only=True, validator=_int_at_least(0))
     kinds: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
-    """Each model's kind (``"chat"``, ``"embedding"`` or ``"rerank"``), in the order of
+    """Each model's kind (``"chat"``, ``"embedding"`` or ``"rerank"``: :data:`KINDS`; a
+    newer worker's kind that this version does not know is kept as it is), in the order of
     ``models``; empty (optional on the wire, as from a worker of the previous version) means
     all chat."""
     vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
@@ -161,8 +162,10 @@ class Attach:
         if value and len(value) != len(self.models):
             raise ValueError(f"kinds must name one kind per model, not {value!r}")
         for kind in value:
-            if kind not in KINDS:
-                raise ValueError(f"a model's kind is one of {KINDS}, not {kind!r}")
+            # A kind this version does not know (a newer worker's) is kept as it is: the
+            # model is listed with it, and only the routes that take any kind reach it.
+            if not kind:
+                raise ValueError(f"a model's kind is a name (one of {KINDS}), not {kind!r}")
 
     def kind(self, model: str) -> str:
         """The kind of ``model`` (one of ``models``): ``"chat"`` unless ``kinds`` says else."""
