@@ -72,7 +72,8 @@ def test_a_reranking_model_serves_the_reranking_routes_only() -> None:
     # a newer worker's kind this ingress does not know: routed by name to what takes any kind
     newer = {"x": ModelStats("x", "audio", 1)}
     assert resolve_model("x", TOKENIZE_PATH, newer, None) == "x"
-    assert "'x' is a model of kind 'audio'" in refused("x", CHAT_PATH, newer, default=None)["message"]
+    error = refused("x", CHAT_PATH, newer, default=None)
+    assert "'x' is a model of kind 'audio'" in error["message"]
 
 
 def test_the_tokenizer_routes_take_a_model_of_either_kind() -> None:

@@ -17,9 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmtrio.api import OpenAIError, RequestLimits
+from llmtrio.cli._catalog import scan_models_dir
 from llmtrio.engine import (
     EMBEDDING_SEQUENCES,
     EmbeddingEngine,
+    EngineConfig,
     InvalidRequestError,
     ModelLoadError,
     RerankEngine,
@@ -31,6 +33,7 @@ from llmtrio.engine.embed._pack import EmbedPacker
 from llmtrio.engine.embed._pairs import PairFormat, pair_tokens
 from llmtrio.engine.embed._rerank import FLASH_ATTN_TILE_ROWS
 from llmtrio.engine.llama import Batch, LlamaModel
+from llmtrio.worker import HostedModel
 from llmtrio.worker._encoding import ResponseMeta
 from llmtrio.worker._rerank import CohereRerankBody, JinaRerankBody, Ranked, ScoreBody, ranking
 from llmtrio.worker._rerank_request import (
@@ -408,3 +411,21 @@ async def test_each_engine_takes_its_own_kind_only(
     with pytest.raises(ModelLoadError, match="not a reranking model"):
         async with RerankEngine.open(engine_config(minilm_path)):
             pass
+
+
+def test_the_catalog_knows_a_reranking_model_from_its_gguf(
+    tmp_path: Path, minilm_rerank_path: Path, minilm_path: Path
+) -> None:
+    """``--models-dir`` finds it as any model; its kind (and so the ring's routing) comes
+    from its GGUF, and it is costed as a pooled context is (no slots of KV cache, no prompt
+    cache), as an embedding model is."""
+    (tmp_path / "ranker.gguf").symlink_to(minilm_rerank_path)
+    (tmp_path / "minilm.gguf").symlink_to(minilm_path)
+    found = {m.name: m for m in scan_models_dir(tmp_path, EngineConfig(model=None, threads=1))}
+    hosted = {name: HostedModel.of(name, m.config) for name, m in found.items()}
+    assert {name: h.kind for name, h in hosted.items()} == {
+        "ranker": "rerank",
+        "minilm": "embedding",
+    }
+    assert hosted["ranker"].cost.prompt_cache == 0
+    assert hosted["ranker"].cost.kv_cache == hosted["minilm"].cost.kv_cache
