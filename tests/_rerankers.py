@@ -68,16 +68,32 @@ def _random(rng: np.random.Generator, *shape: int, scale: float) -> np.ndarray[A
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-def head_weights(path: Path) -> dict[str, np.ndarray[Any, Any]]:
+def head_weights(path: Path, *, from_gguf: bool = False) -> dict[str, np.ndarray[Any, Any]]:
     """The classification head a writer below put in ``path``: ``cls.weight``,
     ``cls.bias``, ``cls.output.weight`` and ``cls.output.bias`` as it has them, in NumPy's
-    shapes (rows are outputs: ``cls.output.weight`` is labels x width)."""
+    shapes (rows are outputs: ``cls.output.weight`` is labels x width). Read from the arrays
+    the writer saved beside the GGUF (``.head.npz``), or with ``from_gguf`` from the GGUF
+    itself (gguf's reader parses the whole vocabulary first: half a minute for Qwen3's)."""
+    if not from_gguf:
+        with np.load(_head_path(path)) as saved:
+            return {name: saved[name] for name in saved.files}
     reader = gguf.GGUFReader(path)
     return {
         t.name: np.array(t.data, dtype=np.float32)
         for t in reader.tensors
         if t.name.startswith("cls.")
     }
+
+
+def _head_path(path: Path) -> Path:
+    return path.with_suffix(".head.npz")
+
+
+def _add_head(
+    writer: gguf.GGUFWriter, head: dict[str, np.ndarray[Any, Any]], name: str, array: Any
+) -> None:
+    writer.add_tensor(name, array)
+    head[name] = np.asarray(array, dtype=np.float32)
 
 
 def write_minilm_reranker(
@@ -108,11 +124,13 @@ def write_minilm_reranker(
         writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
     rng = np.random.default_rng(seed)
     width = 384
-    writer.add_tensor("cls.weight", _random(rng, width, width, scale=0.1))
-    writer.add_tensor("cls.bias", _random(rng, width, scale=0.1))
-    writer.add_tensor("cls.output.weight", _random(rng, 1, width, scale=0.1))
-    writer.add_tensor("cls.output.bias", _random(rng, 1, scale=0.1))
+    head: dict[str, np.ndarray[Any, Any]] = {}
+    _add_head(writer, head, "cls.weight", _random(rng, width, width, scale=0.1))
+    _add_head(writer, head, "cls.bias", _random(rng, width, scale=0.1))
+    _add_head(writer, head, "cls.output.weight", _random(rng, 1, width, scale=0.1))
+    _add_head(writer, head, "cls.output.bias", _random(rng, 1, scale=0.1))
     _finish(writer)
+    np.savez(_head_path(path), **head)
     return path
 
 
@@ -185,8 +203,10 @@ def write_qwen3_reranker(path: Path, *, seed: int = 0, pooling: int = RANK) -> P
             weights = _random(rng, rows, columns, scale=1 / np.sqrt(columns))
             writer.add_tensor(f"{prefix}.{name}.weight", weights)
     # the rows of "yes" and "no", as the converter takes them from the output head
-    writer.add_tensor("cls.output.weight", _random(rng, 2, width, scale=0.3))
+    head: dict[str, np.ndarray[Any, Any]] = {}
+    _add_head(writer, head, "cls.output.weight", _random(rng, 2, width, scale=0.3))
     _finish(writer)
+    np.savez(_head_path(path), **head)
     return path
 
 

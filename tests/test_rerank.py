@@ -16,7 +16,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio.api import OpenAIError, RequestLimits
+from llmtrio.api import ApiError, RequestLimits
 from llmtrio.cli._catalog import scan_models_dir
 from llmtrio.engine import (
     EMBEDDING_SEQUENCES,
@@ -142,6 +142,19 @@ def test_a_gguf_with_rank_pooling_is_a_reranking_model(
     assert model_kind_of(qwen3_rerank_path) == "rerank"
     assert model_kind_of(minilm_path) == "embedding"
     assert model_kind_of(qwen35_path) == "chat"
+    # the head the oracle computes with is the one in the GGUF (MiniLM's vocabulary is read
+    # in seconds; Qwen3's is written by the same code)
+    saved, written = (
+        head_weights(minilm_rerank_path),
+        head_weights(minilm_rerank_path, from_gguf=True),
+    )
+    assert (
+        saved.keys()
+        == written.keys()
+        == {"cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias"}
+    )
+    for name, array in saved.items():
+        assert array.shape == written[name].shape and np.array_equal(array, written[name])
 
 
 # -- the requests and answers (pure) -----------------------------------------------------------
@@ -208,7 +221,7 @@ def test_the_three_shapes_make_the_same_pairs() -> None:
 def test_each_bad_request_is_a_400_naming_the_field(
     parse: Any, fields: dict[str, Any], param: str, code: str
 ) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         parse(json.dumps(fields).encode(), RequestLimits(max_rerank_documents=3))
     assert caught.value.status == 400
     assert (caught.value.param, caught.value.code) == (param, code)
@@ -243,33 +256,38 @@ def test_results_are_best_first_with_the_original_index() -> None:
 # -- the engine on both test cross-encoders ----------------------------------------------------
 
 
-def pooled_states(path: Path, pairs: list[list[int]]) -> list[np.ndarray[Any, np.dtype[Any]]]:
-    """The model's own pooled hidden state of each pair (a copy of the cross-encoder with CLS
-    or last pooling: what its head reads), decoded in the batches the engine makes of them
-    (its packer's, in the order given, topped up to ``FLASH_ATTN_TILE_ROWS`` tokens as the
-    engine tops them up)."""
+def pooled_states(
+    path: Path, requests: list[list[list[int]]]
+) -> list[list[np.ndarray[Any, np.dtype[Any]]]]:
+    """The model's own pooled hidden state of each pair of each request (a copy of the
+    cross-encoder with CLS or last pooling: what its head reads), each request's pairs decoded
+    in the batches the engine makes of them (its packer's, in the order given, topped up to
+    ``FLASH_ATTN_TILE_ROWS`` tokens as the engine tops them up); one model load for all."""
     model = LlamaModel(path, slots=EMBEDDING_SEQUENCES, ctx_size=512, threads=1,
                        n_batch=EMBEDDING_BATCH_TOKENS, embeddings=True)  # fmt: skip
-    packer = EmbedPacker(
-        max_tokens=model.n_batch, max_seqs=model.slots, budget=EMBEDDING_DECODE_TOKENS
-    )
-    packer.add(0, [np.asarray(pair, dtype=np.int32) for pair in pairs])
-    states: list[np.ndarray[Any, np.dtype[Any]]] = []
+    answers: list[list[np.ndarray[Any, np.dtype[Any]]]] = []
     try:
-        while items := packer.next_batch():
-            model.clear_memory()
-            batch = Batch(model.n_batch)
-            for seq, item in enumerate(items):
-                batch.add(item.tokens, 0, seq, output_last=True, output_all=True)
-            if batch.n < FLASH_ATTN_TILE_ROWS:
-                filler = np.full(FLASH_ATTN_TILE_ROWS - batch.n, items[0].tokens[0], np.int32)
-                batch.add(filler, 0, len(items), output_last=True, output_all=True)
-            assert model.decode(batch) == 0
-            for seq in range(len(items)):
-                state = model.pooled(seq)
-                assert state is not None
-                states.append(state.astype(np.float64))
-        return states
+        for pairs in requests:
+            packer = EmbedPacker(
+                max_tokens=model.n_batch, max_seqs=model.slots, budget=EMBEDDING_DECODE_TOKENS
+            )
+            packer.add(0, [np.asarray(pair, dtype=np.int32) for pair in pairs])
+            states: list[np.ndarray[Any, np.dtype[Any]]] = []
+            while items := packer.next_batch():
+                model.clear_memory()
+                batch = Batch(model.n_batch)
+                for seq, item in enumerate(items):
+                    batch.add(item.tokens, 0, seq, output_last=True, output_all=True)
+                if batch.n < FLASH_ATTN_TILE_ROWS:
+                    filler = np.full(FLASH_ATTN_TILE_ROWS - batch.n, items[0].tokens[0], np.int32)
+                    batch.add(filler, 0, len(items), output_last=True, output_all=True)
+                assert model.decode(batch) == 0
+                for seq in range(len(items)):
+                    state = model.pooled(seq)
+                    assert state is not None
+                    states.append(state.astype(np.float64))
+            answers.append(states)
+        return answers
     finally:
         model.close()
 
@@ -319,11 +337,12 @@ async def test_scores_are_the_heads_over_the_models_own_state(
         if kind == "decoder":  # the softmax's two probabilities
             assert np.allclose(together.values.sum(axis=1), 1, atol=1e-6)
     weights = head_weights(path)
-    states = await trio.to_thread.run_sync(pooled_states, state_path, pairs)
+    states, *each = await trio.to_thread.run_sync(
+        pooled_states, state_path, [pairs, *([pair] for pair in pairs)]
+    )
     for i, state in enumerate(states):
         assert abs(float(together.scores[i]) - head(kind, weights, state)) < 1e-5
-    for i, pair in enumerate(pairs):
-        (state,) = await trio.to_thread.run_sync(pooled_states, state_path, [pair])
+    for i, (state,) in enumerate(each):
         assert abs(float(alone[i]) - head(kind, weights, state)) < 1e-5
     # the scores tell the documents apart (a random head, but not a constant one)
     assert len({round(float(s), 4) for s in together.scores}) == len(DOCUMENTS)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from ._field_spec import INT32_MAX, Field, RequestLimits, Schema, custom, part, ref
-from ._routes import RERANK, RERANK_V2, SCORE
+from ._routes import Body
 
 __all__ = ["DOCUMENT", "DOCUMENT_TEXT", "RERANK_FIELDS", "rerank_components"]
 
@@ -51,28 +51,28 @@ _TRUNCATION = (
 
 #: The fields of the three reranking endpoints.
 RERANK_FIELDS: Final[tuple[Field, ...]] = (
-    Field("model", "string", frozenset({RERANK, RERANK_V2, SCORE}),
+    Field("model", "string", frozenset({Body.RERANK, Body.RERANK_V2, Body.SCORE}),
           "The reranking model's name."),
-    Field("query", "string", frozenset({RERANK, RERANK_V2}), "What the documents are ranked "
-          "for.", required=True),
-    Field("documents", "custom", frozenset({RERANK, RERANK_V2}), required=True,
+    Field("query", "string", frozenset({Body.RERANK, Body.RERANK_V2}),
+          "What the documents are ranked for.", required=True),
+    Field("documents", "custom", frozenset({Body.RERANK, Body.RERANK_V2}), required=True,
           shape=_documents, limit="max_rerank_documents",
           description="The documents to rank: texts, or objects with their ``text``."),
-    Field("top_n", "integer", frozenset({RERANK, RERANK_V2}), _TOP_N, minimum=1,
+    Field("top_n", "integer", frozenset({Body.RERANK, Body.RERANK_V2}), _TOP_N, minimum=1,
           maximum=INT32_MAX),
-    Field("return_documents", "boolean", frozenset({RERANK}),
+    Field("return_documents", "boolean", frozenset({Body.RERANK}),
           "Each result carries its ``document`` (``{\"text\": ...}``); default true."),
-    Field("truncation", "boolean", frozenset({RERANK, SCORE}), _TRUNCATION),
-    Field("max_tokens_per_doc", "integer", frozenset({RERANK_V2}),
+    Field("truncation", "boolean", frozenset({Body.RERANK, Body.SCORE}), _TRUNCATION),
+    Field("max_tokens_per_doc", "integer", frozenset({Body.RERANK_V2}),
           "A document is cut to this many tokens (default 4096, Cohere's), then, as "
           "Cohere's API does, its end as far as its pair with the query must be to fit the "
           "model's context.", minimum=1, maximum=INT32_MAX),
     custom("text_1", {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1,
                                                       "items": {"type": "string"}}]},
-           SCORE, required=True,
+           Body.SCORE, required=True,
            description="The first text of every pair, or one per pair (as many as "
            "``text_2``)."),
-    Field("text_2", "custom", frozenset({SCORE}), required=True, shape=_texts,
+    Field("text_2", "custom", frozenset({Body.SCORE}), required=True, shape=_texts,
           limit="max_rerank_documents",
           description="The second texts: one pair each, with ``text_1`` or its item of the "
           "same index."),

@@ -15,11 +15,11 @@ from typing import Any, Final, TypeAlias
 import attrs
 
 __all__ = [
-    "CHAT",
-    "EMBEDDING",
+    "CHAT_MODEL",
+    "EMBEDDING_MODEL",
     "KINDS",
     "PROTOCOL_VERSION",
-    "RERANK",
+    "RERANK_MODEL",
     "Assign",
     "Attach",
     "Cancel",
@@ -44,13 +44,13 @@ __all__ = [
 PROTOCOL_VERSION: Final = 1
 """The wire protocol's version; an ingress refuses an ``Attach`` carrying another."""
 
-CHAT: Final = "chat"
+CHAT_MODEL: Final = "chat"
 """A model's kind: chat and text completions."""
-EMBEDDING: Final = "embedding"
+EMBEDDING_MODEL: Final = "embedding"
 """A model's kind: embeddings."""
-RERANK: Final = "rerank"
+RERANK_MODEL: Final = "rerank"
 """A model's kind: reranking (a cross-encoder's scores of query-document pairs)."""
-KINDS: Final = (CHAT, EMBEDDING, RERANK)
+KINDS: Final = (CHAT_MODEL, EMBEDDING_MODEL, RERANK_MODEL)
 
 
 Headers: TypeAlias = tuple[tuple[str, str], ...]
@@ -154,6 +154,8 @@ class Attach:
     all chat."""
     vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take images (optional on the wire: none)."""
+    audio: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
+    """The ``models`` that take audio (optional on the wire: none)."""
 
     @kinds.validator
     def _check_kinds(
@@ -171,7 +173,7 @@ class Attach:
         """The kind of ``model`` (one of ``models``): ``"chat"`` unless ``kinds`` says else."""
         if self.kinds and model in self.models:
             return self.kinds[self.models.index(model)]
-        return CHAT
+        return CHAT_MODEL
 
 
 #: A heartbeat's ``model_state`` values ("": not reported).

@@ -26,13 +26,14 @@ from ..api import (
     RERANK_PATH,
     RERANK_V2_PATH,
     SCORE_PATH,
-    OpenAIError,
+    ApiError,
     RequestLimits,
     dumps,
     invalid_request,
+    json_string,
 )
 from ..engine import Pair, RerankEngine
-from ._encoding import Answer, ResponseMeta, WholeBody, json_string
+from ._encoding import Answer, ResponseMeta, WholeBody
 from ._pipeline import Encoder, Endpoint, Finished, run_tokenizer
 from ._rerank_request import (
     RerankRequest,
@@ -42,10 +43,10 @@ from ._rerank_request import (
 )
 
 __all__ = [
-    "RERANK",
-    "RERANK_ALIAS",
-    "RERANK_V2",
-    "SCORE",
+    "RERANK_ALIAS_ENDPOINT",
+    "RERANK_ENDPOINT",
+    "RERANK_V2_ENDPOINT",
+    "SCORE_ENDPOINT",
     "CohereRerankBody",
     "JinaRerankBody",
     "Ranked",
@@ -165,7 +166,7 @@ def _pairs(engine: RerankEngine, request: RerankRequest) -> list[Pair]:
     ]
 
 
-def _too_long(request: RerankRequest, index: int, pair: Pair, ctx_size: int) -> OpenAIError:
+def _too_long(request: RerankRequest, index: int, pair: Pair, ctx_size: int) -> ApiError:
     """400 ``context_length_exceeded`` naming the document whose pair is over the context
     (or the query, when its pair is over it with the document cut to nothing)."""
     if request.truncate:  # cut to nothing, and still over
@@ -215,13 +216,15 @@ class _Rerank:
         return self.body(request, meta)
 
 
-RERANK: Endpoint[RerankRequest] = _Rerank(RERANK_PATH, parse_rerank_request, JinaRerankBody)
-RERANK_ALIAS: Endpoint[RerankRequest] = _Rerank(
+RERANK_ENDPOINT: Endpoint[RerankRequest] = _Rerank(
+    RERANK_PATH, parse_rerank_request, JinaRerankBody
+)
+RERANK_ALIAS_ENDPOINT: Endpoint[RerankRequest] = _Rerank(
     RERANK_ALIAS_PATH, parse_rerank_request, JinaRerankBody
 )
-RERANK_V2: Endpoint[RerankRequest] = _Rerank(
+RERANK_V2_ENDPOINT: Endpoint[RerankRequest] = _Rerank(
     RERANK_V2_PATH, parse_cohere_rerank_request, CohereRerankBody
 )
-SCORE: Endpoint[RerankRequest] = _Rerank(
+SCORE_ENDPOINT: Endpoint[RerankRequest] = _Rerank(
     SCORE_PATH, parse_score_request, ScoreBody, id_prefix="score"
 )

@@ -24,9 +24,7 @@ import attrs
 from ..api import (
     DOCUMENT,
     DOCUMENT_TEXT,
-    RERANK,
-    RERANK_V2,
-    SCORE,
+    Body,
     RequestLimits,
     check,
     invalid_request,
@@ -82,16 +80,16 @@ class RerankRequest:
 def parse_rerank_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> RerankRequest:
     """Parse and validate a Jina (and llama.cpp) shaped body (``/v1/rerank``, ``/rerank``).
 
-    Error handling: :class:`OpenAIError` 400 naming the field, or the document."""
+    Error handling: :class:`ApiError` 400 naming the field, or the document."""
     data = json_body(body)
-    return_documents = read(data, RERANK, "return_documents", limits)
+    return_documents = read(data, Body.RERANK, "return_documents", limits)
     return RerankRequest(
-        read(data, RERANK, "model", limits),
-        (read(data, RERANK, "query", limits),),
+        read(data, Body.RERANK, "model", limits),
+        (read(data, Body.RERANK, "query", limits),),
         _documents(data, limits),
-        top_n=read(data, RERANK, "top_n", limits),
+        top_n=read(data, Body.RERANK, "top_n", limits),
         return_documents=return_documents is not False,
-        truncate=read(data, RERANK, "truncation", limits) is True,
+        truncate=read(data, Body.RERANK, "truncation", limits) is True,
     )
 
 
@@ -99,14 +97,14 @@ def parse_cohere_rerank_request(body: bytes, limits: RequestLimits = _NO_LIMITS)
     """Parse and validate a Cohere v2 body (``/v2/rerank``): documents are cut to
     ``max_tokens_per_doc`` and to fit the context, as Cohere's API does.
 
-    Error handling: :class:`OpenAIError` 400 naming the field, or the document."""
+    Error handling: :class:`ApiError` 400 naming the field, or the document."""
     data = json_body(body)
-    most = read(data, RERANK_V2, "max_tokens_per_doc", limits)
+    most = read(data, Body.RERANK_V2, "max_tokens_per_doc", limits)
     return RerankRequest(
-        read(data, RERANK_V2, "model", limits),
-        (read(data, RERANK_V2, "query", limits),),
+        read(data, Body.RERANK_V2, "model", limits),
+        (read(data, Body.RERANK_V2, "query", limits),),
         _documents(data, limits),
-        top_n=read(data, RERANK_V2, "top_n", limits),
+        top_n=read(data, Body.RERANK_V2, "top_n", limits),
         return_documents=False,
         truncate=True,
         max_document_tokens=COHERE_MAX_TOKENS_PER_DOC if most is None else most,
@@ -117,7 +115,7 @@ def parse_score_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> Rera
     """Parse and validate a vLLM score body (``/v1/score``): ``text_1`` one text (or one in
     a list) with each of ``text_2``, or as many as ``text_2``, pair by pair.
 
-    Error handling: :class:`OpenAIError` 400 naming the field, or the text."""
+    Error handling: :class:`ApiError` 400 naming the field, or the text."""
     data = json_body(body)
     firsts = _texts(data.get("text_1"), "text_1", None)
     seconds = _texts(data.get("text_2"), "text_2", limits.max_rerank_documents)
@@ -128,11 +126,11 @@ def parse_score_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> Rera
             f"every 'text_2', or one for all of them.",
         )
     return RerankRequest(
-        read(data, SCORE, "model", limits),
+        read(data, Body.SCORE, "model", limits),
         firsts,
         seconds,
         return_documents=False,
-        truncate=read(data, SCORE, "truncation", limits) is True,
+        truncate=read(data, Body.SCORE, "truncation", limits) is True,
         query_param="text_1",
         document_param="text_2",
     )

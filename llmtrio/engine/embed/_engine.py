@@ -88,8 +88,9 @@ class EmbeddingEngine(DecodeLoop):
     """
 
     kind = "embedding"
-    #: An embedding model takes no images.
+    #: An embedding model takes no images or audio.
     takes_images = False
+    takes_audio = False
     _loop_name = "embedding loop"
     #: The fewest tokens a decode carries: a decode of fewer inputs' tokens gets a filler
     #: sequence (0: none; see ``RerankEngine``).
