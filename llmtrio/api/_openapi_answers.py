@@ -13,8 +13,8 @@ from ._openapi_more import (
     DETOKENIZED,
     MESSAGE_EVENT,
     MESSAGE_OBJECT,
-    RERANK_ANSWERS,
-    RERANK_SCHEMAS,
+    ROUTE_ANSWERS,
+    ROUTE_SCHEMAS,
     TOKEN_LIST,
     TRANSCRIPTION,
     TRANSCRIPTION_ANSWER,
@@ -207,26 +207,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Seconds until the idle model unloads (-1: never; absent: "
                 "busy, or not loaded on demand).",
             },
-            "parent": {
-                "type": ["string", "null"],
-                "description": "A LoRA adapter's base model (vLLM's); null for a model.",
-            },
-        },
-    },
-    "AdapterState": {
-        "type": "object",
-        "required": ["success", "lora_name", "model", "state"],
-        "properties": {
-            "success": {"const": True},
-            "lora_name": {"type": "string"},
-            "model": {"type": "string", "description": "Its base model."},
-            "state": {"enum": ["loaded", "unloaded"]},
-            "id": {
-                "type": "integer",
-                "minimum": 0,
-                "description": "Its id among the model's adapters (llama.cpp's ``lora`` "
-                "field names it so); on a load.",
-            },
+            "parent": {"type": ["string", "null"], "description": "A LoRA adapter's base."},
         },
     },
     "ModelState": {
@@ -486,13 +467,9 @@ _ANSWERS: dict[str, dict[str, Any]] = {
     "unloadModel": {"200": _json_answer("The model is unloading or unloaded.", ref("ModelState"))},
     "tokenize": {"200": _json_answer("The token ids (with their pieces).", ref("TokenList"))},
     "detokenize": {"200": _json_answer("The tokens' text.", ref("Detokenized"))},
-    **RERANK_ANSWERS,
+    **ROUTE_ANSWERS,
     "createTranscription": {"200": TRANSCRIPTION_ANSWER},
     "createTranslation": {"200": TRANSCRIPTION_ANSWER},
-    "loadLoraAdapter": {
-        "200": _json_answer("The adapter is loaded and served.", ref("AdapterState"))
-    },
-    "unloadLoraAdapter": {"200": _json_answer("The adapter is unloaded.", ref("AdapterState"))},
 }
 
 
@@ -508,7 +485,7 @@ def response_schemas() -> dict[str, Any]:
             "Response": _RESPONSE_OBJECT,
             "TokenList": TOKEN_LIST,
             "Detokenized": DETOKENIZED,
-            **RERANK_SCHEMAS,
+            **ROUTE_SCHEMAS,
             "Transcription": TRANSCRIPTION,
             "TranscriptionVerbose": TRANSCRIPTION_VERBOSE,
         }
