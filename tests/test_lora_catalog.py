@@ -103,6 +103,7 @@ def test_an_adapter_loaded_at_run_time_reserves_its_bytes_or_is_refused() -> Non
         (["--lora=x=OTHER"], "is for the architecture 'qwen35', but the base model is 'gemma3'"),
         (["--lora=x=BASE"], "is not a LoRA adapter"),
         (["--model=h=BASE", "--lora=x=ADAPTER"], "say which model it is for"),
+        (["--model=e=MINILM", "--lora=x=ADAPTER@e"], "'e' is a model of kind 'embedding'"),
     ],
 )
 def test_what_cannot_be_served_is_refused_at_start_naming_what(
@@ -111,8 +112,10 @@ def test_what_cannot_be_served_is_refused_at_start_naming_what(
     gemma_path: Path,
     gemma_loras: tuple[Lora, Lora],
     qwen35_loras: tuple[Lora, Lora],
+    minilm_path: Path,
 ) -> None:
     paths = {
+        "MINILM": str(minilm_path),
         "ADAPTER": str(gemma_loras[0].path),
         "OTHER": str(qwen35_loras[0].path),
         "BASE": str(gemma_path),

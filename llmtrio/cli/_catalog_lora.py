@@ -10,9 +10,9 @@ or as tables (paths relative to the file)::
     lora = ["sql=adapters/sql.gguf", { name = "fr", path = "adapters/fr.gguf", scale = 0.8 }]
 
 Refused at start, naming what: an adapter named as a model, an alias or another adapter; an
-adapter of a model that is not found, or of an embedding model; a file that is not a LoRA
-adapter, or one made for another architecture than its base's (naming both; a base model
-not on disk yet, a repository's, is checked as it loads).
+adapter of a model that is not found, or of a model that generates nothing (embedding,
+reranking); a file that is not a LoRA adapter, or one made for another architecture than its
+base's (naming both; a base model not on disk yet, a repository's, is checked as it loads).
 """
 
 from __future__ import annotations
@@ -118,10 +118,11 @@ def check_adapters(models: Sequence[CatalogModel]) -> None:
             except EngineError:
                 info = None  # its load says what is wrong with it
             if info is not None:
-                if model_kind(info) == "embedding":
+                kind = model_kind(info)
+                if kind != "chat":
                     raise CatalogError(
-                        f"model {model.name!r} is an embedding model: LoRA adapters are "
-                        "served on generating models only"
+                        f"model {model.name!r} is a model of kind {kind!r}: LoRA adapters "
+                        "are served on generating models only"
                     )
                 architecture = info.architecture
         for spec in model.config.lora:
