@@ -57,6 +57,12 @@ def _tokens(value: Sequence[int] | Tokens) -> Tokens:
     return np.asarray(value, dtype=np.int32)
 
 
+def _worth(tokens: Tokens, n: int, least: int) -> bool:
+    """Whether the first ``n`` of ``tokens`` are worth a snapshot (or a restore): at least
+    ``least`` tokens, or an image among them (its placeholder ids are negative)."""
+    return n >= least or bool(n and tokens[:n].min() < 0)
+
+
 @attrs.frozen(eq=False)
 class Assignment:
     """How a new sequence starts, in the order the decode thread carries it out:
@@ -100,7 +106,9 @@ class PromptCache:
     memory cleared).
 
     ``min_restore`` is the fewest tokens worth restoring a snapshot for (a copy of the whole
-    state), and ``min_snapshot`` the fewest worth keeping one of.
+    state), and ``min_snapshot`` the fewest worth keeping one of; a prefix that holds an image
+    (its placeholder ids are negative) is worth both whatever its length: its tokens are few,
+    but each image costs an encode and a decode of its own.
     """
 
     slots: int
@@ -250,7 +258,7 @@ class PromptCache:
         best_entry: int | None = None
         for entry in self._entries.values():
             keep = self._reusable(entry.tokens, tokens, limit)
-            if keep >= self.min_restore and keep > best_keep:
+            if keep > best_keep and _worth(tokens, keep, self.min_restore):
                 best_entry, best_keep = entry.id, keep
         if best_entry is None and best_seq >= 0:
             return best_seq, best_keep, None
@@ -272,11 +280,17 @@ class PromptCache:
     def _snapshot_points(self, tokens: Tokens, keep: int, hints: Sequence[int]) -> tuple[int, ...]:
         if self.cut_anywhere or self.budget_bytes <= 0:
             return ()  # the slot's cells serve any prefix; they are saved when cut
-        points = sorted({h for h in hints if keep < h < len(tokens) and h >= self.min_snapshot})
+        points = sorted(
+            {h for h in hints if keep < h < len(tokens) and _worth(tokens, h, self.min_snapshot)}
+        )
         return tuple(p for p in points if not self._covered(tokens[:p]))
 
     def _worth_saving(self, held: Tokens) -> bool:
-        return self.budget_bytes > 0 and len(held) >= self.min_snapshot and not self._covered(held)
+        return (
+            self.budget_bytes > 0
+            and _worth(held, len(held), self.min_snapshot)
+            and not self._covered(held)
+        )
 
     def _covered(self, tokens: Tokens) -> bool:
         """Whether a snapshot already serves every prefix ``tokens`` could serve."""
