@@ -56,19 +56,31 @@ class DiskIndex:
     def names(self) -> list[str]:
         return list(self._entries)
 
+    def sizes(self) -> dict[str, int]:
+        return {name: entry.nbytes for name, entry in self._entries.items()}
+
     def fits(self, nbytes: int) -> bool:
         """Whether a file of ``nbytes`` may be kept at all."""
         return 0 < nbytes <= self.budget_bytes
 
     def add(self, name: str, tokens: Tokens, nbytes: int, used: float) -> list[str]:
-        """Keep file ``name``; returns the names to remove now (least recently used first,
-        never the new one) so that the files fit the budget again. A file that cannot fit at
+        """Keep file ``name``; returns the names to remove now: on attention memory the
+        files it serves every prefix of (no use any more), then the least recently used
+        (never the new one) until the files fit the budget again. A file that cannot fit at
         all is not kept: its own name comes back."""
         if not self.fits(nbytes):
             self._entries.pop(name, None)
             return [name]
+        gone = [
+            old.name
+            for old in self._entries.values()
+            if self.cut_anywhere
+            and old.name != name
+            and covers(tokens, old.tokens, cut_anywhere=True)
+        ]
+        for old_name in gone:
+            del self._entries[old_name]
         self._entries[name] = DiskEntry(name, tokens, nbytes, used)
-        gone: list[str] = []
         used_bytes = self.bytes_used
         for old in sorted(self._entries.values(), key=lambda entry: (entry.used, entry.name)):
             if used_bytes <= self.budget_bytes:

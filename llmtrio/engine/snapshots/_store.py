@@ -169,8 +169,8 @@ class SnapshotStore:
                     continue
                 found[path.name] = info
         with self._lock:
-            for name in self._index.names():
-                if name not in found:
+            for name, size in self._index.sizes().items():
+                if name not in found or found[name].st_size != size:  # gone, or rewritten
                     self._index.remove(name)
             known = set(self._index.names())
         new = sorted((info.st_mtime, name) for name, info in found.items() if name not in known)
