@@ -257,8 +257,9 @@ class Engine(DecodeLoop):
         else:
             # Rendering and tokenizing a long prompt, or compiling a grammar, takes a while:
             # never on the event loop.
+            known = self._on_disk if request.cache_prompt else None
             prepared = await trio.to_thread.run_sync(
-                self._inputs.prepare, request, abandon_on_cancel=True
+                self._inputs.prepare, request, known, abandon_on_cancel=True
             )
         prompt = prepared.tokens
         prompt_array = np.asarray(prompt, dtype=np.int32)
@@ -303,6 +304,14 @@ class Engine(DecodeLoop):
                     self._end(key)
 
     # -- Trio-side helpers -------------------------------------------------------------
+
+    def _on_disk(self, prompt: list[int]) -> int:
+        """How many of ``prompt``'s tokens a file on disk serves (no I/O; 0 without files)."""
+        disk = self._disk
+        if disk is None:
+            return 0
+        found = disk.store.best(np.asarray(prompt, dtype=np.int32), len(prompt) - 1)
+        return found.keep if found is not None else 0
 
     async def _look_on_disk(
         self, prompt: npt.NDArray[np.int32], request: GenerateRequest

@@ -13,7 +13,7 @@ turned into what the decode core takes, before anything is queued.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -90,15 +90,20 @@ class InputProcessor:
         if at_least >= self._config.request_ctx:
             raise PromptTooLongError(at_least, self._config.request_ctx, at_least=True)
 
-    def prepare(self, request: GenerateRequest) -> Prepared:
+    def prepare(
+        self, request: GenerateRequest, known: Callable[[list[int]], int] | None = None
+    ) -> Prepared:
         """The request's prompt, checked, and its grammar (from ``grammar``, ``json_schema``
-        or its tools), compiled and parsed once.
+        or its tools), compiled and parsed once. ``known(tokens)`` says how many of the
+        prompt's tokens the prompt cache holds (in memory or on disk): an image among them is
+        not encoded (the decode thread encodes it should the cache not serve it after all).
 
         Error handling: :class:`PromptTooLongError`, :class:`InvalidRequestError` (a token
         id or a ``logit_bias`` outside the vocabulary, a schema the grammar cannot enforce),
         :class:`GrammarError` (a grammar llama.cpp cannot parse)."""
         prepared = self.prompt(request)
-        self._encode(prepared)
+        if prepared.images:
+            self._encode(prepared, after=known(prepared.tokens) if known is not None else 0)
         self._check_logit_bias(request)
         grammar = request_grammar(
             request, xml_calls=self.template.xml_tool_calls, opens_think=prepared.opens_think
@@ -150,7 +155,7 @@ class InputProcessor:
             raise PromptTooLongError(len(prepared.tokens), self._config.request_ctx)
         return prepared
 
-    def _encode(self, prepared: Prepared) -> None:
+    def _encode(self, prepared: Prepared, after: int = 0) -> None:
         """Encode the prompt's images here, in the preparing thread, not on the decode
         thread: an encode takes seconds on a CPU, and every stream would wait for it there
         (``benchmarks/vision_bench.py``). An image encoded lately is found in the projector's
@@ -158,8 +163,10 @@ class InputProcessor:
 
         Error handling: :class:`InvalidRequestError` when the projector fails on an image."""
         vision, stats = self._model.vision, self._stats
-        for _, chunk in prepared.images:
+        for start, chunk in prepared.images:
             assert vision is not None
+            if start + chunk.n_tokens <= after:  # in the prompt cache: not decoded again
+                continue
             encodes, started = vision.encodes, time.perf_counter()
             chunk.embd = vision.encode(chunk, self._model.n_embd)
             if vision.encodes > encodes:  # counters: racy across threads, as all of them
