@@ -8,6 +8,7 @@
     _errors      the error catalog and its two shapes (OpenAI's, Anthropic's); one dumps
     _durations   keep-alive durations (Ollama's forms)
     _probes      the Kubernetes probes' paths and answers
+    _prefixes    what a request's prompt begins with, as digests (for prefix affinity)
     _openapi     ``/openapi.json``, made from the routes, the fields and the errors
 """
 
@@ -73,6 +74,8 @@ from ._fields import FIELDS as FIELDS
 from ._fields import read as read
 from ._fields import request_schema as request_schema
 from ._openapi import openapi as openapi
+from ._prefixes import Prefix as Prefix
+from ._prefixes import prefixes_of as prefixes_of
 from ._probes import LIVEZ_PATH as LIVEZ_PATH
 from ._probes import PROBE_PATHS as PROBE_PATHS
 from ._probes import READYZ_PATH as READYZ_PATH
@@ -186,6 +189,7 @@ __all__ = [
     "Field",
     "NotReady",
     "OpenAIError",
+    "Prefix",
     "ProbeAnswer",
     "RequestLimits",
     "Route",
@@ -212,6 +216,7 @@ __all__ = [
     "no_worker",
     "not_found",
     "openapi",
+    "prefixes_of",
     "rate_limited",
     "read",
     "request_schema",
