@@ -3,8 +3,9 @@
 The body is read (within the body timeout, up to the size limit), parked on the ring under
 the request's routing key (its ``model``, resolved by ``_models``: an unknown or unfit model
 is refused before it parks) with what its prompt begins with (``llmtrio.api.prefixes_of``:
-the ring prefers a worker holding that prefix), and the response lane is relayed to the client: a JSON body whole
-(so a failure is still an error status), an event stream chunk by chunk. The ring stream is
+the ring prefers a worker holding that prefix), and the response lane is relayed to the
+client: a JSON body whole (so a failure is still an error status), an event stream chunk by
+chunk. The ring stream is
 cancelled however the request ends, unless its response ended.
 
 What the request ended with is recorded on its :class:`Exchange` for the access log and
