@@ -36,12 +36,12 @@ from llmtrio.engine import (
     StopReason,
 )
 from llmtrio.engine.generate._core import EngineCore
-from llmtrio.engine.generate._disk_tier import snapshot_key
+from llmtrio.engine.generate._disk_tier import DiskTier, snapshot_key
 from llmtrio.engine.generate._drafting import cut_anywhere
 from llmtrio.engine.generate._engine import context_params
 from llmtrio.engine.generate._step import CoreRequest, Offered, StepOutput
 from llmtrio.engine.llama import LlamaModel
-from llmtrio.engine.snapshots import SnapshotStore
+from llmtrio.engine.snapshots import SnapshotKey, SnapshotStore
 
 from ._helpers import collect, engine_config, eventually
 from ._projector import GEMMA3_IMAGE_TOKENS, write_gemma3_projector
@@ -274,3 +274,24 @@ async def test_another_models_file_is_refused(
         assert done.cached_tokens == 0 and engine.stats.disk_refused == 1
     assert "another model's snapshot" in caplog.text
     assert not (folder / gemma_file.name).exists() and gemma_file.exists()
+
+
+async def test_a_writer_behind_drops_what_memory_evicts_not_what_closing_hands_over(
+    tmp_path: Path,
+) -> None:
+    """While the writer is more than ``max_pending`` bytes behind, a snapshot memory evicts
+    is dropped (counted), never queued without bound; what the engine hands over as it closes
+    is written whatever the backlog."""
+    key = SnapshotKey.of("c" * 64, "build", {})
+    store = SnapshotStore(tmp_path, key, 2**20, cut_anywhere=False)
+    store.scan()
+    stats = EngineStats()
+    tier = DiskTier(store, stats, lambda deliver, value: deliver(value), max_pending=1000)
+    ids = [np.arange(start, start + 100, dtype=np.int32) for start in (0, 200, 400)]
+    tier.spill(ids[0], bytes(800))  # queued: the writer has not run yet
+    tier.spill(ids[1], bytes(800))  # 1600 bytes behind: dropped
+    tier.spill(ids[2], bytes(800), closing=True)  # written anyway
+    tier.close()
+    await tier.write_until_closed()
+    assert (stats.disk_dropped, stats.disk_writes, stats.disk_entries) == (1, 2, 2)
+    assert store.covers(ids[0]) and not store.covers(ids[1]) and store.covers(ids[2])

@@ -214,7 +214,7 @@ class EngineCollector(Collector):
             "Host memory held by prompt-state snapshots.",
             stats.prompt_cache_bytes,
         )
-        if config.cache_dir is not None:
+        if config.cache_dir is not None and isinstance(engine, Engine):
             yield from _disk_figures(stats)
         # Speculative decoding, in vLLM's names (one "draft" is one sequence-step's drafts).
         yield _Figure(

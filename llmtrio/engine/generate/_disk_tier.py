@@ -182,8 +182,12 @@ class DiskTier:
                     await self._write(tokens, data)
 
     async def _write(self, tokens: Tokens, data: Buffer) -> None:
+        """Write one snapshot; a fault is logged and costs that snapshot only (the engine
+        goes on serving)."""
         try:
             await trio.to_thread.run_sync(self.store.write, tokens, data)
+        except Exception:
+            logger.exception("prompt cache: a snapshot of %d tokens not written", len(tokens))
         finally:
             self._pending -= len(data)
             self._count()

@@ -182,7 +182,7 @@ class Engine(DecodeLoop):
 
         Error handling: :class:`ModelLoadError` when the folder cannot be made or read."""
         config = self.config
-        if config.cache_dir is None:
+        if config.cache_dir is None or not config.prompt_cache:
             task_status.started()
             return
         try:
