@@ -272,3 +272,13 @@ class DiskBudget(RuleBasedStateMachine):
 
 DiskBudget.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 test_the_disk_budget_holds_under_churn = DiskBudget.TestCase
+
+
+def test_a_file_longer_than_a_slot_is_passed_over_and_kept(tmp_path: Path) -> None:
+    """Written by a process with longer slots: this one cannot restore it whole, so it looks
+    past it, and keeps it for a process that can."""
+    files = store(tmp_path)
+    files.write(tokens(60), payload(100))
+    assert files.best(tokens(61), limit=60, room=59) is None
+    assert files.best(tokens(61), limit=60, room=60) is not None
+    assert files.entries == 1

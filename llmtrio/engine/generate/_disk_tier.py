@@ -80,8 +80,11 @@ class DiskTier:
         post: Callable[[Callable[[Any], None], Any], None],
         *,
         max_pending: int,
+        room: int | None = None,
     ) -> None:
         self.store = store
+        #: A slot's context: a file of more tokens is not restored.
+        self.room = room
         self._stats = stats
         self._post = post
         self._max_pending = max_pending
@@ -110,7 +113,13 @@ class DiskTier:
             cut_anywhere=cut_anywhere(model),
         )
         store.scan()
-        return cls(store, stats, post, max_pending=max(config.cache_ram_mib, 1024) * 2**20)
+        return cls(
+            store,
+            stats,
+            post,
+            max_pending=max(config.cache_ram_mib, 1024) * 2**20,
+            room=config.request_ctx,
+        )
 
     # -- the frontend ------------------------------------------------------------------------
 
@@ -131,7 +140,7 @@ class DiskTier:
                 await trio.to_thread.run_sync(store.scan)
             except OSError as exc:
                 logger.warning("prompt cache: cannot scan %s: %s", store.folder, exc)
-        found = store.best(prompt, limit, longer_than=memory)
+        found = store.best(prompt, limit, longer_than=memory, room=self.room)
         loaded = None if found is None else await trio.to_thread.run_sync(store.read, found)
         self._count()
         if loaded is None:

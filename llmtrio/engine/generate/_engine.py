@@ -310,7 +310,7 @@ class Engine(DecodeLoop):
         disk = self._disk
         if disk is None:
             return 0
-        found = disk.store.best(np.asarray(prompt, dtype=np.int32), len(prompt) - 1)
+        found = disk.store.best(np.asarray(prompt, dtype=np.int32), len(prompt) - 1, room=disk.room)
         return found.keep if found is not None else 0
 
     async def _look_on_disk(

@@ -100,11 +100,17 @@ class DiskIndex:
         if entry is not None:
             entry.used = max(entry.used, used)
 
-    def best(self, tokens: Tokens, limit: int, *, longer_than: int = 0) -> Found | None:
+    def best(
+        self, tokens: Tokens, limit: int, *, longer_than: int = 0, room: int | None = None
+    ) -> Found | None:
         """The file serving the most of ``tokens`` (at most ``limit`` of them), if it serves
-        more than ``longer_than`` and is worth a restore; the most recently used on a tie."""
+        more than ``longer_than`` and is worth a restore; the most recently used on a tie.
+        A file of more than ``room`` tokens (a slot's context) is passed over: its state
+        cannot be restored whole into the slot (it stays, for a process with room)."""
         found: Found | None = None
         for entry in self._entries.values():
+            if room is not None and len(entry.tokens) > room:
+                continue
             keep = reusable(entry.tokens, tokens, limit, cut_anywhere=self.cut_anywhere)
             if keep <= longer_than or not worth(tokens, keep, self.min_restore):
                 continue

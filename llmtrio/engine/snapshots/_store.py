@@ -124,10 +124,12 @@ class SnapshotStore:
         with self._lock:
             return self._index.names()
 
-    def best(self, tokens: Tokens, limit: int, *, longer_than: int = 0) -> Found | None:
+    def best(
+        self, tokens: Tokens, limit: int, *, longer_than: int = 0, room: int | None = None
+    ) -> Found | None:
         """The file serving most of ``tokens`` (see ``DiskIndex.best``); no I/O."""
         with self._lock:
-            return self._index.best(tokens, limit, longer_than=longer_than)
+            return self._index.best(tokens, limit, longer_than=longer_than, room=room)
 
     def covers(self, tokens: Tokens) -> bool:
         """Whether a file already serves every prefix a file of ``tokens`` would; no I/O."""
