@@ -176,7 +176,8 @@ async def test_a_schema_compiles_once_for_many_requests(gemma_path: Path) -> Non
             jsonschema.validate(json.loads(text), schema)
         with pytest.raises(InvalidRequestError, match="'uniqueItems'") as info:
             bad = {"type": "array", "uniqueItems": True}
-            async with engine.submit(GenerateRequest.user("hi", json_schema=bad)):
+            strict = GenerateRequest.user("hi", json_schema=bad, json_schema_strict=True)
+            async with engine.submit(strict):
                 pass
         assert info.value.param == "json_schema"
         assert engine.capacity().inflight == 0

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, OpenAIError
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, OPENAI_ERRORS, ApiError
 from llmtrio.cli._configs import request_limits, serve_config
 from llmtrio.cli._main import _parser
 from llmtrio.ring import Ring
@@ -62,10 +62,10 @@ def test_the_limiter_forgets_full_buckets_first_and_stays_bounded() -> None:
 
 
 def refusal(call: Callable[[], object]) -> dict[str, Any]:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         call()
     assert caught.value.status == 400
-    error: dict[str, Any] = caught.value.to_dict()["error"]
+    error: dict[str, Any] = OPENAI_ERRORS.to_dict(caught.value)["error"]
     return error
 
 

@@ -331,20 +331,20 @@ def test_the_route_family_decides_the_error_shape() -> None:
     assert error_family("/v1/messages/batches") == ANTHROPIC_ERRORS
     assert error_family(CHAT_PATH) == error_family("/v1/messagesx") == OPENAI_ERRORS
     full = ring_full(2)
-    assert (full.status_in(OPENAI_ERRORS), full.status_in(ANTHROPIC_ERRORS)) == (503, 529)
-    assert json.loads(full.body(ANTHROPIC_ERRORS)) == {
+    assert (OPENAI_ERRORS.status(full), ANTHROPIC_ERRORS.status(full)) == (503, 529)
+    assert json.loads(ANTHROPIC_ERRORS.body(full)) == {
         "type": "error",
         "error": {"type": "overloaded_error", "message": full.message},
     }
-    assert no_worker(5.0).status_in(ANTHROPIC_ERRORS) == 529
-    assert json.loads(invalid_api_key().body(ANTHROPIC_ERRORS))["error"]["type"] == (
+    assert ANTHROPIC_ERRORS.status(no_worker(5.0)) == 529
+    assert json.loads(ANTHROPIC_ERRORS.body(invalid_api_key()))["error"]["type"] == (
         "authentication_error"
     )
-    limited = json.loads(rate_limited(10, 6).body(ANTHROPIC_ERRORS))
+    limited = json.loads(ANTHROPIC_ERRORS.body(rate_limited(10, 6)))
     assert limited["error"]["type"] == "rate_limit_error"
-    assert request_timeout(30).status_in(ANTHROPIC_ERRORS) == 504
-    assert server_error().sse(ANTHROPIC_ERRORS).startswith(b"event: error\ndata: {")
-    assert server_error().sse().startswith(b'data: {"error":')
+    assert ANTHROPIC_ERRORS.status(request_timeout(30)) == 504
+    assert ANTHROPIC_ERRORS.event(server_error()).startswith(b"event: error\ndata: {")
+    assert OPENAI_ERRORS.event(server_error()).startswith(b'data: {"error":')
 
 
 # -- the anthropic client against gemma -------------------------------------------------------

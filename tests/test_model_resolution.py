@@ -14,8 +14,9 @@ from llmtrio.api import (
     COMPLETIONS_PATH,
     DETOKENIZE_PATH,
     EMBEDDINGS_PATH,
+    OPENAI_ERRORS,
     TOKENIZE_PATH,
-    OpenAIError,
+    ApiError,
 )
 from llmtrio.cli._configs import engine_configs
 from llmtrio.cli._threads import split_threads, thread_counts
@@ -29,9 +30,9 @@ BOTH = CHATS | MINILM
 
 
 def refused(requested: object, path: str, models: dict[str, ModelStats], **kw: object) -> dict:
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         resolve_model(requested, path, models, **kw)  # type: ignore[arg-type]
-    return {"status": info.value.status, **info.value.to_dict()["error"]}
+    return {"status": info.value.status, **OPENAI_ERRORS.to_dict(info.value)["error"]}
 
 
 def test_rule_1_a_model_served_now_or_lately_is_routed_to() -> None:

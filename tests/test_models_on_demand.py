@@ -417,7 +417,10 @@ FAMILIES = [
 def _assert_family(path: str, response: httpx.Response, status: int, kind: str) -> str:
     """``response`` is ``status`` in the shape of ``path``'s family: Anthropic's
     ``{"type": "error", "error": {"type", "message"}}`` with its error type for the status, or
-    OpenAI's ``{"error": {"message", "type", "param", "code"}}``; gives the message."""
+    OpenAI's ``{"error": {"message", "type", "param", "code"}}``; gives the message. A 503 is
+    Anthropic's 529 (``overloaded_error``: it has no 503)."""
+    if path == MESSAGES_PATH and status == 503:
+        status = 529
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     body = response.json()

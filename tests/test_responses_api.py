@@ -18,7 +18,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel
 
-from llmtrio.api import RESPONSES_INPUT_TOKENS_PATH, RESPONSES_PATH, OpenAIError, server_error
+from llmtrio.api import RESPONSES_INPUT_TOKENS_PATH, RESPONSES_PATH, ApiError, server_error
 from llmtrio.engine import ChatMessage, Done, StopReason, Timings, Token, ToolCall
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
@@ -64,8 +64,8 @@ def parse(**body: Any) -> ResponsesRequest:
     return parse_responses_request(json.dumps(body).encode())
 
 
-def refused(**body: Any) -> OpenAIError:
-    with pytest.raises(OpenAIError) as caught:
+def refused(**body: Any) -> ApiError:
+    with pytest.raises(ApiError) as caught:
         parse(**body)
     assert caught.value.status == 400
     return caught.value

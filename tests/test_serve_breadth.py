@@ -264,6 +264,7 @@ def test_completions_streamed(live_server: LiveServer) -> None:
                     "json_schema": {
                         "name": "x",
                         "schema": {"type": "object", "properties": {"n": {"not": {}}}},
+                        "strict": True,
                     },
                 }
             },

@@ -22,24 +22,28 @@ from ._anthropic_fields import ANTHROPIC_TEXT_BLOCKS as ANTHROPIC_TEXT_BLOCKS
 from ._anthropic_fields import ANTHROPIC_THINKING as ANTHROPIC_THINKING
 from ._anthropic_fields import ANTHROPIC_TOOL as ANTHROPIC_TOOL
 from ._anthropic_fields import ANTHROPIC_TOOL_CHOICE as ANTHROPIC_TOOL_CHOICE
+from ._audio_fields import INPUT_AUDIO_PART as INPUT_AUDIO_PART
+from ._audio_fields import TRANSCRIPT_FORMATS as TRANSCRIPT_FORMATS
 from ._chat_fields import IMAGE_URL_PART as IMAGE_URL_PART
+from ._chat_fields import MESSAGE_FIELDS as MESSAGE_FIELDS
 from ._chat_fields import MESSAGE_ROLES as MESSAGE_ROLES
-from ._chat_fields import MESSAGES as MESSAGES
 from ._chat_fields import NAMED_TOOL_CHOICE as NAMED_TOOL_CHOICE
 from ._chat_fields import RESPONSE_FORMAT_JSON_SCHEMA as RESPONSE_FORMAT_JSON_SCHEMA
 from ._chat_fields import TEXT_PARTS as TEXT_PARTS
 from ._chat_fields import TOOL_CHOICE_MODE as TOOL_CHOICE_MODE
 from ._durations import FOREVER as FOREVER
 from ._durations import keep_alive_seconds as keep_alive_seconds
+from ._errors import ANTHROPIC_ERRORS as ANTHROPIC_ERRORS
 from ._errors import ANTHROPIC_TYPES as ANTHROPIC_TYPES
 from ._errors import DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES
 from ._errors import ERRORS as ERRORS
 from ._errors import HOST_NOT_ALLOWED as HOST_NOT_ALLOWED
+from ._errors import OPENAI_ERRORS as OPENAI_ERRORS
 from ._errors import ORIGIN_NOT_ALLOWED as ORIGIN_NOT_ALLOWED
+from ._errors import ApiError as ApiError
+from ._errors import ErrorFamily as ErrorFamily
 from ._errors import ErrorKind as ErrorKind
-from ._errors import OpenAIError as OpenAIError
 from ._errors import body_timeout as body_timeout
-from ._errors import dumps as dumps
 from ._errors import invalid_api_key as invalid_api_key
 from ._errors import invalid_request as invalid_request
 from ._errors import method_not_allowed as method_not_allowed
@@ -71,8 +75,19 @@ from ._field_spec import invalid_value as invalid_value
 from ._field_spec import missing as missing
 from ._field_spec import show as show
 from ._fields import FIELDS as FIELDS
+from ._fields import form_values as form_values
 from ._fields import read as read
+from ._fields import read_keep_alive as read_keep_alive
 from ._fields import request_schema as request_schema
+from ._forms import Form as Form
+from ._forms import Upload as Upload
+from ._forms import form_field as form_field
+from ._forms import is_form as is_form
+from ._forms import read_form as read_form
+from ._json import SSE_DONE as SSE_DONE
+from ._json import dumps as dumps
+from ._json import json_string as json_string
+from ._json import sse as sse
 from ._openapi import openapi as openapi
 from ._prefixes import Prefix as Prefix
 from ._prefixes import prefixes_of as prefixes_of
@@ -86,37 +101,32 @@ from ._responses_fields import RESPONSES_EFFORTS as RESPONSES_EFFORTS
 from ._responses_fields import RESPONSES_FORMAT as RESPONSES_FORMAT
 from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
 from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
-from ._routes import ANTHROPIC_ERRORS as ANTHROPIC_ERRORS
-from ._routes import CHAT as CHAT
+from ._routes import AUDIO_PARTS as AUDIO_PARTS
 from ._routes import CHAT_MODEL as CHAT_MODEL
 from ._routes import CHAT_PATH as CHAT_PATH
-from ._routes import COMPLETIONS as COMPLETIONS
 from ._routes import COMPLETIONS_PATH as COMPLETIONS_PATH
-from ._routes import COUNT_TOKENS as COUNT_TOKENS
 from ._routes import COUNT_TOKENS_PATH as COUNT_TOKENS_PATH
-from ._routes import DETOKENIZE as DETOKENIZE
 from ._routes import DETOKENIZE_PATH as DETOKENIZE_PATH
 from ._routes import EMBEDDING_MODEL as EMBEDDING_MODEL
-from ._routes import EMBEDDINGS as EMBEDDINGS
 from ._routes import EMBEDDINGS_PATH as EMBEDDINGS_PATH
+from ._routes import FORM_PATHS as FORM_PATHS
 from ._routes import HEALTH_PATH as HEALTH_PATH
+from ._routes import IMAGE_PARTS as IMAGE_PARTS
 from ._routes import MANAGE_PATHS as MANAGE_PATHS
-from ._routes import MESSAGES_API as MESSAGES_API
 from ._routes import MESSAGES_PATH as MESSAGES_PATH
 from ._routes import MODEL_KINDS as MODEL_KINDS
-from ._routes import MODELS as MODELS
 from ._routes import MODELS_LOAD_PATH as MODELS_LOAD_PATH
 from ._routes import MODELS_PATH as MODELS_PATH
 from ._routes import MODELS_UNLOAD_PATH as MODELS_UNLOAD_PATH
-from ._routes import OPENAI_ERRORS as OPENAI_ERRORS
 from ._routes import OPENAPI_PATH as OPENAPI_PATH
-from ._routes import RESPONSES as RESPONSES
 from ._routes import RESPONSES_INPUT_TOKENS_PATH as RESPONSES_INPUT_TOKENS_PATH
 from ._routes import RESPONSES_PATH as RESPONSES_PATH
 from ._routes import RING_PATHS as RING_PATHS
 from ._routes import ROUTES as ROUTES
-from ._routes import TOKENIZE as TOKENIZE
 from ._routes import TOKENIZE_PATH as TOKENIZE_PATH
+from ._routes import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS_PATH
+from ._routes import TRANSLATIONS_PATH as TRANSLATIONS_PATH
+from ._routes import Body as Body
 from ._routes import Route as Route
 from ._routes import error_family as error_family
 
@@ -133,34 +143,31 @@ __all__ = [
     "ANTHROPIC_TOOL",
     "ANTHROPIC_TOOL_CHOICE",
     "ANTHROPIC_TYPES",
-    "CHAT",
+    "AUDIO_PARTS",
     "CHAT_MODEL",
     "CHAT_PATH",
-    "COMPLETIONS",
     "COMPLETIONS_PATH",
-    "COUNT_TOKENS",
     "COUNT_TOKENS_PATH",
     "DEFAULT_MAX_BODY_BYTES",
-    "DETOKENIZE",
     "DETOKENIZE_PATH",
-    "EMBEDDINGS",
     "EMBEDDINGS_PATH",
     "EMBEDDING_MODEL",
     "ERRORS",
     "FIELDS",
     "FOREVER",
+    "FORM_PATHS",
     "HEALTH_PATH",
     "HOST_NOT_ALLOWED",
+    "IMAGE_PARTS",
     "IMAGE_URL_PART",
+    "INPUT_AUDIO_PART",
     "INT32_MAX",
     "LIVEZ_PATH",
     "MANAGE_PATHS",
     "MAX_TOP_LOGPROBS",
-    "MESSAGES",
-    "MESSAGES_API",
     "MESSAGES_PATH",
+    "MESSAGE_FIELDS",
     "MESSAGE_ROLES",
-    "MODELS",
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
@@ -171,7 +178,6 @@ __all__ = [
     "ORIGIN_NOT_ALLOWED",
     "PROBE_PATHS",
     "READYZ_PATH",
-    "RESPONSES",
     "RESPONSES_EFFORTS",
     "RESPONSES_FORMAT",
     "RESPONSES_IMAGE_PART",
@@ -181,18 +187,25 @@ __all__ = [
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "RING_PATHS",
     "ROUTES",
+    "SSE_DONE",
     "TEXT_PARTS",
-    "TOKENIZE",
     "TOKENIZE_PATH",
     "TOOL_CHOICE_MODE",
+    "TRANSCRIPTIONS_PATH",
+    "TRANSCRIPT_FORMATS",
+    "TRANSLATIONS_PATH",
+    "ApiError",
+    "Body",
+    "ErrorFamily",
     "ErrorKind",
     "Field",
+    "Form",
     "NotReady",
-    "OpenAIError",
     "Prefix",
     "ProbeAnswer",
     "RequestLimits",
     "Route",
+    "Upload",
     "answer_probe",
     "body_timeout",
     "check",
@@ -202,10 +215,14 @@ __all__ = [
     "describe",
     "dumps",
     "error_family",
+    "form_field",
+    "form_values",
     "invalid_api_key",
     "invalid_request",
     "invalid_type",
     "invalid_value",
+    "is_form",
+    "json_string",
     "keep_alive_seconds",
     "method_not_allowed",
     "missing",
@@ -219,6 +236,8 @@ __all__ = [
     "prefixes_of",
     "rate_limited",
     "read",
+    "read_form",
+    "read_keep_alive",
     "request_schema",
     "request_timeout",
     "request_too_large",
@@ -226,6 +245,7 @@ __all__ = [
     "server_error",
     "show",
     "shutting_down",
+    "sse",
     "worker_failed",
     "wrong_model_kind",
 ]

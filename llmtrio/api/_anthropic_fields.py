@@ -17,7 +17,7 @@ from ._field_spec import (
     ref,
     refused,
 )
-from ._routes import COUNT_TOKENS, MESSAGES_API
+from ._routes import IMAGE_PARTS, Body
 
 __all__ = [
     "ANTHROPIC_BLOCKS",
@@ -34,9 +34,12 @@ __all__ = [
     "anthropic_components",
 ]
 
+#: The ``type`` of an image block.
+_IMAGE = IMAGE_PARTS[Body.MESSAGES]
+
 
 def _anthropic(*names: str) -> frozenset[str]:
-    return frozenset(names or (MESSAGES_API, COUNT_TOKENS))
+    return frozenset(names or (Body.MESSAGES, Body.COUNT_TOKENS))
 
 
 def _anthropic_ignored(
@@ -76,10 +79,10 @@ ANTHROPIC_IMAGE_SOURCE: Final = part("source", "object", required=True, nullable
 ))  # fmt: skip
 _A_IMAGE_BLOCK = part("", "object", nullable=False, component="AnthropicImageBlock",
                        properties=(
-    _block_type("image"), ANTHROPIC_IMAGE_SOURCE, _CACHE_CONTROL,
+    _block_type(_IMAGE), ANTHROPIC_IMAGE_SOURCE, _CACHE_CONTROL,
 ))  # fmt: skip
 #: A tool result's content when it is not a string: text and image blocks.
-ANTHROPIC_RESULT_BLOCKS: Final = {"text": _A_TEXT_BLOCK, "image": _A_IMAGE_BLOCK}
+ANTHROPIC_RESULT_BLOCKS: Final = {"text": _A_TEXT_BLOCK, _IMAGE: _A_IMAGE_BLOCK}
 _A_RESULT_CONTENT: Schema = {
     "anyOf": [
         {"type": "string"},
@@ -106,7 +109,7 @@ ANTHROPIC_BLOCKS: Final = {
         part("signature", "string", "Not checked."))),
     "redacted_thinking": part("", "object", nullable=False, properties=(
         _block_type("redacted_thinking"), part("data", "string"))),
-    "image": _A_IMAGE_BLOCK,
+    _IMAGE: _A_IMAGE_BLOCK,
 }  # fmt: skip
 #: Content blocks this server cannot take yet, and what they are.
 ANTHROPIC_REFUSED_BLOCKS: Final = {
@@ -120,6 +123,12 @@ ANTHROPIC_REFUSED_BLOCKS: Final = {
     "text_editor_code_execution_tool_result": "server tools",
     "tool_search_tool_result": "server tools",
     "container_upload": "container uploads",
+    # Anthropic's API has no audio block; a client that sends OpenAI's part here is told where
+    # audio goes
+    "audio": "audio (Anthropic's Messages API has no audio block: send audio as an "
+    "'input_audio' part to /v1/chat/completions, or to /v1/audio/transcriptions)",
+    "input_audio": "audio (Anthropic's Messages API has no audio block: send audio as an "
+    "'input_audio' part to /v1/chat/completions, or to /v1/audio/transcriptions)",
 }
 _A_CONTENT: Schema = {
     "anyOf": [
@@ -146,7 +155,8 @@ ANTHROPIC_TOOL: Final = part("", "object", nullable=False, component="AnthropicT
     part("input_schema", "schema", nullable=False, default={}, expected="a JSON schema object"),
     part("type", "string", "``custom``; a server tool's type (``web_search_20250305``, ...) "
           "is left out of what the model is offered."),
-    _CACHE_CONTROL, part("strict", "any", "Accepted: the schema is enforced on a call."),
+    _CACHE_CONTROL, part("strict", "any", "true: a keyword the grammar cannot enforce is "
+                                         "refused; else it is relaxed."),
 ))  # fmt: skip
 ANTHROPIC_TOOL_CHOICE: Final = part("tool_choice", "object", properties=(
     part("type", "string", required=True, enum=("auto", "any", "tool", "none")),
@@ -172,10 +182,10 @@ ANTHROPIC_OUTPUT_CONFIG: Final = part("output_config", "object", properties=(
 #: The fields of the Messages API and its token count.
 ANTHROPIC_FIELDS: Final[tuple[Field, ...]] = (
     Field("model", "string", _anthropic(), "The model's name (resolved as every route's)."),
-    Field("max_tokens", "integer", _anthropic(MESSAGES_API), required=True, minimum=1,
+    Field("max_tokens", "integer", _anthropic(Body.MESSAGES), required=True, minimum=1,
           maximum=INT32_MAX, limit="max_tokens"),
-    Field("max_tokens", "integer", _anthropic(COUNT_TOKENS), "Accepted and ignored.", minimum=0,
-          maximum=INT32_MAX),
+    Field("max_tokens", "integer", _anthropic(Body.COUNT_TOKENS), "Accepted and ignored.",
+          minimum=0, maximum=INT32_MAX),
     Field("messages", "array", _anthropic(), required=True, limit="max_messages",
           items=part("", "custom", nullable=False, component="AnthropicMessage"),
           empty="an array with at least one message"),
@@ -184,7 +194,7 @@ ANTHROPIC_FIELDS: Final[tuple[Field, ...]] = (
     Field("stop_sequences", "array", _anthropic(), limit="max_stop",
           items=part("", "string", nullable=False, min_length=1,
                       expected="a non-empty string")),
-    Field("stream", "boolean", _anthropic(MESSAGES_API)),
+    Field("stream", "boolean", _anthropic(Body.MESSAGES)),
     Field("temperature", "number", _anthropic(), minimum=0, maximum=1),
     Field("top_p", "number", _anthropic(), minimum=0, maximum=1, exclusive_minimum=True),
     Field("top_k", "integer", _anthropic(), "0 keeps every token.", minimum=0, maximum=INT32_MAX),
@@ -195,7 +205,7 @@ ANTHROPIC_FIELDS: Final[tuple[Field, ...]] = (
           "medium's by default), ``disabled`` (off); absent: the template's default.",
           properties=ANTHROPIC_THINKING.properties),
     Field("output_config", "object", _anthropic(), properties=ANTHROPIC_OUTPUT_CONFIG.properties),
-    Field("ignore_eos", "boolean", _anthropic(MESSAGES_API),
+    Field("ignore_eos", "boolean", _anthropic(Body.MESSAGES),
           "llama.cpp's extension: generate through end-of-generation tokens (benchmarks)."),
     Field("metadata", "object", _anthropic(), "Accepted and ignored.",
           properties=(part("user_id", "any"),)),
@@ -206,7 +216,7 @@ ANTHROPIC_FIELDS: Final[tuple[Field, ...]] = (
     _anthropic_ignored("inference_geo"),
     _anthropic_ignored("diagnostics"),
     _anthropic_ignored("context_management"),
-    refused("mcp_servers", "remote MCP servers", MESSAGES_API, COUNT_TOKENS),
+    refused("mcp_servers", "remote MCP servers", Body.MESSAGES, Body.COUNT_TOKENS),
 )  # fmt: skip
 
 

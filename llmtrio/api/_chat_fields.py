@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ._errors import OpenAIError
+from ._errors import ApiError
 from ._field_spec import (
     INT32_MAX,
     INT64_MAX,
@@ -24,12 +24,12 @@ from ._field_spec import (
     ref,
     refused,
 )
-from ._routes import CHAT, COMPLETIONS, EMBEDDINGS
+from ._routes import IMAGE_PARTS, Body
 
 __all__ = [
     "CHAT_FIELDS",
     "IMAGE_URL_PART",
-    "MESSAGES",
+    "MESSAGE_FIELDS",
     "MESSAGE_ROLES",
     "NAMED_TOOL_CHOICE",
     "RESPONSE_FORMATS",
@@ -41,7 +41,7 @@ __all__ = [
 
 
 def _both(*names: str) -> frozenset[str]:
-    return frozenset(names or (CHAT, COMPLETIONS))
+    return frozenset(names or (Body.CHAT, Body.COMPLETIONS))
 
 
 def _stop_shape(limits: RequestLimits) -> Schema:
@@ -78,7 +78,7 @@ def _embedding_input_shape(limits: RequestLimits) -> Schema:
     }
 
 
-def _as_missing(param: str, value: object) -> OpenAIError:
+def _as_missing(param: str, value: object) -> ApiError:
     return missing(param)
 
 
@@ -90,7 +90,7 @@ MESSAGE_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 _TEXT_PART = part("", "object", nullable=False, component="TextPart", properties=(
     part("type", "string", required=True, enum=("text",), refusal="Invalid value for "
           "'{param}': {value}. This server accepts text content parts ('text'), and image "
-          "parts ('image_url') in user messages."),
+          "parts ('image_url') and audio parts ('input_audio') in user messages."),
     part("text", "string", nullable=False, text=True),
 ))  # fmt: skip
 #: A message's content when it is not a string.
@@ -99,7 +99,7 @@ TEXT_PARTS: Final = part("content", "array", items=_TEXT_PART,
 #: An image in a user message (a model with a vision projector): a ``data:`` URI, or an
 #: ``http(s)`` URL of a host the server fetches from (``--allowed-media-domains``).
 IMAGE_URL_PART: Final = part("", "object", nullable=False, component="ImageUrlPart", properties=(
-    part("type", "string", required=True, enum=("image_url",)),
+    part("type", "string", required=True, enum=(IMAGE_PARTS[Body.CHAT],)),
     part("image_url", "object", required=True, nullable=False, properties=(
         part("url", "string", required=True, nullable=False,
               description="A data: URI with a base64 PNG, JPEG, WebP or GIF (its first "
@@ -114,10 +114,11 @@ _CONTENT: Schema = {
         {"type": "string"},
         TEXT_PARTS.body(RequestLimits()),
         {"type": "array", "minItems": 1, "items": {"anyOf": [ref("TextPart"),
-                                                             ref("ImageUrlPart")]}},
+                                                             ref("ImageUrlPart"),
+                                                             ref("InputAudioPart")]}},
     ],
     "description": "A text, or text parts (joined by newlines); a user message's parts may "
-    "hold images (image_url) for a model that takes them.",
+    "hold images (image_url) and audio (input_audio) for a model that takes them.",
 }  # fmt: skip
 _TOOL_CALL = part("", "object", nullable=False, properties=(
     part("id", "any", "Kept when a string; a new id otherwise."),
@@ -146,7 +147,7 @@ def _content(required: bool = True) -> Field:
 _SAYS = _message(("system", "developer", "user"), _content())
 #: A message's fields by its role, in the order they are checked (its ``content`` is parsed
 #: by the endpoint: a string or ``TEXT_PARTS``).
-MESSAGES: Final = {
+MESSAGE_FIELDS: Final = {
     "system": _SAYS,
     "developer": _SAYS,
     "user": _SAYS,
@@ -164,7 +165,8 @@ _TOOL = part("", "object", nullable=False, component="Tool", properties=(
         part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
         part("description", "string", falsy_is_null=True),
         part("parameters", "object", "The arguments' JSON Schema; none (or {}) takes none."),
-        part("strict", "any", "Accepted and not read."),
+        part("strict", "any", "true: a keyword the grammar cannot enforce is refused; "
+                                "else it is relaxed."),
     )),
 ))  # fmt: skip
 #: ``tool_choice`` as a string.
@@ -188,7 +190,8 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 RESPONSE_FORMAT_JSON_SCHEMA: Final = part(
     "json_schema", "object", required=True, fault=_as_missing, properties=(
         part("name", "string", required=True, fault=_as_missing),
-        part("strict", "boolean", "Whatever it says, the schema is enforced."),
+        part("strict", "boolean", "true: a keyword the grammar cannot enforce is refused; "
+                                    "else it is relaxed."),
         part("schema", "schema", nullable=False, default={}, expected="a JSON schema object"),
     ))  # fmt: skip
 
@@ -219,7 +222,7 @@ def chat_components(limits: RequestLimits) -> dict[str, Schema]:
     return {
         "ChatMessage": {
             "description": "A message; only an assistant message may leave out its content.",
-            "anyOf": [MESSAGES[role].body(limits) for role in ("user", "assistant", "tool")],
+            "anyOf": [MESSAGE_FIELDS[role].body(limits) for role in ("user", "assistant", "tool")],
         },
         "Content": _CONTENT,
         "TextPart": _TEXT_PART.body(limits),
@@ -236,15 +239,16 @@ def chat_components(limits: RequestLimits) -> dict[str, Schema]:
 #: The fields of chat completions, text completions and embeddings.
 CHAT_FIELDS: Final[tuple[Field, ...]] = (
     Field("model", "string", _both(), "The model's name (any name is served by this model)."),
-    Field("messages", "array", _both(CHAT), required=True, limit="max_messages",
+    Field("messages", "array", _both(Body.CHAT), required=True, limit="max_messages",
           items=part("", "custom", nullable=False, component="ChatMessage"),
           empty="an array with at least one message"),
-    custom("prompt", _PROMPT, COMPLETIONS, required=True,
+    custom("prompt", _PROMPT, Body.COMPLETIONS, required=True,
             description="A text, or token ids; one prompt per request."),
-    Field("max_tokens", "integer", _both(CHAT), minimum=1, maximum=INT32_MAX, limit="max_tokens"),
-    Field("max_tokens", "integer", _both(COMPLETIONS), "16 when absent, as OpenAI's.",
+    Field("max_tokens", "integer", _both(Body.CHAT), minimum=1, maximum=INT32_MAX,
+          limit="max_tokens"),
+    Field("max_tokens", "integer", _both(Body.COMPLETIONS), "16 when absent, as OpenAI's.",
           minimum=1, maximum=INT32_MAX, limit="max_tokens"),
-    Field("max_completion_tokens", "integer", _both(CHAT), "Wins over ``max_tokens``.",
+    Field("max_completion_tokens", "integer", _both(Body.CHAT), "Wins over ``max_tokens``.",
           minimum=1, maximum=INT32_MAX, limit="max_tokens"),
     Field("temperature", "number", _both(), minimum=0, maximum=2),
     Field("top_p", "number", _both(), minimum=0, maximum=1, exclusive_minimum=True),
@@ -266,53 +270,53 @@ CHAT_FIELDS: Final[tuple[Field, ...]] = (
           "Only with ``stream: true``: a usage chunk before ``[DONE]``.",
           properties=(part("include_usage", "boolean"),)),
     Field("n", "integer", _both(), "One choice per request.", minimum=1, maximum=1),
-    Field("best_of", "integer", _both(COMPLETIONS), "One completion per request.",
+    Field("best_of", "integer", _both(Body.COMPLETIONS), "One completion per request.",
           minimum=1, maximum=1),
-    refused("echo", "echoing the prompt back", COMPLETIONS, allowed=(False,)),
-    refused("suffix", "a suffix (fill-in-the-middle)", COMPLETIONS),
-    Field("logprobs", "boolean", _both(CHAT)),
-    Field("top_logprobs", "integer", _both(CHAT), "Only with ``logprobs: true``.",
+    refused("echo", "echoing the prompt back", Body.COMPLETIONS, allowed=(False,)),
+    refused("suffix", "a suffix (fill-in-the-middle)", Body.COMPLETIONS),
+    Field("logprobs", "boolean", _both(Body.CHAT)),
+    Field("top_logprobs", "integer", _both(Body.CHAT), "Only with ``logprobs: true``.",
           minimum=0, maximum=MAX_TOP_LOGPROBS),
-    Field("logprobs", "integer", _both(COMPLETIONS), "Alternatives per token.",
+    Field("logprobs", "integer", _both(Body.COMPLETIONS), "Alternatives per token.",
           minimum=0, maximum=MAX_TOP_LOGPROBS),
-    custom("logit_bias", _LOGIT_BIAS, CHAT, COMPLETIONS,
+    custom("logit_bias", _LOGIT_BIAS, Body.CHAT, Body.COMPLETIONS,
             description="Token id to a bias from -100 (never) to 100 (always)."),
     Field("response_format", "object", _both(), component="ResponseFormat", properties=(
         part("type", "string", nullable=False, enum=RESPONSE_FORMATS),)),
-    Field("tools", "array", _both(CHAT), items=_TOOL),
+    Field("tools", "array", _both(Body.CHAT), items=_TOOL),
     custom("tool_choice", {"anyOf": [TOOL_CHOICE_MODE.body(RequestLimits()),
-                                      ref("NamedToolChoice")]}, CHAT),
-    Field("parallel_tool_calls", "boolean", _both(CHAT)),
-    Field("think", "boolean", _both(CHAT), "Let the model reason first."),
-    Field("chat_template_kwargs", "object", _both(CHAT),
+                                      ref("NamedToolChoice")]}, Body.CHAT),
+    Field("parallel_tool_calls", "boolean", _both(Body.CHAT)),
+    Field("think", "boolean", _both(Body.CHAT), "Let the model reason first."),
+    Field("chat_template_kwargs", "object", _both(Body.CHAT),
           properties=(part("enable_thinking", "boolean"),)),
     Field("ignore_eos", "boolean", _both(), "llama.cpp's extension."),
     Field("cache_prompt", "boolean", _both(),
           "llama.cpp's extension: false ingests the whole prompt, reusing no earlier "
           "request's memory (default true)."),
-    refused("audio", "audio output", CHAT),
-    refused("modalities", "output modalities other than text", CHAT, allowed=(["text"],)),
-    refused("prediction", "predicted outputs", CHAT),
-    refused("web_search_options", "web search", CHAT),
-    refused("functions", "the deprecated 'functions' (use 'tools')", CHAT),
-    refused("function_call", "the deprecated 'function_call' (use 'tool_choice')", CHAT),
-    Field("reasoning_effort", "string", _both(CHAT),
+    refused("audio", "audio output", Body.CHAT),
+    refused("modalities", "output modalities other than text", Body.CHAT, allowed=(["text"],)),
+    refused("prediction", "predicted outputs", Body.CHAT),
+    refused("web_search_options", "web search", Body.CHAT),
+    refused("functions", "the deprecated 'functions' (use 'tools')", Body.CHAT),
+    refused("function_call", "the deprecated 'function_call' (use 'tool_choice')", Body.CHAT),
+    Field("reasoning_effort", "string", _both(Body.CHAT),
           "How much the model may reason: ``none`` and ``minimal`` turn thinking off; "
           "``low`` to ``xhigh`` turn it on with a budget of reasoning tokens that grows "
           "with the effort (README, Reasoning), after which the think block is closed; "
           "``max`` (llmtrio's) on without a budget. ``think`` or "
           "``chat_template_kwargs.enable_thinking``, when given, wins on whether to think.",
           enum=("none", "minimal", "low", "medium", "high", "xhigh", "max")),
-    refused("verbosity", "verbosity", CHAT),
-    Field("model", "string", _both(EMBEDDINGS), "The embedding model's name."),
-    Field("input", "custom", _both(EMBEDDINGS), required=True, shape=_embedding_input_shape,
+    refused("verbosity", "verbosity", Body.CHAT),
+    Field("model", "string", _both(Body.EMBEDDINGS), "The embedding model's name."),
+    Field("input", "custom", _both(Body.EMBEDDINGS), required=True, shape=_embedding_input_shape,
           description="A text, an array of texts, an array of token ids or an array of "
           "arrays of token ids; one vector per text or token array, none of them empty, "
           "none longer than the model's context."),
-    custom("encoding_format", {"enum": ["float", "base64"]}, EMBEDDINGS,
+    custom("encoding_format", {"enum": ["float", "base64"]}, Body.EMBEDDINGS,
             description="``float`` (default): arrays of numbers; ``base64``: each vector's "
             "little-endian float32 bytes, base64-encoded."),
     refused("dimensions", "shortened embeddings (no GGUF field says a model was trained for "
-             "truncated vectors)", EMBEDDINGS),
-    Field("user", "string", _both(EMBEDDINGS), "Accepted and ignored."),
+             "truncated vectors)", Body.EMBEDDINGS),
+    Field("user", "string", _both(Body.EMBEDDINGS), "Accepted and ignored."),
 )  # fmt: skip

@@ -1,10 +1,10 @@
 """OpenAI's error shapes, shared by the ingress (``llmtrio.web``) and the worker.
 
-Pure: no I/O. Every refusal is an :class:`OpenAIError` that knows its HTTP status and renders
+Pure: no I/O. Every refusal is an :class:`ApiError` that knows its HTTP status and renders
 its own body. The kinds of refusal, each a status, a ``type`` and a ``code``, are one table,
 :data:`ERRORS` (the constructors below build from it and ``/openapi.json`` documents it):
 
-    OpenAIError                 an error in OpenAI's shape, with its HTTP status
+    ApiError                 an error in OpenAI's shape, with its HTTP status
       400 invalid_request_error a body, field or message this server cannot use (``code`` says
                                 how: ``invalid_type``, ``missing_required_parameter``, ...)
       400 context_length_exceeded (code) the prompt does not fit a slot's context
@@ -28,30 +28,31 @@ same errors in Anthropic's shape, ``{"type": "error", "error": {"type", "message
 ``type`` by status (:data:`ANTHROPIC_TYPES`: ``invalid_request_error`` 400/405,
 ``authentication_error`` 401, ``permission_error`` 403, ``not_found_error`` 404,
 ``timeout_error`` 408/504, ``request_too_large`` 413, ``rate_limit_error`` 429, ``api_error``
-500/502/503); a full ring, a park timeout and a draining server (``ring_full``, ``no_worker``,
-``shutting_down``) are Anthropic's 529 ``overloaded_error``. The ``code`` stays what logs and
-metrics count, whatever the shape.
+500/502); every 503 (a full ring, a park timeout, a draining server, a model that failed or
+could not load) is Anthropic's 529 ``overloaded_error``. The ``code`` stays what logs and
+metrics count, whatever the shape. :class:`ErrorFamily` renders both.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
 
-from ._routes import ANTHROPIC_ERRORS, EMBEDDINGS_PATH, OPENAI_ERRORS
+from ._json import dumps, sse
 
 __all__ = [
+    "ANTHROPIC_ERRORS",
     "ANTHROPIC_TYPES",
     "DEFAULT_MAX_BODY_BYTES",
     "ERRORS",
     "HOST_NOT_ALLOWED",
+    "OPENAI_ERRORS",
     "ORIGIN_NOT_ALLOWED",
+    "ApiError",
+    "ErrorFamily",
     "ErrorKind",
-    "OpenAIError",
     "body_timeout",
     "dumps",
     "invalid_api_key",
@@ -74,7 +75,6 @@ __all__ = [
 ]
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 #: Anthropic's error ``type`` for each status of this server's refusals.
 ANTHROPIC_TYPES: Final = {
@@ -88,17 +88,15 @@ ANTHROPIC_TYPES: Final = {
     429: "rate_limit_error",
     500: "api_error",
     502: "api_error",
-    503: "api_error",
     504: "timeout_error",
     529: "overloaded_error",
 }
-#: The codes Anthropic's clients must see as 529 ``overloaded_error`` (retry later).
-_OVERLOADED: Final = frozenset({"ring_full", "no_worker", "shutting_down"})
 
 
-class OpenAIError(Exception):
-    """An error as OpenAI's API reports it: an HTTP ``status`` and the body
-    ``{"error": {"message", "type", "param", "code"}}``.
+class ApiError(Exception):
+    """A refusal: its HTTP ``status``, ``message``, and OpenAI's ``type``, ``param`` and
+    ``code``. How it is told depends on the route that answers it: its route's
+    :class:`ErrorFamily` renders it (``llmtrio.api.error_family(path)``).
 
     ``headers`` are extra response headers the HTTP layer should send with it (``Allow`` for a
     405, ``Retry-After`` for a 503).
@@ -127,43 +125,72 @@ class OpenAIError(Exception):
         """What logs and metrics name it by: its ``code``, else its ``type``."""
         return self.code or self.type
 
-    def status_in(self, family: str = OPENAI_ERRORS) -> int:
-        """The HTTP status it is answered with on a route of ``family`` (Anthropic's 529 for
-        an overloaded server)."""
-        if family == ANTHROPIC_ERRORS and self.code in _OVERLOADED:
-            return 529
-        return self.status
+    def __repr__(self) -> str:
+        return (
+            f"ApiError({self.status}, {self.message!r}, type={self.type!r}, "
+            f"param={self.param!r}, code={self.code!r})"
+        )
 
-    def to_dict(self, family: str = OPENAI_ERRORS) -> dict[str, Any]:
-        """The body in ``family``'s shape (the one function every rendering goes through)."""
-        if family == ANTHROPIC_ERRORS:
-            kind = ANTHROPIC_TYPES.get(self.status_in(family), "api_error")
-            return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+Headers = tuple[tuple[str, str], ...]
+
+
+@attrs.frozen
+class ErrorFamily:
+    """The shape a route's refusals are told in, and the one place they are rendered:
+    OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (:data:`OPENAI_ERRORS`), or
+    Anthropic's ``{"type": "error", "error": {"type", "message"}}`` with its types and
+    statuses (:data:`ANTHROPIC_ERRORS`: the ``type`` by status, and 529 for an overloaded
+    server). A route names its family (``llmtrio.api.Route.errors``)."""
+
+    name: str
+
+    @property
+    def anthropic(self) -> bool:
+        return self.name == "anthropic"
+
+    def status(self, error: ApiError) -> int:
+        """The HTTP status ``error`` is answered with: its own, but on Anthropic's routes a 503
+        (a full ring, no worker, a draining server, a model that failed or could not load)
+        is Anthropic's 529 ``overloaded_error``, which Anthropic's clients retry."""
+        if self.anthropic and error.status == 503:
+            return 529
+        return error.status
+
+    def to_dict(self, error: ApiError) -> dict[str, Any]:
+        """The body, as data."""
+        if self.anthropic:
+            kind = ANTHROPIC_TYPES.get(self.status(error), "api_error")
+            return {"type": "error", "error": {"type": kind, "message": error.message}}
         return {
             "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
+                "message": error.message,
+                "type": error.type,
+                "param": error.param,
+                "code": error.code,
             }
         }
 
-    def body(self, family: str = OPENAI_ERRORS) -> bytes:
+    def body(self, error: ApiError) -> bytes:
         """The JSON response body (``Content-Type: application/json``)."""
-        return dumps(self.to_dict(family))
+        return dumps(self.to_dict(error))
 
-    def sse(self, family: str = OPENAI_ERRORS) -> bytes:
-        """The error as one server-sent event, for a failure after a stream has started
-        (the status line is gone by then): ``data: {"error": {...}}\\n\\n``, or Anthropic's
-        ``event: error\\ndata: {"type": "error", ...}\\n\\n``."""
-        event = b"event: error\n" if family == ANTHROPIC_ERRORS else b""
-        return event + b"data: " + self.body(family) + b"\n\n"
+    def response(self, error: ApiError) -> tuple[int, Headers, bytes]:
+        """The whole response: its status, headers (the JSON content type and the error's
+        own) and body."""
+        headers = (("content-type", "application/json"), *error.headers)
+        return self.status(error), headers, self.body(error)
 
-    def __repr__(self) -> str:
-        return (
-            f"OpenAIError({self.status}, {self.message!r}, type={self.type!r}, "
-            f"param={self.param!r}, code={self.code!r})"
-        )
+    def event(self, error: ApiError) -> bytes:
+        """The error as one server-sent event, for a failure after a stream has started (the
+        status line is gone by then): ``data: {"error": {...}}\n\n``, or Anthropic's
+        ``event: error\ndata: {"type": "error", ...}\n\n``."""
+        return sse(self.body(error), "error" if self.anthropic else None)
+
+
+#: The error families: OpenAI's, and Anthropic's (``/v1/messages*``).
+OPENAI_ERRORS: Final = ErrorFamily("openai")
+ANTHROPIC_ERRORS: Final = ErrorFamily("anthropic")
 
 
 @attrs.frozen
@@ -182,8 +209,8 @@ class ErrorKind:
 
     def error(
         self, message: str, *, param: str | None = None, headers: Sequence[tuple[str, str]] = ()
-    ) -> OpenAIError:
-        return OpenAIError(
+    ) -> ApiError:
+        return ApiError(
             self.status, message, type=self.type, param=param, code=self.code, headers=headers
         )
 
@@ -263,14 +290,12 @@ ERRORS: Final[tuple[ErrorKind, ...]] = (
 )
 
 
-def invalid_request(
-    message: str, *, param: str | None = None, code: str | None = None
-) -> OpenAIError:
+def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
     """400 ``invalid_request_error``; ``code`` one of :data:`ERRORS`' 400 codes."""
-    return OpenAIError(400, message, param=param, code=code)
+    return ApiError(400, message, param=param, code=code)
 
 
-def model_not_found(model: str) -> OpenAIError:
+def model_not_found(model: str) -> ApiError:
     """404 ``model_not_found``: no worker serves ``model`` and no default model is set
     (OpenAI's words, as vLLM and Ollama answer)."""
     return MODEL_NOT_FOUND.error(
@@ -278,15 +303,18 @@ def model_not_found(model: str) -> OpenAIError:
     )
 
 
-def missing_model(served: Sequence[str], others: Sequence[str] = (), path: str = "") -> OpenAIError:
+def missing_model(
+    served: Sequence[str], others: Sequence[str] = (), path: str = "", embeddings: bool = False
+) -> ApiError:
     """400 ``missing_required_parameter``: the request names no model, and there is no
     single model (nor a default) to route it to; ``served`` are the models it may name,
-    ``others`` the models attached that serve only the other kind of endpoint than ``path``."""
+    ``others`` the models attached that serve only the other kind of endpoint than ``path``
+    (an ``embeddings`` route's others serve chat and completions)."""
     if served:
         choices = "this server serves " + ", ".join(f"'{name}'" for name in served)
     elif others:
         listed = ", ".join(f"'{name}'" for name in others)
-        what = "chat and completion" if path == EMBEDDINGS_PATH else "embedding"
+        what = "chat and completion" if embeddings else "embedding"
         plural = "s" if len(others) > 1 else ""
         choices = f"none serves {path}: {listed} serve{'' if plural else 's'} {what} only"
     else:
@@ -294,7 +322,7 @@ def missing_model(served: Sequence[str], others: Sequence[str] = (), path: str =
     return MISSING_PARAMETER.error(f"you must provide a model parameter ({choices})", param="model")
 
 
-def wrong_model_kind(model: str, kind: str, path: str) -> OpenAIError:
+def wrong_model_kind(model: str, kind: str, path: str) -> ApiError:
     """400: ``model`` is of ``kind`` (``"chat"`` or ``"embedding"``) and cannot serve
     ``path`` (an embedding model asked for a chat or a text completion, or a chat model
     asked for embeddings)."""
@@ -305,19 +333,19 @@ def wrong_model_kind(model: str, kind: str, path: str) -> OpenAIError:
     )
 
 
-def request_too_large(limit: int) -> OpenAIError:
+def request_too_large(limit: int) -> ApiError:
     """413: the body is over ``limit`` bytes."""
     return REQUEST_TOO_LARGE.error(
         f"The request body is larger than this server accepts ({limit} bytes)."
     )
 
 
-def not_found(method: str, path: str) -> OpenAIError:
+def not_found(method: str, path: str) -> ApiError:
     """404 for a path this server does not serve, worded as OpenAI words it."""
     return UNKNOWN_URL.error(f"Invalid URL ({method} {path})")
 
 
-def method_not_allowed(method: str, path: str, allowed: Sequence[str] = ("POST",)) -> OpenAIError:
+def method_not_allowed(method: str, path: str, allowed: Sequence[str] = ("POST",)) -> ApiError:
     """405, with the ``Allow`` header HTTP requires."""
     return METHOD_NOT_ALLOWED.error(
         f"Invalid method for URL ({method} {path}); use {' or '.join(allowed)}.",
@@ -329,7 +357,7 @@ def _retry(retry_after_s: int | None) -> list[tuple[str, str]]:
     return [] if retry_after_s is None else [("Retry-After", str(retry_after_s))]
 
 
-def ring_full(retry_after_s: int | None = None) -> OpenAIError:
+def ring_full(retry_after_s: int | None = None) -> ApiError:
     """503: no worker has a free slot. ``type`` is ``server_error`` as in OpenAI's overload
     errors (llama.cpp's server says ``unavailable_error``; clients branch on the status)."""
     return RING_FULL.error(
@@ -338,7 +366,7 @@ def ring_full(retry_after_s: int | None = None) -> OpenAIError:
     )
 
 
-def no_worker(park_timeout: float, retry_after_s: int | None = None) -> OpenAIError:
+def no_worker(park_timeout: float, retry_after_s: int | None = None) -> ApiError:
     """503: no worker took the request within ``park_timeout`` seconds."""
     return NO_WORKER.error(
         f"No worker took the request within {park_timeout:g}s. Retry after a short wait.",
@@ -346,7 +374,7 @@ def no_worker(park_timeout: float, retry_after_s: int | None = None) -> OpenAIEr
     )
 
 
-def shutting_down(retry_after_s: int = 1, *, cut: bool = False) -> OpenAIError:
+def shutting_down(retry_after_s: int = 1, *, cut: bool = False) -> ApiError:
     """503: the server is shutting down. Before a request is taken (``cut=False``) it is
     refused so that its client retries elsewhere; ``cut=True`` ends a request still running
     when the graceful timeout passed."""
@@ -360,17 +388,17 @@ def shutting_down(retry_after_s: int = 1, *, cut: bool = False) -> OpenAIError:
 
 def server_error(
     message: str = "The server had an error while processing your request.",
-) -> OpenAIError:
+) -> ApiError:
     """500 ``server_error``."""
     return SERVER_ERROR.error(message)
 
 
-def model_unavailable(message: str) -> OpenAIError:
+def model_unavailable(message: str) -> ApiError:
     """503 ``server_error``: the model failed or is closing."""
     return MODEL_UNAVAILABLE.error(message)
 
 
-def model_load_failed(model: str, reason: str, retry_after_s: int | None = None) -> OpenAIError:
+def model_load_failed(model: str, reason: str, retry_after_s: int | None = None) -> ApiError:
     """503 ``model_load_failed``: the catalog model ``model`` could not be loaded, and why
     (a corrupt file, a budget it cannot fit, a load past its timeout)."""
     return MODEL_LOAD_FAILED.error(
@@ -378,22 +406,13 @@ def model_load_failed(model: str, reason: str, retry_after_s: int | None = None)
     )
 
 
-def dumps(value: object) -> bytes:
-    """Compact JSON in UTF-8; lone surrogates in strings become U+FFFD."""
-    literal = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    try:
-        return literal.encode()
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", literal).encode()
-
-
-def worker_failed() -> OpenAIError:
+def worker_failed() -> ApiError:
     """502: the worker serving the request failed or went away (its reason is logged at the
     ingress, not shown)."""
     return WORKER_FAILED.error("The worker serving this request failed. Retry the request.")
 
 
-def invalid_api_key() -> OpenAIError:
+def invalid_api_key() -> ApiError:
     """401, as OpenAI answers a missing or wrong key."""
     return INVALID_API_KEY.error(
         "Incorrect API key provided. Send it as 'Authorization: Bearer <key>' (or 'X-Api-Key').",
@@ -401,7 +420,7 @@ def invalid_api_key() -> OpenAIError:
     )
 
 
-def rate_limited(limit_per_minute: int, retry_after_s: int) -> OpenAIError:
+def rate_limited(limit_per_minute: int, retry_after_s: int) -> ApiError:
     """429 with ``Retry-After``: over ``limit_per_minute`` requests a minute."""
     return RATE_LIMITED.error(
         f"Rate limit reached: {limit_per_minute} requests per minute. "
@@ -411,7 +430,7 @@ def rate_limited(limit_per_minute: int, retry_after_s: int) -> OpenAIError:
     )
 
 
-def request_timeout(limit_s: float) -> OpenAIError:
+def request_timeout(limit_s: float) -> ApiError:
     """504: the request ran past the per-request deadline and was ended."""
     return REQUEST_TIMEOUT.error(
         f"The request took longer than this server's limit of {limit_s:g}s and was stopped.",
@@ -419,6 +438,6 @@ def request_timeout(limit_s: float) -> OpenAIError:
     )
 
 
-def body_timeout(limit_s: float) -> OpenAIError:
+def body_timeout(limit_s: float) -> ApiError:
     """408: the request body did not arrive within ``limit_s`` seconds."""
     return BODY_TIMEOUT.error(f"The request body did not arrive within {limit_s:g}s.")

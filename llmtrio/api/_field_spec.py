@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import attrs
 
-from ._errors import OpenAIError, invalid_request
+from ._errors import ApiError, invalid_request
 
 __all__ = [
     "INT32_MAX",
@@ -78,7 +78,9 @@ class RequestLimits:
     (OpenAI's 2048). ``default_max_tokens`` is what a request that names no output limit
     generates at most, on every route (``None``: until the end of generation or of the
     context). ``max_image_pixels`` bounds an image's width times height, read from its
-    header before anything is decoded (2**25: about 33 megapixels).
+    header before anything is decoded (2**25: about 33 megapixels). ``max_audio_seconds``
+    bounds an audio file's length, read from its header before anything is decoded (600:
+    ten minutes).
 
     ``allowed_media_domains`` are the hosts whose ``http(s)`` image URLs are fetched (none:
     remote URLs are refused): exact host names or IP addresses, ``*.example.com`` for its
@@ -97,6 +99,7 @@ class RequestLimits:
     max_embedding_inputs: int = 2048
     default_max_tokens: int | None = None
     max_image_pixels: int = 2**25
+    max_audio_seconds: float = 600.0
     allowed_media_domains: tuple[str, ...] = attrs.field(default=(), converter=_domains)
     media_fetch_timeout: float = 10.0
     max_media_fetch_bytes: int = 20 * 2**20
@@ -110,12 +113,14 @@ class RequestLimits:
         default, most = self.default_max_tokens, self.max_tokens
         if default is not None and most is not None and default > most:
             raise ValueError(f"default_max_tokens ({default}) must not exceed max_tokens ({most})")
+        if not self.max_audio_seconds > 0:
+            raise ValueError(f"max_audio_seconds must be above 0, not {self.max_audio_seconds}")
         if not self.media_fetch_timeout > 0:
             raise ValueError(f"media_fetch_timeout must be above 0, not {self.media_fetch_timeout}")
 
 
 #: A wrong value's error, given the field's ``param`` and the value.
-Fault = Callable[[str, object], OpenAIError]
+Fault = Callable[[str, object], ApiError]
 
 _EXPECTED = {
     "boolean": "a boolean",
@@ -245,7 +250,7 @@ def check(spec: Field, value: object, limits: RequestLimits, param: str) -> Any:
     absent or null value that may be left out; a ``float`` for a number, an ``int`` for an
     integer; any other value itself (an object or an array whole, each part checked).
 
-    Error handling: :class:`OpenAIError` (400) naming the field, or the part of it that is
+    Error handling: :class:`ApiError` (400) naming the field, or the part of it that is
     wrong: ``missing_required_parameter``, ``invalid_type``, ``invalid_value`` (a value not
     in ``enum``, text that is not Unicode), ``empty_array``, ``array_above_max_length``,
     ``decimal_below_min_value``/``decimal_above_max_value`` or
@@ -255,7 +260,7 @@ def check(spec: Field, value: object, limits: RequestLimits, param: str) -> Any:
         return _check(spec, value, limits, param)
     try:
         return _check(spec, value, limits, param)
-    except OpenAIError:
+    except ApiError:
         assert spec.fault is not None
         raise spec.fault(param, value) from None
 
@@ -361,7 +366,7 @@ def _check_number(spec: Field, value: Any, limits: RequestLimits, param: str) ->
 # -- errors, one shape -------------------------------------------------------------------------
 
 
-def missing(param: str, note: str = "") -> OpenAIError:
+def missing(param: str, note: str = "") -> ApiError:
     """400 ``missing_required_parameter``."""
     return invalid_request(
         f"Missing required parameter: '{param}'{note}.",
@@ -370,7 +375,7 @@ def missing(param: str, note: str = "") -> OpenAIError:
     )
 
 
-def invalid_type(param: str, expected: str, value: object) -> OpenAIError:
+def invalid_type(param: str, expected: str, value: object) -> ApiError:
     """400 ``invalid_type``: ``expected`` says what would do ("a string")."""
     return invalid_request(
         f"Invalid type for '{param}': expected {expected}, but got {describe(value)} instead.",
@@ -379,7 +384,7 @@ def invalid_type(param: str, expected: str, value: object) -> OpenAIError:
     )
 
 
-def invalid_value(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
+def invalid_value(param: str, message: str, code: str = "invalid_value") -> ApiError:
     """400 naming ``param``: ``message`` says what is wrong with its value."""
     return invalid_request(f"Invalid '{param}': {message}", param=param, code=code)
 

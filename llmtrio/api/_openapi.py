@@ -15,22 +15,13 @@ import copy
 from typing import Any
 
 from .. import __version__
-from ._errors import ANTHROPIC_TYPES, ERRORS, ErrorKind
+from ._errors import ANTHROPIC_ERRORS, ANTHROPIC_TYPES, ERRORS, ErrorKind
 from ._field_spec import RequestLimits, ref
 from ._fields import component_schemas, request_schema
 from ._openapi_answers import ANSWERS, STREAM_OPTIONS_NEED_STREAM, response_schemas
 from ._routes import (
-    ANTHROPIC_ERRORS,
-    CHAT,
-    COMPLETIONS,
-    COUNT_TOKENS,
-    DETOKENIZE,
-    EMBEDDINGS,
-    MESSAGES_API,
-    MODELS,
-    RESPONSES,
     ROUTES,
-    TOKENIZE,
+    Body,
     Route,
 )
 
@@ -81,7 +72,7 @@ _RING_ERRORS = {
 
 
 def _anthropic_status(kind: ErrorKind) -> int:
-    return kind.error("").status_in(ANTHROPIC_ERRORS)
+    return ANTHROPIC_ERRORS.status(kind.error(""))
 
 
 def _anthropic_error_responses() -> dict[str, Any]:
@@ -114,15 +105,17 @@ _ANTHROPIC_RING_ERRORS = {
 
 # The request body's schema of each endpoint of the field table.
 _REQUESTS = {
-    CHAT: "ChatCompletionRequest",
-    COMPLETIONS: "CompletionRequest",
-    EMBEDDINGS: "EmbeddingRequest",
-    MESSAGES_API: "MessageRequest",
-    COUNT_TOKENS: "CountMessageTokensRequest",
-    RESPONSES: "ResponseCreateRequest",
-    MODELS: "ModelRequest",
-    TOKENIZE: "TokenizeRequest",
-    DETOKENIZE: "DetokenizeRequest",
+    Body.CHAT: "ChatCompletionRequest",
+    Body.COMPLETIONS: "CompletionRequest",
+    Body.EMBEDDINGS: "EmbeddingRequest",
+    Body.MESSAGES: "MessageRequest",
+    Body.COUNT_TOKENS: "CountMessageTokensRequest",
+    Body.RESPONSES: "ResponseCreateRequest",
+    Body.MODELS: "ModelRequest",
+    Body.TOKENIZE: "TokenizeRequest",
+    Body.DETOKENIZE: "DetokenizeRequest",
+    Body.TRANSCRIPTIONS: "CreateTranscriptionRequest",
+    Body.TRANSLATIONS: "CreateTranslationRequest",
 }
 
 
@@ -134,10 +127,8 @@ def _operation(route: Route) -> dict[str, Any]:
         operation["security"] = [{}]
     if route.endpoint is not None:
         schema = {"$ref": f"#/components/schemas/{_REQUESTS[route.endpoint]}"}
-        operation["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": schema}},
-        }
+        media_type = "multipart/form-data" if route.form else "application/json"
+        operation["requestBody"] = {"required": True, "content": {media_type: {"schema": schema}}}
     anthropic = route.errors == ANTHROPIC_ERRORS
     errors = (_ANTHROPIC_RING_ERRORS if anthropic else _RING_ERRORS) if route.ring else {}
     operation["responses"] = {**copy.deepcopy(ANSWERS[route.operation_id]), **errors}

@@ -14,6 +14,9 @@ from ._openapi_more import (
     MESSAGE_EVENT,
     MESSAGE_OBJECT,
     TOKEN_LIST,
+    TRANSCRIPTION,
+    TRANSCRIPTION_ANSWER,
+    TRANSCRIPTION_VERBOSE,
 )
 
 __all__ = ["ANSWERS", "STREAM_OPTIONS_NEED_STREAM", "response_schemas"]
@@ -42,6 +45,13 @@ _USAGE = {
         "prompt_tokens": {"type": "integer", "minimum": 0},
         "completion_tokens": {"type": "integer", "minimum": 0},
         "total_tokens": {"type": "integer", "minimum": 0},
+        "prompt_tokens_details": {
+            "type": "object",
+            "properties": {
+                "cached_tokens": {"type": "integer", "minimum": 0},
+                "audio_tokens": {"type": "integer", "minimum": 0},
+            },
+        },
     },
 }
 
@@ -166,9 +176,10 @@ _SCHEMAS: dict[str, Any] = {
             },
             "input_modalities": {
                 "type": "array",
-                "items": {"enum": ["text", "image"]},
+                "items": {"enum": ["text", "image", "audio"]},
                 "description": "What its prompts may hold: ``image`` for a model with a "
-                "vision projector (chat messages' ``image_url`` parts).",
+                "vision projector (chat messages' ``image_url`` parts), ``audio`` for one "
+                "with an audio projector (``input_audio`` parts, transcriptions).",
             },
             "workers": {
                 "type": "integer",
@@ -452,6 +463,8 @@ _ANSWERS: dict[str, dict[str, Any]] = {
     "unloadModel": {"200": _json_answer("The model is unloading or unloaded.", ref("ModelState"))},
     "tokenize": {"200": _json_answer("The token ids (with their pieces).", ref("TokenList"))},
     "detokenize": {"200": _json_answer("The tokens' text.", ref("Detokenized"))},
+    "createTranscription": {"200": TRANSCRIPTION_ANSWER},
+    "createTranslation": {"200": TRANSCRIPTION_ANSWER},
 }
 
 
@@ -467,6 +480,8 @@ def response_schemas() -> dict[str, Any]:
             "Response": _RESPONSE_OBJECT,
             "TokenList": TOKEN_LIST,
             "Detokenized": DETOKENIZED,
+            "Transcription": TRANSCRIPTION,
+            "TranscriptionVerbose": TRANSCRIPTION_VERBOSE,
         }
     )
 

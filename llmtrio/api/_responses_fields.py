@@ -20,7 +20,7 @@ from ._field_spec import (
     ref,
     refused,
 )
-from ._routes import RESPONSES
+from ._routes import IMAGE_PARTS, Body
 
 __all__ = [
     "RESPONSES_EFFORTS",
@@ -31,7 +31,7 @@ __all__ = [
     "responses_components",
 ]
 
-_RESPONSES: Final = frozenset({RESPONSES})
+_RESPONSES: Final = frozenset({Body.RESPONSES})
 
 # -- nested fields ---------------------------------------------------------
 
@@ -43,7 +43,8 @@ RESPONSES_TOOL: Final = part("", "object", nullable=False, component="ResponsesF
     part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
     part("description", "string", falsy_is_null=True),
     part("parameters", "object", "The arguments' JSON Schema; none (or {}) takes none."),
-    part("strict", "any", "Accepted; the parameters' schema is enforced whatever it says."),
+    part("strict", "any", "true: a keyword the grammar cannot enforce is refused; else it "
+                          "is relaxed."),
 ))  # fmt: skip
 #: ``text.format``: ``json_schema`` is flat (``name``, ``schema``, ``strict`` beside ``type``).
 RESPONSES_FORMAT: Final = part("format", "object", component="ResponsesTextFormat",
@@ -51,14 +52,15 @@ RESPONSES_FORMAT: Final = part("format", "object", component="ResponsesTextForma
     part("type", "string", required=True, enum=RESPONSE_FORMATS),
     part("name", "string"),
     part("schema", "schema", expected="a JSON schema object"),
-    part("strict", "boolean", "Whatever it says, the schema is enforced."),
+    part("strict", "boolean", "true: a keyword the grammar cannot enforce is refused; else "
+                              "it is relaxed."),
     part("description", "string"),
 ))  # fmt: skip
 #: An ``input_image`` part of a user message (a model with a vision projector): a ``data:``
 #: URI; a ``file_id`` refers to stored files, which this server has none of.
 RESPONSES_IMAGE_PART: Final = part("", "object", nullable=False,
                                     component="ResponsesInputImage", properties=(
-    part("type", "string", required=True, enum=("input_image",)),
+    part("type", "string", required=True, enum=(IMAGE_PARTS[Body.RESPONSES],)),
     part("image_url", "string", description="A data: URI with a base64 PNG, JPEG, WebP or GIF "
           "(its first frame), or an http(s) URL of a host the server fetches from "
           "(--allowed-media-domains); the type is read from the bytes."),
@@ -69,6 +71,7 @@ RESPONSES_IMAGE_PART: Final = part("", "object", nullable=False,
 _RESPONSES_PART: Schema = {
     "anyOf": [
         ref("ResponsesInputImage"),
+        ref("InputAudioPart"),
         {
             "type": "object",
             "required": ["type", "text"],
@@ -87,7 +90,8 @@ _RESPONSES_PART: Schema = {
 _RESPONSES_INPUT: Schema = {
     "description": "A text (the user's message), or input items: messages (``role`` user, "
     "system, developer or assistant; ``content`` a string or ``input_text``/``output_text`` "
-    "parts, and a user message's ``input_image`` parts), ``function_call`` and "
+    "parts, and a user message's ``input_image`` and ``input_audio`` parts), "
+    "``function_call`` and "
     "``function_call_output`` items, ``reasoning`` items.",
     "anyOf": [
         {"type": "string"},
@@ -192,12 +196,12 @@ RESPONSES_FIELDS: Final[tuple[Field, ...]] = (
           "Alternatives per token, reported with ``include: "
           "[\"message.output_text.logprobs\"]``.", minimum=0, maximum=MAX_TOP_LOGPROBS),
     Field("stream", "boolean", _RESPONSES),
-    ignored("stream_options", "object", RESPONSES),
+    ignored("stream_options", "object", Body.RESPONSES),
     Field("tools", "array", _RESPONSES,
           items=part("", "custom", nullable=False, shape=fixed(_RESPONSES_TOOLS)),
           description="``function`` tools; tools of other types (``web_search``, "
           "``file_search``, ...) are left out of what the model is offered."),
-    custom("tool_choice", _RESPONSES_TOOL_CHOICE, RESPONSES),
+    custom("tool_choice", _RESPONSES_TOOL_CHOICE, Body.RESPONSES),
     Field("parallel_tool_calls", "boolean", _RESPONSES),
     Field("max_tool_calls", "integer", _RESPONSES,
           "At most this many function calls in the output (0: none).",
@@ -218,18 +222,18 @@ RESPONSES_FIELDS: Final[tuple[Field, ...]] = (
     Field("include", "array", _RESPONSES, "``message.output_text.logprobs`` reports "
           "log-probabilities; the other values are accepted and ignored.",
           items=part("", "string", nullable=False)),
-    ignored("prompt_cache_key", "string", RESPONSES),
-    ignored("prompt_cache_retention", "string", RESPONSES),
-    ignored("prompt_cache_options", "object", RESPONSES),
-    ignored("safety_identifier", "string", RESPONSES),
-    ignored("service_tier", "string", RESPONSES),
-    ignored("truncation", "string", RESPONSES),
-    ignored("moderation", "any", RESPONSES),
-    ignored("context_management", "any", RESPONSES),
-    refused("previous_response_id", "stored responses (this server is stateless)", RESPONSES),
-    refused("conversation", "conversations (this server is stateless)", RESPONSES),
-    refused("background", "background responses", RESPONSES, allowed=(False,)),
-    refused("background_options", "background responses", RESPONSES),
-    refused("prompt", "stored prompts", RESPONSES),
-    refused("image", "image generation", RESPONSES),
+    ignored("prompt_cache_key", "string", Body.RESPONSES),
+    ignored("prompt_cache_retention", "string", Body.RESPONSES),
+    ignored("prompt_cache_options", "object", Body.RESPONSES),
+    ignored("safety_identifier", "string", Body.RESPONSES),
+    ignored("service_tier", "string", Body.RESPONSES),
+    ignored("truncation", "string", Body.RESPONSES),
+    ignored("moderation", "any", Body.RESPONSES),
+    ignored("context_management", "any", Body.RESPONSES),
+    refused("previous_response_id", "stored responses (this server is stateless)", Body.RESPONSES),
+    refused("conversation", "conversations (this server is stateless)", Body.RESPONSES),
+    refused("background", "background responses", Body.RESPONSES, allowed=(False,)),
+    refused("background_options", "background responses", Body.RESPONSES),
+    refused("prompt", "stored prompts", Body.RESPONSES),
+    refused("image", "image generation", Body.RESPONSES),
 )  # fmt: skip

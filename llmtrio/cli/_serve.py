@@ -98,6 +98,7 @@ async def serve(
                     models=[engine.model_name],
                     kinds=[engine.kind],
                     vision=[engine.model_name] if engine.takes_images else [],
+                    audio=[engine.model_name] if engine.takes_audio else [],
                 ) as link:
                     await serve_link(
                         engine, link, metrics=metrics, limits=limits, task_status=task_status

@@ -110,6 +110,7 @@ async def run_worker(
                                 kinds=[engine.kind],
                                 config=dial,
                                 vision=[engine.model_name] if engine.takes_images else [],
+                                audio=[engine.model_name] if engine.takes_audio else [],
                             )
                         )
                     )

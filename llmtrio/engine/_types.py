@@ -10,20 +10,24 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ._audio import Audio
 from ._errors import InvalidRequestError
 from ._media import MEDIA_MARKER, Image
 
 __all__ = [
     "GREEDY",
-    "MAX_TOP_LOGPROBS",
+    "TEXT_INPUT",
+    "TEXT_PARAMETERS",
     "Capacity",
     "ChatMessage",
     "Done",
     "Event",
     "Failed",
     "GenerateRequest",
+    "Media",
     "Sampling",
     "StopReason",
+    "TextFormat",
     "Timings",
     "Token",
     "TokenLogprob",
@@ -32,26 +36,72 @@ __all__ = [
 ]
 
 
+#: The one parameter a text tool is shown with, and written with: its input.
+TEXT_INPUT = "input"
+_TEXT_SYNTAXES = (None, "lark", "regex")
+
+
+@attrs.frozen
+class TextFormat:
+    """What a text tool's input may be (the Responses API's ``custom`` tool ``format``):
+    any text (``syntax`` ``None``), or text that ``definition`` accepts, a Lark grammar
+    (``"lark"``: the subset ``llmtrio.engine.grammar`` translates) or a regular expression
+    the whole text matches (``"regex"``)."""
+
+    syntax: str | None = None
+    definition: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if self.syntax not in _TEXT_SYNTAXES:
+            raise InvalidRequestError(
+                f"a text format's syntax is 'lark', 'regex' or none, not {self.syntax!r}",
+                param="tools",
+            )
+
+
 @attrs.frozen
 class Tool:
-    """A function the model may call: ``parameters`` is its JSON Schema (an object schema)."""
+    """A function the model may call: ``parameters`` is its JSON Schema (an object schema).
+
+    ``strict``: the schema is enforced exactly, and a keyword the grammar cannot enforce is
+    refused (an :class:`InvalidRequestError` naming it); otherwise such a keyword is relaxed
+    for its sub-schema, with a warning.
+
+    ``text``: the tool takes text instead of JSON arguments (``parameters`` is then unused):
+    the model writes it as the one parameter :data:`TEXT_INPUT` (JSON form: ``"arguments":
+    {"input": "..."}``; XML form: ``<parameter=input>``), and the call's
+    :attr:`ToolCall.arguments` is the text itself. A grammar the engine cannot translate
+    leaves the text free, with a warning (refused when ``strict``).
+    """
 
     name: str
     description: str = ""
     parameters: dict[str, Any] = attrs.field(factory=lambda: {"type": "object", "properties": {}})
+    strict: bool = False
+    text: TextFormat | None = None
 
     def as_openai(self) -> dict[str, Any]:
-        """The tool as OpenAI's ``tools`` entry, the shape chat templates expect."""
+        """The tool as OpenAI's ``tools`` entry, the shape chat templates expect (a text
+        tool: a function of one string parameter, :data:`TEXT_INPUT`)."""
         function: dict[str, Any] = {"name": self.name}
         if self.description:
             function["description"] = self.description
-        function["parameters"] = self.parameters
+        function["parameters"] = self.parameters if self.text is None else TEXT_PARAMETERS
         return {"type": "function", "function": function}
+
+
+#: A text tool's parameters as templates are shown them.
+TEXT_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {TEXT_INPUT: {"type": "string"}},
+    "required": [TEXT_INPUT],
+}
 
 
 @attrs.frozen
 class ToolCall:
-    """A call the model made (or made earlier, in the history): ``arguments`` is JSON text."""
+    """A call the model made (or made earlier, in the history): ``arguments`` is JSON text
+    (a text tool's call: the text)."""
 
     id: str
     name: str
@@ -82,29 +132,56 @@ def _tuple_of_calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
     return _tuple_of(value, ToolCall, "tool_calls")
 
 
-def _tuple_of_images(value: Sequence[Image]) -> tuple[Image, ...]:
-    return _tuple_of(value, Image, "images")
+#: What a message's media markers stand for: an image or an audio file.
+Media = Image | Audio
+
+
+def _tuple_of_media(value: Sequence[Media]) -> tuple[Media, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise InvalidRequestError(
+            f"media is a {type(value).__name__}; give a sequence of Image and Audio values",
+            param="media",
+        )
+    for index, item in enumerate(value):
+        if not isinstance(item, Image | Audio):
+            raise InvalidRequestError(
+                f"media[{index}] is a {type(item).__name__}; give Image or Audio values "
+                "(llmtrio.engine.Image, llmtrio.engine.Audio)",
+                param="media",
+            )
+    return tuple(value)
 
 
 @attrs.frozen
 class ChatMessage:
     """One chat message. An assistant message may carry ``tool_calls``; a ``tool`` message
-    answers the call named by ``tool_call_id``. ``images`` go where ``content`` holds
-    :data:`MEDIA_MARKER`, one marker per image, in order."""
+    answers the call named by ``tool_call_id``. ``media`` (images and audio files) go where
+    ``content`` holds :data:`MEDIA_MARKER`, one marker per item, in order."""
 
     role: str
     content: str
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tuple_of_calls)
     tool_call_id: str | None = None
-    images: tuple[Image, ...] = attrs.field(default=(), converter=_tuple_of_images)
+    media: tuple[Media, ...] = attrs.field(default=(), converter=_tuple_of_media)
 
     def __attrs_post_init__(self) -> None:
         if self.role not in ("system", "user", "assistant", "developer", "tool"):
             raise InvalidRequestError(f"unknown message role {self.role!r}", param="messages")
-        if self.content.count(MEDIA_MARKER) != len(self.images):
+        if self.content.count(MEDIA_MARKER) != len(self.media):
             raise InvalidRequestError(
-                "a message's content must hold one media marker per image", param="messages"
+                "a message's content must hold one media marker per image or audio file",
+                param="messages",
             )
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        """Its images, in order."""
+        return tuple(item for item in self.media if isinstance(item, Image))
+
+    @property
+    def audio(self) -> tuple[Audio, ...]:
+        """Its audio files, in order."""
+        return tuple(item for item in self.media if isinstance(item, Audio))
 
 
 @attrs.frozen
@@ -188,9 +265,6 @@ def _tuple_of_tools(value: Sequence[Tool]) -> tuple[Tool, ...]:
     return _tuple_of(value, Tool, "tools")
 
 
-MAX_TOP_LOGPROBS = 20
-
-
 @attrs.frozen
 class GenerateRequest:
     """One generation: chat ``messages`` (templated with the model's chat template) or raw
@@ -204,7 +278,9 @@ class GenerateRequest:
 
     ``grammar`` is a GBNF grammar (llama.cpp's, root rule ``root``) every generated token must
     follow; the generation ends when the grammar is complete. ``json_schema`` is a JSON
-    schema the reply must follow (compiled to a grammar off the event loop, once per schema).
+    schema the reply must follow (compiled to a grammar off the event loop, once per schema);
+    a keyword the grammar cannot enforce is refused when ``json_schema_strict``, else relaxed
+    for its sub-schema with a warning (a tool's ``strict`` says the same for its schema).
     ``logprobs`` asks for each token's log-probability and that many alternatives (0 to 20);
     ``None`` costs nothing.
 
@@ -247,6 +323,7 @@ class GenerateRequest:
     logprobs: int | None = None
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tuple_of_tools)
     json_schema: dict[str, Any] | bool | None = None
+    json_schema_strict: bool = False
     tool_choice: str = "auto"
     tool_name: str | None = None
     parallel_tool_calls: bool = True
@@ -268,10 +345,8 @@ class GenerateRequest:
             )
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
-            )
+        if self.logprobs is not None and self.logprobs < 0:
+            raise InvalidRequestError("top_logprobs must not be negative", param="top_logprobs")
         if self.grammar is not None and not self.grammar.strip():
             raise InvalidRequestError("grammar must not be empty", param="grammar")
         if self.tool_choice not in ("auto", "required", "none"):
@@ -354,13 +429,15 @@ class Done:
     """The end of a generation. ``cached_tokens`` of the ``prompt_tokens`` were not
     ingested: the slot's memory held them already (prompt reuse). ``draft_tokens`` draft
     tokens were verified for it (speculative decoding), ``accepted_tokens`` of them were
-    right. ``stop_string`` is the stop string that ended it (``StopReason.STOP_STRING``)."""
+    right. ``stop_string`` is the stop string that ended it (``StopReason.STOP_STRING``).
+    ``audio_tokens`` of the ``prompt_tokens`` are audio embeddings."""
 
     stop: StopReason
     prompt_tokens: int
     completion_tokens: int
     timings: Timings
     cached_tokens: int = 0
+    audio_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     reasoning_tokens: int = 0

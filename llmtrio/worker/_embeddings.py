@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..api import (
-    EMBEDDINGS,
-    OpenAIError,
+    ApiError,
+    Body,
     RequestLimits,
     checked_text,
     describe,
@@ -71,13 +71,13 @@ class Embedded(Answer):
 def parse_embeddings_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> EmbeddingsRequest:
     """Parse and validate an embeddings request body.
 
-    Error handling: :class:`OpenAIError` 400 naming the field, or the input (``input[i]``)
+    Error handling: :class:`ApiError` 400 naming the field, or the input (``input[i]``)
     that is empty, of the wrong type or beyond ``limits.max_embedding_inputs``.
     """
     data = json_body(body)
-    reject_refused(data, EMBEDDINGS, limits)
-    model = read(data, EMBEDDINGS, "model", limits)
-    read(data, EMBEDDINGS, "user", limits)
+    reject_refused(data, Body.EMBEDDINGS, limits)
+    model = read(data, Body.EMBEDDINGS, "model", limits)
+    read(data, Body.EMBEDDINGS, "user", limits)
     encoding = data.get("encoding_format")
     if encoding is None:
         encoding = "float"
@@ -139,7 +139,7 @@ def _tokens(value: object, param: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def too_long(index: int, tokens: int, ctx_size: int) -> OpenAIError:
+def too_long(index: int, tokens: int, ctx_size: int) -> ApiError:
     """400 ``context_length_exceeded`` for input ``index`` (OpenAI's wording, which clients
     match: "maximum context length")."""
     return invalid_request(

@@ -8,20 +8,19 @@ in the ids.
 from __future__ import annotations
 
 import math
-import re
 import secrets
 from collections.abc import Sequence
-from json.encoder import encode_basestring
 from typing import Any, ClassVar
 
 import attrs
 
 from ..api import (
-    ANTHROPIC_ERRORS,
     OPENAI_ERRORS,
-    OpenAIError,
+    ApiError,
+    ErrorFamily,
     dumps,
     invalid_request,
+    json_string,
     model_unavailable,
     server_error,
 )
@@ -30,29 +29,25 @@ from ..engine import (
     EngineClosedError,
     EngineError,
     EngineFailedError,
+    GrammarBugError,
     PromptTooLongError,
     RequestError,
     TokenLogprob,
 )
 
 __all__ = [
-    "DONE",
     "Answer",
     "Counted",
     "Envelope",
     "ResponseMeta",
     "WholeBody",
     "chat_logprobs_json",
+    "finish_reason",
     "from_engine_error",
-    "json_string",
     "new_id",
     "timings_json",
     "usage_json",
 ]
-
-#: The last event of a completion stream.
-DONE = b"data: [DONE]\n\n"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def new_id(prefix: str) -> str:
@@ -70,16 +65,6 @@ class ResponseMeta:
     created: int
     model: str
     prompt_tokens: int | None = None
-
-
-def json_string(text: str) -> bytes:
-    """``text`` as a JSON string literal in UTF-8; lone surrogates (not encodable) become
-    U+FFFD."""
-    literal = encode_basestring(text)
-    try:
-        return literal.encode()
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", literal).encode()
 
 
 @attrs.frozen
@@ -181,18 +166,31 @@ class WholeBody:
     def finish_reason(self, answer: Answer) -> str:
         return "stop"
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse(self.errors)
+    def failure(self, error: ApiError) -> bytes:
+        return self.errors.event(error)
+
+
+def finish_reason(done: Done, calls: int) -> str:
+    """OpenAI's ``finish_reason`` of a generation's end, on every route (the ring's outcome
+    states it, so the ingress counts one vocabulary): ``tool_calls`` for a reply with
+    ``calls``, unless it ran out of tokens (then ``length``, as OpenAI's: the last call's
+    arguments are cut short)."""
+    reason = done.stop.finish_reason
+    return "tool_calls" if calls and reason != "length" else reason
 
 
 def usage_json(done: Done) -> dict[str, Any]:
     """OpenAI's usage: ``prompt_tokens`` counts the reused ones too, and
-    ``prompt_tokens_details.cached_tokens`` says how many of them were reused."""
+    ``prompt_tokens_details.cached_tokens`` says how many of them were reused
+    (``audio_tokens``, how many are audio embeddings, where there are any)."""
+    details: dict[str, int] = {"cached_tokens": done.cached_tokens}
+    if done.audio_tokens:
+        details["audio_tokens"] = done.audio_tokens
     return {
         "prompt_tokens": done.prompt_tokens,
         "completion_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+        "prompt_tokens_details": details,
     }
 
 
@@ -252,19 +250,22 @@ def chat_logprobs_json(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     return {"content": [token_logprob_json(e) for e in entries], "refusal": None}
 
 
-def from_engine_error(exc: EngineError, family: str = OPENAI_ERRORS) -> OpenAIError:
+def from_engine_error(exc: EngineError, family: ErrorFamily = OPENAI_ERRORS) -> ApiError:
     """The error for an exception the engine raised or reported, on a route of ``family``
     (``llmtrio.api.error_family``).
 
     A :class:`PromptTooLongError` becomes a 400 ``context_length_exceeded`` on ``messages``,
     worded as ``family``'s clients match it (:func:`_prompt_too_long`); any other
     :class:`RequestError` a 400 naming its ``param``; :class:`EngineClosedError` a 503;
-    anything else a 500.
+    anything else a 500 (a :class:`GrammarBugError` too: a grammar the server wrote wrongly
+    is its own fault, never the request's).
     """
     if isinstance(exc, PromptTooLongError):
         return _prompt_too_long(exc, family)
     if isinstance(exc, RequestError):
         return invalid_request(str(exc), param=exc.param, code="invalid_value")
+    if isinstance(exc, GrammarBugError):
+        return server_error(f"The server could not constrain this reply: {exc}.")
     if isinstance(exc, EngineFailedError):
         return model_unavailable("The model failed and cannot serve requests.")
     if isinstance(exc, EngineClosedError):
@@ -272,12 +273,12 @@ def from_engine_error(exc: EngineError, family: str = OPENAI_ERRORS) -> OpenAIEr
     return server_error(f"The model failed while generating: {exc}")
 
 
-def _prompt_too_long(exc: PromptTooLongError, family: str) -> OpenAIError:
+def _prompt_too_long(exc: PromptTooLongError, family: ErrorFamily) -> ApiError:
     """A prompt over the context, in the one wording of each route family: OpenAI's (clients
     match "maximum context length"), Anthropic's (Claude Code compacts its conversation when
     it reads "prompt is too long"). The Responses API's routes name ``input`` instead
     (``_responses_request.naming_input``)."""
-    if family == ANTHROPIC_ERRORS:
+    if family.anthropic:
         message = (
             f"prompt is too long: {exc.prompt_tokens} tokens > {exc.ctx_size - 1} maximum "
             f"(this model's context is {exc.ctx_size} tokens, and at least one is left to "

@@ -6,7 +6,7 @@ The fields' shapes (nested parts included) are the field table's (``llmtrio.api.
 checks them; what is left here is what the table cannot say: which branch of a union a value
 takes, defaults, and rules across items (a tool named twice, a forced tool that is not
 offered). Each function reads its fields from the parsed JSON body and raises
-:class:`OpenAIError` (400, naming the field, in the one shape of ``llmtrio.api._fields``) for
+:class:`ApiError` (400, naming the field, in the one shape of ``llmtrio.api._fields``) for
 anything it cannot honour.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 import attrs
 
 from ..api import (
-    CHAT,
     NAMED_TOOL_CHOICE,
     RESPONSE_FORMAT_JSON_SCHEMA,
     TOOL_CHOICE_MODE,
+    Body,
     RequestLimits,
     check,
     invalid_type,
@@ -52,9 +52,9 @@ def parse_response_format(
     ``json_schema`` (``{"name", "schema", "strict"}``), as :class:`GenerateRequest` keyword
     arguments (``grammar`` or ``json_schema``).
 
-    Whatever ``strict`` says, the schema is enforced; the engine compiles it (off the event
-    loop, once per schema) and refuses a keyword the grammar cannot enforce with a 400
-    naming it."""
+    The engine compiles the schema (off the event loop, once per schema): with ``strict:
+    true`` a keyword the grammar cannot enforce is refused with a 400 naming it, else it is
+    relaxed for its sub-schema with a warning."""
     value = read(data, endpoint, "response_format", limits)
     if value is None or value["type"] == "text":
         return {}
@@ -62,7 +62,7 @@ def parse_response_format(
         return {"grammar": JSON_OBJECT_GRAMMAR}
     param = "response_format.json_schema"
     spec = check(RESPONSE_FORMAT_JSON_SCHEMA, value.get("json_schema"), limits, param)
-    return {"json_schema": spec.get("schema", {})}
+    return {"json_schema": spec.get("schema", {}), "json_schema_strict": spec.get("strict") is True}
 
 
 @attrs.frozen
@@ -114,7 +114,7 @@ def choose_tools(
     - ``required`` or a named tool with no tools offered is a 400, as is a name no tool
       has; ``said`` is the value as the request spelt it, ``param`` the field that holds it.
 
-    Error handling: :class:`OpenAIError` (400) naming ``param``."""
+    Error handling: :class:`ApiError` (400) naming ``param``."""
     if name is not None:
         forced = tuple(t for t in tools if t.name == name)
         if not forced:
@@ -131,7 +131,7 @@ def choose_tools(
 def parse_tools(data: dict[str, Any], limits: RequestLimits) -> ToolChoice:
     """``tools`` (functions only), ``tool_choice`` and ``parallel_tool_calls``."""
     tools: list[Tool] = []
-    for item in read(data, CHAT, "tools", limits) or ():
+    for item in read(data, Body.CHAT, "tools", limits) or ():
         function = item["function"]
         name = function["name"]
         if any(t.name == name for t in tools):
@@ -139,8 +139,9 @@ def parse_tools(data: dict[str, Any], limits: RequestLimits) -> ToolChoice:
         # OpenAI: no parameters is an empty parameter list, and clients write {} for it; as the
         # empty JSON Schema (any value) a call could be any JSON at all.
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
-        tools.append(Tool(name, function.get("description") or "", parameters))
-    parallel = read(data, CHAT, "parallel_tool_calls", limits) is not False
+        strict = function.get("strict") is True
+        tools.append(Tool(name, function.get("description") or "", parameters, strict=strict))
+    parallel = read(data, Body.CHAT, "parallel_tool_calls", limits) is not False
     choice = data.get("tool_choice")
     if choice is None:
         return choose_tools(tools, "auto", parallel=parallel)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from ..api import OpenAIError, keep_alive_seconds, model_load_failed
+from ..api import ApiError, keep_alive_seconds, model_load_failed
 from ..engine import EngineConfig, EngineError
 from ..engine.models import check_gguf, model_kind
 from ._load_policy import ModelCost, estimate_cost
@@ -128,6 +128,6 @@ class ModelLoadFailed(Exception):
         self.reason = reason
         self.retry_after = retry_after
 
-    def error(self) -> OpenAIError:
+    def error(self) -> ApiError:
         retry = None if self.retry_after is None else max(1, math.ceil(self.retry_after))
         return model_load_failed(self.model, self.reason, retry)

@@ -37,9 +37,8 @@ import trio
 from ..api import (
     MODELS_LOAD_PATH,
     MODELS_UNLOAD_PATH,
-    OpenAIError,
+    ApiError,
     RequestLimits,
-    error_family,
 )
 from ..engine import EngineFailedError
 from ..ring import ClaimedStream, Heartbeat, ProtocolError, RingLink
@@ -172,7 +171,7 @@ class Hosting(Protocol):
         """The loaded model for ``claimed`` (loading it first if need be); it counts as in
         flight on the model until :meth:`release`.
 
-        Error handling: :class:`OpenAIError` when the request cannot be served by it (the
+        Error handling: :class:`ApiError` when the request cannot be served by it (the
         load failed or is backed off: 503; a ``keep_alive`` that is no duration: 400)."""
 
     def release(self, lease: Lease) -> None:
@@ -363,9 +362,9 @@ async def serve_link(
                 waiting += 1
                 try:
                     lease = await hosting.acquire(claimed)
-                except OpenAIError as refused:
+                except ApiError as refused:
                     heartbeat()  # the ring hears a failed load before the answers
-                    await respond_error(claimed, refused, error_family(path))
+                    await respond_error(claimed, refused)
                     return
                 finally:
                     waiting -= 1

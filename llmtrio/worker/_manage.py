@@ -4,7 +4,7 @@ a link gives for its model (``_link``): its state, or a refusal."""
 
 from __future__ import annotations
 
-from ..api import OPENAI_ERRORS, OpenAIError, dumps, invalid_request
+from ..api import ApiError, dumps, error_family, invalid_request
 from ..ring import ClaimedStream
 from ._pipeline import JSON_HEADERS
 
@@ -21,17 +21,13 @@ async def respond_state(claimed: ClaimedStream, model: str, state: str) -> None:
     await claimed.respond(200, JSON_HEADERS, body)
 
 
-async def respond_error(
-    claimed: ClaimedStream, error: OpenAIError, family: str = OPENAI_ERRORS
-) -> None:
-    """``error`` as the whole response, in ``family``'s shape and with its status (a route's
-    family: ``llmtrio.api.error_family``)."""
-    await claimed.respond(
-        error.status_in(family), (*JSON_HEADERS, *error.headers), error.body(family)
-    )
+async def respond_error(claimed: ClaimedStream, error: ApiError) -> None:
+    """``error`` as the whole response, told as the claimed path's route tells its errors
+    (``llmtrio.api.error_family``)."""
+    await claimed.respond(*error_family(path_of(claimed)).response(error))
 
 
-def pinned(model: str) -> OpenAIError:
+def pinned(model: str) -> ApiError:
     return invalid_request(
         f"The model {model!r} is pinned (--model, or keep_alive = -1): it is never unloaded.",
         param="model",

@@ -19,12 +19,10 @@ the park timeout applies to them as to any request waiting for a slot.
 
 from __future__ import annotations
 
-import json
-
 import attrs
 import trio
 
-from ..api import invalid_request, keep_alive_seconds
+from ..api import invalid_request, read_keep_alive
 from ..engine import EngineFailedError
 from ..ring import ClaimedStream
 from ._host import ModelHost
@@ -33,27 +31,11 @@ from ._link import Claims, Lease, ModelStatus
 from ._manage import pinned, respond_error, respond_state
 from ._pipeline import ModelEngine
 
-__all__ = ["LOAD_WAITERS", "OnDemand", "request_keep_alive"]
+__all__ = ["LOAD_WAITERS", "OnDemand"]
 
 #: The requests one worker holds waiting on a model's load (its link's bound in the ring):
 #: more wait parked at the ingress, subject to its park timeout.
 LOAD_WAITERS = 64
-
-
-def request_keep_alive(body: bytes) -> float | None:
-    """A request body's ``keep_alive`` (Ollama's field) in seconds; ``None`` when absent.
-
-    Error handling: :class:`OpenAIError` 400 naming ``keep_alive``."""
-    try:
-        fields = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(fields, dict) or fields.get("keep_alive") is None:
-        return None
-    try:
-        return keep_alive_seconds(fields["keep_alive"])
-    except ValueError as exc:
-        raise invalid_request(f"'keep_alive' {exc}", param="keep_alive") from None
 
 
 @attrs.frozen
@@ -99,7 +81,7 @@ class OnDemand:
         )
 
     async def acquire(self, claimed: ClaimedStream) -> Lease:
-        keep_alive = request_keep_alive(claimed.body)
+        keep_alive = read_keep_alive(claimed.body)
         try:
             engine = await self.host.acquire(self.name)
         except ModelLoadFailed as failure:

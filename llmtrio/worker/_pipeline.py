@@ -52,7 +52,8 @@ import trio
 
 from ..api import (
     OPENAI_ERRORS,
-    OpenAIError,
+    ApiError,
+    ErrorFamily,
     RequestLimits,
     error_family,
     server_error,
@@ -80,6 +81,7 @@ __all__ = [
     "Finished",
     "KeepsAlive",
     "ModelEngine",
+    "TypedBody",
     "WorkEvent",
     "run_tokenizer",
     "serve_request",
@@ -163,7 +165,7 @@ class Encoder(Protocol[End]):
     def finish_reason(self, end: End) -> str:
         """OpenAI's ``finish_reason`` the response gave (``tool_calls`` when it made one)."""
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         """The last bytes of an event stream that fails after its head: chat's
         ``data: {"error": ...}``, the Responses API's ``response.failed`` event."""
 
@@ -179,6 +181,14 @@ class KeepsAlive(Protocol):
 
     def ping(self) -> bytes:
         """A keep-alive event's bytes."""
+
+
+@runtime_checkable
+class TypedBody(Protocol):
+    """A whole body's encoder whose body is not JSON (a transcript's text, subtitles):
+    ``content_type`` is the response's type."""
+
+    content_type: str
 
 
 class Endpoint(Protocol[Request]):
@@ -199,13 +209,13 @@ class Endpoint(Protocol[Request]):
         """The prefix of its response ids (``chatcmpl``, ``cmpl``)."""
 
     def parse(self, body: bytes, limits: RequestLimits) -> Request:
-        """The request, parsed and validated. Error handling: :class:`OpenAIError`."""
+        """The request, parsed and validated. Error handling: :class:`ApiError`."""
 
     def run(self, engine: Any, request: Request) -> AbstractAsyncContextManager[Events]:
         """Start the work on ``engine`` (a :data:`ModelEngine` of :attr:`model_kind`);
         leaving the block ends it.
 
-        Error handling: :class:`OpenAIError` or :class:`EngineError` when the work cannot
+        Error handling: :class:`ApiError` or :class:`EngineError` when the work cannot
         start."""
 
     def encoder(self, request: Request, meta: ResponseMeta) -> Encoder[Any]:
@@ -238,7 +248,7 @@ class _Response:
         claimed: ClaimedStream,
         metrics: WorkerMetrics | None,
         engine: ModelEngine,
-        family: str = OPENAI_ERRORS,
+        family: ErrorFamily = OPENAI_ERRORS,
     ) -> None:
         self.claimed = claimed
         self.family = family  # the shape its errors are told in (its route's)
@@ -276,7 +286,7 @@ class _Response:
             completion_tokens=completion,
         )
 
-    def failed(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> OpenAIError:
+    def failed(self, error: ApiError, *, prompt_tokens: int | None = None) -> ApiError:
         """The response tells ``error``: its code, besides the counts known so far."""
         known = self.outcome or Outcome(prompt_tokens=prompt_tokens)
         self.outcome = attrs.evolve(known, error_code=error.error_code)
@@ -290,14 +300,12 @@ class _Response:
         self.sent_head = True
         await self.claimed.respond(status, headers, body, outcome=self.outcome)
 
-    async def error(self, error: OpenAIError, *, prompt_tokens: int | None = None) -> None:
+    async def error(self, error: ApiError, *, prompt_tokens: int | None = None) -> None:
         """A whole error response: status, JSON body, end."""
         self.failed(error, prompt_tokens=prompt_tokens)
-        await self.whole(
-            error.status_in(self.family), (*JSON_HEADERS, *error.headers), error.body(self.family)
-        )
+        await self.whole(*self.family.response(error))
 
-    async def fail(self, error: OpenAIError) -> None:
+    async def fail(self, error: ApiError) -> None:
         """End with ``error``: an error response before the head, an error event on an event
         stream; a JSON body cut after its head can only be failed."""
         if not self.sent_head:
@@ -306,7 +314,7 @@ class _Response:
         self.failed(error)
         if self.streaming:
             encoder = self.encoder
-            await self.end(error.sse(self.family) if encoder is None else encoder.failure(error))
+            await self.end(self.family.event(error) if encoder is None else encoder.failure(error))
         else:
             self.claimed.fail(error.message, outcome=self.outcome)
 
@@ -349,7 +357,7 @@ async def _respond(
         return
     try:
         request = endpoint.parse(response.claimed.body, limits)
-    except OpenAIError as error:
+    except ApiError as error:
         await response.error(error)
         return
     meta = ResponseMeta(new_id(endpoint.id_prefix), int(time.time()), engine.model_name)
@@ -361,7 +369,7 @@ async def _respond(
                 await _stream(response, encoder, events)
             else:
                 await _whole(response, encoder, events)
-    except OpenAIError as error:
+    except ApiError as error:
         await response.error(error)
     except EngineError as exc:
         await response.error(
@@ -467,7 +475,10 @@ async def _whole(response: _Response, encoder: Encoder[Any], events: Events) -> 
     if isinstance(last, Done | Answer):
         body = encoder.finish(last)
         response.finished(last, encoder)
-        await response.whole(200, JSON_HEADERS, body)
+        headers = JSON_HEADERS
+        if isinstance(encoder, TypedBody):
+            headers = (("content-type", encoder.content_type),)
+        await response.whole(200, headers, body)
     else:
         assert isinstance(last, Failed), "the work's events end with a Done, an Answer or a Failed"
         await response.error(
@@ -483,7 +494,7 @@ def _prompt_tokens(error: Exception) -> int | None:
     return None
 
 
-def _failure(event: Failed, family: str) -> OpenAIError:
+def _failure(event: Failed, family: ErrorFamily) -> ApiError:
     logger.warning("generation failed: %s", event.error)
     if isinstance(event.error, EngineError):
         return from_engine_error(event.error, family)

@@ -10,7 +10,7 @@ same conversation in chat completions would be, so prompt reuse works across bot
 
 Stateless: nothing is stored, so what refers to a stored response (``previous_response_id``,
 ``conversation``, an ``item_reference`` item) is a 400 naming it. Every refusal is an
-:class:`OpenAIError` (400) naming the field.
+:class:`ApiError` (400) naming the field.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from typing import Any, TypeGuard
 import attrs
 
 from ..api import (
-    RESPONSES,
+    AUDIO_PARTS,
+    IMAGE_PARTS,
     RESPONSES_FORMAT,
     RESPONSES_IMAGE_PART,
     RESPONSES_TOOL,
-    OpenAIError,
+    ApiError,
+    Body,
     RequestLimits,
     check,
     checked_text,
@@ -41,12 +43,13 @@ from ..engine import (
     MEDIA_MARKER,
     ChatMessage,
     GenerateRequest,
-    Image,
     InvalidRequestError,
+    Media,
     Sampling,
     Tool,
     ToolCall,
 )
+from ._audio import audio_from_part
 from ._encoding import from_engine_error
 from ._features import ToolChoice, choose_tools
 from ._images import image_from_part
@@ -54,6 +57,10 @@ from ._reasoning import Reasoning, for_effort
 from ._requests import json_body, reject_refused
 
 __all__ = ["LOGPROBS_INCLUDE", "ResponsesRequest", "naming_input", "parse_responses_request"]
+
+#: The ``type`` of the Responses API's image and audio parts.
+_IMAGE = IMAGE_PARTS[Body.RESPONSES]
+_AUDIO = AUDIO_PARTS[Body.RESPONSES]
 
 logger = logging.getLogger("llmtrio.worker")
 
@@ -110,7 +117,8 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     Honoured: ``input`` (a string, or items: messages of role ``user``, ``system``,
     ``developer`` or ``assistant`` with a string or ``input_text``/``output_text`` parts,
     a user message's ``input_image`` parts with a ``data:`` URI for a model with a vision
-    projector (``detail`` accepted; a ``file_id`` is a 400 naming it),
+    projector (``detail`` accepted; a ``file_id`` is a 400 naming it) and its
+    ``input_audio`` parts (base64 WAV, MP3 or FLAC) for a model with an audio projector,
     ``function_call`` and ``function_call_output`` items; ``reasoning`` items are ignored, as
     templates drop earlier turns' reasoning), ``instructions`` (a system message first),
     ``tools`` (``function`` ones), ``tool_choice``, ``parallel_tool_calls``,
@@ -121,28 +129,28 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     ``worker._reasoning``). A forced tool call or a JSON format turns thinking off: the grammar
     holds from the first token. Refused with a 400 naming them: ``previous_response_id``,
     ``conversation``, ``background: true``, ``background_options``, ``prompt``, ``image``,
-    file and audio parts. The other fields of the table are accepted and ignored.
+    file parts. The other fields of the table are accepted and ignored.
 
-    Error handling: raises :class:`OpenAIError`, 400 naming the offending field in ``param``.
+    Error handling: raises :class:`ApiError`, 400 naming the offending field in ``param``.
     """
     data = json_body(body)
-    reject_refused(data, RESPONSES, limits)
-    model = read(data, RESPONSES, "model", limits)
-    instructions = read(data, RESPONSES, "instructions", limits)
+    reject_refused(data, Body.RESPONSES, limits)
+    model = read(data, Body.RESPONSES, "model", limits)
+    instructions = read(data, Body.RESPONSES, "instructions", limits)
     messages = [ChatMessage("system", instructions)] if instructions else []
     messages += _parse_input(data, limits)
     if not messages:
         raise invalid_value(
             "input", "empty array. Expected at least one input item.", "empty_array"
         )
-    max_output: int | None = read(data, RESPONSES, "max_output_tokens", limits)
+    max_output: int | None = read(data, Body.RESPONSES, "max_output_tokens", limits)
     sampling = {
         name: value
         for name in ("temperature", "top_p")
-        if (value := read(data, RESPONSES, name, limits)) is not None
+        if (value := read(data, Body.RESPONSES, name, limits)) is not None
     }
     tools, offered, choice_echo = _parse_tools(data, limits)
-    max_tool_calls = read(data, RESPONSES, "max_tool_calls", limits)
+    max_tool_calls = read(data, Body.RESPONSES, "max_tool_calls", limits)
     if max_tool_calls == 0:
         tools = attrs.evolve(tools, mode="none", forced=())
     output_format, format_echo = _parse_format(data, limits)
@@ -151,13 +159,13 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     effort, reasoning = _parse_reasoning(data, limits)
     if output_format or tools.forced:
         reasoning = Reasoning(think=False)
-    include = read(data, RESPONSES, "include", limits) or []
-    top_logprobs = read(data, RESPONSES, "top_logprobs", limits)
+    include = read(data, Body.RESPONSES, "include", limits) or []
+    top_logprobs = read(data, Body.RESPONSES, "top_logprobs", limits)
     logprobs = LOGPROBS_INCLUDE in include
-    stream = read(data, RESPONSES, "stream", limits) or False
-    metadata = read(data, RESPONSES, "metadata", limits)
+    stream = read(data, Body.RESPONSES, "stream", limits) or False
+    metadata = read(data, Body.RESPONSES, "metadata", limits)
     for name in _ACCEPTED:
-        read(data, RESPONSES, name, limits)  # accepted, checked for their type
+        read(data, Body.RESPONSES, name, limits)  # accepted, checked for their type
     try:
         generate = GenerateRequest(
             messages=messages,
@@ -199,7 +207,7 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     )
 
 
-def naming_input(error: OpenAIError) -> OpenAIError:
+def naming_input(error: ApiError) -> ApiError:
     """``error`` naming ``input`` where the engine names chat's ``messages`` (a prompt too
     long for the context, a bad message)."""
     if error.param == "messages":
@@ -272,9 +280,9 @@ def _add_message(
             f"{show(role)}. Supported values are: 'user', 'system', 'developer' and 'assistant'.",
         )
     value = item.get("content")
-    if role == "user" and _has_images(value):
-        content, images = _image_content(value, f"{where}.content", limits)
-        messages.append(ChatMessage("user", content, images=images))
+    if role == "user" and _has_media(value):
+        content, media = _media_content(value, f"{where}.content", limits)
+        messages.append(ChatMessage("user", content, media=media))
         return
     content = _text(value, f"{where}.content")
     if role == "assistant" and messages and _open_assistant(messages[-1]):
@@ -301,25 +309,30 @@ def _add_call(messages: list[ChatMessage], item: dict[str, Any], where: str) -> 
         messages.append(ChatMessage("assistant", "", tool_calls=[call]))
 
 
-def _has_images(value: object) -> TypeGuard[list[Any]]:
+def _has_media(value: object) -> TypeGuard[list[Any]]:
     return isinstance(value, list) and any(
-        isinstance(part, dict) and part.get("type") == "input_image" for part in value
+        isinstance(part, dict) and part.get("type") in (_IMAGE, _AUDIO) for part in value
     )
 
 
-def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple[str, list[Image]]:
-    """A user message's parts with ``input_image`` parts (``RESPONSES_IMAGE_PART``): each
-    image a media marker in the text (parts joined by newlines) and an :class:`Image`, its
-    header read and checked (``worker._images``).
+def _media_content(value: list[Any], where: str, limits: RequestLimits) -> tuple[str, list[Media]]:
+    """A user message's parts with ``input_image`` parts (``RESPONSES_IMAGE_PART``) and
+    ``input_audio`` parts (``INPUT_AUDIO_PART``): each a media marker in the text (parts
+    joined by newlines) and an :class:`Image` or :class:`Audio`, its header read and
+    checked (``worker._images``, ``worker._audio``).
 
-    Error handling: :class:`OpenAIError` (400) naming the part: a ``file_id``, no
+    Error handling: :class:`ApiError` (400) naming the part: a ``file_id``, no
     ``image_url``, a URL neither a ``data:`` URI nor an ``http(s)`` URL of an allowed host,
-    bytes that are not an image."""
+    bytes that are not an image or an audio file, audio too long."""
     texts: list[str] = []
-    images: list[Image] = []
+    media: list[Media] = []
     for i, part in enumerate(value):
         at = f"{where}[{i}]"
-        if not (isinstance(part, dict) and part.get("type") == "input_image"):
+        if isinstance(part, dict) and part.get("type") == _AUDIO:
+            media.append(audio_from_part(part, at, limits))
+            texts.append(MEDIA_MARKER)
+            continue
+        if not (isinstance(part, dict) and part.get("type") == _IMAGE):
             texts.append(_text_part(part, at))
             continue
         checked = check(RESPONSES_IMAGE_PART, part, limits, at)
@@ -333,9 +346,9 @@ def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple
         url = checked.get("image_url")
         if url is None:
             raise missing(f"{at}.image_url")
-        images.append(image_from_part(url, f"{at}.image_url", limits))
+        media.append(image_from_part(url, f"{at}.image_url", limits))
         texts.append(MEDIA_MARKER)
-    return _PART_SEPARATOR.join(texts), images
+    return _PART_SEPARATOR.join(texts), media
 
 
 def _open_assistant(message: ChatMessage) -> bool:
@@ -398,7 +411,7 @@ def _parse_tools(
     tools: list[Tool] = []
     offered: list[dict[str, Any]] = []
     skipped: list[str] = []
-    for i, item in enumerate(read(data, RESPONSES, "tools", limits) or ()):
+    for i, item in enumerate(read(data, Body.RESPONSES, "tools", limits) or ()):
         where = f"tools[{i}]"
         if not isinstance(item, dict):
             raise invalid_type(where, "an object", item)
@@ -417,7 +430,8 @@ def _parse_tools(
         if any(t.name == name for t in tools):
             raise invalid_value("tools", f"the name {show(name)} is used twice.")
         parameters = item.get("parameters") or {"type": "object", "properties": {}}
-        tools.append(Tool(name, item.get("description") or "", parameters))
+        strict = item.get("strict") is True
+        tools.append(Tool(name, item.get("description") or "", parameters, strict=strict))
         offered.append(
             {
                 "type": "function",
@@ -431,7 +445,7 @@ def _parse_tools(
         logger.warning(
             "responses: left out tools this server cannot run: %s", ", ".join(sorted(set(skipped)))
         )
-    parallel = read(data, RESPONSES, "parallel_tool_calls", limits) is not False
+    parallel = read(data, Body.RESPONSES, "parallel_tool_calls", limits) is not False
     choice = data.get("tool_choice")
     if choice is None:
         chosen = choose_tools(tools, "auto", parallel=parallel)
@@ -464,7 +478,7 @@ def _parse_format(data: dict[str, Any], limits: RequestLimits) -> tuple[dict[str
     """``text.format``: :class:`GenerateRequest` keyword arguments (``grammar`` or
     ``json_schema``: the same grammar path as chat's ``response_format``), and the format as
     the response echoes it."""
-    text = read(data, RESPONSES, "text", limits)
+    text = read(data, Body.RESPONSES, "text", limits)
     value = None if text is None else check(RESPONSES_FORMAT, text.get("format"), limits,
                                             "text.format")  # fmt: skip
     if value is None or value["type"] == "text":
@@ -481,12 +495,12 @@ def _parse_format(data: dict[str, Any], limits: RequestLimits) -> tuple[dict[str
         "strict": value.get("strict"),
         "description": value.get("description"),
     }
-    return {"json_schema": value["schema"]}, echo
+    return {"json_schema": value["schema"], "json_schema_strict": value.get("strict") is True}, echo
 
 
 def _parse_reasoning(data: dict[str, Any], limits: RequestLimits) -> tuple[str | None, Reasoning]:
     """``reasoning.effort``: the effort named (``None``: none) and what it asks for."""
-    reasoning = read(data, RESPONSES, "reasoning", limits)
+    reasoning = read(data, Body.RESPONSES, "reasoning", limits)
     effort = None if reasoning is None else reasoning.get("effort")
     if effort is None:
         return None, Reasoning()

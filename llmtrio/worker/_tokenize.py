@@ -21,11 +21,10 @@ from typing import Any, ClassVar
 import attrs
 
 from ..api import (
-    DETOKENIZE,
     DETOKENIZE_PATH,
-    TOKENIZE,
     TOKENIZE_PATH,
-    OpenAIError,
+    ApiError,
+    Body,
     RequestLimits,
     checked_text,
     dumps,
@@ -72,7 +71,7 @@ class DetokenizeRequest:
 
 
 def parse_tokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> TokenizeRequest:
-    """Parse and validate a ``/tokenize`` body. Error handling: :class:`OpenAIError` 400
+    """Parse and validate a ``/tokenize`` body. Error handling: :class:`ApiError` 400
     naming the field (``content[2]`` for a part that is neither a text nor a token id)."""
     data = json_body(body)
     content = data.get("content")  # the field table's shape; its branches are read here
@@ -85,11 +84,11 @@ def parse_tokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> T
     else:
         raise invalid_type("content", "a string or an array of strings and token ids", content)
     flags = {
-        name: read(data, TOKENIZE, name, limits)
+        name: read(data, Body.TOKENIZE, name, limits)
         for name in ("add_special", "parse_special", "with_pieces")
     }
     return TokenizeRequest(
-        read(data, TOKENIZE, "model", limits),
+        read(data, Body.TOKENIZE, "model", limits),
         parts,
         add_special=flags["add_special"] is True,
         parse_special=flags["parse_special"] is not False,
@@ -108,11 +107,11 @@ def _content_part(item: object, param: str) -> str | int:
 
 
 def parse_detokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> DetokenizeRequest:
-    """Parse and validate a ``/detokenize`` body. Error handling: :class:`OpenAIError` 400
+    """Parse and validate a ``/detokenize`` body. Error handling: :class:`ApiError` 400
     naming the field."""
     data = json_body(body)
-    tokens = read(data, DETOKENIZE, "tokens", limits)
-    return DetokenizeRequest(read(data, DETOKENIZE, "model", limits), tuple(tokens))
+    tokens = read(data, Body.DETOKENIZE, "tokens", limits)
+    return DetokenizeRequest(read(data, Body.DETOKENIZE, "model", limits), tuple(tokens))
 
 
 @attrs.frozen(kw_only=True)
@@ -133,7 +132,7 @@ class Detokenized(Answer):
     content: str
 
 
-def _vocabulary_error(param: str, token: int, n_vocab: int) -> OpenAIError:
+def _vocabulary_error(param: str, token: int, n_vocab: int) -> ApiError:
     return invalid_value(param, f"token id {token} is outside the vocabulary (0..{n_vocab - 1}).")
 
 

@@ -53,7 +53,7 @@ def snapshot_key(config: EngineConfig, model: LlamaModel, model_path: Path) -> S
     ``SnapshotKey``). Reads the model file's header and samples (and the projector's).
 
     Error handling: ``OSError`` when a file cannot be read."""
-    projector = model.vision.path if model.vision is not None else None
+    projector = model.projector.path if model.projector is not None else None
     settings: dict[str, object] = {
         "type_k": config.cache_type_k,
         "type_v": config.cache_type_v,
