@@ -10,7 +10,10 @@ user turn; sized to the model's tokens), in four cases:
 - cold: turn 2 on a fresh model with nothing cached (the whole prefix computed).
 
     PYTHONPATH=. .venv/bin/python benchmarks/disk_cache.py [--models gemma qwen35-tiny]
-        [--tokens 18000] [--threads 2] [--repeat 3]
+        [--tokens 18000 | --captured] [--threads 2] [--repeat 3]
+
+``--captured`` takes Claude Code 2.1.197's own first request instead (its body as captured in
+``tests/data/clients``, answered whole, not streamed) at whatever size it is on the model.
 
 Turn 1 is computed once; each other case runs ``--repeat`` times (medians shown), each time
 with a new question after turn 1's answer, so that it finds turn 1 cached and computes its own
@@ -22,6 +25,7 @@ prompt included). One ``llmtrio serve`` in this process at a time, the model on 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -41,6 +45,7 @@ from llmtrio.web import ServeConfig
 from llmtrio.worker import HostConfig
 
 DATA = Path(__file__).parent.parent / "tests" / "data"
+CAPTURED = DATA / "clients" / "claude-code-2.1.197.messages.json"
 MODELS = {"gemma": demo_model_path, "qwen35-tiny": lambda: DATA / "qwen35-tiny-random.gguf"}
 #: Each model's slot: room for the prompt, and for the qwen35 tiny model's random tokenizer,
 #: whose pieces are no measure of its text, room for the size check's bound too.
@@ -92,6 +97,14 @@ def claude_like(lines: int) -> dict[str, Any]:
         "max_tokens": 8,
         "temperature": 0,
     }
+
+
+def captured() -> dict[str, Any]:
+    """Claude Code's first ``/v1/messages`` body as captured, for model ``m``, answered whole
+    (8 tokens at most, greedy)."""
+    (request,) = json.loads(CAPTURED.read_text())["requests"]
+    body: dict[str, Any] = request["body"]
+    return {**body, "model": "m", "stream": False, "max_tokens": 8, "temperature": 0}
 
 
 @asynccontextmanager
@@ -181,8 +194,8 @@ async def sized(name: str, tokens: int, threads: int) -> dict[str, Any]:
 QUESTIONS = [f"Now list the files of folder number {i}." for i in range(100)]
 
 
-async def bench(name: str, tokens: int, threads: int, repeat: int) -> None:
-    body = await sized(name, tokens, threads)
+async def bench(name: str, tokens: int | None, threads: int, repeat: int) -> None:
+    body = captured() if tokens is None else await sized(name, tokens, threads)
     questions = iter(QUESTIONS)
     figures: dict[str, list[float]] = {case: [] for case in ("warm", "unload", "load", "restart")}
     cached: dict[str, list[int]] = {case: [] for case in ("warm", "unload", "restart", "cold")}
@@ -199,7 +212,7 @@ async def bench(name: str, tokens: int, threads: int, repeat: int) -> None:
         folder = Path(tmp) / "cache"
         async with server(name, folder, threads) as client:
             _, one = await timed(client, body)  # turn 1, computed (once)
-            answer = one["content"][0]["text"]
+            answer = next((b["text"] for b in one["content"] if b["type"] == "text"), "")
             for _ in range(repeat):
                 await measure(client, "warm", answer)
             for _ in range(repeat):
@@ -243,12 +256,15 @@ async def bench(name: str, tokens: int, threads: int, repeat: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--tokens", type=int, default=18000)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--tokens", type=int, default=18000)
+    size.add_argument("--captured", action="store_true", help="Claude Code's own first body")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     for name in args.models:
-        trio.run(bench, name, args.tokens, args.threads, args.repeat)
+        tokens = None if args.captured else args.tokens
+        trio.run(bench, name, tokens, args.threads, args.repeat)
 
 
 if __name__ == "__main__":

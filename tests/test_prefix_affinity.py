@@ -6,7 +6,9 @@ only then (sans-IO: no trio, no sockets)."""
 
 from __future__ import annotations
 
+import copy
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -66,6 +68,32 @@ def test_a_next_turn_begins_with_the_previous_requests_whole_prompt() -> None:
     assert digests(MESSAGES_PATH, again) == [p.digest for p in one]
     other = body(system="You are a poet.", tools=TOOLS, messages=turn1)
     assert not set(digests(MESSAGES_PATH, other)) & {p.digest for p in one}
+
+
+def test_claude_codes_own_next_turn_begins_with_its_first_requests_chain() -> None:
+    """Claude Code 2.1.197's captured first body (tests/data/clients), and its next turn as
+    Claude Code sends it: the answer and a question appended, the ``cache_control`` mark
+    moved to the newest message, another billing stamp."""
+    captured = Path(__file__).parent / "data" / "clients" / "claude-code-2.1.197.messages.json"
+    (request,) = json.loads(captured.read_text())["requests"]
+    first = request["body"]
+    second = copy.deepcopy(first)
+    del second["messages"][0]["content"][-1]["cache_control"]
+    stamp = second["system"][0]
+    assert stamp["text"].startswith("x-anthropic-billing-header:")
+    stamp["text"] = "x-anthropic-billing-header: cc_version=2.1.197.456; cc_entrypoint=sdk-cli;"
+    second["messages"] += [
+        {"role": "assistant", "content": [{"type": "text", "text": "Hi!"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "List the files.", "cache_control": {}}],
+        },
+    ]
+    one = prefixes_of(MESSAGES_PATH, json.dumps(first).encode())
+    two = prefixes_of(MESSAGES_PATH, json.dumps(second).encode())
+    assert len(one) == 1 + len(first["messages"])
+    assert two[: len(one)] == one and len(two) == len(one) + 2
+    assert one[0].size > 50_000  # the head: its 24 tools and its system prompt
 
 
 def test_every_generation_route_has_a_chain_and_the_others_none() -> None:
