@@ -231,7 +231,7 @@ async def test_an_image_prefix_is_restored_from_disk_without_encoding_it(
     pixels = rng.integers(0, 256, (40, 48, 3), dtype="uint8").tobytes()
     image = Image.of_rgb(48, 40, pixels)
     first = GenerateRequest(
-        messages=[ChatMessage("user", MEDIA_MARKER + "Describe it.", images=(image,))],
+        messages=[ChatMessage("user", MEDIA_MARKER + "Describe it.", media=(image,))],
         max_tokens=4,
         ignore_eos=True,
     )
