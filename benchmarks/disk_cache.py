@@ -101,10 +101,26 @@ def claude_like(lines: int) -> dict[str, Any]:
 
 def captured() -> dict[str, Any]:
     """Claude Code's first ``/v1/messages`` body as captured, for model ``m``, answered whole
-    (8 tokens at most, greedy)."""
+    (8 tokens at most, greedy). Its ``system``-role message (the agent types, after the user
+    turn), which llmtrio's Messages API refuses as Anthropic's does, becomes a text block at
+    the end of the user turn before it: the same text in the same place of the prompt."""
     (request,) = json.loads(CAPTURED.read_text())["requests"]
     body: dict[str, Any] = request["body"]
-    return {**body, "model": "m", "stream": False, "max_tokens": 8, "temperature": 0}
+    messages: list[dict[str, Any]] = []
+    for message in body["messages"]:
+        if message["role"] == "system":
+            text = message["content"]
+            messages[-1]["content"] = [*messages[-1]["content"], {"type": "text", "text": text}]
+        else:
+            messages.append(dict(message))
+    return {
+        **body,
+        "messages": messages,
+        "model": "m",
+        "stream": False,
+        "max_tokens": 8,
+        "temperature": 0,
+    }
 
 
 @asynccontextmanager
