@@ -221,7 +221,7 @@ def test_what_cannot_be_taken_is_a_400_naming_it() -> None:
     assert refusal(messages=HELLO, mcp_servers=[{"url": "x"}]).param == "mcp_servers"
     prefill = refusal(messages=[*HELLO, {"role": "assistant", "content": "Sure"}])
     assert prefill.param == "messages[1]"
-    assert refusal(messages=[{"role": "system", "content": "x"}]).param == "messages[0].role"
+    assert refusal(messages=[{"role": "tool", "content": "x"}]).param == "messages[0].role"
     error = refusal(messages=[{"role": "user", "content": [{"type": "tool_use", "id": "a"}]}])
     assert error.param == "messages[0].content[0].type"
     with pytest.raises(Exception) as missing:
