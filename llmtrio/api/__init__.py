@@ -86,10 +86,13 @@ from ._probes import READYZ_PATH as READYZ_PATH
 from ._probes import NotReady as NotReady
 from ._probes import ProbeAnswer as ProbeAnswer
 from ._probes import answer_probe as answer_probe
+from ._responses_fields import RESPONSES_CUSTOM_TOOL as RESPONSES_CUSTOM_TOOL
 from ._responses_fields import RESPONSES_EFFORTS as RESPONSES_EFFORTS
 from ._responses_fields import RESPONSES_FORMAT as RESPONSES_FORMAT
 from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
+from ._responses_fields import RESPONSES_NAMESPACE_TOOL as RESPONSES_NAMESPACE_TOOL
 from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
+from ._responses_fields import RESPONSES_TOOL_TYPES as RESPONSES_TOOL_TYPES
 from ._routes import CHAT_MODEL as CHAT_MODEL
 from ._routes import CHAT_PATH as CHAT_PATH
 from ._routes import COMPLETIONS_PATH as COMPLETIONS_PATH
@@ -160,12 +163,15 @@ __all__ = [
     "ORIGIN_NOT_ALLOWED",
     "PROBE_PATHS",
     "READYZ_PATH",
+    "RESPONSES_CUSTOM_TOOL",
     "RESPONSES_EFFORTS",
     "RESPONSES_FORMAT",
     "RESPONSES_IMAGE_PART",
     "RESPONSES_INPUT_TOKENS_PATH",
+    "RESPONSES_NAMESPACE_TOOL",
     "RESPONSES_PATH",
     "RESPONSES_TOOL",
+    "RESPONSES_TOOL_TYPES",
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "RING_PATHS",
     "ROUTES",
