@@ -80,6 +80,7 @@ from ._json import dumps as dumps
 from ._json import json_string as json_string
 from ._json import sse as sse
 from ._openapi import openapi as openapi
+from ._openapi_answers import CONTEXT_LENGTH_NAMES as CONTEXT_LENGTH_NAMES
 from ._probes import LIVEZ_PATH as LIVEZ_PATH
 from ._probes import PROBE_PATHS as PROBE_PATHS
 from ._probes import READYZ_PATH as READYZ_PATH
@@ -134,6 +135,7 @@ __all__ = [
     "CHAT_MODEL",
     "CHAT_PATH",
     "COMPLETIONS_PATH",
+    "CONTEXT_LENGTH_NAMES",
     "COUNT_TOKENS_PATH",
     "DEFAULT_MAX_BODY_BYTES",
     "DETOKENIZE_PATH",

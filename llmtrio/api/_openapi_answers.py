@@ -16,7 +16,12 @@ from ._openapi_more import (
     TOKEN_LIST,
 )
 
-__all__ = ["ANSWERS", "STREAM_OPTIONS_NEED_STREAM", "response_schemas"]
+__all__ = ["ANSWERS", "CONTEXT_LENGTH_NAMES", "STREAM_OPTIONS_NEED_STREAM", "response_schemas"]
+
+#: The names ``/v1/models`` gives a model's context length under, those clients read:
+#: llama.cpp's and OpenRouter's ``context_length``, vLLM's ``max_model_len``, LM Studio's
+#: ``max_context_length``.
+CONTEXT_LENGTH_NAMES = ("context_length", "max_model_len", "max_context_length")
 
 
 _SSE_DESCRIPTION = (
@@ -180,6 +185,17 @@ _SCHEMAS: dict[str, Any] = {
                 "enum": ["loaded", "loading", "unloaded"],
                 "description": "Loaded on some worker, else loading, else unloaded (loaded "
                 "on its first request).",
+            },
+            **{
+                name: {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "The most tokens one request may use, prompt and output "
+                    "(the least its workers take), under each name clients read: "
+                    "``context_length``, vLLM's ``max_model_len``, LM Studio's "
+                    "``max_context_length`` (absent: not stated).",
+                }
+                for name in CONTEXT_LENGTH_NAMES
             },
             "bytes": {
                 "type": "integer",

@@ -70,11 +70,12 @@ async def connect_ring(
     kinds: Iterable[str] = (),
     config: DialConfig | None = None,
     vision: Iterable[str] = (),
+    contexts: Iterable[int] = (),
 ) -> AsyncIterator[RemoteLink]:
     """Attach to every ingress in ``urls`` (``wss://HOST:PORT``) and yield the link. A HOST
     that is a name is resolved, and every address it stands for is an ingress (see
-    ``DialConfig``). ``models``, their ``kinds`` and those that take images (``vision``) go
-    in the ``Attach``; a link serving
+    ``DialConfig``). ``models``, their ``kinds``, those that take images (``vision``) and
+    their context lengths (``contexts``) go in the ``Attach``; a link serving
     exactly one model claims for that model (``Claim.model``).
 
     Connections are made and remade in the background: the link is usable at once, and
@@ -98,6 +99,7 @@ async def connect_ring(
         config or DialConfig(),
         kinds=tuple(kinds),
         vision=tuple(vision),
+        contexts=tuple(contexts),
     )
     async with trio.open_nursery() as nursery:
         for target in targets:
@@ -208,6 +210,7 @@ class RemoteLink:
     _config: DialConfig = attrs.field(factory=DialConfig)
     kinds: tuple[str, ...] = attrs.field(default=(), kw_only=True)
     vision: tuple[str, ...] = attrs.field(default=(), kw_only=True)
+    contexts: tuple[int, ...] = attrs.field(default=(), kw_only=True)
     _connections: list[_Connection] = attrs.field(init=False, factory=list)
     _wanted: int = attrs.field(init=False, default=0)  # claim() calls waiting
     _ready: deque[tuple[_Connection, Claimed]] = attrs.field(init=False, factory=deque)
@@ -355,6 +358,7 @@ class RemoteLink:
                 models=self.models,
                 kinds=self.kinds,
                 vision=self.vision,
+                contexts=self.contexts,
             )
             connection.send(attach)
             if self._capacity is not None:

@@ -16,6 +16,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..api import (
+    CONTEXT_LENGTH_NAMES,
     HEALTH_PATH,
     MODELS_PATH,
     OPENAPI_PATH,
@@ -148,6 +149,7 @@ def pages_app(
                         "workers": model.workers,
                         "input_modalities": ["text", "image"] if model.vision else ["text"],
                         "state": model.state,
+                        **_context(model.context_length),
                         **({"bytes": model.bytes} if model.bytes else {}),
                         **({"unload_in_s": model.unload_in_s} if model.unload_in_s else {}),
                     }
@@ -175,6 +177,11 @@ def pages_app(
         return _error(error)
 
     return app
+
+
+def _context(length: int) -> dict[str, int]:
+    """A model's context length under each name clients read it by (none when not stated)."""
+    return dict.fromkeys(CONTEXT_LENGTH_NAMES, length) if length else {}
 
 
 def _models(ring: Ring) -> list[str]:
