@@ -53,6 +53,10 @@ KINDS: Final = (CHAT_MODEL, EMBEDDING_MODEL)
 Headers: TypeAlias = tuple[tuple[str, str], ...]
 
 
+def _to_ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
 def _to_strings(value: Iterable[str]) -> tuple[str, ...]:
     items = tuple(value)
     if isinstance(value, str) or not all(isinstance(item, str) for item in items):
@@ -149,7 +153,7 @@ class Attach:
     (optional on the wire, as from a worker of the previous version) means all chat."""
     vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take images (optional on the wire: none)."""
-    contexts: tuple[int, ...] = attrs.field(default=(), converter=tuple, kw_only=True)
+    contexts: tuple[int, ...] = attrs.field(default=(), converter=_to_ints, kw_only=True)
     """Each model's context length in tokens (the most one request may use), in the order of
     ``models``; 0 or empty (optional on the wire, as from a worker of the previous version):
     not stated."""
