@@ -31,6 +31,11 @@ CLAUDE_LIMIT = (
     f"API Error: Claude's response exceeded the {CLAUDE_MAX_TOKENS} output token maximum. "
     "To configure this behavior, set the CLAUDE_CODE_MAX_OUTPUT_TOKENS environment variable."
 )
+#: Claude Code's tools on each target: all 24 on Qwen3.5's (Claude Code's prompt is then
+#: 21,000 tokens, a few seconds on the 2-layer model); three on gemma, whose 270M parameters
+#: take over a minute for the whole 19,600 on 2 cores (the template renders the same way, as
+#: tests/test_system_messages.py checks with all of them).
+CLAUDE_TOOLS = {"gemma": ["--tools", "Bash,Read,Edit"]}
 #: What Codex says when a response was cut by its output limit.
 CODEX_LIMIT = "Incomplete response returned, reason: max_output_tokens"
 #: The JSON a Codex run must answer with (``--output-schema``: a ``text.format`` the grammar
@@ -48,7 +53,7 @@ def claude(target: Target, home: Path, project: Path, *args: str, stdin: str | N
     installed(CLAUDE_CODE)
     done = run_claude(
         target.url,
-        ["-p", *args],
+        ["-p", *args, *CLAUDE_TOOLS.get(target.name, [])],
         home,
         project,
         stdin=stdin,
@@ -74,7 +79,7 @@ def test_claude_code_answers_and_its_second_run_reads_the_prompt_from_the_cache(
     # A reply the model ends, or Claude Code's own words for one cut at its output limit.
     assert result["result"] == CLAUDE_LIMIT or not result["is_error"], result
     computed, cached = read_prompt(result["usage"])
-    assert computed + cached > 10_000  # its system prompt and 24 tools, templated
+    assert computed + cached > 3000  # its system prompt and tools, templated
     assert result["usage"]["output_tokens"] > 0
     # The same project again, streamed: its prompt is the first run's, read from the cache.
     lines = claude(
