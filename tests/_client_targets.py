@@ -5,7 +5,7 @@ only first, calls in the XML form), and a ring, an ingress with a remote worker 
 TLS, on the Qwen3.5 one.
 
 One slot each, one thread, a context that holds Claude Code's prompt (about 16,300 tokens
-with gemma's tokenizer, 21,000 with Qwen's), and 16 tokens of output for a request that names
+with gemma's tokenizer, 21,000 with Qwen's), and 32 tokens of output for a request that names
 no limit (Codex names none): the tiny models' replies are noise, so what is checked is the
 protocol. Registered in ``conftest.py``.
 """
@@ -33,8 +33,9 @@ __all__ = ["CONTEXT", "DEFAULT_MAX_TOKENS", "TARGETS", "Target", "client_target"
 
 #: Each target's context: Claude Code's prompt and a reply fit, a prompt of 30,000 words not.
 CONTEXT = 24576
-#: What a request that names no output limit generates at most.
-DEFAULT_MAX_TOKENS = 16
+#: What a request that names no output limit generates at most: room for a short JSON reply
+#: and the whitespace the grammar lets a model put between its tokens.
+DEFAULT_MAX_TOKENS = 32
 TARGETS = ("gemma", "qwen35", "ring-qwen35")
 
 
