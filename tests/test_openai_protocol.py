@@ -354,9 +354,16 @@ BAD_FIELDS: list[tuple[dict[str, Any], str, str, str]] = [
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+        "messages[0].content[0].input_audio.data",
+        "missing_required_parameter",
+        "data",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "file", "file": {}}]}]},
         "messages[0].content[0].type",
         "invalid_value",
-        "'input_audio'. This server accepts text content parts ('text'), and image parts",
+        "'file'. This server accepts text content parts ('text'), and image parts "
+        "('image_url') and audio parts ('input_audio')",
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},

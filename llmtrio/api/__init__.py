@@ -21,6 +21,8 @@ from ._anthropic_fields import ANTHROPIC_TEXT_BLOCKS as ANTHROPIC_TEXT_BLOCKS
 from ._anthropic_fields import ANTHROPIC_THINKING as ANTHROPIC_THINKING
 from ._anthropic_fields import ANTHROPIC_TOOL as ANTHROPIC_TOOL
 from ._anthropic_fields import ANTHROPIC_TOOL_CHOICE as ANTHROPIC_TOOL_CHOICE
+from ._audio_fields import INPUT_AUDIO_PART as INPUT_AUDIO_PART
+from ._audio_fields import TRANSCRIPT_FORMATS as TRANSCRIPT_FORMATS
 from ._chat_fields import IMAGE_URL_PART as IMAGE_URL_PART
 from ._chat_fields import MESSAGE_FIELDS as MESSAGE_FIELDS
 from ._chat_fields import MESSAGE_ROLES as MESSAGE_ROLES
@@ -72,15 +74,21 @@ from ._field_spec import invalid_value as invalid_value
 from ._field_spec import missing as missing
 from ._field_spec import show as show
 from ._fields import FIELDS as FIELDS
+from ._fields import form_values as form_values
 from ._fields import read as read
 from ._fields import read_keep_alive as read_keep_alive
 from ._fields import request_schema as request_schema
+from ._forms import Form as Form
+from ._forms import Upload as Upload
+from ._forms import form_field as form_field
+from ._forms import is_form as is_form
+from ._forms import read_form as read_form
 from ._json import SSE_DONE as SSE_DONE
 from ._json import dumps as dumps
 from ._json import json_string as json_string
 from ._json import sse as sse
 from ._openapi import openapi as openapi
-from ._openapi_answers import CONTEXT_LENGTH_NAMES as CONTEXT_LENGTH_NAMES
+from ._openapi_more import CONTEXT_LENGTH_NAMES as CONTEXT_LENGTH_NAMES
 from ._probes import LIVEZ_PATH as LIVEZ_PATH
 from ._probes import PROBE_PATHS as PROBE_PATHS
 from ._probes import READYZ_PATH as READYZ_PATH
@@ -94,6 +102,7 @@ from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
 from ._responses_fields import RESPONSES_NAMESPACE_TOOL as RESPONSES_NAMESPACE_TOOL
 from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
 from ._responses_fields import RESPONSES_TOOL_TYPES as RESPONSES_TOOL_TYPES
+from ._routes import AUDIO_PARTS as AUDIO_PARTS
 from ._routes import CHAT_MODEL as CHAT_MODEL
 from ._routes import CHAT_PATH as CHAT_PATH
 from ._routes import COMPLETIONS_PATH as COMPLETIONS_PATH
@@ -101,6 +110,7 @@ from ._routes import COUNT_TOKENS_PATH as COUNT_TOKENS_PATH
 from ._routes import DETOKENIZE_PATH as DETOKENIZE_PATH
 from ._routes import EMBEDDING_MODEL as EMBEDDING_MODEL
 from ._routes import EMBEDDINGS_PATH as EMBEDDINGS_PATH
+from ._routes import FORM_PATHS as FORM_PATHS
 from ._routes import HEALTH_PATH as HEALTH_PATH
 from ._routes import IMAGE_PARTS as IMAGE_PARTS
 from ._routes import MANAGE_PATHS as MANAGE_PATHS
@@ -115,6 +125,8 @@ from ._routes import RESPONSES_PATH as RESPONSES_PATH
 from ._routes import RING_PATHS as RING_PATHS
 from ._routes import ROUTES as ROUTES
 from ._routes import TOKENIZE_PATH as TOKENIZE_PATH
+from ._routes import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS_PATH
+from ._routes import TRANSLATIONS_PATH as TRANSLATIONS_PATH
 from ._routes import Body as Body
 from ._routes import Route as Route
 from ._routes import error_family as error_family
@@ -132,6 +144,7 @@ __all__ = [
     "ANTHROPIC_TOOL",
     "ANTHROPIC_TOOL_CHOICE",
     "ANTHROPIC_TYPES",
+    "AUDIO_PARTS",
     "CHAT_MODEL",
     "CHAT_PATH",
     "COMPLETIONS_PATH",
@@ -144,10 +157,12 @@ __all__ = [
     "ERRORS",
     "FIELDS",
     "FOREVER",
+    "FORM_PATHS",
     "HEALTH_PATH",
     "HOST_NOT_ALLOWED",
     "IMAGE_PARTS",
     "IMAGE_URL_PART",
+    "INPUT_AUDIO_PART",
     "INT32_MAX",
     "LIVEZ_PATH",
     "MANAGE_PATHS",
@@ -181,15 +196,20 @@ __all__ = [
     "TEXT_PARTS",
     "TOKENIZE_PATH",
     "TOOL_CHOICE_MODE",
+    "TRANSCRIPTIONS_PATH",
+    "TRANSCRIPT_FORMATS",
+    "TRANSLATIONS_PATH",
     "ApiError",
     "Body",
     "ErrorFamily",
     "ErrorKind",
     "Field",
+    "Form",
     "NotReady",
     "ProbeAnswer",
     "RequestLimits",
     "Route",
+    "Upload",
     "answer_probe",
     "body_timeout",
     "check",
@@ -199,10 +219,13 @@ __all__ = [
     "describe",
     "dumps",
     "error_family",
+    "form_field",
+    "form_values",
     "invalid_api_key",
     "invalid_request",
     "invalid_type",
     "invalid_value",
+    "is_form",
     "json_string",
     "keep_alive_seconds",
     "method_not_allowed",
@@ -216,6 +239,7 @@ __all__ = [
     "openapi",
     "rate_limited",
     "read",
+    "read_form",
     "read_keep_alive",
     "request_schema",
     "request_timeout",

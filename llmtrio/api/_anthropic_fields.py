@@ -123,6 +123,12 @@ ANTHROPIC_REFUSED_BLOCKS: Final = {
     "text_editor_code_execution_tool_result": "server tools",
     "tool_search_tool_result": "server tools",
     "container_upload": "container uploads",
+    # Anthropic's API has no audio block; a client that sends OpenAI's part here is told where
+    # audio goes
+    "audio": "audio (Anthropic's Messages API has no audio block: send audio as an "
+    "'input_audio' part to /v1/chat/completions, or to /v1/audio/transcriptions)",
+    "input_audio": "audio (Anthropic's Messages API has no audio block: send audio as an "
+    "'input_audio' part to /v1/chat/completions, or to /v1/audio/transcriptions)",
 }
 _A_CONTENT: Schema = {
     "anyOf": [

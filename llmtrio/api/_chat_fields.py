@@ -90,7 +90,7 @@ MESSAGE_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 _TEXT_PART = part("", "object", nullable=False, component="TextPart", properties=(
     part("type", "string", required=True, enum=("text",), refusal="Invalid value for "
           "'{param}': {value}. This server accepts text content parts ('text'), and image "
-          "parts ('image_url') in user messages."),
+          "parts ('image_url') and audio parts ('input_audio') in user messages."),
     part("text", "string", nullable=False, text=True),
 ))  # fmt: skip
 #: A message's content when it is not a string.
@@ -114,10 +114,11 @@ _CONTENT: Schema = {
         {"type": "string"},
         TEXT_PARTS.body(RequestLimits()),
         {"type": "array", "minItems": 1, "items": {"anyOf": [ref("TextPart"),
-                                                             ref("ImageUrlPart")]}},
+                                                             ref("ImageUrlPart"),
+                                                             ref("InputAudioPart")]}},
     ],
     "description": "A text, or text parts (joined by newlines); a user message's parts may "
-    "hold images (image_url) for a model that takes them.",
+    "hold images (image_url) and audio (input_audio) for a model that takes them.",
 }  # fmt: skip
 _TOOL_CALL = part("", "object", nullable=False, properties=(
     part("id", "any", "Kept when a string; a new id otherwise."),

@@ -78,7 +78,9 @@ class RequestLimits:
     (OpenAI's 2048). ``default_max_tokens`` is what a request that names no output limit
     generates at most, on every route (``None``: until the end of generation or of the
     context). ``max_image_pixels`` bounds an image's width times height, read from its
-    header before anything is decoded (2**25: about 33 megapixels).
+    header before anything is decoded (2**25: about 33 megapixels). ``max_audio_seconds``
+    bounds an audio file's length, read from its header before anything is decoded (600:
+    ten minutes).
 
     ``allowed_media_domains`` are the hosts whose ``http(s)`` image URLs are fetched (none:
     remote URLs are refused): exact host names or IP addresses, ``*.example.com`` for its
@@ -97,6 +99,7 @@ class RequestLimits:
     max_embedding_inputs: int = 2048
     default_max_tokens: int | None = None
     max_image_pixels: int = 2**25
+    max_audio_seconds: float = 600.0
     allowed_media_domains: tuple[str, ...] = attrs.field(default=(), converter=_domains)
     media_fetch_timeout: float = 10.0
     max_media_fetch_bytes: int = 20 * 2**20
@@ -110,6 +113,8 @@ class RequestLimits:
         default, most = self.default_max_tokens, self.max_tokens
         if default is not None and most is not None and default > most:
             raise ValueError(f"default_max_tokens ({default}) must not exceed max_tokens ({most})")
+        if not self.max_audio_seconds > 0:
+            raise ValueError(f"max_audio_seconds must be above 0, not {self.max_audio_seconds}")
         if not self.media_fetch_timeout > 0:
             raise ValueError(f"media_fetch_timeout must be above 0, not {self.media_fetch_timeout}")
 

@@ -24,20 +24,41 @@ with :func:`check`, and the errors use the same helpers (:func:`invalid_type`,
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
 from ._anthropic_fields import ANTHROPIC_FIELDS, anthropic_components
+from ._audio_fields import AUDIO_FIELDS, audio_components
 from ._chat_fields import CHAT_FIELDS, chat_components
 from ._durations import keep_alive_seconds
 from ._errors import invalid_request
-from ._field_spec import INT32_MAX, Field, RequestLimits, Schema, check, custom, missing, part
+from ._field_spec import (
+    INT32_MAX,
+    Field,
+    RequestLimits,
+    Schema,
+    check,
+    custom,
+    invalid_value,
+    missing,
+    part,
+)
+from ._forms import Form, form_field, is_form
 from ._responses_fields import RESPONSES_FIELDS, responses_components
 from ._routes import (
     Body,
 )
 
-__all__ = ["FIELDS", "component_schemas", "field", "read", "read_keep_alive", "request_schema"]
+__all__ = [
+    "FIELDS",
+    "component_schemas",
+    "field",
+    "form_values",
+    "read",
+    "read_keep_alive",
+    "request_schema",
+]
 
 #: ``/tokenize``'s ``content``: a text, or texts and token ids (llama.cpp's mixed prompt).
 _TOKENIZE_CONTENT: Schema = {
@@ -68,6 +89,7 @@ FIELDS: Final[tuple[Field, ...]] = (
     *CHAT_FIELDS,
     *RESPONSES_FIELDS,
     *ANTHROPIC_FIELDS,
+    *AUDIO_FIELDS,
     Field("model", "string", frozenset({Body.MODELS}), required=True,
           description="A catalog model's name (never a path or a repository)."),
     Field("model", "string", frozenset({Body.TOKENIZE, Body.DETOKENIZE}),
@@ -95,6 +117,7 @@ def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
         **chat_components(limits),
         **responses_components(limits),
         **anthropic_components(limits),
+        **audio_components(limits),
     }
 
 
@@ -149,16 +172,60 @@ def read_keep_alive(body: bytes) -> float | None:
     """A request body's ``keep_alive`` (:data:`_KEEP_ALIVE`, on every ring route) in seconds,
     ``None`` when absent or null, or when the body is not a JSON object (the endpoint answers
     that body's own error). The model host reads it before the endpoint parses the body, since
-    a model on demand loads first.
+    a model on demand loads first. A form's (``multipart/form-data``) is its text field.
 
     Error handling: :class:`ApiError` (400) naming ``keep_alive``."""
+    if is_form(body):
+        value: object = form_field(body, "keep_alive")
+        if value is None:
+            return None
+    else:
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(data, dict) or data.get("keep_alive") is None:
+            return None
+        value = data["keep_alive"]
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict) or data.get("keep_alive") is None:
-        return None
-    try:
-        return keep_alive_seconds(data["keep_alive"])
+        return keep_alive_seconds(value)
     except ValueError as exc:
         raise invalid_request(f"'keep_alive' {exc}", param="keep_alive") from None
+
+
+def form_values(form: Form, endpoint: str) -> dict[str, Any]:
+    """``form``'s text fields as JSON values, typed as the field table types ``endpoint``'s
+    fields (a field the table does not know stays text; an array's items are typed as its
+    items), for :func:`llmtrio.api.read` to check as it checks a JSON body.
+
+    Error handling: :class:`ApiError` (400) naming a field whose text is not of its type."""
+    known = {f.name: f for f in FIELDS if endpoint in f.endpoints}
+    values: dict[str, Any] = {}
+    for name, texts in form.fields.items():
+        spec = known.get(name)
+        if spec is not None and spec.type == "array" and spec.items is not None:
+            values[name] = [_typed(spec.items, text, name) for text in texts]
+        else:
+            values[name] = _typed(spec, texts[-1], name) if spec is not None else texts[-1]
+    return values
+
+
+def _typed(spec: Field, text: str, name: str) -> object:
+    if spec.type == "boolean":
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise invalid_value(name, f"must be true or false, not {text!r}.")
+    if spec.type == "integer":
+        try:
+            return int(text)
+        except ValueError:
+            raise invalid_value(name, f"must be an integer, not {text!r}.") from None
+    if spec.type == "number":
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number):
+            raise invalid_value(name, f"must be a number, not {text!r}.")
+        return number
+    return text

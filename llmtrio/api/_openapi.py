@@ -114,6 +114,8 @@ _REQUESTS = {
     Body.MODELS: "ModelRequest",
     Body.TOKENIZE: "TokenizeRequest",
     Body.DETOKENIZE: "DetokenizeRequest",
+    Body.TRANSCRIPTIONS: "CreateTranscriptionRequest",
+    Body.TRANSLATIONS: "CreateTranslationRequest",
 }
 
 
@@ -125,10 +127,8 @@ def _operation(route: Route) -> dict[str, Any]:
         operation["security"] = [{}]
     if route.endpoint is not None:
         schema = {"$ref": f"#/components/schemas/{_REQUESTS[route.endpoint]}"}
-        operation["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": schema}},
-        }
+        media_type = "multipart/form-data" if route.form else "application/json"
+        operation["requestBody"] = {"required": True, "content": {media_type: {"schema": schema}}}
     anthropic = route.errors == ANTHROPIC_ERRORS
     errors = (_ANTHROPIC_RING_ERRORS if anthropic else _RING_ERRORS) if route.ring else {}
     operation["responses"] = {**copy.deepcopy(ANSWERS[route.operation_id]), **errors}

@@ -10,18 +10,17 @@ from typing import Any
 from ._field_spec import nullable, ref
 from ._openapi_more import (
     ANTHROPIC_ERROR,
+    CONTEXT_LENGTHS,
     DETOKENIZED,
     MESSAGE_EVENT,
     MESSAGE_OBJECT,
     TOKEN_LIST,
+    TRANSCRIPTION,
+    TRANSCRIPTION_ANSWER,
+    TRANSCRIPTION_VERBOSE,
 )
 
-__all__ = ["ANSWERS", "CONTEXT_LENGTH_NAMES", "STREAM_OPTIONS_NEED_STREAM", "response_schemas"]
-
-#: The names ``/v1/models`` gives a model's context length under, those clients read:
-#: llama.cpp's and OpenRouter's ``context_length``, vLLM's ``max_model_len``, LM Studio's
-#: ``max_context_length``.
-CONTEXT_LENGTH_NAMES = ("context_length", "max_model_len", "max_context_length")
+__all__ = ["ANSWERS", "STREAM_OPTIONS_NEED_STREAM", "response_schemas"]
 
 
 _SSE_DESCRIPTION = (
@@ -47,6 +46,13 @@ _USAGE = {
         "prompt_tokens": {"type": "integer", "minimum": 0},
         "completion_tokens": {"type": "integer", "minimum": 0},
         "total_tokens": {"type": "integer", "minimum": 0},
+        "prompt_tokens_details": {
+            "type": "object",
+            "properties": {
+                "cached_tokens": {"type": "integer", "minimum": 0},
+                "audio_tokens": {"type": "integer", "minimum": 0},
+            },
+        },
     },
 }
 
@@ -171,9 +177,10 @@ _SCHEMAS: dict[str, Any] = {
             },
             "input_modalities": {
                 "type": "array",
-                "items": {"enum": ["text", "image"]},
+                "items": {"enum": ["text", "image", "audio"]},
                 "description": "What its prompts may hold: ``image`` for a model with a "
-                "vision projector (chat messages' ``image_url`` parts).",
+                "vision projector (chat messages' ``image_url`` parts), ``audio`` for one "
+                "with an audio projector (``input_audio`` parts, transcriptions).",
             },
             "workers": {
                 "type": "integer",
@@ -186,17 +193,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Loaded on some worker, else loading, else unloaded (loaded "
                 "on its first request).",
             },
-            **{
-                name: {
-                    "type": "integer",
-                    "minimum": 1,
-                    "description": "The most tokens one request may use, prompt and output "
-                    "(the least its workers take), under each name clients read: "
-                    "``context_length``, vLLM's ``max_model_len``, LM Studio's "
-                    "``max_context_length`` (absent: not stated).",
-                }
-                for name in CONTEXT_LENGTH_NAMES
-            },
+            **CONTEXT_LENGTHS,
             "bytes": {
                 "type": "integer",
                 "minimum": 1,
@@ -468,6 +465,8 @@ _ANSWERS: dict[str, dict[str, Any]] = {
     "unloadModel": {"200": _json_answer("The model is unloading or unloaded.", ref("ModelState"))},
     "tokenize": {"200": _json_answer("The token ids (with their pieces).", ref("TokenList"))},
     "detokenize": {"200": _json_answer("The tokens' text.", ref("Detokenized"))},
+    "createTranscription": {"200": TRANSCRIPTION_ANSWER},
+    "createTranslation": {"200": TRANSCRIPTION_ANSWER},
 }
 
 
@@ -483,6 +482,8 @@ def response_schemas() -> dict[str, Any]:
             "Response": _RESPONSE_OBJECT,
             "TokenList": TOKEN_LIST,
             "Detokenized": DETOKENIZED,
+            "Transcription": TRANSCRIPTION,
+            "TranscriptionVerbose": TRANSCRIPTION_VERBOSE,
         }
     )
 

@@ -1,6 +1,7 @@
 """What the routes beyond OpenAI's answer, for ``/openapi.json``: Anthropic's Messages API (a
-message, its stream's events, Anthropic's error shape) and llama.cpp's ``/tokenize`` and
-``/detokenize``. Pure data."""
+message, its stream's events, Anthropic's error shape), llama.cpp's ``/tokenize`` and
+``/detokenize``, OpenAI's audio transcriptions and translations, and the names
+a model's context length goes under in ``/v1/models``. Pure data."""
 
 from __future__ import annotations
 
@@ -9,7 +10,34 @@ from typing import Any
 from ._errors import ANTHROPIC_TYPES
 from ._field_spec import nullable
 
-__all__ = ["ANTHROPIC_ERROR", "DETOKENIZED", "MESSAGE_EVENT", "MESSAGE_OBJECT", "TOKEN_LIST"]
+__all__ = [
+    "ANTHROPIC_ERROR",
+    "CONTEXT_LENGTHS",
+    "CONTEXT_LENGTH_NAMES",
+    "DETOKENIZED",
+    "MESSAGE_EVENT",
+    "MESSAGE_OBJECT",
+    "TOKEN_LIST",
+    "TRANSCRIPTION",
+    "TRANSCRIPTION_ANSWER",
+    "TRANSCRIPTION_VERBOSE",
+]
+
+#: The names ``/v1/models`` gives a model's context length under, those clients read:
+#: llama.cpp's and OpenRouter's ``context_length``, vLLM's ``max_model_len``, LM Studio's
+#: ``max_context_length``.
+CONTEXT_LENGTH_NAMES = ("context_length", "max_model_len", "max_context_length")
+#: A model's context length in ``/v1/models``, under each of ``CONTEXT_LENGTH_NAMES``.
+CONTEXT_LENGTHS: dict[str, Any] = {
+    name: {
+        "type": "integer",
+        "minimum": 1,
+        "description": "The most tokens one request may use, prompt and output (the least its "
+        "workers take), under each name clients read: ``context_length``, vLLM's "
+        "``max_model_len``, LM Studio's ``max_context_length`` (absent: not stated).",
+    }
+    for name in CONTEXT_LENGTH_NAMES
+}
 
 ANTHROPIC_USAGE = {
     "type": "object",
@@ -140,4 +168,115 @@ DETOKENIZED: dict[str, Any] = {
     "type": "object",
     "required": ["content"],
     "properties": {"content": {"type": "string"}},
+}
+
+
+_TOKEN_COUNT = {"type": "integer", "minimum": 0}
+#: A transcript's usage, as OpenAI counts a ``gpt-4o-transcribe`` one: tokens, the audio's
+#: apart.
+_TRANSCRIPT_USAGE = {
+    "type": "object",
+    "required": ["type", "input_tokens", "output_tokens", "total_tokens"],
+    "properties": {
+        "type": {"const": "tokens"},
+        "input_tokens": _TOKEN_COUNT,
+        "input_token_details": {
+            "type": "object",
+            "properties": {"text_tokens": _TOKEN_COUNT, "audio_tokens": _TOKEN_COUNT},
+        },
+        "output_tokens": _TOKEN_COUNT,
+        "total_tokens": _TOKEN_COUNT,
+    },
+}
+#: ``response_format: json`` (the default).
+TRANSCRIPTION: dict[str, Any] = {
+    "type": "object",
+    "required": ["text"],
+    "properties": {"text": {"type": "string"}, "usage": _TRANSCRIPT_USAGE},
+}
+#: ``response_format: verbose_json``: one segment, the whole file (the model gives no times).
+TRANSCRIPTION_VERBOSE: dict[str, Any] = {
+    "type": "object",
+    "required": ["task", "language", "duration", "text", "segments"],
+    "properties": {
+        "task": {"enum": ["transcribe", "translate"]},
+        "language": {"type": "string"},
+        "duration": {"type": "number", "minimum": 0},
+        "text": {"type": "string"},
+        "segments": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "seek", "start", "end", "text", "tokens", "temperature"],
+                "properties": {
+                    "id": _TOKEN_COUNT,
+                    "seek": _TOKEN_COUNT,
+                    "start": {"type": "number"},
+                    "end": {"type": "number"},
+                    "text": {"type": "string"},
+                    "tokens": {"type": "array", "items": {"type": "integer"}},
+                    "temperature": {"type": "number"},
+                    "avg_logprob": {"type": "number"},
+                    "compression_ratio": {"type": "number"},
+                    "no_speech_prob": {"type": "number"},
+                },
+            },
+        },
+        "usage": {
+            "type": "object",
+            "required": ["type", "seconds"],
+            "properties": {"type": {"const": "duration"}, "seconds": {"type": "number"}},
+        },
+    },
+}
+_TRANSCRIPT_EVENT = {
+    "type": "object",
+    "description": "One server-sent event: ``data: `` and a JSON object, "
+    "``transcript.text.delta`` events, then one ``transcript.text.done`` (or an error).",
+    "required": ["data"],
+    "properties": {
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "required": ["type", "delta"],
+                        "properties": {
+                            "type": {"const": "transcript.text.delta"},
+                            "delta": {"type": "string"},
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["type", "text"],
+                        "properties": {
+                            "type": {"const": "transcript.text.done"},
+                            "text": {"type": "string"},
+                            "usage": _TRANSCRIPT_USAGE,
+                        },
+                    },
+                    {"type": "object", "required": ["error"]},
+                ]
+            },
+        }
+    },
+}
+#: What a transcription or translation answers: by its ``response_format``.
+TRANSCRIPTION_ANSWER: dict[str, Any] = {
+    "description": "The transcript: JSON (``json``, ``verbose_json``), text (``text``, "
+    "``srt``, ``vtt``), or an event stream (``stream: true``).",
+    "content": {
+        "application/json": {
+            "schema": {
+                "anyOf": [
+                    {"$ref": "#/components/schemas/Transcription"},
+                    {"$ref": "#/components/schemas/TranscriptionVerbose"},
+                ]
+            }
+        },
+        "text/plain": {"schema": {"type": "string"}},
+        "text/event-stream": {"schema": _TRANSCRIPT_EVENT},
+    },
 }

@@ -102,6 +102,7 @@ RESPONSES_IMAGE_PART: Final = part("", "object", nullable=False,
 _RESPONSES_PART: Schema = {
     "anyOf": [
         ref("ResponsesInputImage"),
+        ref("InputAudioPart"),
         {
             "type": "object",
             "required": ["type", "text"],
@@ -120,9 +121,9 @@ _RESPONSES_PART: Schema = {
 _RESPONSES_INPUT: Schema = {
     "description": "A text (the user's message), or input items: messages (``role`` user, "
     "system, developer or assistant; ``content`` a string or ``input_text``/``output_text`` "
-    "parts, and a user message's ``input_image`` parts), ``function_call`` and "
-    "``function_call_output`` items, ``custom_tool_call`` and ``custom_tool_call_output`` "
-    "items, ``reasoning`` items.",
+    "parts, and a user message's ``input_image`` and ``input_audio`` parts), "
+    "``function_call`` and ``function_call_output`` items, ``custom_tool_call`` and "
+    "``custom_tool_call_output`` items, ``reasoning`` items.",
     "anyOf": [
         {"type": "string"},
         {

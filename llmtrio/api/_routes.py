@@ -22,6 +22,7 @@ import attrs
 from ._errors import ANTHROPIC_ERRORS, OPENAI_ERRORS, ErrorFamily
 
 __all__ = [
+    "AUDIO_PARTS",
     "CHAT_MODEL",
     "CHAT_PATH",
     "COMPLETIONS_PATH",
@@ -29,6 +30,7 @@ __all__ = [
     "DETOKENIZE_PATH",
     "EMBEDDINGS_PATH",
     "EMBEDDING_MODEL",
+    "FORM_PATHS",
     "HEALTH_PATH",
     "IMAGE_PARTS",
     "MANAGE_PATHS",
@@ -43,6 +45,8 @@ __all__ = [
     "RING_PATHS",
     "ROUTES",
     "TOKENIZE_PATH",
+    "TRANSCRIPTIONS_PATH",
+    "TRANSLATIONS_PATH",
     "Body",
     "Route",
     "error_family",
@@ -58,6 +62,8 @@ RESPONSES_PATH = "/v1/responses"
 RESPONSES_INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+TRANSLATIONS_PATH = "/v1/audio/translations"
 
 
 class Body(enum.StrEnum):
@@ -78,6 +84,9 @@ class Body(enum.StrEnum):
     MODELS = "models"
     TOKENIZE = "tokenize"
     DETOKENIZE = "detokenize"
+    #: OpenAI's audio transcriptions and translations (a ``multipart/form-data`` body).
+    TRANSCRIPTIONS = "transcriptions"
+    TRANSLATIONS = "translations"
 
 
 #: The kinds of model a route needs (the ring's model kinds: ``llmtrio.ring.KINDS``).
@@ -101,8 +110,10 @@ class Route:
     shape (the paths under it share it: see :func:`error_family`). ``model_kind`` is the
     kind of model a ring route needs (a kind of the ring's ``KINDS``; ``None``: a model of
     any kind, as every model has a tokenizer). A ``manage`` route names its model exactly
-    (loads or unloads it), never through a default. ``image_part`` is the ``type`` of its
-    body's image parts (a vision model's input), if it takes any.
+    (loads or unloads it), never through a default. ``image_part`` and ``audio_part`` are
+    the ``type`` of its body's image and audio parts (a projector's input), if it takes any;
+    a ``form`` route's body is ``multipart/form-data`` (an uploaded file beside its fields),
+    not JSON.
     """
 
     method: str
@@ -115,6 +126,8 @@ class Route:
     model_kind: str | None = CHAT_MODEL
     manage: bool = False
     image_part: str | None = None
+    audio_part: str | None = None
+    form: bool = False
 
     @property
     def ring(self) -> bool:
@@ -124,7 +137,7 @@ class Route:
 
 ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", CHAT_PATH, "createChatCompletion", "Create a chat completion.", Body.CHAT,
-          image_part="image_url"),
+          image_part="image_url", audio_part="input_audio"),
     Route("POST", COMPLETIONS_PATH, "createCompletion", "Create a text completion.",
           Body.COMPLETIONS),
     Route("POST", EMBEDDINGS_PATH, "createEmbedding",
@@ -132,10 +145,10 @@ ROUTES: Final[tuple[Route, ...]] = (
           model_kind=EMBEDDING_MODEL),
     Route("POST", RESPONSES_PATH, "createResponse",
           "Create a response (OpenAI's Responses API, stateless).", Body.RESPONSES,
-          image_part="input_image"),
+          image_part="input_image", audio_part="input_audio"),
     Route("POST", RESPONSES_INPUT_TOKENS_PATH, "countResponseInputTokens",
           "Count a response request's input tokens, templated as a generation.", Body.RESPONSES,
-          image_part="input_image"),
+          image_part="input_image", audio_part="input_audio"),
     Route("POST", TOKENIZE_PATH, "tokenize",
           "Text to the model's token ids (llama.cpp server's /tokenize).", Body.TOKENIZE,
           model_kind=None),
@@ -157,6 +170,12 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", MODELS_UNLOAD_PATH, "unloadModel",
           "Unload an idle catalog model now (never a pinned one).", Body.MODELS, model_kind=None,
           manage=True),
+    Route("POST", TRANSCRIPTIONS_PATH, "createTranscription",
+          "Transcribe an audio file (a model with an audio projector).", Body.TRANSCRIPTIONS,
+          form=True),
+    Route("POST", TRANSLATIONS_PATH, "createTranslation",
+          "Translate an audio file into English text (a model with an audio projector).",
+          Body.TRANSLATIONS, form=True),
 )  # fmt: skip
 
 #: Served by the workers through the ring, ``POST`` only.
@@ -169,6 +188,14 @@ IMAGE_PARTS: Final[Mapping[Body, str]] = {
     for route in ROUTES
     if route.endpoint is not None and route.image_part is not None
 }
+#: The ``type`` of each field-table endpoint's audio parts.
+AUDIO_PARTS: Final[Mapping[Body, str]] = {
+    route.endpoint: route.audio_part
+    for route in ROUTES
+    if route.endpoint is not None and route.audio_part is not None
+}
+#: The routes whose body is ``multipart/form-data``.
+FORM_PATHS: Final = frozenset(route.path for route in ROUTES if route.form)
 #: The kind of model each ring route needs (``None``: any kind).
 MODEL_KINDS: Final[Mapping[str, str | None]] = {
     route.path: route.model_kind for route in ROUTES if route.ring

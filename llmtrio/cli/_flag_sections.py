@@ -306,6 +306,13 @@ LIMITS = section(
         type=int,
     ),
     flag(
+        "--max-audio-seconds",
+        "RequestLimits.max_audio_seconds",
+        "an audio file's length in seconds, read from its header before decoding (default "
+        "%(default)s)",
+        type=float,
+    ),
+    flag(
         "--allowed-media-domains",
         "RequestLimits.allowed_media_domains",
         "hosts whose http(s) image URLs are fetched (default: none, remote URLs are refused): "

@@ -100,6 +100,13 @@ SERVE = Command(
                 type=int,
             ),
             flag(
+                "--max-audio-body-bytes",
+                "ServeConfig.max_audio_body_bytes",
+                "largest body of a request holding an audio part, or of a transcription's "
+                "form, before 413 (default %(default)s; at most 15 MiB: the ring's frame limit)",
+                type=int,
+            ),
+            flag(
                 "--send-timeout",
                 "ServeConfig.send_timeout",
                 "seconds a client may take nothing before it is disconnected (default %(default)s)",

@@ -99,6 +99,7 @@ async def serve(
                     kinds=[engine.kind],
                     vision=[engine.model_name] if engine.takes_images else [],
                     contexts=[engine.context_length],
+                    audio=[engine.model_name] if engine.takes_audio else [],
                 ) as link:
                     await serve_link(
                         engine, link, metrics=metrics, limits=limits, task_status=task_status

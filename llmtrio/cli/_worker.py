@@ -111,6 +111,7 @@ async def run_worker(
                                 config=dial,
                                 vision=[engine.model_name] if engine.takes_images else [],
                                 contexts=[engine.context_length],
+                                audio=[engine.model_name] if engine.takes_audio else [],
                             )
                         )
                     )

@@ -9,6 +9,9 @@ async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
     vectors = (await engine.embed(["a text", "another"])).vectors   # L2-normalized rows
 """
 
+from ._audio import AUDIO_FORMATS as AUDIO_FORMATS
+from ._audio import Audio as Audio
+from ._audio import decode_audio as decode_audio
 from ._config import DEFAULT_QUANT as DEFAULT_QUANT
 from ._config import DEFAULT_REPO as DEFAULT_REPO
 from ._config import EngineConfig as EngineConfig
@@ -35,6 +38,7 @@ from ._types import Done as Done
 from ._types import Event as Event
 from ._types import Failed as Failed
 from ._types import GenerateRequest as GenerateRequest
+from ._types import Media as Media
 from ._types import Sampling as Sampling
 from ._types import StopReason as StopReason
 from ._types import TextFormat as TextFormat
@@ -68,12 +72,14 @@ from .tools import new_tool_call_id as new_tool_call_id
 from .tools import tool_call_grammar as tool_call_grammar
 
 __all__ = [
+    "AUDIO_FORMATS",
     "DEFAULT_QUANT",
     "DEFAULT_REPO",
     "EMBEDDING_SEQUENCES",
     "JSON_OBJECT_GRAMMAR",
     "MEDIA_MARKER",
     "TEXT_INPUT",
+    "Audio",
     "CannotTranslateError",
     "Capacity",
     "ChatMessage",
@@ -96,6 +102,7 @@ __all__ = [
     "GrammarError",
     "Image",
     "InvalidRequestError",
+    "Media",
     "ModelLoadError",
     "PromptTooLongError",
     "RequestError",
@@ -114,6 +121,7 @@ __all__ = [
     "ToolCallParser",
     "ToolCallStart",
     "ToolCallStream",
+    "decode_audio",
     "decode_image",
     "demo_model_path",
     "image_from_url",

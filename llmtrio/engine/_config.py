@@ -79,11 +79,12 @@ class EngineConfig:
     the youngest running sequence is swapped out to host memory until there is room again.
     Off, each slot has its own ``ctx_size`` cells.
 
-    ``mmproj``: a vision projector (llama.cpp's ``mmproj`` GGUF) for the model: chat
-    messages may then carry images (:class:`ChatMessage`'s ``images``). Without it, a model
-    from a Hugging Face repo gets the repo's own ``mmproj-*.gguf`` (F16 before F32),
-    fetched with the weights; ``vision=False`` loads none. ``max_images`` bounds the images
-    of one request.
+    ``mmproj``: a projector (llama.cpp's ``mmproj`` GGUF: a vision encoder, an audio
+    encoder, or both) for the model: chat messages may then carry images or audio
+    (:class:`ChatMessage`'s ``media``). Without it, a model from a Hugging Face repo gets the
+    repo's own ``mmproj-*.gguf`` (F16 before F32), fetched with the weights; ``vision=False``
+    loads none. ``max_images`` bounds the images of one request (audio is bounded by its
+    length, which the request's parse checks, and by the context).
 
     ``cache_type_k``/``cache_type_v``: the type the K and V cache cells are stored in
     (llama.cpp's ``-ctk``/``-ctv``): ``f16``, or ``q8_0``/``q4_0`` at about a half/a quarter

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ._audio import Audio
 from ._errors import InvalidRequestError
 from ._media import MEDIA_MARKER, Image
 
@@ -23,6 +24,7 @@ __all__ = [
     "Event",
     "Failed",
     "GenerateRequest",
+    "Media",
     "Sampling",
     "StopReason",
     "TextFormat",
@@ -130,29 +132,56 @@ def _tuple_of_calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
     return _tuple_of(value, ToolCall, "tool_calls")
 
 
-def _tuple_of_images(value: Sequence[Image]) -> tuple[Image, ...]:
-    return _tuple_of(value, Image, "images")
+#: What a message's media markers stand for: an image or an audio file.
+Media = Image | Audio
+
+
+def _tuple_of_media(value: Sequence[Media]) -> tuple[Media, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise InvalidRequestError(
+            f"media is a {type(value).__name__}; give a sequence of Image and Audio values",
+            param="media",
+        )
+    for index, item in enumerate(value):
+        if not isinstance(item, Image | Audio):
+            raise InvalidRequestError(
+                f"media[{index}] is a {type(item).__name__}; give Image or Audio values "
+                "(llmtrio.engine.Image, llmtrio.engine.Audio)",
+                param="media",
+            )
+    return tuple(value)
 
 
 @attrs.frozen
 class ChatMessage:
     """One chat message. An assistant message may carry ``tool_calls``; a ``tool`` message
-    answers the call named by ``tool_call_id``. ``images`` go where ``content`` holds
-    :data:`MEDIA_MARKER`, one marker per image, in order."""
+    answers the call named by ``tool_call_id``. ``media`` (images and audio files) go where
+    ``content`` holds :data:`MEDIA_MARKER`, one marker per item, in order."""
 
     role: str
     content: str
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tuple_of_calls)
     tool_call_id: str | None = None
-    images: tuple[Image, ...] = attrs.field(default=(), converter=_tuple_of_images)
+    media: tuple[Media, ...] = attrs.field(default=(), converter=_tuple_of_media)
 
     def __attrs_post_init__(self) -> None:
         if self.role not in ("system", "user", "assistant", "developer", "tool"):
             raise InvalidRequestError(f"unknown message role {self.role!r}", param="messages")
-        if self.content.count(MEDIA_MARKER) != len(self.images):
+        if self.content.count(MEDIA_MARKER) != len(self.media):
             raise InvalidRequestError(
-                "a message's content must hold one media marker per image", param="messages"
+                "a message's content must hold one media marker per image or audio file",
+                param="messages",
             )
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        """Its images, in order."""
+        return tuple(item for item in self.media if isinstance(item, Image))
+
+    @property
+    def audio(self) -> tuple[Audio, ...]:
+        """Its audio files, in order."""
+        return tuple(item for item in self.media if isinstance(item, Audio))
 
 
 @attrs.frozen
@@ -400,13 +429,15 @@ class Done:
     """The end of a generation. ``cached_tokens`` of the ``prompt_tokens`` were not
     ingested: the slot's memory held them already (prompt reuse). ``draft_tokens`` draft
     tokens were verified for it (speculative decoding), ``accepted_tokens`` of them were
-    right. ``stop_string`` is the stop string that ended it (``StopReason.STOP_STRING``)."""
+    right. ``stop_string`` is the stop string that ended it (``StopReason.STOP_STRING``).
+    ``audio_tokens`` of the ``prompt_tokens`` are audio embeddings."""
 
     stop: StopReason
     prompt_tokens: int
     completion_tokens: int
     timings: Timings
     cached_tokens: int = 0
+    audio_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     reasoning_tokens: int = 0

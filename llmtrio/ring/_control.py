@@ -187,6 +187,7 @@ async def _serve_worker(
         kinds=attach.kinds,
         vision=attach.vision,
         contexts=attach.contexts,
+        audio=attach.audio,
         relay=session.relay,
     ) as link:
         try:

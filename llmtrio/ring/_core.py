@@ -183,11 +183,19 @@ class RingCore:
             for index, name in enumerate(worker.models):
                 known = models.get(name)
                 kind = worker.kinds[index] if worker.kinds else CHAT_MODEL
-                vision = name in worker.vision
+                vision, audio = name in worker.vision, name in worker.audio
                 context = worker.contexts[index] if worker.contexts else 0
                 if known is None:
                     models[name] = ModelStats(
-                        name, kind, 1, own, size, until, vision=vision, context_length=context
+                        name,
+                        kind,
+                        1,
+                        own,
+                        size,
+                        until,
+                        vision=vision,
+                        audio=audio,
+                        context_length=context,
                     )
                     continue
                 latest = -1 if -1 in (until, known.unload_in_s) else max(until, known.unload_in_s)
@@ -199,6 +207,7 @@ class RingCore:
                     known.bytes + size,
                     latest,
                     vision=known.vision,
+                    audio=known.audio,
                     # What every worker serving it takes: the least stated.
                     context_length=min(
                         (n for n in (context, known.context_length) if n), default=0
@@ -283,6 +292,7 @@ class RingCore:
             message.models,
             message.kinds,
             vision=message.vision,
+            audio=message.audio,
             contexts=message.contexts,
         )
 

@@ -111,6 +111,8 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                 attach["vision"] = list(message.vision)
             if any(message.contexts):  # none stated: as the previous version
                 attach["contexts"] = list(message.contexts)
+            if message.audio:  # none: as the previous version
+                attach["audio"] = list(message.audio)
             return attach, b""
         case Heartbeat(
             inflight=inflight,
@@ -267,6 +269,7 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
             kinds=fields.strings("kinds") if "kinds" in fields else (),
             vision=fields.strings("vision") if "vision" in fields else (),
             contexts=fields.integers("contexts") if "contexts" in fields else (),
+            audio=fields.strings("audio") if "audio" in fields else (),
         )
     if cls is Heartbeat:
         inflight, available = fields.integer("inflight"), fields.integer("available_slots")

@@ -153,6 +153,8 @@ class Attach:
     (optional on the wire, as from a worker of the previous version) means all chat."""
     vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take images (optional on the wire: none)."""
+    audio: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
+    """The ``models`` that take audio (optional on the wire: none)."""
     contexts: tuple[int, ...] = attrs.field(default=(), converter=_to_ints, kw_only=True)
     """Each model's context length in tokens (the most one request may use), in the order of
     ``models``; 0 or empty (optional on the wire, as from a worker of the previous version):

@@ -125,11 +125,13 @@ class Ring:
         kinds: Iterable[str] = (),
         relay: Relay | None = None,
         vision: Iterable[str] = (),
+        audio: Iterable[str] = (),
         contexts: Iterable[int] = (),
     ) -> AsyncIterator[WorkerLink]:
         """Attach a worker that will hold at most ``max_inflight`` streams at once, serving
         ``models`` (listed by ``stats``), each of the kind ``kinds`` says (empty: all chat);
-        those in ``vision`` take images; ``contexts`` gives each model's context length.
+        those in ``vision`` take images, those in ``audio`` audio; ``contexts`` gives each
+        model's context length.
         A worker serving exactly one model claims streams for that model only; one that lists
         several or none claims for any it listed (or any at all).
 
@@ -152,6 +154,7 @@ class Ring:
             models=models,
             kinds=kinds,
             vision=vision,
+            audio=audio,
             contexts=tuple(contexts),
         )
         link = WorkerLink(self._router, attach, relay)

@@ -39,6 +39,7 @@ class Worker:
     kinds: tuple[str, ...] = ()
     vision: tuple[str, ...] = ()  # the models that take images
     contexts: tuple[int, ...] = ()  # each model's context length (0 or empty: not stated)
+    audio: tuple[str, ...] = ()  # the models that take audio
     credits: dict[str | None, int] = attrs.field(factory=dict)  # claim model -> unfilled claims
     standing: tuple[str, ...] = ()  # the lines of claimants it stands in
     held: dict[int, None] = attrs.field(factory=dict)  # an ordered set of stream ids

@@ -57,6 +57,8 @@ class ModelStats:
     context_length: int = 0
     """The most tokens one request may use (prompt and output), the least its workers stated
     (0: not stated)."""
+    audio: bool = False
+    """Whether it takes audio (as its first worker said)."""
 
 
 @attrs.frozen

@@ -68,12 +68,14 @@ def create_app(
     limits: RequestLimits | None = None,
     default_model: str | None = None,
     image_body_bytes: int = 0,
+    audio_body_bytes: int = 0,
 ) -> Ingress:
     """The ASGI app serving the ring's routes, ``/health``, ``/v1/models``, ``/metrics``,
     ``/openapi.json`` and ``/``. ``metrics`` (its own registry unless given) counts what it
     answers; ``limits`` are the workers' request limits, which ``/openapi.json`` states;
     ``default_model`` is where a request for an unknown model, or for none, goes (see
-    ``_models``). A body that holds an image part may be up to ``image_body_bytes`` (when
+    ``_models``). A body that holds an image part may be up to ``image_body_bytes``, one
+    that holds an audio part or is a transcription's form up to ``audio_body_bytes`` (when
     more than ``max_body_bytes``).
 
     ``drain`` is the server's shutdown state: once it drains, ring requests are refused with
@@ -90,7 +92,16 @@ def create_app(
         limits=limits or RequestLimits(),
     )
     checks = Checks(policy or OriginPolicy(), gate or Gate(), drain)
-    return Ingress(pages, ring, checks, max_body_bytes, metrics, default_model, image_body_bytes)
+    return Ingress(
+        pages,
+        ring,
+        checks,
+        max_body_bytes,
+        metrics,
+        default_model,
+        image_body_bytes,
+        audio_body_bytes,
+    )
 
 
 class Ingress:
@@ -105,6 +116,7 @@ class Ingress:
         metrics: IngressMetrics,
         default_model: str | None = None,
         image_body_bytes: int = 0,
+        audio_body_bytes: int = 0,
     ) -> None:
         self.app: Any = app  # called with plain ASGI dicts
         self._default_model = default_model
@@ -112,6 +124,7 @@ class Ingress:
         self._checks = checks
         self._max_body_bytes = max_body_bytes
         self._image_body_bytes = image_body_bytes
+        self._audio_body_bytes = audio_body_bytes
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -197,7 +210,14 @@ class Ingress:
             request = RingRequest(
                 self._ring, scope, headers, extra, exchange, checks.gate, self._default_model
             )
-            await request.serve(receive, send, self._max_body_bytes, drain, self._image_body_bytes)
+            await request.serve(
+                receive,
+                send,
+                self._max_body_bytes,
+                drain,
+                self._image_body_bytes,
+                self._audio_body_bytes,
+            )
 
 
 def _adding_headers(send: Send, extra: list[tuple[str, str]]) -> Send:

@@ -37,7 +37,9 @@ from collections.abc import Mapping
 from ..api import (
     MANAGE_PATHS,
     MODEL_KINDS,
+    form_field,
     invalid_request,
+    is_form,
     missing_model,
     model_not_found,
     wrong_model_kind,
@@ -47,9 +49,12 @@ from ..ring import CHAT_MODEL, EMBEDDING_MODEL, ModelStats
 __all__ = ["requested_model", "resolve_model"]
 
 
-def requested_model(body: bytes) -> object:
-    """The ``model`` field of a request body; ``None`` when it has none, or when the body is
-    not a JSON object (the worker answers that body's own error)."""
+def requested_model(body: bytes, *, form: bool = False) -> object:
+    """The ``model`` field of a request body (on a ``form`` route, a form's text field
+    ``model``); ``None`` when it has none, or when the body is not a JSON object or a form
+    (the worker answers that body's own error: a form route's, that it must be a form)."""
+    if form and is_form(body):
+        return form_field(body, "model")
     try:
         fields = json.loads(body)
     except (ValueError, RecursionError):

@@ -147,7 +147,11 @@ def pages_app(
                         "owned_by": "llmtrio",
                         "kind": model.kind,
                         "workers": model.workers,
-                        "input_modalities": ["text", "image"] if model.vision else ["text"],
+                        "input_modalities": [
+                            "text",
+                            *(["image"] if model.vision else []),
+                            *(["audio"] if model.audio else []),
+                        ],
                         "state": model.state,
                         **_context(model.context_length),
                         **({"bytes": model.bytes} if model.bytes else {}),

@@ -22,6 +22,8 @@ from typing import Any
 import trio
 
 from ..api import (
+    AUDIO_PARTS,
+    FORM_PATHS,
     IMAGE_PARTS,
     ApiError,
     body_timeout,
@@ -115,10 +117,12 @@ class RingRequest:
         max_body_bytes: int,
         drain: Drain,
         image_body_bytes: int = 0,
+        audio_body_bytes: int = 0,
     ) -> None:
         """Serve the request; never raises but for cancellation. Its body may be up to
-        ``max_body_bytes``, or ``image_body_bytes`` when it holds an image part (see
-        :func:`holds_images`).
+        ``max_body_bytes``, or ``image_body_bytes`` when it holds an image part, or
+        ``audio_body_bytes`` when it holds an audio part or is a form route's (see
+        :func:`media_body_bytes`).
 
         One cancel scope ends the request early, whatever ends it: the scope of the nursery
         the request runs in, which holds its one task beside this one (the disconnect
@@ -135,7 +139,14 @@ class RingRequest:
             async with trio.open_nursery() as nursery:
                 with drain.cuts(nursery.cancel_scope):
                     try:
-                        await self._serve(receive, send, max_body_bytes, nursery, image_body_bytes)
+                        await self._serve(
+                            receive,
+                            send,
+                            max_body_bytes,
+                            nursery,
+                            image_body_bytes,
+                            audio_body_bytes,
+                        )
                     except ClientGone:
                         logger.debug(
                             "request %s: the client left before its body was read",
@@ -170,8 +181,10 @@ class RingRequest:
         max_body_bytes: int,
         nursery: trio.Nursery,
         image_body_bytes: int = 0,
+        audio_body_bytes: int = 0,
     ) -> None:
-        most = max(max_body_bytes, image_body_bytes)
+        path = self._scope["path"]
+        most = max(max_body_bytes, image_body_bytes, audio_body_bytes)
         declared = self._headers.get("content-length", "")
         if declared.isdigit() and int(declared) > most:
             await self._send_error(send, request_too_large(most))
@@ -185,9 +198,11 @@ class RingRequest:
         if body is None:
             await self._send_error(send, request_too_large(most))
             return
-        if len(body) > max_body_bytes and not holds_images(body):
-            await self._send_error(send, request_too_large(max_body_bytes))
-            return
+        if len(body) > max_body_bytes:
+            allowed = media_body_bytes(path, body, image_body_bytes, audio_body_bytes)
+            if len(body) > allowed:
+                await self._send_error(send, request_too_large(max(max_body_bytes, allowed)))
+                return
         head = RequestHead(
             "POST",
             self._scope["path"],
@@ -198,7 +213,7 @@ class RingRequest:
         )
         try:
             key = resolve_model(
-                requested_model(body),
+                requested_model(body, form=path in FORM_PATHS),
                 self._scope["path"],
                 self._ring.models(),
                 self._default_model,
@@ -307,19 +322,37 @@ class RingRequest:
         await send({"type": "http.response.body", "body": body, "more_body": True})
 
 
+def _part_types(types: Iterable[str]) -> re.Pattern[bytes]:
+    alternatives = b"|".join(sorted({t.encode() for t in types}))
+    return re.compile(rb'"type"\s*:\s*"(?:' + alternatives + rb')"')
+
+
 #: An image part of any API (each route's ``image_part``: chat completions' ``image_url``,
 #: the Responses API's ``input_image``, Anthropic's ``image``).
-_IMAGE_PART = re.compile(
-    rb'"type"\s*:\s*"(?:' + b"|".join(sorted({p.encode() for p in IMAGE_PARTS.values()})) + rb')"'
-)
+_IMAGE_PART = _part_types(IMAGE_PARTS.values())
+#: An audio part of any API (each route's ``audio_part``: ``input_audio``).
+_AUDIO_PART = _part_types(AUDIO_PARTS.values())
 
 
 def holds_images(body: bytes) -> bool:
     """Whether a request body holds an image part (a ``"type"`` of ``image_url``,
-    ``input_image`` or ``image``): only such a body may be larger than ``--max-body-bytes``,
-    up to ``--max-image-body-bytes``. A body that merely says so is still parsed, and
-    refused, by the worker, so the larger limit is all it gains."""
+    ``input_image`` or ``image``)."""
     return _IMAGE_PART.search(body) is not None
+
+
+def media_body_bytes(path: str, body: bytes, image_body_bytes: int, audio_body_bytes: int) -> int:
+    """How large a body may be for the media it holds, beyond ``--max-body-bytes``: up to
+    ``--max-audio-body-bytes`` for a form route's (a transcription's file) or one holding an
+    audio part (``input_audio``), ``--max-image-body-bytes`` for one holding an image part,
+    the larger of the two for one holding both; 0 for one holding neither. A body that merely
+    says so is still parsed, and refused, by the worker, so the larger limit is all it
+    gains."""
+    allowed = 0
+    if path in FORM_PATHS or _AUDIO_PART.search(body) is not None:
+        allowed = audio_body_bytes
+    if path not in FORM_PATHS and holds_images(body):
+        allowed = max(allowed, image_body_bytes)
+    return allowed
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:

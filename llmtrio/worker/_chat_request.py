@@ -14,6 +14,7 @@ from typing import Any, TypeGuard
 import attrs
 
 from ..api import (
+    AUDIO_PARTS,
     IMAGE_PARTS,
     IMAGE_URL_PART,
     MESSAGE_FIELDS,
@@ -35,10 +36,11 @@ from ..engine import (
     MEDIA_MARKER,
     ChatMessage,
     GenerateRequest,
-    Image,
     InvalidRequestError,
+    Media,
     Sampling,
 )
+from ._audio import audio_from_part
 from ._encoding import from_engine_error
 from ._features import (
     ToolChoice,
@@ -60,8 +62,9 @@ from ._requests import (
 
 __all__ = ["ChatCompletionRequest", "parse_chat_request"]
 
-#: The ``type`` of chat's image parts.
+#: The ``type`` of chat's image and audio parts.
 _IMAGE = IMAGE_PARTS[Body.CHAT]
+_AUDIO = AUDIO_PARTS[Body.CHAT]
 
 _NO_LIMITS = RequestLimits()
 
@@ -213,13 +216,13 @@ def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMes
             raise invalid_type(where, "an object", item)
         role = _parse_role(item.get("role"), f"{where}.role")
         content = ""
-        images: list[Image] = []
+        media: list[Media] = []
         for part in MESSAGE_FIELDS[role].properties:
             at = f"{where}.{part.name}"
             if part.name == "content":
                 value = item.get("content")
-                if role == "user" and _has_images(value):
-                    content, images = _parse_image_content(value, at, limits)
+                if role == "user" and _has_media(value):
+                    content, media = _parse_media_content(value, at, limits)
                 else:
                     content = _parse_content(value, at, role, limits)
             else:
@@ -229,40 +232,46 @@ def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMes
             messages.append(ChatMessage("tool", content, tool_call_id=item.get("tool_call_id")))
         else:
             role = "system" if role == "developer" else role
-            messages.append(ChatMessage(role, content, tool_calls=calls, images=images))
+            messages.append(ChatMessage(role, content, tool_calls=calls, media=media))
     return messages
 
 
-def _has_images(value: object) -> TypeGuard[list[Any]]:
+def _has_media(value: object) -> TypeGuard[list[Any]]:
     return isinstance(value, list) and any(
-        isinstance(part, dict) and part.get("type") == _IMAGE for part in value
+        isinstance(part, dict) and part.get("type") in (_IMAGE, _AUDIO) for part in value
     )
 
 
-def _parse_image_content(
+def _parse_media_content(
     value: list[Any], where: str, limits: RequestLimits
-) -> tuple[str, list[Image]]:
-    """A user message's parts with images: text parts (``TextPart``) and ``image_url``
-    parts (``IMAGE_URL_PART``), each image a media marker in the text (parts joined by
-    newlines) and an :class:`Image`, its header read and checked (``max_image_pixels``).
+) -> tuple[str, list[Media]]:
+    """A user message's parts with media: text parts (``TextPart``), ``image_url`` parts
+    (``IMAGE_URL_PART``) and ``input_audio`` parts (``INPUT_AUDIO_PART``), each image or
+    audio file a media marker in the text (parts joined by newlines) and an :class:`Image`
+    or :class:`Audio`, its header read and checked (``max_image_pixels``,
+    ``max_audio_seconds``).
 
     Error handling: :class:`ApiError` (400) naming the part: a part of the wrong shape, a
     URL neither a ``data:`` URI nor an ``http(s)`` URL of an allowed host (fetched later, by
-    the endpoint's ``run``), bytes that are not an image, too many pixels."""
+    the endpoint's ``run``), bytes that are not an image or an audio file, too many pixels,
+    audio too long."""
     texts: list[str] = []
-    images: list[Image] = []
+    media: list[Media] = []
     for i, part in enumerate(value):
         at = f"{where}[{i}]"
         if isinstance(part, dict) and part.get("type") == _IMAGE:
             checked = check(IMAGE_URL_PART, part, limits, at)
-            images.append(
+            media.append(
                 image_from_part(checked["image_url"]["url"], f"{at}.image_url.url", limits)
             )
+            texts.append(MEDIA_MARKER)
+        elif isinstance(part, dict) and part.get("type") == _AUDIO:
+            media.append(audio_from_part(part, at, limits))
             texts.append(MEDIA_MARKER)
         else:
             assert TEXT_PARTS.items is not None
             texts.append(check(TEXT_PARTS.items, part, limits, at).get("text") or "")
-    return _PART_SEPARATOR.join(texts), images
+    return _PART_SEPARATOR.join(texts), media
 
 
 def _parse_role(role: object, param: str) -> str:

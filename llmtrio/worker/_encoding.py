@@ -181,12 +181,16 @@ def finish_reason(done: Done, calls: int) -> str:
 
 def usage_json(done: Done) -> dict[str, Any]:
     """OpenAI's usage: ``prompt_tokens`` counts the reused ones too, and
-    ``prompt_tokens_details.cached_tokens`` says how many of them were reused."""
+    ``prompt_tokens_details.cached_tokens`` says how many of them were reused
+    (``audio_tokens``, how many are audio embeddings, where there are any)."""
+    details: dict[str, int] = {"cached_tokens": done.cached_tokens}
+    if done.audio_tokens:
+        details["audio_tokens"] = done.audio_tokens
     return {
         "prompt_tokens": done.prompt_tokens,
         "completion_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+        "prompt_tokens_details": details,
     }
 
 

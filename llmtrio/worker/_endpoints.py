@@ -20,6 +20,8 @@ from ..api import (
     MESSAGES_PATH,
     RESPONSES_INPUT_TOKENS_PATH,
     RESPONSES_PATH,
+    TRANSCRIPTIONS_PATH,
+    TRANSLATIONS_PATH,
     Body,
     RequestLimits,
 )
@@ -42,6 +44,12 @@ from ._pipeline import Encoder, Endpoint, Finished, run_tokenizer
 from ._responses_output import InputTokensBody, ResponsesBody, ResponsesStream
 from ._responses_request import ResponsesRequest, naming_input, parse_responses_request
 from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
+from ._transcriptions import (
+    TranscriptBody,
+    TranscriptionRequest,
+    TranscriptStream,
+    parse_transcription_request,
+)
 
 __all__ = [
     "CHAT_ENDPOINT",
@@ -52,6 +60,8 @@ __all__ = [
     "MESSAGES_ENDPOINT",
     "RESPONSES_ENDPOINT",
     "RESPONSES_INPUT_TOKENS_ENDPOINT",
+    "TRANSCRIPTIONS_ENDPOINT",
+    "TRANSLATIONS_ENDPOINT",
 ]
 
 
@@ -238,6 +248,31 @@ class _CountTokens:
         return TokenCount()
 
 
+@attrs.frozen
+class _Transcriptions:
+    """``POST /v1/audio/transcriptions`` (``body`` ``TRANSCRIPTIONS``) or
+    ``/v1/audio/translations`` (``TRANSLATIONS``): a form with an audio file, a generation on
+    it, the transcript in the asked format."""
+
+    route: str = TRANSCRIPTIONS_PATH
+    body: Body = Body.TRANSCRIPTIONS
+    model_kind: str = "chat"
+    id_prefix: str = "transcript"
+
+    def parse(self, body: bytes, limits: RequestLimits) -> TranscriptionRequest:
+        return parse_transcription_request(body, limits, self.body)
+
+    @asynccontextmanager
+    async def run(self, engine: Engine, request: TranscriptionRequest) -> AsyncIterator[Generation]:
+        async with engine.submit(request.generate) as generation:
+            yield generation
+
+    def encoder(self, request: TranscriptionRequest, meta: ResponseMeta) -> Encoder[Any]:
+        if request.stream:
+            return TranscriptStream(request, meta)
+        return TranscriptBody(request, meta)
+
+
 CHAT_ENDPOINT: Endpoint[ChatCompletionRequest] = _Chat()
 COMPLETIONS_ENDPOINT: Endpoint[CompletionRequest] = _Completions()
 EMBEDDINGS_ENDPOINT: Endpoint[EmbeddingsRequest] = _Embeddings()
@@ -245,6 +280,10 @@ RESPONSES_ENDPOINT: Endpoint[ResponsesRequest] = _Responses()
 RESPONSES_INPUT_TOKENS_ENDPOINT: Endpoint[ResponsesRequest] = _ResponsesInputTokens()
 MESSAGES_ENDPOINT: Endpoint[MessagesRequest] = _Messages()
 COUNT_MESSAGE_TOKENS_ENDPOINT: Endpoint[MessagesRequest] = _CountTokens()
+TRANSCRIPTIONS_ENDPOINT: Endpoint[TranscriptionRequest] = _Transcriptions()
+TRANSLATIONS_ENDPOINT: Endpoint[TranscriptionRequest] = _Transcriptions(
+    TRANSLATIONS_PATH, Body.TRANSLATIONS
+)
 #: Every endpoint the worker serves, by route.
 ENDPOINTS: dict[str, Endpoint[object]] = {
     e.route: e  # type: ignore[misc]
@@ -256,6 +295,8 @@ ENDPOINTS: dict[str, Endpoint[object]] = {
         RESPONSES_INPUT_TOKENS_ENDPOINT,
         MESSAGES_ENDPOINT,
         COUNT_MESSAGE_TOKENS_ENDPOINT,
+        TRANSCRIPTIONS_ENDPOINT,
+        TRANSLATIONS_ENDPOINT,
     )
 }
 #: llama.cpp server's tokenizer routes, on any model.

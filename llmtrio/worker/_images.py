@@ -12,7 +12,7 @@ An image in a message is :data:`MEDIA_MARKER` in its text, where the image goes,
 :class:`Image` in ``ChatMessage.images`` (in the markers' order)::
 
     image = image_from_part(url, "input[0].content[1].image_url", limits)
-    ChatMessage("user", MEDIA_MARKER + "\\n" + text, images=[image])
+    ChatMessage("user", MEDIA_MARKER + "\\n" + text, media=[image])
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ async def fetch_remote_images(generate: GenerateRequest, engine: Engine) -> Gene
     if refusals:
         raise refusals[min(refusals)]
     fetched = [
-        attrs.evolve(m, images=[found.get(id(i), i) for i in m.images]) if m.images else m
+        attrs.evolve(m, media=[found.get(id(i), i) for i in m.media]) if m.images else m
         for m in messages
     ]
     return attrs.evolve(generate, messages=fetched)

@@ -307,7 +307,7 @@ def _user_blocks(blocks: list[Any], where: str, limits: RequestLimits) -> list[C
             continue
         results.append(_tool_result(block, at, limits))
     if texts or not results:
-        results.append(ChatMessage("user", _SEPARATOR.join(texts), images=images))
+        results.append(ChatMessage("user", _SEPARATOR.join(texts), media=images))
     return results
 
 
@@ -334,7 +334,7 @@ def _tool_result(block: dict[str, Any], where: str, limits: RequestLimits) -> Ch
         text = _text_or_blocks(result, f"{where}.content", limits)
     if block.get("is_error"):
         text = f"Error: {text}" if text else "Error"
-    return ChatMessage("tool", text, tool_call_id=block["tool_use_id"], images=images)
+    return ChatMessage("tool", text, tool_call_id=block["tool_use_id"], media=images)
 
 
 def _image(block: dict[str, Any], where: str, limits: RequestLimits) -> Image:

@@ -81,6 +81,7 @@ __all__ = [
     "Finished",
     "KeepsAlive",
     "ModelEngine",
+    "TypedBody",
     "WorkEvent",
     "run_tokenizer",
     "serve_request",
@@ -180,6 +181,14 @@ class KeepsAlive(Protocol):
 
     def ping(self) -> bytes:
         """A keep-alive event's bytes."""
+
+
+@runtime_checkable
+class TypedBody(Protocol):
+    """A whole body's encoder whose body is not JSON (a transcript's text, subtitles):
+    ``content_type`` is the response's type."""
+
+    content_type: str
 
 
 class Endpoint(Protocol[Request]):
@@ -466,7 +475,10 @@ async def _whole(response: _Response, encoder: Encoder[Any], events: Events) -> 
     if isinstance(last, Done | Answer):
         body = encoder.finish(last)
         response.finished(last, encoder)
-        await response.whole(200, JSON_HEADERS, body)
+        headers = JSON_HEADERS
+        if isinstance(encoder, TypedBody):
+            headers = (("content-type", encoder.content_type),)
+        await response.whole(200, headers, body)
     else:
         assert isinstance(last, Failed), "the work's events end with a Done, an Answer or a Failed"
         await response.error(

@@ -22,6 +22,7 @@ from typing import Any, TypeGuard
 import attrs
 
 from ..api import (
+    AUDIO_PARTS,
     IMAGE_PARTS,
     RESPONSES_FORMAT,
     RESPONSES_IMAGE_PART,
@@ -43,11 +44,12 @@ from ..engine import (
     TEXT_INPUT,
     ChatMessage,
     GenerateRequest,
-    Image,
     InvalidRequestError,
+    Media,
     Sampling,
     ToolCall,
 )
+from ._audio import audio_from_part
 from ._encoding import from_engine_error
 from ._features import ToolChoice
 from ._images import image_from_part
@@ -57,8 +59,9 @@ from ._responses_tools import OfferedTool, flat_name, parse_responses_tools
 
 __all__ = ["LOGPROBS_INCLUDE", "ResponsesRequest", "naming_input", "parse_responses_request"]
 
-#: The ``type`` of the Responses API's image parts.
+#: The ``type`` of the Responses API's image and audio parts.
 _IMAGE = IMAGE_PARTS[Body.RESPONSES]
+_AUDIO = AUDIO_PARTS[Body.RESPONSES]
 
 logger = logging.getLogger("llmtrio.worker")
 
@@ -117,7 +120,8 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     Honoured: ``input`` (a string, or items: messages of role ``user``, ``system``,
     ``developer`` or ``assistant`` with a string or ``input_text``/``output_text`` parts,
     a user message's ``input_image`` parts with a ``data:`` URI for a model with a vision
-    projector (``detail`` accepted; a ``file_id`` is a 400 naming it),
+    projector (``detail`` accepted; a ``file_id`` is a 400 naming it) and its
+    ``input_audio`` parts (base64 WAV, MP3 or FLAC) for a model with an audio projector,
     ``function_call`` and ``function_call_output`` items; ``reasoning`` items are ignored, as
     templates drop earlier turns' reasoning), ``instructions`` (a system message first),
     ``tools`` (``function`` ones), ``tool_choice``, ``parallel_tool_calls``,
@@ -128,7 +132,7 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     ``worker._reasoning``). A forced tool call or a JSON format turns thinking off: the grammar
     holds from the first token. Refused with a 400 naming them: ``previous_response_id``,
     ``conversation``, ``background: true``, ``background_options``, ``prompt``, ``image``,
-    file and audio parts. The other fields of the table are accepted and ignored.
+    file parts. The other fields of the table are accepted and ignored.
 
     Error handling: raises :class:`ApiError`, 400 naming the offending field in ``param``.
     """
@@ -284,9 +288,9 @@ def _add_message(
             f"{show(role)}. Supported values are: 'user', 'system', 'developer' and 'assistant'.",
         )
     value = item.get("content")
-    if role == "user" and _has_images(value):
-        content, images = _image_content(value, f"{where}.content", limits)
-        messages.append(ChatMessage("user", content, images=images))
+    if role == "user" and _has_media(value):
+        content, media = _media_content(value, f"{where}.content", limits)
+        messages.append(ChatMessage("user", content, media=media))
         return
     content = _text(value, f"{where}.content")
     if role == "assistant" and messages and _open_assistant(messages[-1]):
@@ -324,24 +328,29 @@ def _add_call(
         messages.append(ChatMessage("assistant", "", tool_calls=[call]))
 
 
-def _has_images(value: object) -> TypeGuard[list[Any]]:
+def _has_media(value: object) -> TypeGuard[list[Any]]:
     return isinstance(value, list) and any(
-        isinstance(part, dict) and part.get("type") == _IMAGE for part in value
+        isinstance(part, dict) and part.get("type") in (_IMAGE, _AUDIO) for part in value
     )
 
 
-def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple[str, list[Image]]:
-    """A user message's parts with ``input_image`` parts (``RESPONSES_IMAGE_PART``): each
-    image a media marker in the text (parts joined by newlines) and an :class:`Image`, its
-    header read and checked (``worker._images``).
+def _media_content(value: list[Any], where: str, limits: RequestLimits) -> tuple[str, list[Media]]:
+    """A user message's parts with ``input_image`` parts (``RESPONSES_IMAGE_PART``) and
+    ``input_audio`` parts (``INPUT_AUDIO_PART``): each a media marker in the text (parts
+    joined by newlines) and an :class:`Image` or :class:`Audio`, its header read and
+    checked (``worker._images``, ``worker._audio``).
 
     Error handling: :class:`ApiError` (400) naming the part: a ``file_id``, no
     ``image_url``, a URL neither a ``data:`` URI nor an ``http(s)`` URL of an allowed host,
-    bytes that are not an image."""
+    bytes that are not an image or an audio file, audio too long."""
     texts: list[str] = []
-    images: list[Image] = []
+    media: list[Media] = []
     for i, part in enumerate(value):
         at = f"{where}[{i}]"
+        if isinstance(part, dict) and part.get("type") == _AUDIO:
+            media.append(audio_from_part(part, at, limits))
+            texts.append(MEDIA_MARKER)
+            continue
         if not (isinstance(part, dict) and part.get("type") == _IMAGE):
             texts.append(_text_part(part, at))
             continue
@@ -356,9 +365,9 @@ def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple
         url = checked.get("image_url")
         if url is None:
             raise missing(f"{at}.image_url")
-        images.append(image_from_part(url, f"{at}.image_url", limits))
+        media.append(image_from_part(url, f"{at}.image_url", limits))
         texts.append(MEDIA_MARKER)
-    return _PART_SEPARATOR.join(texts), images
+    return _PART_SEPARATOR.join(texts), media
 
 
 def _open_assistant(message: ChatMessage) -> bool:

@@ -87,8 +87,9 @@ class EmbeddingEngine(DecodeLoop):
     """
 
     kind = "embedding"
-    #: An embedding model takes no images.
+    #: An embedding model takes no images or audio.
     takes_images = False
+    takes_audio = False
     _loop_name = "embedding loop"
 
     def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:
