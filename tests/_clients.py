@@ -109,7 +109,7 @@ def _pypi(name: str, version: str, *args: str) -> Package:
 
 def _library(name: str, version: str) -> Package:
     """A Python library, in a virtual environment of its own: run by that environment's
-    ``python`` (a client script in ``tests/clients/`` drives it)."""
+    ``python`` (a script beside the tests, ``tests/_drive_*.py``, drives it)."""
     return Package(name, "pypi", name, version, "python")
 
 

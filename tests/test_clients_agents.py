@@ -115,6 +115,13 @@ def codex(target: Target, home: Path, project: Path, *args: str, freeform: bool 
     return done.returncode, events
 
 
+#: The targets Codex's runs without a schema and with its function ``apply_patch`` take: its
+#: prompt is 7,000 tokens, so gemma (270M parameters, half a minute a prompt on a quiet core)
+#: runs only the freeform turn, which offers its tools of every kind.
+QWEN_TARGETS = ["qwen35", "ring-qwen35"]
+
+
+@pytest.mark.parametrize("client_target", QWEN_TARGETS, indirect=True)
 def test_codex_answers_or_names_its_output_limit(client_target: Target, tmp_path: Path) -> None:
     home, project = scratch(tmp_path)
     code, events = codex(client_target, home, project, "Say hi")
@@ -126,7 +133,14 @@ def test_codex_answers_or_names_its_output_limit(client_target: Target, tmp_path
         assert code == 1
 
 
-@pytest.mark.parametrize("freeform", [False, True], ids=["function-apply-patch", "freeform"])
+@pytest.mark.parametrize(
+    ("client_target", "freeform"),
+    [
+        *[pytest.param(name, False, id=f"{name}-function-apply-patch") for name in QWEN_TARGETS],
+        *[pytest.param(name, True, id=f"{name}-freeform") for name in ("gemma", *QWEN_TARGETS)],
+    ],
+    indirect=["client_target"],
+)
 def test_codex_completes_a_turn_and_reports_its_usage(
     client_target: Target, tmp_path: Path, freeform: bool
 ) -> None:
