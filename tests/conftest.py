@@ -16,6 +16,7 @@ from llmtrio.web import ServeConfig
 
 from ._helpers import engine_config
 from ._qwen35_real import write_qwen35_real
+from ._rerankers import CLS, LAST, write_minilm_reranker, write_qwen3_reranker
 from ._server import LiveServer, start_server
 
 # The test models the repository carries (see data/README-qwen35.md, data/README-minilm.md).
@@ -53,6 +54,35 @@ def qwen35_real_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
 def minilm_path() -> Path:
     """sentence-transformers/all-MiniLM-L6-v2 (BERT, mean pooling, 384 dimensions), Q8_0."""
     return MINILM
+
+
+@pytest.fixture(scope="session")
+def minilm_rerank_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MiniLM as a cross-encoder: rank pooling, one label, a random ``cls`` and
+    ``cls.output`` head (26 MB, written once per test session; see _rerankers.py)."""
+    return write_minilm_reranker(tmp_path_factory.mktemp("rerank") / "minilm-rerank.gguf")
+
+
+@pytest.fixture(scope="session")
+def minilm_cls_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights as ``minilm_rerank_path``, pooled as the ``[CLS]`` state: what the
+    cross-encoder's head reads."""
+    path = tmp_path_factory.mktemp("rerank") / "minilm-cls.gguf"
+    return write_minilm_reranker(path, pooling=CLS)
+
+
+@pytest.fixture(scope="session")
+def qwen3_rerank_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3 reranker: labels yes/no, ``cls.output``, the ``rerank`` template
+    (26 MB, written once per test session; see _rerankers.py)."""
+    return write_qwen3_reranker(tmp_path_factory.mktemp("rerank") / "qwen3-rerank.gguf")
+
+
+@pytest.fixture(scope="session")
+def qwen3_last_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights as ``qwen3_rerank_path``, pooled as the last token's state."""
+    path = tmp_path_factory.mktemp("rerank") / "qwen3-last.gguf"
+    return write_qwen3_reranker(path, pooling=LAST)
 
 
 @pytest.fixture(scope="session")

@@ -72,8 +72,22 @@ def test_attach_carries_kinds_only_when_a_model_is_not_chat() -> None:
     )
     with pytest.raises(ValueError, match="one kind per model"):
         Attach("w", 1, models=("a", "b"), kinds=("chat",))
-    with pytest.raises(ValueError, match="kind is one of"):
-        Attach("w", 1, models=("a",), kinds=("vision",))
+    with pytest.raises(ValueError, match="kind is a name"):
+        Attach("w", 1, models=("a",), kinds=("",))
+
+
+def test_a_reranking_models_kind_crosses_the_wire_and_a_newer_kind_is_kept() -> None:
+    """``rerank`` is a kind of its own on the wire; a kind this version does not know (a newer
+    worker's) is kept as it is rather than refusing the worker: its model is listed with it,
+    and only the routes of any kind reach it (``llmtrio.web``'s resolution)."""
+    ranker = Attach("w", 2, models=("r", "c"), kinds=("rerank", "chat"))
+    assert json.loads(encode(ranker)[9:])["kinds"] == ["rerank", "chat"]
+    assert decode_all(encode(ranker)) == [ranker]
+    newer = Attach("w", 1, models=("x",), kinds=("audio",))
+    assert decode_all(encode(newer)) == [newer]
+    core = RingCore(4)
+    core.attach(newer)
+    assert core.models()["x"].kind == "audio"
 
 
 def test_attach_carries_the_models_that_take_images_only_when_some_do() -> None:

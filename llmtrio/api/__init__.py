@@ -9,6 +9,8 @@
     _durations   keep-alive durations (Ollama's forms)
     _probes      the Kubernetes probes' paths and answers
     _openapi     ``/openapi.json``, made from the routes, the fields and the errors
+    (the field table is split by API family: _chat_fields, _responses_fields,
+    _anthropic_fields, _rerank_fields; the answers: _openapi_answers, _openapi_more)
 """
 
 from ._anthropic_fields import ANTHROPIC_BLOCKS as ANTHROPIC_BLOCKS
@@ -95,6 +97,8 @@ from ._probes import READYZ_PATH as READYZ_PATH
 from ._probes import NotReady as NotReady
 from ._probes import ProbeAnswer as ProbeAnswer
 from ._probes import answer_probe as answer_probe
+from ._rerank_fields import DOCUMENT as DOCUMENT
+from ._rerank_fields import DOCUMENT_TEXT as DOCUMENT_TEXT
 from ._responses_fields import RESPONSES_CUSTOM_TOOL as RESPONSES_CUSTOM_TOOL
 from ._responses_fields import RESPONSES_EFFORTS as RESPONSES_EFFORTS
 from ._responses_fields import RESPONSES_FORMAT as RESPONSES_FORMAT
@@ -120,10 +124,15 @@ from ._routes import MODELS_LOAD_PATH as MODELS_LOAD_PATH
 from ._routes import MODELS_PATH as MODELS_PATH
 from ._routes import MODELS_UNLOAD_PATH as MODELS_UNLOAD_PATH
 from ._routes import OPENAPI_PATH as OPENAPI_PATH
+from ._routes import RERANK_ALIAS_PATH as RERANK_ALIAS_PATH
+from ._routes import RERANK_MODEL as RERANK_MODEL
+from ._routes import RERANK_PATH as RERANK_PATH
+from ._routes import RERANK_V2_PATH as RERANK_V2_PATH
 from ._routes import RESPONSES_INPUT_TOKENS_PATH as RESPONSES_INPUT_TOKENS_PATH
 from ._routes import RESPONSES_PATH as RESPONSES_PATH
 from ._routes import RING_PATHS as RING_PATHS
 from ._routes import ROUTES as ROUTES
+from ._routes import SCORE_PATH as SCORE_PATH
 from ._routes import TOKENIZE_PATH as TOKENIZE_PATH
 from ._routes import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS_PATH
 from ._routes import TRANSLATIONS_PATH as TRANSLATIONS_PATH
@@ -152,6 +161,8 @@ __all__ = [
     "COUNT_TOKENS_PATH",
     "DEFAULT_MAX_BODY_BYTES",
     "DETOKENIZE_PATH",
+    "DOCUMENT",
+    "DOCUMENT_TEXT",
     "EMBEDDINGS_PATH",
     "EMBEDDING_MODEL",
     "ERRORS",
@@ -180,6 +191,10 @@ __all__ = [
     "ORIGIN_NOT_ALLOWED",
     "PROBE_PATHS",
     "READYZ_PATH",
+    "RERANK_ALIAS_PATH",
+    "RERANK_MODEL",
+    "RERANK_PATH",
+    "RERANK_V2_PATH",
     "RESPONSES_CUSTOM_TOOL",
     "RESPONSES_EFFORTS",
     "RESPONSES_FORMAT",
@@ -192,6 +207,7 @@ __all__ = [
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "RING_PATHS",
     "ROUTES",
+    "SCORE_PATH",
     "SSE_DONE",
     "TEXT_PARTS",
     "TOKENIZE_PATH",

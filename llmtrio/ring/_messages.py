@@ -19,6 +19,7 @@ __all__ = [
     "EMBEDDING_MODEL",
     "KINDS",
     "PROTOCOL_VERSION",
+    "RERANK_MODEL",
     "Assign",
     "Attach",
     "Cancel",
@@ -47,7 +48,9 @@ CHAT_MODEL: Final = "chat"
 """A model's kind: chat and text completions."""
 EMBEDDING_MODEL: Final = "embedding"
 """A model's kind: embeddings."""
-KINDS: Final = (CHAT_MODEL, EMBEDDING_MODEL)
+RERANK_MODEL: Final = "rerank"
+"""A model's kind: reranking (a cross-encoder's scores of query-document pairs)."""
+KINDS: Final = (CHAT_MODEL, EMBEDDING_MODEL, RERANK_MODEL)
 
 
 Headers: TypeAlias = tuple[tuple[str, str], ...]
@@ -149,8 +152,10 @@ class Attach:
     models: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     version: int = attrs.field(default=PROTOCOL_VERSION, kw_only=True, validator=_int_at_least(0))
     kinds: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
-    """Each model's kind (``"chat"`` or ``"embedding"``), in the order of ``models``; empty
-    (optional on the wire, as from a worker of the previous version) means all chat."""
+    """Each model's kind (``"chat"``, ``"embedding"`` or ``"rerank"``: :data:`KINDS`; a
+    newer worker's kind that this version does not know is kept as it is), in the order of
+    ``models``; empty (optional on the wire, as from a worker of the previous version) means
+    all chat."""
     vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take images (optional on the wire: none)."""
     audio: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
@@ -182,8 +187,10 @@ class Attach:
         if value and len(value) != len(self.models):
             raise ValueError(f"kinds must name one kind per model, not {value!r}")
         for kind in value:
-            if kind not in KINDS:
-                raise ValueError(f"a model's kind is one of {KINDS}, not {kind!r}")
+            # A kind this version does not know (a newer worker's) is kept as it is: the
+            # model is listed with it, and only the routes that take any kind reach it.
+            if not kind:
+                raise ValueError(f"a model's kind is a name (one of {KINDS}), not {kind!r}")
 
     def kind(self, model: str) -> str:
         """The kind of ``model`` (one of ``models``): ``"chat"`` unless ``kinds`` says else."""

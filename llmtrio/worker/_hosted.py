@@ -100,7 +100,7 @@ class HostedModel:
             return cls(name, config, "chat", ModelCost(0), keep_alive, pinned, tuple(aliases))
         kind = model_kind(info)
         drafts = config.spec_draft_max if config.spec is not None else 0
-        embeddings = kind == "embedding"
+        embeddings = kind in ("embedding", "rerank")  # a pooled context, no KV cache to keep
         cost = estimate_cost(
             info.metadata,
             weights,
