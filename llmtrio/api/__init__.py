@@ -90,6 +90,7 @@ from ._json import dumps as dumps
 from ._json import json_string as json_string
 from ._json import sse as sse
 from ._openapi import openapi as openapi
+from ._openapi_more import CONTEXT_LENGTH_NAMES as CONTEXT_LENGTH_NAMES
 from ._probes import LIVEZ_PATH as LIVEZ_PATH
 from ._probes import PROBE_PATHS as PROBE_PATHS
 from ._probes import READYZ_PATH as READYZ_PATH
@@ -98,10 +99,13 @@ from ._probes import ProbeAnswer as ProbeAnswer
 from ._probes import answer_probe as answer_probe
 from ._rerank_fields import DOCUMENT as DOCUMENT
 from ._rerank_fields import DOCUMENT_TEXT as DOCUMENT_TEXT
+from ._responses_fields import RESPONSES_CUSTOM_TOOL as RESPONSES_CUSTOM_TOOL
 from ._responses_fields import RESPONSES_EFFORTS as RESPONSES_EFFORTS
 from ._responses_fields import RESPONSES_FORMAT as RESPONSES_FORMAT
 from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
+from ._responses_fields import RESPONSES_NAMESPACE_TOOL as RESPONSES_NAMESPACE_TOOL
 from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
+from ._responses_fields import RESPONSES_TOOL_TYPES as RESPONSES_TOOL_TYPES
 from ._routes import AUDIO_PARTS as AUDIO_PARTS
 from ._routes import CHAT_MODEL as CHAT_MODEL
 from ._routes import CHAT_PATH as CHAT_PATH
@@ -153,6 +157,7 @@ __all__ = [
     "CHAT_MODEL",
     "CHAT_PATH",
     "COMPLETIONS_PATH",
+    "CONTEXT_LENGTH_NAMES",
     "COUNT_TOKENS_PATH",
     "DEFAULT_MAX_BODY_BYTES",
     "DETOKENIZE_PATH",
@@ -190,12 +195,15 @@ __all__ = [
     "RERANK_MODEL",
     "RERANK_PATH",
     "RERANK_V2_PATH",
+    "RESPONSES_CUSTOM_TOOL",
     "RESPONSES_EFFORTS",
     "RESPONSES_FORMAT",
     "RESPONSES_IMAGE_PART",
     "RESPONSES_INPUT_TOKENS_PATH",
+    "RESPONSES_NAMESPACE_TOOL",
     "RESPONSES_PATH",
     "RESPONSES_TOOL",
+    "RESPONSES_TOOL_TYPES",
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "RING_PATHS",
     "ROUTES",

@@ -56,6 +56,10 @@ KINDS: Final = (CHAT_MODEL, EMBEDDING_MODEL, RERANK_MODEL)
 Headers: TypeAlias = tuple[tuple[str, str], ...]
 
 
+def _to_ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
 def _to_strings(value: Iterable[str]) -> tuple[str, ...]:
     items = tuple(value)
     if isinstance(value, str) or not all(isinstance(item, str) for item in items):
@@ -156,6 +160,25 @@ class Attach:
     """The ``models`` that take images (optional on the wire: none)."""
     audio: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take audio (optional on the wire: none)."""
+    contexts: tuple[int, ...] = attrs.field(default=(), converter=_to_ints, kw_only=True)
+    """Each model's context length in tokens (the most one request may use), in the order of
+    ``models``; 0 or empty (optional on the wire, as from a worker of the previous version):
+    not stated."""
+
+    @contexts.validator
+    def _check_contexts(
+        self, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
+    ) -> None:
+        if value and len(value) != len(self.models):
+            raise ValueError(f"contexts must give one length per model, not {value!r}")
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in value):
+            raise ValueError(f"a context length is an integer of 0 or more, not {value!r}")
+
+    def context(self, model: str) -> int:
+        """The context length of ``model`` (one of ``models``): 0 when not stated."""
+        if self.contexts and model in self.models:
+            return self.contexts[self.models.index(model)]
+        return 0
 
     @kinds.validator
     def _check_kinds(
