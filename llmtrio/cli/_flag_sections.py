@@ -318,6 +318,12 @@ LIMITS = section(
         type=int,
     ),
     flag(
+        "--max-rerank-documents",
+        "RequestLimits.max_rerank_documents",
+        "documents per reranking request, or pairs per /v1/score (default %(default)s)",
+        type=int,
+    ),
+    flag(
         "--max-image-pixels",
         "RequestLimits.max_image_pixels",
         "an image's width x height, read from its header before decoding (default %(default)s)",

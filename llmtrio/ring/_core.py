@@ -184,7 +184,8 @@ class RingCore:
 
     def models(self) -> dict[str, ModelStats]:
         """Every model an attached worker listed, by name, in attach order: its kind (as its
-        first worker said) and how many workers serve it."""
+        first worker said), how many workers serve it, and its context length (the least its
+        workers stated)."""
         models: dict[str, ModelStats] = {}
         order = ("unloaded", "loading", "loaded")
         for worker in self._workers.values():
@@ -196,9 +197,18 @@ class RingCore:
                 known = models.get(name)
                 kind = worker.kinds[index] if worker.kinds else CHAT_MODEL
                 vision, audio = name in worker.vision, name in worker.audio
+                context = worker.contexts[index] if worker.contexts else 0
                 if known is None:
                     models[name] = ModelStats(
-                        name, kind, 1, own, size, until, vision=vision, audio=audio
+                        name,
+                        kind,
+                        1,
+                        own,
+                        size,
+                        until,
+                        vision=vision,
+                        audio=audio,
+                        context_length=context,
                     )
                     continue
                 latest = -1 if -1 in (until, known.unload_in_s) else max(until, known.unload_in_s)
@@ -211,6 +221,10 @@ class RingCore:
                     latest,
                     vision=known.vision,
                     audio=known.audio,
+                    # What every worker serving it takes: the least stated.
+                    context_length=min(
+                        (n for n in (context, known.context_length) if n), default=0
+                    ),
                 )
         return models
 
@@ -298,6 +312,7 @@ class RingCore:
             message.kinds,
             vision=message.vision,
             audio=message.audio,
+            contexts=message.contexts,
         )
 
     def receive(self, worker_id: str, message: Message) -> list[Effect]:

@@ -135,10 +135,12 @@ class Ring:
         relay: Relay | None = None,
         vision: Iterable[str] = (),
         audio: Iterable[str] = (),
+        contexts: Iterable[int] = (),
     ) -> AsyncIterator[WorkerLink]:
         """Attach a worker that will hold at most ``max_inflight`` streams at once, serving
         ``models`` (listed by ``stats``), each of the kind ``kinds`` says (empty: all chat);
-        those in ``vision`` take images, those in ``audio`` audio.
+        those in ``vision`` take images, those in ``audio`` audio; ``contexts`` gives each
+        model's context length.
         A worker serving exactly one model claims streams for that model only; one that lists
         several or none claims for any it listed (or any at all).
 
@@ -156,7 +158,13 @@ class Ring:
         """
         await trio.lowlevel.checkpoint()
         attach = Attach(
-            worker_id, max_inflight, models=models, kinds=kinds, vision=vision, audio=audio
+            worker_id,
+            max_inflight,
+            models=models,
+            kinds=kinds,
+            vision=vision,
+            audio=audio,
+            contexts=tuple(contexts),
         )
         link = WorkerLink(self._router, attach, relay)
         reason = "the worker left"

@@ -38,6 +38,7 @@ class Worker:
     models: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
     vision: tuple[str, ...] = ()  # the models that take images
+    contexts: tuple[int, ...] = ()  # each model's context length (0 or empty: not stated)
     audio: tuple[str, ...] = ()  # the models that take audio
     credits: dict[str | None, int] = attrs.field(factory=dict)  # claim model -> unfilled claims
     standing: tuple[str, ...] = ()  # the lines of claimants it stands in

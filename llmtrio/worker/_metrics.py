@@ -14,9 +14,10 @@ registry.
 Nothing here runs in the decode loop: the engine keeps plain counters
 (:class:`~llmtrio.engine.EngineStats`) and :class:`EngineCollector` turns them into samples
 when a scrape asks; the histograms are observed once per generation, on the Trio side, from
-its ``Done`` event. Work that is not a generation (an embeddings request, ``/tokenize``,
-``/detokenize``, a token count) ends with an ``Answer`` of its kind instead, counted in a
-counter of its kind's own (:data:`ANSWER_COUNTERS`) and never observed as a generation.
+its ``Done`` event. Work that is not a generation (an embeddings request, a reranking
+request, ``/tokenize``, ``/detokenize``, a token count) ends with an ``Answer`` of its kind
+instead, counted in a counter of its kind's own (:data:`ANSWER_COUNTERS`) and never observed
+as a generation.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ ANSWER_COUNTERS: Final = {
         "llmtrio_embedding_requests",
         "Embedding requests answered.",
         ("llmtrio_embedding_inputs", "Inputs (texts or token arrays) embedded."),
+        ingests=True,
+    ),
+    "rerank": AnswerCounter(
+        "llmtrio_rerank_requests",
+        "Reranking and score requests answered.",
+        ("llmtrio_rerank_documents", "Documents (query-document pairs) scored."),
         ingests=True,
     ),
     "tokenize": AnswerCounter("llmtrio_tokenize_requests", "Tokenize requests answered."),

@@ -6,7 +6,7 @@ engine (:meth:`Endpoint.run`, an ``async with`` giving the events), and how to e
 events as a JSON body or as server-sent events (:meth:`Endpoint.encoder`, pure). Every route
 the worker serves is one instance (``_endpoints.ENDPOINTS``: OpenAI's chat and text
 completions, Responses API and embeddings, Anthropic's Messages API, the token counts,
-llama.cpp's tokenizer routes); a new endpoint is a new instance.
+reranking's four routes, llama.cpp's tokenizer routes); a new endpoint is a new instance.
 
 The events of the work end with the engine's ``Done`` (a generation), a ``Failed``, or an
 :class:`~._encoding.Answer` (work that is not a generation: a tokenizer's answer, the vectors
@@ -101,8 +101,8 @@ Result = TypeVar("Result")
 #: What an encoder finishes a response with: the engine's ``Done``, or an ``Answer`` of a kind.
 End = TypeVar("End", contravariant=True)
 Args = TypeVarTuple("Args")
-#: The engine a worker serves one model with: a generating one or an embedding one
-#: (``.kind`` says which: ``"chat"`` or ``"embedding"``).
+#: The engine a worker serves one model with: a generating one or an embedding one (a
+#: ``RerankEngine`` too); ``.kind`` says which: ``"chat"``, ``"embedding"``, ``"rerank"``.
 ModelEngine = Engine | EmbeddingEngine
 #: One event of an endpoint's work: a generation's (the engine's ``Token``, ``Done``,
 #: ``Failed``) or the one ``Answer`` of work that is not a generation.
@@ -200,9 +200,9 @@ class Endpoint(Protocol[Request]):
 
     @property
     def model_kind(self) -> str | None:
-        """The kind of model it needs: ``"chat"`` (a generating model) or ``"embedding"``;
-        another kind's engine answers a 400 naming the model and what it serves. ``None``:
-        any model (what every engine can do: its tokenizer)."""
+        """The kind of model it needs: ``"chat"`` (a generating model), ``"embedding"`` or
+        ``"rerank"``; another kind's engine answers a 400 naming the model and what it
+        serves. ``None``: any model (what every engine can do: its tokenizer)."""
 
     @property
     def id_prefix(self) -> str:

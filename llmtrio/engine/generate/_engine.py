@@ -169,6 +169,12 @@ class Engine(DecodeLoop):
         )
 
     @property
+    def context_length(self) -> int:
+        """The most tokens one request may use, prompt and output (``EngineConfig.request_ctx``):
+        what ``/v1/models`` reports."""
+        return self.config.request_ctx
+
+    @property
     def takes_images(self) -> bool:
         """Whether chat messages may carry images (a projector with a vision encoder is
         loaded)."""

@@ -8,9 +8,9 @@ Everything here runs on the thread that owns the context (the loader, then the d
 nothing here knows of Trio.
 """
 
+from ._batch import Batch as Batch
 from ._logits import Penalties as Penalties
 from ._logits import RawLogprob as RawLogprob
-from ._model import Batch as Batch
 from ._model import LlamaModel as LlamaModel
 from ._projector import MediaChunk as MediaChunk
 from ._projector import Projector as Projector

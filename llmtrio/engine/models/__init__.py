@@ -5,6 +5,7 @@ content across processes (``file_identity``).
 
 from ._demo import demo_model_path as demo_model_path
 from ._gguf import POOLING_NAMES as POOLING_NAMES
+from ._gguf import RANK_POOLING as RANK_POOLING
 from ._gguf import GGUFInfo as GGUFInfo
 from ._gguf import check_gguf as check_gguf
 from ._gguf import model_kind as model_kind
@@ -17,6 +18,7 @@ from ._source import resolve_model as resolve_model
 
 __all__ = [
     "POOLING_NAMES",
+    "RANK_POOLING",
     "GGUFInfo",
     "HubSettings",
     "ResolvedModel",
