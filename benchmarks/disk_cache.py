@@ -102,8 +102,10 @@ def claude_like(lines: int) -> dict[str, Any]:
 def captured() -> dict[str, Any]:
     """Claude Code's first ``/v1/messages`` body as captured, for model ``m``, answered whole
     (8 tokens at most, greedy). Its ``system``-role message (the agent types, after the user
-    turn), which llmtrio's Messages API refuses as Anthropic's does, becomes a text block at
-    the end of the user turn before it: the same text in the same place of the prompt."""
+    turn) becomes a text block at the end of the user turn before it: the same text in the
+    same place of the prompt. (The Messages API refused such a message when PERFORMANCE.md's
+    figures were taken; it takes them since issue 42, folded much the same way for the
+    templates that need it.)"""
     (request,) = json.loads(CAPTURED.read_text())["requests"]
     body: dict[str, Any] = request["body"]
     messages: list[dict[str, Any]] = []
