@@ -8,6 +8,7 @@
     _errors      the error catalog and its two shapes (OpenAI's, Anthropic's); one dumps
     _durations   keep-alive durations (Ollama's forms)
     _probes      the Kubernetes probes' paths and answers
+    _prefixes    what a request's prompt begins with, as digests (for prefix affinity)
     _openapi     ``/openapi.json``, made from the routes, the fields and the errors
     (the field table is split by API family: _chat_fields, _responses_fields,
     _anthropic_fields, _rerank_fields; the answers: _openapi_answers, _openapi_more)
@@ -91,6 +92,8 @@ from ._json import json_string as json_string
 from ._json import sse as sse
 from ._openapi import openapi as openapi
 from ._openapi_more import CONTEXT_LENGTH_NAMES as CONTEXT_LENGTH_NAMES
+from ._prefixes import Prefix as Prefix
+from ._prefixes import prefixes_of as prefixes_of
 from ._probes import LIVEZ_PATH as LIVEZ_PATH
 from ._probes import PROBE_PATHS as PROBE_PATHS
 from ._probes import READYZ_PATH as READYZ_PATH
@@ -222,6 +225,7 @@ __all__ = [
     "Field",
     "Form",
     "NotReady",
+    "Prefix",
     "ProbeAnswer",
     "RequestLimits",
     "Route",
@@ -253,6 +257,7 @@ __all__ = [
     "no_worker",
     "not_found",
     "openapi",
+    "prefixes_of",
     "rate_limited",
     "read",
     "read_form",

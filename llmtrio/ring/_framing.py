@@ -131,6 +131,8 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                     beat[name] = value
             if message.model_state:
                 beat["model_state"] = message.model_state
+            if message.prefixes:  # none: as the previous version
+                beat["prefixes"] = list(message.prefixes)
             return beat, b""
         case Claim(count=count, model=model) | Withdraw(count=count, model=model):
             # No model: byte for byte what a worker of the previous version writes.
@@ -279,6 +281,8 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
         }
         if "model_state" in fields:
             extra["model_state"] = fields.string("model_state")
+        if "prefixes" in fields:
+            extra["prefixes"] = fields.strings("prefixes")
         return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **extra)
     if cls is Claim:
         return Claim(fields.integer("count"), model=_model(fields))

@@ -18,6 +18,8 @@ __all__ = [
     "CHAT_MODEL",
     "EMBEDDING_MODEL",
     "KINDS",
+    "MAX_HELD_PREFIXES",
+    "MAX_PREFIX_CHARS",
     "PROTOCOL_VERSION",
     "RERANK_MODEL",
     "Assign",
@@ -199,6 +201,21 @@ class Attach:
         return CHAT_MODEL
 
 
+#: The most prefix digests a heartbeat states, and the longest one.
+MAX_HELD_PREFIXES: Final = 256
+MAX_PREFIX_CHARS: Final = 64
+
+
+def _check_prefixes(
+    instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    if len(value) > MAX_HELD_PREFIXES:
+        raise ValueError(f"{attribute.name}: at most {MAX_HELD_PREFIXES}, not {len(value)}")
+    for digest in value:
+        if not 0 < len(digest) <= MAX_PREFIX_CHARS:
+            raise ValueError(f"{attribute.name}: a digest of 1 to {MAX_PREFIX_CHARS} characters")
+
+
 #: A heartbeat's ``model_state`` values ("": not reported).
 MODEL_STATES = ("", "loaded", "loading", "unloaded")
 
@@ -242,6 +259,13 @@ class Heartbeat:
     """The worker's memory budget still free for a load without evicting: -1 no bound, 0 not
     stated or none free (optional on the wire). Of the links whose model is ``unloaded``, the
     ring has the one stating the most load it (see ``RingCore``)."""
+    prefixes: tuple[str, ...] = attrs.field(
+        default=(), kw_only=True, converter=_to_strings, validator=_check_prefixes
+    )
+    """The prompt prefixes the worker holds, as digests (at most ``MAX_HELD_PREFIXES``, each
+    at most ``MAX_PREFIX_CHARS`` characters; optional on the wire: none). The ring reads them
+    only to match the digests a stream was parked with (see ``RingCore``: prefix affinity);
+    what they are digests of is the ingress's and the worker's business."""
 
 
 @attrs.frozen

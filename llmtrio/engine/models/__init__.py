@@ -1,5 +1,6 @@
 """Where a model comes from (a file, split GGUF parts, the Hugging Face cache, the demo
-fallback) and what its GGUF header says (its kind, pooling, file type).
+fallback), what its GGUF header says (its kind, pooling, file type) and what names its
+content across processes (``file_identity``).
 """
 
 from ._demo import demo_model_path as demo_model_path
@@ -9,6 +10,7 @@ from ._gguf import GGUFInfo as GGUFInfo
 from ._gguf import check_gguf as check_gguf
 from ._gguf import model_kind as model_kind
 from ._gguf import model_kind_of as model_kind_of
+from ._identity import file_identity as file_identity
 from ._source import HubSettings as HubSettings
 from ._source import ResolvedModel as ResolvedModel
 from ._source import model_name_of as model_name_of
@@ -22,6 +24,7 @@ __all__ = [
     "ResolvedModel",
     "check_gguf",
     "demo_model_path",
+    "file_identity",
     "model_kind",
     "model_kind_of",
     "model_name_of",
