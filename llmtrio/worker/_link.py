@@ -46,7 +46,8 @@ from ._endpoints import ENDPOINTS
 from ._held_prefixes import PrefixLog
 from ._manage import path_of, pinned, respond_error, respond_state
 from ._metrics import WorkerMetrics
-from ._pipeline import ModelEngine, serve_request
+from ._pipeline import serve_request
+from ._shapes import ModelEngine
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
