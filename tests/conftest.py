@@ -134,3 +134,7 @@ def live_server(gemma_path: Path) -> Iterator[LiveServer]:
     )
     yield server
     server.stop()
+
+
+# The servers the real clients run against (tests/test_clients_*.py), once per session.
+from ._client_targets import _ring_qwen35, _serve_gemma, _serve_qwen35, client_target  # noqa: E402, F401

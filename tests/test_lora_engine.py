@@ -24,7 +24,7 @@ from llmtrio.engine.generate._lora import Adapters, LoraSet, adapter_identity
 from llmtrio.engine.llama import Batch, LlamaModel
 
 from ._core_helpers import core_request, draft_all, open_core, run_core
-from ._helpers import collect_logprobs, engine_config, run_together
+from ._helpers import collect, collect_logprobs, engine_config, run_together
 from ._lora import Lora, write_merged
 from .test_engine_spec import Echo, _split
 
@@ -290,3 +290,25 @@ def _tokens(model_name: str | None) -> GenerateRequest:
     return GenerateRequest(
         tokens=[5, 6, 7, 8], max_tokens=12, logprobs=1, cache_prompt=False, model_name=model_name
     )
+
+
+async def test_the_prompt_cache_on_disk_keeps_the_base_models_prefixes_only(
+    qwen35_path: Path, qwen35_loras: tuple[Lora, Lora], tmp_path: Path
+) -> None:
+    """The disk's files name no adapter set: memory computed under an adapter is not
+    written as the engine closes, and a request under it reads no file the base wrote."""
+    from .test_disk_cache import TEXT, config, files, greedy
+
+    cfg = config(qwen35_path, tmp_path, lora=(LoraSpec("a", qwen35_loras[0].path),))
+    async with Engine.open(cfg) as engine:
+        prompt = engine.tokenize(TEXT)[:200]
+        await collect(engine, greedy(prompt, 1, model_name="a"))
+    assert files(tmp_path) == []
+    async with Engine.open(cfg) as engine:
+        await collect(engine, greedy(prompt, 1))
+    assert len(files(tmp_path)) == 1
+    async with Engine.open(cfg) as engine:
+        await collect(engine, greedy([*prompt, 7], 1, model_name="a"))
+        assert engine.stats.disk_hits == 0
+        await collect(engine, greedy([*prompt, 7], 1))
+        assert engine.stats.disk_hits == 1

@@ -99,6 +99,24 @@ def test_attach_carries_the_models_that_take_images_only_when_some_do() -> None:
     assert {name: m.vision for name, m in core.models().items()} == {"a": False, "b": True}
 
 
+def test_attach_carries_the_context_lengths_the_least_of_which_the_ring_states() -> None:
+    assert b"contexts" not in encode(Attach("w", 1, models=("a",)))
+    assert b"contexts" not in encode(Attach("w", 1, models=("a",), contexts=(0,)))
+    stated = Attach("w", 2, models=("a", "b"), contexts=(4096, 0))
+    assert decode_all(encode(stated)) == [stated]
+    assert (stated.context("a"), stated.context("b"), stated.context("x")) == (4096, 0, 0)
+    core = RingCore(max_streams=4)
+    core.attach(stated)
+    core.attach(Attach("v", 1, models=("a",), contexts=(2048,)))
+    core.attach(Attach("old", 1, models=("a", "b")))  # the previous version states none
+    lengths = {name: m.context_length for name, m in core.models().items()}
+    assert lengths == {"a": 2048, "b": 0}
+    with pytest.raises(ValueError, match="one length per model"):
+        Attach("w", 1, models=("a", "b"), contexts=(1,))
+    with pytest.raises(ValueError, match="0 or more"):
+        Attach("w", 1, models=("a",), contexts=(-1,))
+
+
 def test_attach_carries_the_models_that_take_audio_only_when_some_do() -> None:
     assert b"audio" not in encode(Attach("w", 1, models=("a",), vision=("a",)))
     hearing = Attach("w", 2, models=("a", "b"), vision=("b",), audio=("a", "b"))

@@ -8,6 +8,7 @@
     _errors      the error catalog and its two shapes (OpenAI's, Anthropic's); one dumps
     _durations   keep-alive durations (Ollama's forms)
     _probes      the Kubernetes probes' paths and answers
+    _prefixes    what a request's prompt begins with, as digests (for prefix affinity)
     _openapi     ``/openapi.json``, made from the routes, the fields and the errors
     (the field table is split by API family: _chat_fields, _responses_fields,
     _anthropic_fields, _rerank_fields; the answers: _openapi_answers, _openapi_more)
@@ -90,6 +91,9 @@ from ._json import dumps as dumps
 from ._json import json_string as json_string
 from ._json import sse as sse
 from ._openapi import openapi as openapi
+from ._openapi_more import CONTEXT_LENGTH_NAMES as CONTEXT_LENGTH_NAMES
+from ._prefixes import Prefix as Prefix
+from ._prefixes import prefixes_of as prefixes_of
 from ._probes import LIVEZ_PATH as LIVEZ_PATH
 from ._probes import PROBE_PATHS as PROBE_PATHS
 from ._probes import READYZ_PATH as READYZ_PATH
@@ -98,10 +102,13 @@ from ._probes import ProbeAnswer as ProbeAnswer
 from ._probes import answer_probe as answer_probe
 from ._rerank_fields import DOCUMENT as DOCUMENT
 from ._rerank_fields import DOCUMENT_TEXT as DOCUMENT_TEXT
+from ._responses_fields import RESPONSES_CUSTOM_TOOL as RESPONSES_CUSTOM_TOOL
 from ._responses_fields import RESPONSES_EFFORTS as RESPONSES_EFFORTS
 from ._responses_fields import RESPONSES_FORMAT as RESPONSES_FORMAT
 from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
+from ._responses_fields import RESPONSES_NAMESPACE_TOOL as RESPONSES_NAMESPACE_TOOL
 from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
+from ._responses_fields import RESPONSES_TOOL_TYPES as RESPONSES_TOOL_TYPES
 from ._routes import AUDIO_PARTS as AUDIO_PARTS
 from ._routes import CHAT_MODEL as CHAT_MODEL
 from ._routes import CHAT_PATH as CHAT_PATH
@@ -157,6 +164,7 @@ __all__ = [
     "CHAT_MODEL",
     "CHAT_PATH",
     "COMPLETIONS_PATH",
+    "CONTEXT_LENGTH_NAMES",
     "COUNT_TOKENS_PATH",
     "DEFAULT_MAX_BODY_BYTES",
     "DETOKENIZE_PATH",
@@ -197,12 +205,15 @@ __all__ = [
     "RERANK_MODEL",
     "RERANK_PATH",
     "RERANK_V2_PATH",
+    "RESPONSES_CUSTOM_TOOL",
     "RESPONSES_EFFORTS",
     "RESPONSES_FORMAT",
     "RESPONSES_IMAGE_PART",
     "RESPONSES_INPUT_TOKENS_PATH",
+    "RESPONSES_NAMESPACE_TOOL",
     "RESPONSES_PATH",
     "RESPONSES_TOOL",
+    "RESPONSES_TOOL_TYPES",
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "RING_PATHS",
     "ROUTES",
@@ -222,6 +233,7 @@ __all__ = [
     "Field",
     "Form",
     "NotReady",
+    "Prefix",
     "ProbeAnswer",
     "RequestLimits",
     "Route",
@@ -253,6 +265,7 @@ __all__ = [
     "no_worker",
     "not_found",
     "openapi",
+    "prefixes_of",
     "rate_limited",
     "read",
     "read_form",

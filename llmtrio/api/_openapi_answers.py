@@ -10,6 +10,7 @@ from typing import Any
 from ._field_spec import nullable, ref
 from ._openapi_more import (
     ANTHROPIC_ERROR,
+    CONTEXT_LENGTHS,
     DETOKENIZED,
     MESSAGE_EVENT,
     MESSAGE_OBJECT,
@@ -195,6 +196,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Loaded on some worker, else loading, else unloaded (loaded "
                 "on its first request).",
             },
+            **CONTEXT_LENGTHS,
             "bytes": {
                 "type": "integer",
                 "minimum": 1,

@@ -1,7 +1,8 @@
 """What the routes beyond OpenAI's answer, for ``/openapi.json``: Anthropic's Messages API (a
 message, its stream's events, Anthropic's error shape), llama.cpp's ``/tokenize`` and
-``/detokenize``, OpenAI's audio transcriptions and translations, and reranking (Jina's,
-Cohere's and vLLM's answers). Pure data."""
+``/detokenize``, OpenAI's audio transcriptions and translations, reranking (Jina's,
+Cohere's and vLLM's answers), and the names a model's context length goes under in
+``/v1/models``. Pure data."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from ._field_spec import nullable
 
 __all__ = [
     "ANTHROPIC_ERROR",
+    "CONTEXT_LENGTHS",
+    "CONTEXT_LENGTH_NAMES",
     "DETOKENIZED",
     "MESSAGE_EVENT",
     "MESSAGE_OBJECT",
@@ -24,6 +27,22 @@ __all__ = [
     "TRANSCRIPTION_ANSWER",
     "TRANSCRIPTION_VERBOSE",
 ]
+
+#: The names ``/v1/models`` gives a model's context length under, those clients read:
+#: llama.cpp's and OpenRouter's ``context_length``, vLLM's ``max_model_len``, LM Studio's
+#: ``max_context_length``.
+CONTEXT_LENGTH_NAMES = ("context_length", "max_model_len", "max_context_length")
+#: A model's context length in ``/v1/models``, under each of ``CONTEXT_LENGTH_NAMES``.
+CONTEXT_LENGTHS: dict[str, Any] = {
+    name: {
+        "type": "integer",
+        "minimum": 1,
+        "description": "The most tokens one request may use, prompt and output (the least its "
+        "workers take), under each name clients read: ``context_length``, vLLM's "
+        "``max_model_len``, LM Studio's ``max_context_length`` (absent: not stated).",
+    }
+    for name in CONTEXT_LENGTH_NAMES
+}
 
 ANTHROPIC_USAGE = {
     "type": "object",

@@ -85,6 +85,7 @@ ENGINE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "prefill_chunk": ("prefill_chunk", _int),
     "prompt_cache": ("prompt_cache", _bool),
     "cache_ram": ("cache_ram_mib", _int),
+    "cache_disk": ("cache_disk_mib", _int),
     "spec": ("spec", _spec),
     "spec_draft_max": ("spec_draft_max", _int),
     "cache_type_k": ("cache_type_k", _str),
@@ -95,7 +96,16 @@ ENGINE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "mmap": ("mmap", _bool),
 }
 #: The keys that are not the engine's settings.
-OWN_KEYS = ("source", "keep_alive", "load", "aliases", "projector", "chat_template_file", "lora")
+OWN_KEYS = (
+    "source",
+    "keep_alive",
+    "load",
+    "aliases",
+    "projector",
+    "chat_template_file",
+    "cache_dir",
+    "lora",
+)
 
 
 def _where(file: Path, name: str | None, key: str | None = None) -> str:
@@ -154,7 +164,7 @@ def _model_entry(
                 if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
                     raise TypeError("a list of names")
                 own[key] = tuple(value)
-            elif key in ("source", "projector", "chat_template_file"):
+            elif key in ("source", "projector", "chat_template_file", "cache_dir"):
                 own[key] = _str(value)
             elif key == "lora":
                 fields["lora"] = file_adapters(file, name, value)
@@ -170,6 +180,9 @@ def _model_entry(
     fields.update(source)
     if "projector" in own:
         projector = _existing(file, name, "projector", own["projector"])
+    if "cache_dir" in own:  # made when the model loads: it need not exist yet
+        cache_dir = Path(own["cache_dir"]).expanduser()
+        fields["cache_dir"] = cache_dir if cache_dir.is_absolute() else file.parent / cache_dir
     if "chat_template_file" in own:
         template = _existing(file, name, "chat_template_file", own["chat_template_file"])
         try:

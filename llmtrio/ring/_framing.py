@@ -109,6 +109,8 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                 attach["kinds"] = list(message.kinds)
             if message.vision:  # none: as the previous version
                 attach["vision"] = list(message.vision)
+            if any(message.contexts):  # none stated: as the previous version
+                attach["contexts"] = list(message.contexts)
             if message.audio:  # none: as the previous version
                 attach["audio"] = list(message.audio)
             return attach, b""
@@ -131,6 +133,8 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                 beat["model_state"] = message.model_state
             if message.adapters:  # none: as the previous version
                 beat["adapters"] = list(message.adapters)
+            if message.prefixes:  # none: as the previous version
+                beat["prefixes"] = list(message.prefixes)
             return beat, b""
         case Claim(count=count, model=model) | Withdraw(count=count, model=model):
             # No model: byte for byte what a worker of the previous version writes.
@@ -226,6 +230,14 @@ class _Fields:
             raise ProtocolError(f"{key!r} must be a list of strings", self._frame)
         return tuple(value)
 
+    def integers(self, key: str) -> tuple[int, ...]:
+        value = self._get(key)
+        if not isinstance(value, list) or not all(
+            isinstance(item, int) and not isinstance(item, bool) for item in value
+        ):
+            raise ProtocolError(f"{key!r} must be a list of integers", self._frame)
+        return tuple(value)
+
     def headers(self, key: str) -> Headers:
         value = self._get(key)
         if not isinstance(value, list) or not all(
@@ -260,6 +272,7 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
             version=fields.integer("version") if "version" in fields else 0,
             kinds=fields.strings("kinds") if "kinds" in fields else (),
             vision=fields.strings("vision") if "vision" in fields else (),
+            contexts=fields.integers("contexts") if "contexts" in fields else (),
             audio=fields.strings("audio") if "audio" in fields else (),
         )
     if cls is Heartbeat:
@@ -272,6 +285,8 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
             extra["model_state"] = fields.string("model_state")
         if "adapters" in fields:
             extra["adapters"] = fields.strings("adapters")
+        if "prefixes" in fields:
+            extra["prefixes"] = fields.strings("prefixes")
         return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **extra)
     if cls is Claim:
         return Claim(fields.integer("count"), model=_model(fields))

@@ -18,6 +18,8 @@ __all__ = [
     "CHAT_MODEL",
     "EMBEDDING_MODEL",
     "KINDS",
+    "MAX_HELD_PREFIXES",
+    "MAX_PREFIX_CHARS",
     "PROTOCOL_VERSION",
     "RERANK_MODEL",
     "Assign",
@@ -54,6 +56,10 @@ KINDS: Final = (CHAT_MODEL, EMBEDDING_MODEL, RERANK_MODEL)
 
 
 Headers: TypeAlias = tuple[tuple[str, str], ...]
+
+
+def _to_ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
 
 
 def _to_strings(value: Iterable[str]) -> tuple[str, ...]:
@@ -156,6 +162,25 @@ class Attach:
     """The ``models`` that take images (optional on the wire: none)."""
     audio: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take audio (optional on the wire: none)."""
+    contexts: tuple[int, ...] = attrs.field(default=(), converter=_to_ints, kw_only=True)
+    """Each model's context length in tokens (the most one request may use), in the order of
+    ``models``; 0 or empty (optional on the wire, as from a worker of the previous version):
+    not stated."""
+
+    @contexts.validator
+    def _check_contexts(
+        self, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
+    ) -> None:
+        if value and len(value) != len(self.models):
+            raise ValueError(f"contexts must give one length per model, not {value!r}")
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in value):
+            raise ValueError(f"a context length is an integer of 0 or more, not {value!r}")
+
+    def context(self, model: str) -> int:
+        """The context length of ``model`` (one of ``models``): 0 when not stated."""
+        if self.contexts and model in self.models:
+            return self.contexts[self.models.index(model)]
+        return 0
 
     @kinds.validator
     def _check_kinds(
@@ -174,6 +199,21 @@ class Attach:
         if self.kinds and model in self.models:
             return self.kinds[self.models.index(model)]
         return CHAT_MODEL
+
+
+#: The most prefix digests a heartbeat states, and the longest one.
+MAX_HELD_PREFIXES: Final = 256
+MAX_PREFIX_CHARS: Final = 64
+
+
+def _check_prefixes(
+    instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    if len(value) > MAX_HELD_PREFIXES:
+        raise ValueError(f"{attribute.name}: at most {MAX_HELD_PREFIXES}, not {len(value)}")
+    for digest in value:
+        if not 0 < len(digest) <= MAX_PREFIX_CHARS:
+            raise ValueError(f"{attribute.name}: a digest of 1 to {MAX_PREFIX_CHARS} characters")
 
 
 #: A heartbeat's ``model_state`` values ("": not reported).
@@ -219,6 +259,13 @@ class Heartbeat:
     """The worker's memory budget still free for a load without evicting: -1 no bound, 0 not
     stated or none free (optional on the wire). Of the links whose model is ``unloaded``, the
     ring has the one stating the most load it (see ``RingCore``)."""
+    prefixes: tuple[str, ...] = attrs.field(
+        default=(), kw_only=True, converter=_to_strings, validator=_check_prefixes
+    )
+    """The prompt prefixes the worker holds, as digests (at most ``MAX_HELD_PREFIXES``, each
+    at most ``MAX_PREFIX_CHARS`` characters; optional on the wire: none). The ring reads them
+    only to match the digests a stream was parked with (see ``RingCore``: prefix affinity);
+    what they are digests of is the ingress's and the worker's business."""
     adapters: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The LoRA adapters the link serves now on its model (the first it attached with), each
     under its own model name: the ring routes those names to the link as it routes its models,

@@ -40,8 +40,9 @@ from ..api import (
 from ..engine import Engine, InvalidRequestError, LoraSpec, ModelLoadError
 from ..ring import ClaimedStream
 from ._manage import respond_error
-from ._pipeline import JSON_HEADERS, ModelEngine
+from ._pipeline import JSON_HEADERS
 from ._requests import json_body
+from ._shapes import ModelEngine
 
 __all__ = ["AdapterBook", "AdapterLoad", "load_adapter", "unload_adapter"]
 

@@ -40,7 +40,6 @@ from ._encoding import Counted, ResponseMeta, from_engine_error
 from ._images import fetch_remote_images
 from ._messages_request import MessagesRequest, parse_messages_request
 from ._messages_response import MessageBody, MessageStream, TokenCount
-from ._pipeline import Encoder, Endpoint, Finished, run_tokenizer
 from ._rerank import (
     RERANK_ALIAS_ENDPOINT,
     RERANK_ENDPOINT,
@@ -49,6 +48,7 @@ from ._rerank import (
 )
 from ._responses_output import InputTokensBody, ResponsesBody, ResponsesStream
 from ._responses_request import ResponsesRequest, naming_input, parse_responses_request
+from ._shapes import Encoder, Endpoint, Finished, run_tokenizer
 from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
 from ._transcriptions import (
     TranscriptBody,

@@ -44,7 +44,7 @@ from ._adapters import AdapterBook
 from ._hosted import HostConfig, HostedModel, ModelLoadFailed
 from ._link import Claims
 from ._load_policy import LoadPolicy, ModelCost, ModelState
-from ._pipeline import ModelEngine
+from ._shapes import ModelEngine
 
 __all__ = ["WITHDRAW_TIMEOUT_S", "HostMetrics", "ModelHost"]
 

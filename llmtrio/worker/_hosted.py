@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from ..api import ApiError, keep_alive_seconds, model_load_failed
+from ..api import CHAT_MODEL, ApiError, keep_alive_seconds, model_load_failed
 from ..engine import EngineConfig, EngineError
 from ..engine.models import check_gguf, model_kind
 from ._load_policy import ModelCost, estimate_cost
@@ -66,6 +66,12 @@ class HostedModel:
     keep_alive: float | None = None
     pinned: bool = False
     aliases: tuple[str, ...] = ()
+
+    @property
+    def context_length(self) -> int:
+        """The most tokens one request may use once it is loaded, as its config says (a
+        chat model's; 0, not stated, for an embedding model, whose own limit its file sets)."""
+        return self.config.request_ctx if self.kind == CHAT_MODEL else 0
 
     @property
     def names(self) -> tuple[str, ...]:

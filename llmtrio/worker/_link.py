@@ -10,8 +10,8 @@ answers ``POST /models/unload``, keeps the model's LoRA adapters (``_adapters.Ad
 the link serves vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with it, and
 states their names in its heartbeats), and says when the link's claims must be withdrawn
 (:class:`Claims`). Everything else is this loop's, for both: the heartbeat's figures (the
-engine's capacity, prompt reuse and speculation, and the policy's model state), the metrics,
-and the error handling.
+engine's capacity, prompt reuse and speculation, the policy's model state, and the prompt
+prefixes it holds: ``_held_prefixes``), the metrics, and the error handling.
 
 Each claimed stream is handled in its own task, inside the stream's own cancel scope
 (``Claimed.cancel_scope``): the client going away cancels that scope, which ends the generation
@@ -48,9 +48,11 @@ from ..engine import EngineFailedError
 from ..ring import ClaimedStream, Heartbeat, ProtocolError, RingLink
 from ._adapters import AdapterBook, AdapterLoad, load_adapter, unload_adapter
 from ._endpoints import ENDPOINTS
+from ._held_prefixes import PrefixLog
 from ._manage import path_of, pinned, respond_error, respond_state
 from ._metrics import WorkerMetrics
-from ._pipeline import ModelEngine, serve_request
+from ._pipeline import serve_request
+from ._shapes import ModelEngine
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -310,6 +312,7 @@ async def serve_link(
     room = trio.Semaphore(link.max_inflight)
     slots = trio.Semaphore(hosting.slots or link.max_inflight)
     waiting = 0  # claimed streams waiting on the model's load
+    prefixes = PrefixLog()  # what the model's prompt cache holds, for prefix affinity
 
     def heartbeat() -> None:
         engine = hosting.engine()
@@ -345,6 +348,7 @@ async def serve_link(
                 unload_in_s=model.unload_in_s,
                 free_bytes=model.free_bytes,
                 adapters=model.adapters,
+                prefixes=prefixes.held(),
             )
         )
 
@@ -412,6 +416,8 @@ async def serve_link(
                         await load_adapter(claimed, hosting.adapters, lease.engine, adapter)
                         heartbeat()  # the ring routes its name here from now on
                     elif path != MODELS_LOAD_PATH:
+                        if prefixes.serving(path, claimed.body):
+                            heartbeat()  # the ring hears it before the response's end
                         await _serve_stream(lease.engine, claimed, metrics, limits)
                 finally:
                     hosting.release(lease)

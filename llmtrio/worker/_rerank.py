@@ -1,6 +1,6 @@
 """Reranking's endpoints: ``POST /v1/rerank`` and ``/rerank`` (Jina's and llama.cpp's shape),
 ``/v2/rerank`` (Cohere's) and ``/v1/score`` (vLLM's), one endpoint value each on the
-:class:`~._pipeline.Endpoint` shape and one ``run`` for all.
+:class:`~._shapes.Endpoint` shape and one ``run`` for all.
 
 The work: each document's pair with its query is tokenized as the model reads a pair
 (``RerankEngine.pair``; in a worker thread when the texts are long), a pair over the model's
@@ -34,13 +34,13 @@ from ..api import (
 )
 from ..engine import Pair, RerankEngine
 from ._encoding import Answer, ResponseMeta, WholeBody
-from ._pipeline import Encoder, Endpoint, Finished, run_tokenizer
 from ._rerank_request import (
     RerankRequest,
     parse_cohere_rerank_request,
     parse_rerank_request,
     parse_score_request,
 )
+from ._shapes import Encoder, Endpoint, Finished, run_tokenizer
 
 __all__ = [
     "RERANK_ALIAS_ENDPOINT",

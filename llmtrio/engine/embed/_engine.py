@@ -170,6 +170,11 @@ class EmbeddingEngine(DecodeLoop):
     # -- public API ----------------------------------------------------------------------
 
     @property
+    def context_length(self) -> int:
+        """The longest input in tokens (``ctx_size``): what ``/v1/models`` reports."""
+        return self.ctx_size
+
+    @property
     def max_inflight(self) -> int:
         """How many requests it takes at once (the ring's claims): at least the sequences
         one decode carries, so concurrent requests fill a batch."""

@@ -1,8 +1,8 @@
 """The binding to llama.cpp: the only part of llmtrio that imports ``llama_cpp``. The model,
 its context and batch (:class:`LlamaModel`, :class:`Batch`), a slot's sampler with its
 extras (penalties, log-probabilities, a grammar) and the verification of drafts beside it,
-the parsed-grammar cache, llama.cpp's log, LoRA adapters (:class:`LoraAdapter`, the set a
-context decodes with), and a projector for images and audio
+the parsed-grammar cache, llama.cpp's log, the name of its state format, LoRA adapters
+(:class:`LoraAdapter`, the set a context decodes with), and a projector for images and audio
 (:class:`Projector`, llama.cpp's multimodal library).
 
 Everything here runs on the thread that owns the context (the loader, then the decode loop);
@@ -17,9 +17,11 @@ from ._model import LlamaModel as LlamaModel
 from ._projector import MediaChunk as MediaChunk
 from ._projector import Projector as Projector
 from ._sampler import SlotSampler as SlotSampler
+from ._state import STATE_FORMAT as STATE_FORMAT
 from ._verify import verify as verify
 
 __all__ = [
+    "STATE_FORMAT",
     "Batch",
     "LlamaModel",
     "LoraAdapter",

@@ -1,5 +1,6 @@
 """Where a model comes from (a file, split GGUF parts, the Hugging Face cache, the demo
-fallback), what its GGUF header says (its kind, pooling, file type), and a LoRA adapter's header.
+fallback), what its GGUF header says (its kind, pooling, file type), what names its
+content across processes (``file_identity``), and a LoRA adapter's header.
 """
 
 from ._demo import demo_model_path as demo_model_path
@@ -9,6 +10,7 @@ from ._gguf import GGUFInfo as GGUFInfo
 from ._gguf import check_gguf as check_gguf
 from ._gguf import model_kind as model_kind
 from ._gguf import model_kind_of as model_kind_of
+from ._identity import file_identity as file_identity
 from ._lora import LoraHeader as LoraHeader
 from ._lora import check_lora as check_lora
 from ._source import HubSettings as HubSettings
@@ -26,6 +28,7 @@ __all__ = [
     "check_gguf",
     "check_lora",
     "demo_model_path",
+    "file_identity",
     "model_kind",
     "model_kind_of",
     "model_name_of",
