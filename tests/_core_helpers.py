@@ -13,6 +13,7 @@ import numpy.typing as npt
 from llmtrio.engine import EngineConfig, EngineStats, GenerateRequest, StopReason
 from llmtrio.engine.generate._core import EngineCore
 from llmtrio.engine.generate._jobs import Drafter
+from llmtrio.engine.generate._lora import BASE, LoraSet
 from llmtrio.engine.generate._step import CoreRequest, StepOutput
 from llmtrio.engine.grammar import Grammar
 from llmtrio.engine.llama import LlamaModel
@@ -85,12 +86,14 @@ def open_core(
     return EngineCore(model, EngineConfig(**values), stats, **extra), stats
 
 
-def core_request(key: int, prompt: Sequence[int], max_tokens: int, **kwargs: Any) -> CoreRequest:
+def core_request(
+    key: int, prompt: Sequence[int], max_tokens: int, *, lora: LoraSet = BASE, **kwargs: Any
+) -> CoreRequest:
     tokens = np.asarray(prompt, dtype=np.int32)
     request = GenerateRequest(tokens=list(prompt), max_tokens=max_tokens, **kwargs)
     # The engine compiles a request's grammar before the core sees it; GBNF is compiled as is.
     grammar = Grammar(request.grammar) if request.grammar is not None else None
-    return CoreRequest(key, tokens, request, max_tokens, grammar=grammar)
+    return CoreRequest(key, tokens, request, max_tokens, grammar=grammar, lora=lora)
 
 
 class Run:

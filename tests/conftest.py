@@ -15,6 +15,7 @@ from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 
 from ._helpers import engine_config
+from ._lora import Lora, gemma_shapes, qwen35_shapes, write_lora
 from ._qwen35_real import write_qwen35_real
 from ._rerankers import CLS, LAST, write_minilm_reranker, write_qwen3_reranker
 from ._server import LiveServer, start_server
@@ -48,6 +49,28 @@ def qwen35_real_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     path = write_qwen35_real(tmp_path_factory.mktemp("qwen35-real") / "qwen35-real.gguf")
     yield path
     path.unlink()
+
+
+@pytest.fixture(scope="session")
+def qwen35_loras(tmp_path_factory: pytest.TempPathFactory) -> tuple[Lora, Lora]:
+    """Two LoRA adapters of the qwen35 tiny model (tests/_lora.py), written once."""
+    folder = tmp_path_factory.mktemp("qwen35-loras")
+    shapes = qwen35_shapes()
+    return (
+        write_lora(folder / "a.gguf", "qwen35", shapes, seed=1, std=0.15),
+        write_lora(folder / "b.gguf", "qwen35", shapes, seed=2, std=0.15),
+    )
+
+
+@pytest.fixture(scope="session")
+def gemma_loras(tmp_path_factory: pytest.TempPathFactory, gemma_path: Path) -> tuple[Lora, Lora]:
+    """Two LoRA adapters of the gemma test model (tests/_lora.py), written once."""
+    folder = tmp_path_factory.mktemp("gemma-loras")
+    shapes = gemma_shapes(gemma_path)
+    return (
+        write_lora(folder / "a.gguf", "gemma3", shapes, seed=1),
+        write_lora(folder / "b.gguf", "gemma3", shapes, seed=2),
+    )
 
 
 @pytest.fixture(scope="session")

@@ -69,6 +69,9 @@ EXAMPLES = {
     "rerankUnversioned": 2,
     "rerankV2": 4,
     "score": 4,
+    # the server has no --lora-dir: every load is refused, in a documented way
+    "loadLoraAdapter": 4,
+    "unloadLoraAdapter": 4,
     # forms; the served model takes no audio: every one is refused, in a documented way
     "createTranscription": 6,
     "createTranslation": 4,

@@ -120,8 +120,11 @@ from ._routes import EMBEDDINGS_PATH as EMBEDDINGS_PATH
 from ._routes import FORM_PATHS as FORM_PATHS
 from ._routes import HEALTH_PATH as HEALTH_PATH
 from ._routes import IMAGE_PARTS as IMAGE_PARTS
+from ._routes import LOAD_LORA_ADAPTER_PATH as LOAD_LORA_ADAPTER_PATH
+from ._routes import LORA_PATHS as LORA_PATHS
 from ._routes import MANAGE_PATHS as MANAGE_PATHS
 from ._routes import MESSAGES_PATH as MESSAGES_PATH
+from ._routes import MODEL_FIELDS as MODEL_FIELDS
 from ._routes import MODEL_KINDS as MODEL_KINDS
 from ._routes import MODELS_LOAD_PATH as MODELS_LOAD_PATH
 from ._routes import MODELS_PATH as MODELS_PATH
@@ -139,6 +142,7 @@ from ._routes import SCORE_PATH as SCORE_PATH
 from ._routes import TOKENIZE_PATH as TOKENIZE_PATH
 from ._routes import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS_PATH
 from ._routes import TRANSLATIONS_PATH as TRANSLATIONS_PATH
+from ._routes import UNLOAD_LORA_ADAPTER_PATH as UNLOAD_LORA_ADAPTER_PATH
 from ._routes import Body as Body
 from ._routes import Route as Route
 from ._routes import error_family as error_family
@@ -179,6 +183,8 @@ __all__ = [
     "INPUT_AUDIO_PART",
     "INT32_MAX",
     "LIVEZ_PATH",
+    "LOAD_LORA_ADAPTER_PATH",
+    "LORA_PATHS",
     "MANAGE_PATHS",
     "MAX_TOP_LOGPROBS",
     "MESSAGES_PATH",
@@ -187,6 +193,7 @@ __all__ = [
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
+    "MODEL_FIELDS",
     "MODEL_KINDS",
     "NAMED_TOOL_CHOICE",
     "OPENAI_ERRORS",
@@ -218,6 +225,7 @@ __all__ = [
     "TRANSCRIPTIONS_PATH",
     "TRANSCRIPT_FORMATS",
     "TRANSLATIONS_PATH",
+    "UNLOAD_LORA_ADAPTER_PATH",
     "ApiError",
     "Body",
     "ErrorFamily",

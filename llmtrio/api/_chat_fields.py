@@ -291,6 +291,12 @@ CHAT_FIELDS: Final[tuple[Field, ...]] = (
     Field("chat_template_kwargs", "object", _both(Body.CHAT),
           properties=(part("enable_thinking", "boolean"),)),
     Field("ignore_eos", "boolean", _both(), "llama.cpp's extension."),
+    Field("lora", "array", _both(),
+          "llama.cpp's extension: the model's LoRA adapters by id, each at its scale (0: off); "
+          "those not listed are off, but the one the request's ``model`` names.",
+          items=part("", "object", nullable=False, properties=(
+              part("id", "integer", nullable=False, minimum=0, maximum=INT32_MAX),
+              part("scale", "number", nullable=False, minimum=-1e6, maximum=1e6)))),
     Field("cache_prompt", "boolean", _both(),
           "llama.cpp's extension: false ingests the whole prompt, reusing no earlier "
           "request's memory (default true)."),

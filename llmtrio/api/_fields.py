@@ -109,6 +109,17 @@ FIELDS: Final[tuple[Field, ...]] = (
     Field("tokens", "array", frozenset({Body.DETOKENIZE}), "Token ids of the model's vocabulary.",
           required=True,
           items=part("", "integer", nullable=False, minimum=0, maximum=INT32_MAX)),
+    Field("lora_name", "string", frozenset({Body.LOAD_LORA, Body.UNLOAD_LORA}), required=True,
+          min_length=1, description="The adapter's name: a request chooses it by naming it as "
+          "its ``model``."),
+    Field("lora_path", "string", frozenset({Body.LOAD_LORA}), required=True, min_length=1,
+          description="The adapter's GGUF file in the server's --lora-dir, by its name (with "
+          "or without ``.gguf``; never a path)."),
+    Field("model", "string", frozenset({Body.LOAD_LORA}),
+          "The base model (llmtrio's: vLLM serves one); the default model when absent."),
+    Field("scale", "number", frozenset({Body.LOAD_LORA}),
+          "How strongly the adapter applies (llmtrio's): 1, as trained, when absent.",
+          minimum=-1e6, maximum=1e6),
     _KEEP_ALIVE,
 )  # fmt: skip
 

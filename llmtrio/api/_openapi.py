@@ -119,6 +119,8 @@ _REQUESTS = {
     Body.RERANK: "RerankRequest",
     Body.RERANK_V2: "CohereRerankRequest",
     Body.SCORE: "ScoreRequest",
+    Body.LOAD_LORA: "LoadLoraAdapterRequest",
+    Body.UNLOAD_LORA: "UnloadLoraAdapterRequest",
 }
 
 

@@ -14,8 +14,8 @@ from ._openapi_more import (
     DETOKENIZED,
     MESSAGE_EVENT,
     MESSAGE_OBJECT,
-    RERANK_ANSWERS,
-    RERANK_SCHEMAS,
+    ROUTE_ANSWERS,
+    ROUTE_SCHEMAS,
     TOKEN_LIST,
     TRANSCRIPTION,
     TRANSCRIPTION_ANSWER,
@@ -209,6 +209,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Seconds until the idle model unloads (-1: never; absent: "
                 "busy, or not loaded on demand).",
             },
+            "parent": {"type": ["string", "null"], "description": "A LoRA adapter's base."},
         },
     },
     "ModelState": {
@@ -468,7 +469,7 @@ _ANSWERS: dict[str, dict[str, Any]] = {
     "unloadModel": {"200": _json_answer("The model is unloading or unloaded.", ref("ModelState"))},
     "tokenize": {"200": _json_answer("The token ids (with their pieces).", ref("TokenList"))},
     "detokenize": {"200": _json_answer("The tokens' text.", ref("Detokenized"))},
-    **RERANK_ANSWERS,
+    **ROUTE_ANSWERS,
     "createTranscription": {"200": TRANSCRIPTION_ANSWER},
     "createTranslation": {"200": TRANSCRIPTION_ANSWER},
 }
@@ -486,7 +487,7 @@ def response_schemas() -> dict[str, Any]:
             "Response": _RESPONSE_OBJECT,
             "TokenList": TOKEN_LIST,
             "Detokenized": DETOKENIZED,
-            **RERANK_SCHEMAS,
+            **ROUTE_SCHEMAS,
             "Transcription": TRANSCRIPTION,
             "TranscriptionVerbose": TRANSCRIPTION_VERBOSE,
         }

@@ -20,6 +20,8 @@ __all__ = [
     "MESSAGE_OBJECT",
     "RERANK_ANSWERS",
     "RERANK_SCHEMAS",
+    "ROUTE_ANSWERS",
+    "ROUTE_SCHEMAS",
     "TOKEN_LIST",
     "TRANSCRIPTION",
     "TRANSCRIPTION_ANSWER",
@@ -394,3 +396,31 @@ TRANSCRIPTION_ANSWER: dict[str, Any] = {
         "text/event-stream": {"schema": _TRANSCRIPT_EVENT},
     },
 }
+
+#: The answers of ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
+ADAPTER_SCHEMAS: dict[str, Any] = {
+    "AdapterState": {
+        "type": "object",
+        "required": ["success", "lora_name", "model", "state"],
+        "properties": {
+            "success": {"const": True},
+            "lora_name": {"type": "string"},
+            "model": {"type": "string", "description": "Its base model."},
+            "state": {"enum": ["loaded", "unloaded"]},
+            "id": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Its id among the model's adapters (llama.cpp's ``lora`` "
+                "field names it so); on a load.",
+            },
+        },
+    },
+}
+ADAPTER_ANSWERS: dict[str, dict[str, Any]] = {
+    "loadLoraAdapter": _answer("The adapter is loaded and served.", "AdapterState"),
+    "unloadLoraAdapter": _answer("The adapter is unloaded.", "AdapterState"),
+}
+
+#: The answers and schemas of the routes kept here (reranking, LoRA adapters).
+ROUTE_ANSWERS = {**RERANK_ANSWERS, **ADAPTER_ANSWERS}
+ROUTE_SCHEMAS = {**RERANK_SCHEMAS, **ADAPTER_SCHEMAS}

@@ -33,11 +33,14 @@ __all__ = [
     "FORM_PATHS",
     "HEALTH_PATH",
     "IMAGE_PARTS",
+    "LOAD_LORA_ADAPTER_PATH",
+    "LORA_PATHS",
     "MANAGE_PATHS",
     "MESSAGES_PATH",
     "MODELS_LOAD_PATH",
     "MODELS_PATH",
     "MODELS_UNLOAD_PATH",
+    "MODEL_FIELDS",
     "MODEL_KINDS",
     "OPENAPI_PATH",
     "RERANK_ALIAS_PATH",
@@ -52,6 +55,7 @@ __all__ = [
     "TOKENIZE_PATH",
     "TRANSCRIPTIONS_PATH",
     "TRANSLATIONS_PATH",
+    "UNLOAD_LORA_ADAPTER_PATH",
     "Body",
     "Route",
     "error_family",
@@ -102,6 +106,9 @@ class Body(enum.StrEnum):
     RERANK = "rerank"
     RERANK_V2 = "rerank_v2"
     SCORE = "score"
+    #: vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
+    LOAD_LORA = "load_lora"
+    UNLOAD_LORA = "unload_lora"
 
 
 #: The kinds of model a route needs (the ring's model kinds: ``llmtrio.ring.KINDS``).
@@ -114,6 +121,10 @@ MODELS_LOAD_PATH = "/models/load"
 MODELS_UNLOAD_PATH = "/models/unload"
 TOKENIZE_PATH = "/tokenize"
 DETOKENIZE_PATH = "/detokenize"
+#: vLLM's names: load a LoRA adapter for a model from ``--lora-dir`` (by its file's name,
+#: never a path), or unload one.
+LOAD_LORA_ADAPTER_PATH = "/v1/load_lora_adapter"
+UNLOAD_LORA_ADAPTER_PATH = "/v1/unload_lora_adapter"
 
 
 @attrs.frozen
@@ -129,7 +140,8 @@ class Route:
     (loads or unloads it), never through a default. ``image_part`` and ``audio_part`` are
     the ``type`` of its body's image and audio parts (a projector's input), if it takes any;
     a ``form`` route's body is ``multipart/form-data`` (an uploaded file beside its fields),
-    not JSON.
+    not JSON. ``model_field`` is the body's field that names what the ingress routes it by
+    (a LoRA adapter's unload: the adapter's ``lora_name``).
     """
 
     method: str
@@ -144,6 +156,7 @@ class Route:
     image_part: str | None = None
     audio_part: str | None = None
     form: bool = False
+    model_field: str = "model"
 
     @property
     def ring(self) -> bool:
@@ -204,6 +217,12 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", TRANSLATIONS_PATH, "createTranslation",
           "Translate an audio file into English text (a model with an audio projector).",
           Body.TRANSLATIONS, form=True),
+    Route("POST", LOAD_LORA_ADAPTER_PATH, "loadLoraAdapter",
+          "Load a LoRA adapter for a model from --lora-dir (by its file's name, never a path); "
+          "requests then choose it by its name.", Body.LOAD_LORA),
+    Route("POST", UNLOAD_LORA_ADAPTER_PATH, "unloadLoraAdapter",
+          "Unload a LoRA adapter (never one with requests in flight).", Body.UNLOAD_LORA,
+          model_kind=None, manage=True, model_field="lora_name"),
 )  # fmt: skip
 
 #: Served by the workers through the ring, ``POST`` only.
@@ -224,6 +243,12 @@ AUDIO_PARTS: Final[Mapping[Body, str]] = {
 }
 #: The routes whose body is ``multipart/form-data``.
 FORM_PATHS: Final = frozenset(route.path for route in ROUTES if route.form)
+#: The body field each ring route is routed by (``model`` but for the few that say else).
+MODEL_FIELDS: Final[Mapping[str, str]] = {
+    route.path: route.model_field for route in ROUTES if route.ring
+}
+#: The LoRA adapters' load and unload.
+LORA_PATHS: Final = frozenset({LOAD_LORA_ADAPTER_PATH, UNLOAD_LORA_ADAPTER_PATH})
 #: The kind of model each ring route needs (``None``: any kind).
 MODEL_KINDS: Final[Mapping[str, str | None]] = {
     route.path: route.model_kind for route in ROUTES if route.ring

@@ -26,6 +26,8 @@ from ._catalog import (
     scan_hf_cache,
     scan_models_dir,
 )
+from ._catalog_lora import attach_adapters, check_adapters, file_adapters
+from ._values import LoraFlag
 
 if TYPE_CHECKING:
     from ..engine import EngineConfig
@@ -102,6 +104,7 @@ OWN_KEYS = (
     "projector",
     "chat_template_file",
     "cache_dir",
+    "lora",
 )
 
 
@@ -163,6 +166,8 @@ def _model_entry(
                 own[key] = tuple(value)
             elif key in ("source", "projector", "chat_template_file", "cache_dir"):
                 own[key] = _str(value)
+            elif key == "lora":
+                fields["lora"] = file_adapters(file, name, value)
             else:
                 known = ", ".join([*ENGINE_KEYS, *OWN_KEYS])
                 raise CatalogError(f"{_where(file, name, key)}: unknown key (known: {known})")
@@ -266,13 +271,17 @@ def build_catalog(
     models_file: Path | None = None,
     models_dir: Path | None = None,
     hf_cache: Path | None = None,
+    adapters: Sequence[LoraFlag] = (),
 ) -> Catalog:
     """The catalog of ``pinned`` (the ``--model`` configs, loaded at start and pinned) and
     of the models file, folder and cache given, each model of those from ``base`` (the
-    command's engine flags) and its own settings.
+    command's engine flags) and its own settings; each of ``adapters`` (``--lora``) on its
+    base model (``llmtrio.cli._catalog_lora``).
 
     Error handling: :class:`CatalogError` as the parts raise it, and when two models are
-    served under one name or an alias names another model."""
+    served under one name or an alias names another model, or for an adapter that cannot be
+    served (named as another, of no model served, not a LoRA adapter of its base's
+    architecture)."""
     from ..engine import model_name_of
 
     explicit = [
@@ -309,4 +318,6 @@ def build_catalog(
             continue
         names[model.name] = model
         catalog.append(model)
+    catalog = attach_adapters(catalog, adapters)
+    check_adapters(catalog)
     return Catalog(tuple(catalog))

@@ -165,6 +165,7 @@ def catalog(args: argparse.Namespace) -> Catalog:
             models_file=args.models_file,
             models_dir=args.models_dir,
             hf_cache=hub,
+            adapters=getattr(args, "adapters", None) or (),
         )
     except CatalogError as exc:
         raise SystemExit(f"llmtrio {args.command}: {exc}") from None

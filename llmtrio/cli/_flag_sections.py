@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ._parser import OneOf, flag, section
-from ._values import mib, mmproj_value, template_file, threads_value
+from ._values import lora_value, mib, mmproj_value, template_file, threads_value
 
 __all__ = ["CATALOG", "ENGINE", "LIMITS"]
 
@@ -282,6 +282,23 @@ CATALOG = section(
         "seconds a model's load may take before its waiting requests get a 503 "
         "(default %(default)s)",
         type=float,
+    ),
+    flag(
+        "--lora",
+        "adapters",
+        "a LoRA adapter served as its own model NAME on the model BASE (BASE may be left "
+        "out when one model is served), at SCALE (default 1); repeatable",
+        action="append",
+        type=lora_value,
+        metavar="NAME=PATH[:SCALE][@BASE]",
+    ),
+    flag(
+        "--lora-dir",
+        "HostConfig.lora_dir",
+        "the folder POST /v1/load_lora_adapter loads adapters from, by their file's name "
+        "(default: none is loaded at run time)",
+        type=Path,
+        metavar="DIR",
     ),
 )
 

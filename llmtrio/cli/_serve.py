@@ -66,7 +66,7 @@ async def serve(
     as on ``shutdown``, then this raises. A llama.cpp abort takes the whole process down.
     """
     from ..engine import EngineConfig, EngineFailedError, open_engine
-    from ..worker import HostConfig, HostedModel, ModelHost, WorkerMetrics, serve_link
+    from ..worker import HostConfig, HostedModel, ModelHost, Pinned, WorkerMetrics, serve_link
 
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
     async with AsyncExitStack() as stack:
@@ -77,8 +77,12 @@ async def serve(
         ring = Ring.from_config(config.ring)
         registry = CollectorRegistry()
         model_host = ModelHost.of(hosted, host or HostConfig(), registry if hosted else None)
-        for engine, each in zip(engines, configs, strict=True):
-            model_host.pin(engine.model_name, HostedModel.of(engine.model_name, each).cost)
+        books = {
+            engine.model_name: model_host.pin(
+                engine.model_name, HostedModel.of(engine.model_name, each).cost, each
+            )
+            for engine, each in zip(engines, configs, strict=True)
+        }
         # Every engine's figures, labelled with its model's name; the ingress exports the
         # picker's gauges for the whole ring, these engines included.
         metrics = WorkerMetrics(
@@ -102,7 +106,11 @@ async def serve(
                     audio=[engine.model_name] if engine.takes_audio else [],
                 ) as link:
                     await serve_link(
-                        engine, link, metrics=metrics, limits=limits, task_status=task_status
+                        Pinned(engine, adapters=books[engine.model_name]),
+                        link,
+                        metrics=metrics,
+                        limits=limits,
+                        task_status=task_status,
                     )
             except EngineFailedError as exc:
                 failure = exc

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["ModelSpec", "mib", "seconds_or_none", "template_file", "threads_value"]
+__all__ = [
+    "LoraFlag",
+    "ModelSpec",
+    "lora_value",
+    "mib",
+    "seconds_or_none",
+    "template_file",
+    "threads_value",
+]
 
 
 def mib(text: str) -> int:
@@ -92,3 +100,42 @@ class ModelSpec:
         if source.is_file() or rest.endswith(".gguf") or found is None:
             return cls(name or None, path=source)
         return cls(name or None, hf_repo=found["repo"], quant=found["quant"])
+
+
+@attrs.frozen
+class LoraFlag:
+    """One ``--lora`` value: ``NAME=PATH[:SCALE][@BASE]``, an adapter served as ``NAME`` on the
+    model served as ``BASE`` (``None``: the one model served)."""
+
+    name: str
+    path: Path
+    scale: float = 1.0
+    base: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> LoraFlag:
+        """Error handling: ``ValueError`` naming what is missing."""
+        rest, at, base = text.rpartition("@")
+        if not at:
+            rest, base = text, ""
+        name, sep, where = rest.partition("=")
+        if not sep or not name.strip() or not where:
+            raise ValueError(f"--lora {text!r}: give NAME=PATH[:SCALE][@BASE]")
+        scale = 1.0
+        head, colon, tail = where.rpartition(":")
+        if colon and head:
+            try:
+                scale = float(tail)
+            except ValueError:
+                head = where  # a colon of the path's own
+            else:
+                where = head
+        return cls(name.strip(), Path(where).expanduser(), scale, base or None)
+
+
+def lora_value(text: str) -> LoraFlag:
+    """One ``--lora`` value (see :class:`LoraFlag`)."""
+    try:
+        return LoraFlag.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

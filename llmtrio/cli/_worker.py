@@ -67,6 +67,7 @@ async def run_worker(
         HostedModel,
         ModelHost,
         OnDemand,
+        Pinned,
         WorkerMetrics,
         serve_link,
     )
@@ -121,9 +122,10 @@ async def run_worker(
                 model_host = ModelHost.of(
                     hosted, host or HostConfig(), registry if hosted else None
                 )
+                books = {}
                 for engine, config in zip(engines, configs, strict=True):
                     cost = HostedModel.of(engine.model_name, config).cost
-                    model_host.pin(engine.model_name, cost)
+                    books[engine.model_name] = model_host.pin(engine.model_name, cost, config)
                 for model in hosted:
                     links.append(
                         await stack.enter_async_context(
@@ -144,8 +146,9 @@ async def run_worker(
                 # Every engine's figures, labelled with its model's name.
                 metrics = WorkerMetrics(registry, engines, models=[m.name for m in hosted])
                 for engine, one in zip(engines, links, strict=False):
+                    pinned = Pinned(engine, adapters=books[engine.model_name])
                     await nursery.start(
-                        partial(serve_link, engine, one, metrics=metrics, limits=limits)
+                        partial(serve_link, pinned, one, metrics=metrics, limits=limits)
                     )
                 if hosted:
                     await nursery.start(model_host.run)

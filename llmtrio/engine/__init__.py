@@ -19,6 +19,7 @@ from ._audio import decode_audio as decode_audio
 from ._config import DEFAULT_QUANT as DEFAULT_QUANT
 from ._config import DEFAULT_REPO as DEFAULT_REPO
 from ._config import EngineConfig as EngineConfig
+from ._config import LoraSpec as LoraSpec
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
@@ -59,12 +60,15 @@ from .embed import RerankEngine as RerankEngine
 from .embed import Scores as Scores
 from .generate import Engine as Engine
 from .generate import Generation as Generation
+from .generate import ServedAdapter as ServedAdapter
 from .grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
 from .grammar import CannotTranslateError as CannotTranslateError
 from .grammar import Grammar as Grammar
 from .grammar import json_schema_grammar as json_schema_grammar
 from .grammar import lark_grammar as lark_grammar
+from .models import LoraHeader as LoraHeader
 from .models import ResolvedModel as ResolvedModel
+from .models import check_lora as check_lora
 from .models import demo_model_path as demo_model_path
 from .models import model_kind_of as model_kind_of
 from .models import model_name_of as model_name_of
@@ -109,6 +113,8 @@ __all__ = [
     "GrammarError",
     "Image",
     "InvalidRequestError",
+    "LoraHeader",
+    "LoraSpec",
     "Media",
     "ModelLoadError",
     "Pair",
@@ -118,6 +124,7 @@ __all__ = [
     "ResolvedModel",
     "Sampling",
     "Scores",
+    "ServedAdapter",
     "StopReason",
     "TextFormat",
     "Timings",
@@ -131,6 +138,7 @@ __all__ = [
     "ToolCallParser",
     "ToolCallStart",
     "ToolCallStream",
+    "check_lora",
     "decode_audio",
     "decode_image",
     "demo_model_path",

@@ -3,7 +3,9 @@ of its settings."""
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ __all__ = [
     "MAX_RECURRENT_DRAFT",
     "SPEC_KINDS",
     "EngineConfig",
+    "LoraSpec",
 ]
 
 DEFAULT_REPO = "unsloth/Qwen3.5-0.8B-GGUF"
@@ -35,6 +38,32 @@ MAX_RECURRENT_DRAFT = 8
 CACHE_TYPES = ("f16", "q8_0", "q4_0")
 #: Flash attention: on, off, or llama.cpp's choice for the device (``auto``).
 FLASH_ATTN = ("auto", "on", "off")
+
+
+@attrs.frozen
+class LoraSpec:
+    """A LoRA adapter served on a model: the model ``name`` requests choose it by, its GGUF
+    file (llama.cpp's adapter format: ``general.type = adapter``, ``adapter.type = lora``)
+    and the ``scale`` it is applied at (1: as trained; 0: not at all)."""
+
+    name: str
+    path: Path = attrs.field(converter=Path)
+    scale: float = attrs.field(default=1.0, converter=float)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.name or self.name != self.name.strip():
+            raise ValueError(f"an adapter's name must be a name, not {self.name!r}")
+        if not math.isfinite(self.scale):
+            raise ValueError(f"adapter {self.name}: the scale must be a number, not {self.scale}")
+
+
+def _lora_specs(value: Iterable[LoraSpec]) -> tuple[LoraSpec, ...]:
+    specs = tuple(value)
+    names = [spec.name for spec in specs]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"two adapters are named {name!r}")
+    return specs
 
 
 @attrs.frozen
@@ -99,6 +128,10 @@ class EngineConfig:
     ``n_gpu_layers``: the layers offloaded to a GPU (-1: all, llama.cpp's default; 0: none;
     nothing on a build without one). ``mmap``: map the file instead of reading it (``None``:
     llama.cpp's choice); ``mlock``: keep the weights in RAM (no swapping).
+
+    ``lora``: the LoRA adapters served on the model from the start, each under its own name
+    (more can be loaded and unloaded at run time: :meth:`Engine.load_adapter`); a request
+    runs under the adapters it names (``GenerateRequest.model_name``, ``lora``).
     """
 
     model: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
@@ -134,6 +167,7 @@ class EngineConfig:
     flash_attn: str = "auto"
     mmap: bool | None = None
     mlock: bool = False
+    lora: tuple[LoraSpec, ...] = attrs.field(default=(), converter=_lora_specs)
 
     def __attrs_post_init__(self) -> None:
         if self.max_inflight < 1:

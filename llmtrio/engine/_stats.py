@@ -49,6 +49,10 @@ class EngineStats:
     spent getting embeddings (0 unless a request reached it unencoded). Audio:
     ``audio_encodes`` 30-second windows were encoded by the audio projector (the same
     threads), in ``audio_encode_s`` seconds in all.
+
+    LoRA adapters: ``lora_steps`` steps ran under an adapter set (not the base model);
+    ``lora_switches`` steps ran under another set than the step before
+    (``llama_set_adapters_lora``, after which llama.cpp reserves its graph again).
     """
 
     steps: int = 0
@@ -91,3 +95,5 @@ class EngineStats:
     swapped: int = 0
     swapped_bytes: int = 0
     idle_evictions: int = 0
+    lora_steps: int = 0
+    lora_switches: int = 0

@@ -307,6 +307,11 @@ class GenerateRequest:
     (llama.cpp server's ``cache_prompt``). Reuse computes the prompt's last logits from other
     batches than a whole ingestion does, and llama.cpp's logits depend on batch shapes in
     their last bits, so only requests ingested alike are bit-for-bit reproducible.
+
+    LoRA adapters (``EngineConfig.lora``): ``model_name`` is the model name the request was
+    made for: an adapter's name runs it under that adapter at its own scale (the model's own
+    name, or any other, under none); ``lora`` is llama.cpp's per-request list of ``(id,
+    scale)`` (an adapter's id is its place among the model's adapters), whose scales win.
     """
 
     messages: tuple[ChatMessage, ...] | None = attrs.field(
@@ -329,6 +334,8 @@ class GenerateRequest:
     parallel_tool_calls: bool = True
     cache_prompt: bool = True
     reasoning_budget: int | None = None
+    model_name: str | None = None
+    lora: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_tuple_of_biases)
 
     def __attrs_post_init__(self) -> None:
         if (self.messages is None) == (self.tokens is None):

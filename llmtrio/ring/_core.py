@@ -183,9 +183,10 @@ class RingCore:
         return any(not worker.models for worker in self._workers.values())
 
     def models(self) -> dict[str, ModelStats]:
-        """Every model an attached worker listed, by name, in attach order: its kind (as its
-        first worker said), how many workers serve it, and its context length (the least its
-        workers stated)."""
+        """Every model an attached worker listed, by name, in attach order, each worker's LoRA
+        adapters after its models (with their base as ``parent``): its kind (as its first
+        worker said), how many workers serve it, and its context length (the least its
+        workers stated; an adapter's: its base's)."""
         models: dict[str, ModelStats] = {}
         order = ("unloaded", "loading", "loaded")
         for worker in self._workers.values():
@@ -193,11 +194,15 @@ class RingCore:
             own = (beat.model_state if beat else "") or "loaded"
             size = beat.model_bytes if beat and own == "loaded" else 0
             until = beat.unload_in_s if beat and own == "loaded" else 0
-            for index, name in enumerate(worker.models):
+            for index, name in enumerate(worker.names):
                 known = models.get(name)
-                kind = worker.kinds[index] if worker.kinds else CHAT_MODEL
-                vision, audio = name in worker.vision, name in worker.audio
-                context = worker.contexts[index] if worker.contexts else 0
+                adapter = index >= len(worker.models)
+                kind = worker.kinds[index] if worker.kinds and not adapter else CHAT_MODEL
+                parent = worker.models[0] if adapter else None
+                own_name = parent or name  # an adapter takes what its base takes
+                vision, audio = own_name in worker.vision, own_name in worker.audio
+                at = 0 if adapter else index
+                context = worker.contexts[at] if worker.contexts else 0
                 if known is None:
                     models[name] = ModelStats(
                         name,
@@ -209,6 +214,7 @@ class RingCore:
                         vision=vision,
                         audio=audio,
                         context_length=context,
+                        parent=parent,
                     )
                     continue
                 latest = -1 if -1 in (until, known.unload_in_s) else max(until, known.unload_in_s)
@@ -221,6 +227,7 @@ class RingCore:
                     latest,
                     vision=known.vision,
                     audio=known.audio,
+                    parent=known.parent,
                     # What every worker serving it takes: the least stated.
                     context_length=min(
                         (n for n in (context, known.context_length) if n), default=0
@@ -347,11 +354,14 @@ class RingCore:
             worker.prefixes = frozenset(message.prefixes)
         worker.capacity = message
         worker.last_heartbeat = at
+        if message.adapters != worker.adapters:
+            worker.adapters = message.adapters
+            self._routes.relist(worker, back=False)  # its claims take other keys now
         if message.model_state == "loaded":
             worker.asked.clear()
             worker.failed.clear()
         self._loads_ended(worker)
-        return self._reoffer(worker.models)
+        return self._reoffer(worker.names)
 
     def claim(self, worker_id: str, message: Claim) -> list[Effect]:
         """The worker has ``message.count`` more free slots (for ``message.model``, or for any
@@ -487,7 +497,7 @@ class RingCore:
                 effects.append(ToClient(stream_id, ResponseError(stream_id, text)))
         worker.held.clear()
         effects += self._offer(requeued, fresh=False)
-        return effects + self._reoffer(worker.models)
+        return effects + self._reoffer(worker.names)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -570,9 +580,12 @@ class RingCore:
     def _cold(self, worker: Worker, key: str) -> bool:
         """Whether ``worker`` states ``key`` unloaded and holds none of its streams."""
         beat = worker.capacity
-        if not key or key not in worker.models or beat is None or beat.model_state != "unloaded":
+        if not key or key not in worker.names or beat is None or beat.model_state != "unloaded":
             return False
-        return not any(self._streams[stream_id].key == key for stream_id in worker.held)
+        owner = worker.owner(key)  # an adapter's base loads for it
+        return not any(
+            worker.owner(self._streams[stream_id].key) == owner for stream_id in worker.held
+        )
 
     def _loads_ended(self, worker: Worker) -> None:
         """Note the loads ``worker`` was asked for that failed: it is cold again for the key
@@ -585,7 +598,7 @@ class RingCore:
     def _claimant(self, key: str, prefixes: tuple[tuple[str, int], ...] = ()) -> str | None:
         """The claimant a stream of ``key`` (whose prompt begins with ``prefixes``) goes to
         now (see the class), if any."""
-        listing = [worker for worker in self._workers.values() if key in worker.models]
+        listing = [worker for worker in self._workers.values() if key in worker.names]
         cold = {worker.worker_id for worker in listing if self._cold(worker, key)}
         if not cold:
             return self._routes.claimant(key, self._affinity(key, prefixes))

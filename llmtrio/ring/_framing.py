@@ -131,6 +131,8 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                     beat[name] = value
             if message.model_state:
                 beat["model_state"] = message.model_state
+            if message.adapters:  # none: as the previous version
+                beat["adapters"] = list(message.adapters)
             if message.prefixes:  # none: as the previous version
                 beat["prefixes"] = list(message.prefixes)
             return beat, b""
@@ -281,6 +283,8 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
         }
         if "model_state" in fields:
             extra["model_state"] = fields.string("model_state")
+        if "adapters" in fields:
+            extra["adapters"] = fields.strings("adapters")
         if "prefixes" in fields:
             extra["prefixes"] = fields.strings("prefixes")
         return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **extra)

@@ -266,6 +266,10 @@ class Heartbeat:
     at most ``MAX_PREFIX_CHARS`` characters; optional on the wire: none). The ring reads them
     only to match the digests a stream was parked with (see ``RingCore``: prefix affinity);
     what they are digests of is the ingress's and the worker's business."""
+    adapters: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
+    """The LoRA adapters the link serves now on its model (the first it attached with), each
+    under its own model name: the ring routes those names to the link as it routes its models,
+    and lists them with that model as their parent (optional on the wire: none)."""
 
 
 @attrs.frozen

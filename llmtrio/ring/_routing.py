@@ -3,7 +3,9 @@ routing key, oldest first, and the line of waiting claimants of each key, round-
 
 A claim names a model, or none (``ANY_MODEL``: a worker of the previous version, or one listing
 several models on one link): a claim for a model takes streams parked under that key (or under
-no key); a claim for none takes any model its worker listed (any at all when it listed none).
+no key), and for a worker's first model those parked under its LoRA adapters' names too (which
+its heartbeats state); a claim for none takes any model or adapter its worker listed (any at
+all when it listed none).
 A worker stands in the line of every key its unfilled claims may take, with the turn it took
 its place at, so that the lines of two keys (a key and ``ANY_LINE``) merge in one order.
 """
@@ -40,6 +42,8 @@ class Worker:
     vision: tuple[str, ...] = ()  # the models that take images
     contexts: tuple[int, ...] = ()  # each model's context length (0 or empty: not stated)
     audio: tuple[str, ...] = ()  # the models that take audio
+    # Its LoRA adapters (of its first model), as its last heartbeat stated them.
+    adapters: tuple[str, ...] = ()
     credits: dict[str | None, int] = attrs.field(factory=dict)  # claim model -> unfilled claims
     standing: tuple[str, ...] = ()  # the lines of claimants it stands in
     held: dict[int, None] = attrs.field(factory=dict)  # an ordered set of stream ids
@@ -57,9 +61,25 @@ class Worker:
     def waiting(self) -> int:
         return sum(self.credits.values())
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every routing key it serves: its models, then its adapters."""
+        return (*self.models, *self.adapters) if self.adapters else self.models
+
+    def keys_of(self, model: str) -> tuple[str, ...]:
+        """The routing keys a claim for ``model`` takes: the model's own, and its adapters'
+        when it is the worker's first model."""
+        if self.adapters and self.models and model == self.models[0]:
+            return (model, *self.adapters)
+        return (model,)
+
+    def owner(self, key: str) -> str:
+        """The model whose claims take ``key``: an adapter's base, else ``key`` itself."""
+        return self.models[0] if key in self.adapters and self.models else key
+
     def serves(self, key: str) -> bool:
         """Whether a claim without a model may take a stream parked under ``key``."""
-        return not key or not self.models or key in self.models
+        return not key or not self.models or key in self.names
 
     def holds(self, prefixes: tuple[tuple[str, int], ...]) -> int:
         """The size of the longest of ``prefixes`` (``(digest, size)`` pairs) it holds; 0:
@@ -68,10 +88,13 @@ class Worker:
         return max((size for digest, size in prefixes if digest in held), default=0)
 
     def spend(self, key: str) -> None:
-        """Fill one claim with a stream parked under ``key``: one for ``key`` itself first,
-        then one without a model, then (for a stream with no key) any."""
-        for model in (key or ANY_MODEL, ANY_MODEL, *self.credits):
-            if self.credits.get(model, 0) and (model is ANY_MODEL or not key or model == key):
+        """Fill one claim with a stream parked under ``key``: one for ``key``'s model itself
+        first (an adapter's base), then one without a model, then (for a stream with no key)
+        any."""
+        for model in (self.owner(key) or ANY_MODEL, ANY_MODEL, *self.credits):
+            if self.credits.get(model, 0) and (
+                model is ANY_MODEL or not key or key in self.keys_of(model)
+            ):
                 self.credits[model] -= 1
                 if not self.credits[model]:
                     del self.credits[model]
@@ -80,9 +103,11 @@ class Worker:
 
     def lines(self) -> tuple[str, ...]:
         """The routing keys whose line of claimants this worker stands in."""
-        keys = dict.fromkeys(model for model in self.credits if model is not ANY_MODEL)
+        keys = dict.fromkeys(
+            key for model in self.credits if model is not ANY_MODEL for key in self.keys_of(model)
+        )
         if self.credits.get(ANY_MODEL):
-            keys.update(dict.fromkeys(self.models or (ANY_LINE,)))
+            keys.update(dict.fromkeys(self.names or (ANY_LINE,)))
         return tuple(keys)
 
 
@@ -160,9 +185,9 @@ class Routes:
     def keys_for(self, worker: Worker, model: str | None) -> tuple[str, ...]:
         """The routing keys whose parked streams a claim of ``worker`` for ``model`` takes."""
         if model is not None:
-            return (model, "")
+            return (*worker.keys_of(model), "")
         if worker.models:
-            return (*worker.models, "")
+            return (*worker.names, "")
         return tuple(self._queues)
 
     def claimant(self, key: str, rank: Callable[[str], Rank | None] | None = None) -> str | None:

@@ -59,6 +59,8 @@ class ModelStats:
     (0: not stated)."""
     audio: bool = False
     """Whether it takes audio (as its first worker said)."""
+    parent: str | None = None
+    """A LoRA adapter's base model (as its first worker said); ``None``: a model."""
 
 
 @attrs.frozen

@@ -27,7 +27,10 @@ and while an attached worker lists no model (a library user's worker, which take
 unknown name is routed as it is, to that worker.
 
 ``/models/load`` and ``/models/unload`` name a model exactly: one the ring knows, of either
-kind, never the default; else 404 (or 400 when none is named).
+kind, never the default; else 404 (or 400 when none is named). So does
+``/v1/unload_lora_adapter``, by its ``lora_name`` (an adapter is routed by its name, to the
+worker that states it); ``/v1/load_lora_adapter``'s ``model`` is its base, resolved as a chat
+request's is.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from collections.abc import Mapping
 
 from ..api import (
     MANAGE_PATHS,
+    MODEL_FIELDS,
     MODEL_KINDS,
     form_field,
     invalid_request,
@@ -50,17 +54,18 @@ from ..ring import CHAT_MODEL, ModelStats
 __all__ = ["requested_model", "resolve_model"]
 
 
-def requested_model(body: bytes, *, form: bool = False) -> object:
-    """The ``model`` field of a request body (on a ``form`` route, a form's text field
-    ``model``); ``None`` when it has none, or when the body is not a JSON object or a form
-    (the worker answers that body's own error: a form route's, that it must be a form)."""
+def requested_model(body: bytes, *, form: bool = False, field: str = "model") -> object:
+    """The ``model`` field of a request body (or the ``field`` its route is routed by; on a
+    ``form`` route, a form's text field); ``None`` when it has none, or when the body is not
+    a JSON object or a form (the worker answers that body's own error: a form route's, that
+    it must be a form)."""
     if form and is_form(body):
-        return form_field(body, "model")
+        return form_field(body, field)
     try:
         fields = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    return fields.get("model") if isinstance(fields, dict) else None
+    return fields.get(field) if isinstance(fields, dict) else None
 
 
 def resolve_model(
@@ -79,12 +84,13 @@ def resolve_model(
     the other kind, or when none is named and none can be chosen; 404 for an unknown one).
     """
     kind = MODEL_KINDS.get(path, CHAT_MODEL)
+    field = MODEL_FIELDS.get(path, "model")
     if requested is not None and not isinstance(requested, str):
         raise invalid_request(
-            f"'model' must be a string, not {type(requested).__name__}", param="model"
+            f"'{field}' must be a string, not {type(requested).__name__}", param=field
         )
     if path in MANAGE_PATHS:
-        return _managed(requested, models)
+        return _managed(requested, models, field)
     default_fits = default is not None and (
         default not in models or _fits(models[default].kind, kind)
     )
@@ -120,12 +126,15 @@ def _fits(model_kind: str, kind: str | None) -> bool:
     return kind is None or model_kind == kind
 
 
-def _managed(requested: str | None, models: Mapping[str, ModelStats]) -> str:
-    """A load's or unload's model: a name the ring knows, exactly (nothing a client sends
-    is ever read as a path or a repository to fetch: an unknown name is a 404)."""
+def _managed(requested: str | None, models: Mapping[str, ModelStats], field: str) -> str:
+    """A load's or unload's model (or adapter): a name the ring knows, exactly (nothing a
+    client sends is ever read as a path or a repository to fetch: an unknown name is a
+    404)."""
     if not requested:
         raise invalid_request(
-            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+            f"Missing required parameter: '{field}'.",
+            param=field,
+            code="missing_required_parameter",
         )
     if requested not in models:
         raise model_not_found(requested)

@@ -147,6 +147,8 @@ def pages_app(
                         "owned_by": "llmtrio",
                         "kind": model.kind,
                         "workers": model.workers,
+                        # vLLM's: a LoRA adapter's base model (null: a model)
+                        "parent": model.parent,
                         "input_modalities": [
                             "text",
                             *(["image"] if model.vision else []),

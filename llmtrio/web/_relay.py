@@ -27,6 +27,7 @@ from ..api import (
     AUDIO_PARTS,
     FORM_PATHS,
     IMAGE_PARTS,
+    MODEL_FIELDS,
     ApiError,
     body_timeout,
     error_family,
@@ -216,7 +217,9 @@ class RingRequest:
         )
         try:
             key = resolve_model(
-                requested_model(body, form=path in FORM_PATHS),
+                requested_model(
+                    body, form=path in FORM_PATHS, field=MODEL_FIELDS.get(path, "model")
+                ),
                 self._scope["path"],
                 self._ring.models(),
                 self._default_model,

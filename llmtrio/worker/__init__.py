@@ -3,14 +3,17 @@
 demand (:class:`OnDemand`, a model of a :class:`ModelHost`); it answers every route the
 ingress sends it (OpenAI's chat and text completions, Responses API and embeddings,
 Anthropic's Messages API, reranking in Jina's, Cohere's and vLLM's shapes, llama.cpp's
-tokenizer routes, the models' load and unload) with the endpoint of the route."""
+tokenizer routes, the models' load and unload, the LoRA adapters' load and unload) with the
+endpoint of the route."""
 
 from ..api import RequestLimits as RequestLimits
+from ._adapters import AdapterBook as AdapterBook
 from ._host import ModelHost as ModelHost
 from ._hosted import HostConfig as HostConfig
 from ._hosted import HostedModel as HostedModel
 from ._hosted import ModelLoadFailed as ModelLoadFailed
 from ._link import HEARTBEAT_INTERVAL_S as HEARTBEAT_INTERVAL_S
+from ._link import Pinned as Pinned
 from ._link import serve_link as serve_link
 from ._metrics import EngineCollector as EngineCollector
 from ._metrics import WorkerMetrics as WorkerMetrics
@@ -20,12 +23,14 @@ from ._on_demand import OnDemand as OnDemand
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "LOAD_WAITERS",
+    "AdapterBook",
     "EngineCollector",
     "HostConfig",
     "HostedModel",
     "ModelHost",
     "ModelLoadFailed",
     "OnDemand",
+    "Pinned",
     "RequestLimits",
     "WorkerMetrics",
     "serve_link",

@@ -53,6 +53,7 @@ from ._reasoning import Reasoning, for_effort
 from ._requests import (
     json_body,
     parse_logit_bias,
+    parse_lora,
     parse_max_tokens,
     parse_sampling,
     parse_stop,
@@ -164,6 +165,8 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
             logit_bias=parse_logit_bias(data.get("logit_bias")),
             logprobs=logprobs,
             reasoning_budget=reasoning.budget,
+            model_name=model,
+            lora=parse_lora(data, Body.CHAT, limits),
             **output_format,
             **tools.generate_options(),
         )

@@ -30,6 +30,7 @@ from ._features import parse_response_format
 from ._requests import (
     json_body,
     parse_logit_bias,
+    parse_lora,
     parse_max_tokens,
     parse_sampling,
     parse_stop,
@@ -124,6 +125,8 @@ def parse_completion_request(body: bytes, limits: RequestLimits = _NO_LIMITS) ->
             "ignore_eos": read(data, Body.COMPLETIONS, "ignore_eos", limits) or False,
             "cache_prompt": read(data, Body.COMPLETIONS, "cache_prompt", limits) is not False,
             "logit_bias": parse_logit_bias(data.get("logit_bias")),
+            "model_name": model,
+            "lora": parse_lora(data, Body.COMPLETIONS, limits),
             **parse_response_format(data, Body.COMPLETIONS, limits),
         }
     except InvalidRequestError as exc:

@@ -18,6 +18,11 @@ is gone, and none claimed before an unload loads the model again. A model whose 
 (its decode loop fails) unloads the same way once its failed requests have ended (503 in
 their route's family), and is backed off as a failed load: a later request loads it again.
 
+LoRA adapters: each model has an ``_adapters.AdapterBook`` (its catalog's adapters, and those
+loaded at run time), which outlives its loads: a load opens the engine with the catalog's and
+loads the others again after (one that fails is dropped from the book, and logged); what
+they add to the model's cost is reserved with it.
+
 Threads: each model's engine has the ``threads`` of its config; the loaded set shares the
 machine's cores as the engines' threads contend (no model's threads are changed as others
 load or unload; give each model ``threads`` so that the loaded set's sum fits the cores).
@@ -28,12 +33,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import attrs
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ..engine import EngineError, open_engine
+from ..engine import Engine, EngineConfig, EngineError, InvalidRequestError, open_engine
+from ._adapters import AdapterBook
 from ._hosted import HostConfig, HostedModel, ModelLoadFailed
 from ._link import Claims
 from ._load_policy import LoadPolicy, ModelCost, ModelState
@@ -104,6 +111,7 @@ class ModelHost:
     _unload: dict[str, trio.Event] = attrs.field(init=False, factory=dict)
     _waiters: dict[str, _Waiters] = attrs.field(init=False, factory=dict)
     _claims: dict[str, Claims] = attrs.field(init=False, factory=dict)
+    _books: dict[str, AdapterBook] = attrs.field(init=False, factory=dict)
     _wake: trio.Event = attrs.field(init=False, factory=trio.Event)
     #: Loads started and how each ended, by model: (model, "ok" | "failed").
     loads: list[tuple[str, str]] = attrs.field(init=False, factory=list)
@@ -117,6 +125,16 @@ class ModelHost:
             default_keep_alive=self.config.keep_alive,
         )
         self._claims = {name: Claims() for name in self.models}
+        self._books = {name: self._book(name, m.config) for name, m in self.models.items()}
+
+    def _book(self, name: str, config: EngineConfig) -> AdapterBook:
+        return AdapterBook(
+            name,
+            config.lora,
+            self.config.lora_dir,
+            reserve=partial(self._policy.grow, name),
+            release=partial(self._policy.shrink, name),
+        )
 
     @classmethod
     def of(
@@ -138,9 +156,16 @@ class ModelHost:
         """How the links of ``name`` claim so that its unloads wait for them (the module)."""
         return self._claims[name]
 
-    def pin(self, name: str, cost: ModelCost) -> None:
-        """Count a model loaded at start outside the host (``--model``) in the budget."""
+    def pin(self, name: str, cost: ModelCost, config: EngineConfig | None = None) -> AdapterBook:
+        """Count a model loaded at start outside the host (``--model``, with ``config``) in
+        the budget; its adapters' book (for its link: ``Pinned``)."""
         self._policy.pin(name, cost.total, trio.current_time())
+        book = self._books[name] = self._book(name, config or EngineConfig())
+        return book
+
+    def adapters(self, name: str) -> AdapterBook:
+        """The LoRA adapters ``name`` is served with."""
+        return self._books[name]
 
     def state(self, name: str) -> ModelState | None:
         return self._policy.state(name)
@@ -186,7 +211,7 @@ class ModelHost:
                 return engine
             refusal = self._policy.want(
                 name,
-                model.cost.total,
+                model.cost.total + self._books[name].extra_bytes,
                 trio.current_time(),
                 pinned=model.pinned,
                 keep_alive=model.keep_alive,
@@ -298,7 +323,9 @@ class ModelHost:
         try:
             # The deadline is the load's alone: it is lifted once the model is loaded.
             with trio.CancelScope(deadline=started + self.config.load_timeout) as load:
-                async with open_engine(model.config) as engine:
+                book = self._books[name]
+                async with open_engine(attrs.evolve(model.config, lora=book.at_load)) as engine:
+                    await _load_again(engine, book)
                     loaded = True
                     load.deadline = math.inf
                     await self._serve_until_unloaded(name, engine, started)
@@ -318,3 +345,16 @@ class ModelHost:
             self.metrics.unloads.labels(name).inc()
         logger.info("unloaded %s", name)
         self._kick()
+
+
+async def _load_again(engine: ModelEngine, book: AdapterBook) -> None:
+    """Load the adapters ``book`` gained at run time into a new ``engine`` of its model; one
+    that fails now (its file gone, changed) is dropped from the book."""
+    for spec in book.added:
+        if not isinstance(engine, Engine):
+            break
+        try:
+            await engine.load_adapter(spec)
+        except (EngineError, InvalidRequestError) as exc:
+            logger.warning("%s: the LoRA adapter %s is dropped: %s", book.model, spec.name, exc)
+            book.unloaded(spec.name)

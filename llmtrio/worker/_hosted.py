@@ -34,13 +34,16 @@ def _keep_alive(value: object) -> float:
 class HostConfig:
     """The budget of a worker's models on demand: ``max_loaded_models`` and
     ``memory_budget_mib`` (0: no bound; pinned models count), ``keep_alive`` (seconds an
-    idle model stays loaded unless a request or its catalog entry says otherwise) and
-    ``load_timeout`` (seconds a load may take before it fails)."""
+    idle model stays loaded unless a request or its catalog entry says otherwise),
+    ``load_timeout`` (seconds a load may take before it fails) and ``lora_dir`` (where
+    ``POST /v1/load_lora_adapter`` finds adapters by name; ``None``: none is loaded at run
+    time)."""
 
     max_loaded_models: int = 0
     memory_budget_mib: int = 0
     keep_alive: float = attrs.field(default=300.0, converter=_keep_alive)
     load_timeout: float = 600.0
+    lora_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
 
     def __attrs_post_init__(self) -> None:
         if self.max_loaded_models < 0:
@@ -113,6 +116,8 @@ class HostedModel:
             rs_snapshots=min(drafts, 8),
             embeddings=embeddings,
         )
+        adapters = sum(spec.path.stat().st_size for spec in config.lora if spec.path.is_file())
+        cost = attrs.evolve(cost, adapters=adapters)
         return cls(name, config, kind, cost, keep_alive, pinned, tuple(aliases))
 
 

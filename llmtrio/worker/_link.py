@@ -6,7 +6,9 @@ One loop for every model: how the link's model is held is a policy the loop is g
 (:class:`Hosting`): :class:`Pinned`, an engine loaded for the link's whole life (``--model``),
 or ``_on_demand.OnDemand``, a catalog model its host loads on a request and unloads when idle.
 The policy says whether the model is loaded, acquires and releases it around each request,
-answers ``POST /models/unload``, and says when the link's claims must be withdrawn
+answers ``POST /models/unload``, keeps the model's LoRA adapters (``_adapters.AdapterBook``:
+the link serves vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with it, and
+states their names in its heartbeats), and says when the link's claims must be withdrawn
 (:class:`Claims`). Everything else is this loop's, for both: the heartbeat's figures (the
 engine's capacity, prompt reuse and speculation, the policy's model state, and the prompt
 prefixes it holds: ``_held_prefixes``), the metrics, and the error handling.
@@ -35,13 +37,16 @@ import attrs
 import trio
 
 from ..api import (
+    LOAD_LORA_ADAPTER_PATH,
     MODELS_LOAD_PATH,
     MODELS_UNLOAD_PATH,
+    UNLOAD_LORA_ADAPTER_PATH,
     ApiError,
     RequestLimits,
 )
 from ..engine import EngineFailedError
 from ..ring import ClaimedStream, Heartbeat, ProtocolError, RingLink
+from ._adapters import AdapterBook, AdapterLoad, load_adapter, unload_adapter
 from ._endpoints import ENDPOINTS
 from ._held_prefixes import PrefixLog
 from ._manage import path_of, pinned, respond_error, respond_state
@@ -120,13 +125,15 @@ class Claims:
 class ModelStatus:
     """What a link's heartbeat states of its model beside the engine's capacity (the
     ``Heartbeat`` fields of the same names): its ``state`` (``""``: not stated, a pinned
-    model), its estimated ``bytes``, the seconds until it unloads when idle, and the memory
-    budget its worker still has free for a load (``free_bytes``)."""
+    model), its estimated ``bytes``, the seconds until it unloads when idle, the memory
+    budget its worker still has free for a load (``free_bytes``), and the LoRA adapters it
+    is served with (``adapters``)."""
 
     state: str = ""
     bytes: int = 0
     unload_in_s: int = 0
     free_bytes: int = 0
+    adapters: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -154,6 +161,10 @@ class Hosting(Protocol):
     @property
     def claims(self) -> Claims:
         """When the link's claims must be withdrawn (the model begins to unload)."""
+
+    @property
+    def adapters(self) -> AdapterBook:
+        """The LoRA adapters the model is served with."""
 
     @property
     def on_demand(self) -> bool:
@@ -186,12 +197,22 @@ class Hosting(Protocol):
         pinned model's); never for a model on demand (its host unloads it instead)."""
 
 
+def _book_of(pinned: Pinned) -> AdapterBook:
+    engine = pinned.engine()
+    return AdapterBook(engine.model_name, engine.config.lora)
+
+
 @attrs.frozen
 class Pinned:
     """A model loaded for the link's whole life (``--model``): always loaded, never
-    unloaded; its link detaches when its engine fails."""
+    unloaded; its link detaches when its engine fails. ``adapters``: its LoRA adapters'
+    book (its worker's ``ModelHost.pin`` gives one within the budget; by default, the
+    engine's own, none loaded at run time)."""
 
     _engine: ModelEngine
+    _adapters: AdapterBook = attrs.field(
+        default=attrs.Factory(_book_of, takes_self=True), kw_only=True
+    )
     _claims: Claims = attrs.field(factory=Claims, init=False)
 
     @property
@@ -207,6 +228,10 @@ class Pinned:
         return self._claims
 
     @property
+    def adapters(self) -> AdapterBook:
+        return self._adapters
+
+    @property
     def on_demand(self) -> bool:
         return False
 
@@ -214,7 +239,7 @@ class Pinned:
         return self._engine
 
     def status(self) -> ModelStatus:
-        return ModelStatus()
+        return ModelStatus(adapters=self._adapters.names())
 
     async def acquire(self, claimed: ClaimedStream) -> Lease:
         return Lease(self._engine)
@@ -300,6 +325,7 @@ async def serve_link(
                     slots.value,
                     model_state=model.state,
                     free_bytes=model.free_bytes,
+                    adapters=model.adapters,
                 )
             )
             return
@@ -321,6 +347,7 @@ async def serve_link(
                 model_bytes=model.bytes,
                 unload_in_s=model.unload_in_s,
                 free_bytes=model.free_bytes,
+                adapters=model.adapters,
                 prefixes=prefixes.held(),
             )
         )
@@ -357,9 +384,22 @@ async def serve_link(
                 if path == MODELS_UNLOAD_PATH:
                     await hosting.unload(claimed)
                     return
+                if path == UNLOAD_LORA_ADAPTER_PATH:
+                    state = hosting.status().state
+                    engine = hosting.engine()
+                    await unload_adapter(claimed, hosting.adapters, engine, state, limits)
+                    heartbeat()  # the ring routes its name here no more
+                    return
                 if taken.unloads != claims.unloads:
                     hand_back(claimed)
                     return
+                adapter: AdapterLoad | None = None
+                if path == LOAD_LORA_ADAPTER_PATH:
+                    try:  # checked before the model is loaded for it
+                        adapter = AdapterLoad.parse(claimed.body, hosting.adapters, limits)
+                    except ApiError as refused:
+                        await respond_error(claimed, refused)
+                        return
                 waiting += 1
                 try:
                     lease = await hosting.acquire(claimed)
@@ -372,7 +412,10 @@ async def serve_link(
                 if not taken.slot:  # it waited on the load: the ring hears it loaded first
                     heartbeat()
                 try:
-                    if path != MODELS_LOAD_PATH:
+                    if adapter is not None:
+                        await load_adapter(claimed, hosting.adapters, lease.engine, adapter)
+                        heartbeat()  # the ring routes its name here from now on
+                    elif path != MODELS_LOAD_PATH:
                         if prefixes.serving(path, claimed.body):
                             heartbeat()  # the ring hears it before the response's end
                         await _serve_stream(lease.engine, claimed, metrics, limits)

@@ -21,6 +21,11 @@ model's own, else the default) has run out; 0 unloads it as its last request end
 pinned model (``--model``, ``keep_alive = -1`` in the models file) ignores a client's
 ``keep_alive`` and is never evicted.
 
+A loaded model's LoRA adapters count in its cost: those of its catalog entry from its
+estimate on; one loaded at run time reserves its bytes as it loads (:meth:`LoadPolicy.grow`:
+granted where the budget has room, refused otherwise, nothing evicted for it) and gives them
+back as it unloads (:meth:`LoadPolicy.shrink`).
+
 A failed load is remembered: wants for the model are refused with its reason until a
 back-off (1 s, doubling to 5 minutes) has passed, so a broken file is not reloaded in a loop.
 A loaded model whose engine dies (:meth:`LoadPolicy.failed`) starts unloading at once, even
@@ -67,10 +72,13 @@ class ModelCost:
     recurrent: int = 0
     prompt_cache: int = 0
     buffers: int = 0
+    #: Its LoRA adapters' files (their tensors are loaded whole).
+    adapters: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.recurrent + self.prompt_cache + self.buffers
+        parts = (self.weights, self.kv_cache, self.recurrent, self.prompt_cache, self.buffers)
+        return sum(parts) + self.adapters
 
 
 def _int(metadata: Mapping[str, Any], key: str, default: int = 0) -> int:
@@ -330,6 +338,26 @@ class LoadPolicy:
         if model.inflight:
             raise ValueError(f"{name} has requests in flight")
         del self._models[name]
+
+    def grow(self, name: str, nbytes: int) -> str | None:
+        """The loaded (or pinned) ``name`` takes ``nbytes`` more (a LoRA adapter loaded into
+        it): ``None`` when the budget has room (reserved from now on), else why not."""
+        model = self._models.get(name)
+        if model is None or model.state != "loaded":
+            return f"the model {name} is not loaded"
+        if self.memory_bytes and self.reserved + nbytes > self.memory_bytes:
+            return (
+                f"it needs about {nbytes / MIB:.1f} MiB, and the memory budget of "
+                f"{self.memory_bytes / MIB:.0f} MiB has {(self.free or 0) / MIB:.1f} MiB free"
+            )
+        model.cost += nbytes
+        return None
+
+    def shrink(self, name: str, nbytes: int) -> None:
+        """``name`` gives ``nbytes`` back (a LoRA adapter unloaded from it)."""
+        model = self._models.get(name)
+        if model is not None:
+            model.cost = max(0, model.cost - nbytes)
 
     def unload(self, name: str) -> bool:
         """An operator's unload (``POST /models/unload``): an idle loaded model starts

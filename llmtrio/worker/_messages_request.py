@@ -172,6 +172,7 @@ def parse_messages_request(
             ignore_eos=endpoint == Body.MESSAGES
             and bool(read(data, endpoint, "ignore_eos", limits)),
             reasoning_budget=reasoning.budget if reasoning.think else None,
+            model_name=model,
             **output_format,
             **_tool_options(tools),
         )

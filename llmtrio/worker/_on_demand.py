@@ -25,6 +25,7 @@ import trio
 from ..api import invalid_request, read_keep_alive
 from ..engine import EngineFailedError
 from ..ring import ClaimedStream
+from ._adapters import AdapterBook
 from ._host import ModelHost
 from ._hosted import ModelLoadFailed
 from ._link import Claims, Lease, ModelStatus
@@ -65,6 +66,10 @@ class OnDemand:
         return self.host.claims(self.name)
 
     @property
+    def adapters(self) -> AdapterBook:
+        return self.host.adapters(self.name)
+
+    @property
     def on_demand(self) -> bool:
         return True
 
@@ -73,12 +78,12 @@ class OnDemand:
 
     def status(self) -> ModelStatus:
         host, name = self.host, self.name
+        adapters = host.adapters(name).names()
         if host.engine(name) is None:
             state = "loading" if host.state(name) == "loading" else "unloaded"
-            return ModelStatus(state, free_bytes=host.free_bytes())
-        return ModelStatus(
-            "loaded", host.models[name].cost.total, host.unload_in(name), host.free_bytes()
-        )
+            return ModelStatus(state, free_bytes=host.free_bytes(), adapters=adapters)
+        cost = host.models[name].cost.total + host.adapters(name).extra_bytes
+        return ModelStatus("loaded", cost, host.unload_in(name), host.free_bytes(), adapters)
 
     async def acquire(self, claimed: ClaimedStream) -> Lease:
         keep_alive = read_keep_alive(claimed.body)

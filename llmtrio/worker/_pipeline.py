@@ -59,6 +59,7 @@ from ..api import (
 )
 from ..engine import (
     Done,
+    Engine,
     EngineError,
     Failed,
     PromptTooLongError,
@@ -211,7 +212,7 @@ async def _respond(
     except ApiError as error:
         await response.error(error)
         return
-    meta = ResponseMeta(new_id(endpoint.id_prefix), int(time.time()), engine.model_name)
+    meta = ResponseMeta(new_id(endpoint.id_prefix), int(time.time()), _served_as(engine, request))
     try:
         async with endpoint.run(engine, request) as events:
             meta = attrs.evolve(meta, prompt_tokens=events.prompt_tokens)
@@ -335,6 +336,15 @@ async def _whole(response: _Response, encoder: Encoder[Any], events: Events) -> 
         await response.error(
             _failure(last, response.family), prompt_tokens=_prompt_tokens(last.error)
         )
+
+
+def _served_as(engine: ModelEngine, request: object) -> str:
+    """The model a response names: the LoRA adapter the request named by its ``model`` (every
+    endpoint's request has one), as vLLM answers; else the engine's model."""
+    name = getattr(request, "model", None)
+    if isinstance(engine, Engine) and isinstance(name, str) and engine.serves_adapter(name):
+        return name
+    return engine.model_name
 
 
 def _prompt_tokens(error: Exception) -> int | None:

@@ -2,8 +2,8 @@
 
 The JSON body once (:func:`json_body`), then its fields as the field table
 (``llmtrio.api._fields``) says: the sampling fields, ``stop``, ``logit_bias``, ``stream`` and
-``stream_options``, ``max_tokens``, and the refusal of fields this server does not implement.
-Every refusal is an :class:`ApiError` (400) naming the field.
+``stream_options``, ``max_tokens``, llama.cpp's ``lora``, and the refusal of fields this
+server does not implement. Every refusal is an :class:`ApiError` (400) naming the field.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ..api import (
 __all__ = [
     "json_body",
     "parse_logit_bias",
+    "parse_lora",
     "parse_max_tokens",
     "parse_sampling",
     "parse_stop",
@@ -191,6 +192,14 @@ def parse_logit_bias(value: object) -> list[tuple[int, float]]:
             raise _out_of_range(where, "<= 100", bias, "decimal_above_max_value")
         biases.append((int(key), -math.inf if bias == -100 else float(bias)))
     return biases
+
+
+def parse_lora(
+    data: dict[str, Any], endpoint: str, limits: RequestLimits
+) -> list[tuple[int, float]]:
+    """llama.cpp's ``lora``: the model's adapters by id, each at its scale."""
+    entries = read(data, endpoint, "lora", limits) or []
+    return [(int(entry["id"]), float(entry["scale"])) for entry in entries]
 
 
 def _out_of_range(param: str, bound: str, value: object, code: str) -> ApiError:

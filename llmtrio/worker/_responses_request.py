@@ -180,6 +180,7 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
             think=reasoning.think,
             reasoning_budget=reasoning.budget if reasoning.think else None,
             logprobs=(top_logprobs or 0) if logprobs else None,
+            model_name=model,
             **output_format,
             **tools.generate_options(),
         )

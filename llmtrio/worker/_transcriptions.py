@@ -126,6 +126,7 @@ def parse_transcription_request(
             sampling=Sampling(temperature=temperature),
             think=False,
             logprobs=0 if response_format == "verbose_json" else None,
+            model_name=model,
         )
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from None

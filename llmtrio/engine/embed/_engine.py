@@ -98,6 +98,11 @@ class EmbeddingEngine(DecodeLoop):
 
     def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:
         pooling = self._pooling(model, resolved.name)
+        if config.lora:
+            raise ModelLoadError(
+                f"{resolved.name} is an embedding model: LoRA adapters are served on "
+                "generating models only"
+            )
         super().__init__(config, model, resolved)
         self.pooling = pooling
         self.ctx_size = model.ctx_size

@@ -20,6 +20,11 @@ A reasoning budget (``_think_budget.py``): once a sequence has spent its budget 
 block, the position after takes ``</think>`` whatever the logits say (its sampler takes it as
 if picked), and a draft that would cross the budget is cut at the marker.
 
+LoRA adapters: llama.cpp applies them per context, so one step runs the sequences of one
+adapter set (``_adapter_turns``: whose turn it is; the scheduler plans that set's sequences
+only, the others wait in their slots with everything they hold). The prompt cache files
+memory by adapter set, so a prefix is reused only under the set it was computed under.
+
 The shared pool (``kv_unified``): when a step needs more cells than are free, idle slots
 give their reusable cells up first (snapshotted within the prompt cache's budget), then the
 drafts go, then the youngest running sequence is swapped out (its state copied to host
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -49,9 +55,11 @@ from ..spec_decode import (
     Shape,
     plan_drafts,
 )
+from ._adapter_turns import AdapterTurns
 from ._disk_tier import DiskTier
 from ._drafting import DraftBudget, cut_anywhere, judge_shadow
 from ._jobs import Drafter, Job, Part, slot_sampler
+from ._lora import BASE, LoraSet
 from ._pool import SharedPool
 from ._prompt_cache import OFFERED, PromptCache
 from ._scheduler import Scheduler, Start
@@ -114,10 +122,11 @@ class EngineCore:
             spills=disk is not None,
         )
         #: The snapshots in host memory: the tokens each follows, and the state.
-        self._snapshots: dict[int, tuple[npt.NDArray[np.int32], ctypes.Array[ctypes.c_uint8]]]
+        self._snapshots: dict[int, tuple[npt.NDArray[np.int32], ctypes.Array[ctypes.c_uint8], str]]
         self._snapshots = {}
-        #: What the slots and snapshots hold (the prompt cache's ``held``), as of the last
-        #: change: published for the frontend's disk lookups (a tuple, replaced whole).
+        #: What the slots and snapshots of the base model hold (the prompt cache's ``held``),
+        #: as of the last change: published for the frontend's disk lookups (a tuple, replaced
+        #: whole; memory under adapters serves no base request).
         self.held: tuple[npt.NDArray[np.int32], ...] = ()
         self._pool = (
             SharedPool(
@@ -151,6 +160,11 @@ class EngineCore:
         #: ``<think>`` and ``</think>`` as single tokens (a reasoning budget needs them).
         self._markers = think_markers(lambda text: model.tokenize(text, add_special=False))
         self._admissions = 0
+        #: Whose turn it is among the LoRA adapter sets; the jobs of each set (by key);
+        #: the set this step runs under.
+        self._turns = AdapterTurns()
+        self._sets: Counter[str] = Counter()
+        self._serve: LoraSet = BASE
         #: Time spent sampling decoding sequences' positions in this step.
         self._sample_s = 0.0
         #: Sequences in the last step's batch.
@@ -188,6 +202,7 @@ class EngineCore:
             acceptance=Acceptance(shared=self._drafts.shared(request)),
             think=self._think_budget(request),
         )
+        self._sets[request.lora.key] += 1
         self._scheduler.add(request.key, len(request.prompt))
 
     def _think_budget(self, request: CoreRequest) -> ThinkBudget | None:
@@ -223,7 +238,8 @@ class EngineCore:
         started = time.perf_counter()
         self._sample_s = 0.0
         pool = self._pool
-        plan = self._scheduler.schedule(self._start, pool.fits if pool else None)
+        serves = self._serving()
+        plan = self._scheduler.schedule(self._start, pool.fits if pool else None, serves)
         for key in plan.admitted:
             job = self._jobs[key]
             if job.sampler is None:
@@ -246,6 +262,10 @@ class EngineCore:
         if not parts:
             self._count_running()
             return outputs
+        if self._model.loras.use(self._serve.adapters):
+            self._stats.lora_switches += 1
+        if self._serve.adapters:
+            self._stats.lora_steps += 1
         drafting = self._drafts.draft_max > 0
         sizes = (
             self._drafts.micro_batches([(part.job.seq, part.tokens) for part in parts])
@@ -261,7 +281,7 @@ class EngineCore:
             if part.start is not None and job.seq >= 0:
                 self._stats.prompt_tokens_ingested += part.count
                 if job.pos in job.snapshot_at:
-                    self._snapshot(job.seq, job.prompt[: job.pos])
+                    self._snapshot(job.seq, job.prompt[: job.pos], job.request.lora.key)
         now = time.perf_counter()
         for job, tokens, logprobs in sampled:
             outputs.append(self._advance(job, tokens, logprobs, now))
@@ -308,6 +328,30 @@ class EngineCore:
         self._count_running()
         return outputs
 
+    # -- adapter sets --------------------------------------------------------------------
+
+    def _serving(self) -> Callable[[int], bool] | None:
+        """Choose the adapter set this step runs under (``_serve``); the scheduler's filter
+        of its sequences, or ``None`` when every request in the core is of that one set."""
+        jobs = self._jobs
+        if len(self._sets) <= 1:
+            job = next(iter(jobs.values()), None)
+            self._serve = job.request.lora if job is not None else self._serve
+            return None
+        sets: dict[str, LoraSet] = {}
+        ready: Counter[str] = Counter()
+        for job in jobs.values():
+            lora = job.request.lora
+            sets[lora.key] = lora
+            if job.seq >= 0:
+                ready[lora.key] += 1
+        first = self._scheduler.first_waiting
+        key = self._turns.choose(ready, jobs[first].request.lora.key if first is not None else None)
+        if key is None:  # not expected: the core holds jobs, so one is ready or waiting
+            return None
+        self._serve = sets[key]
+        return lambda k: jobs[k].request.lora.key == key
+
     # -- prompt reuse --------------------------------------------------------------------
 
     def _start(self, key: int) -> Start:
@@ -326,12 +370,13 @@ class EngineCore:
             job.prompt,
             hints=job.request.hints,
             reuse=job.request.request.cache_prompt,
+            scope=job.request.lora.key,
             offered=offered.tokens if offered is not None and offered.data is not None else None,
         )
         seq = job.seq = plan.seq
         keep = plan.keep
         if plan.save is not None:
-            self._snapshot(seq, plan.save)
+            self._snapshot(seq, plan.save, plan.save_scope)
         if plan.restore is not None:
             started = time.perf_counter()
             model.forget(seq)
@@ -371,21 +416,22 @@ class EngineCore:
         self._count_cache()
         return Start(keep, (*plan.snapshot_at, *bounds), spans)
 
-    def _snapshot(self, seq: int, tokens: npt.NDArray[np.int32]) -> None:
-        """Save ``seq``'s memory, which holds ``tokens``, as a snapshot in host memory; what
-        that evicts (or a snapshot too large for it) goes to the disk tier, if any."""
+    def _snapshot(self, seq: int, tokens: npt.NDArray[np.int32], scope: str) -> None:
+        """Save ``seq``'s memory, which holds ``tokens`` computed under ``scope``, as a
+        snapshot in host memory; what that evicts (or a snapshot too large for it) goes to the
+        disk tier, if any (the base model's only: the disk's files know no adapter set)."""
         data = self._model.save_state(seq)
         if data is None:
             return
         cache, disk = self._cache, self._disk
-        entry, evicted = cache.stored(tokens, len(data))
+        entry, evicted = cache.stored(tokens, len(data), scope)
         for old in evicted:
-            old_tokens, old_data = self._snapshots.pop(old)
-            if disk is not None:
+            old_tokens, old_data, old_scope = self._snapshots.pop(old)
+            if disk is not None and not old_scope:
                 disk.spill(old_tokens, old_data)
         if entry is not None:
-            self._snapshots[entry] = (tokens, data)
-        elif disk is not None and len(data) > cache.budget_bytes:
+            self._snapshots[entry] = (tokens, data, scope)
+        elif disk is not None and not scope and len(data) > cache.budget_bytes:
             disk.spill(tokens, data)
         self._count_cache()
 
@@ -398,12 +444,14 @@ class EngineCore:
             return
         for seq in cache.evictable():
             tokens = cache.resident(seq)
+            if cache.scope(seq):
+                continue  # memory under adapters: the disk's files know no adapter set
             if cache.worth_keeping(tokens) and not disk.covers(tokens):
                 data = model.save_state(seq)
                 if data is not None:
                     disk.spill(tokens, data, closing=True)
-        for tokens, data in self._snapshots.values():
-            if not disk.covers(tokens):
+        for tokens, data, scope in self._snapshots.values():
+            if not scope and not disk.covers(tokens):
                 disk.spill(tokens, data, closing=True)
 
     def _count_running(self) -> None:
@@ -428,7 +476,11 @@ class EngineCore:
         """Free ``job``'s slot; its memory stays for the prompt cache unless ``clear`` (a
         failed decode may have left it inconsistent)."""
         self._scheduler.remove(job.key)
-        self._jobs.pop(job.key, None)
+        if self._jobs.pop(job.key, None) is not None:
+            key = job.request.lora.key
+            self._sets[key] -= 1
+            if not self._sets[key]:
+                del self._sets[key]
         if job.seq >= 0:
             if clear or not self._config.prompt_cache:
                 self._model.forget(job.seq)

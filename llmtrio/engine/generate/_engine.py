@@ -11,19 +11,25 @@ Three parts, with plain values and callables between them (vLLM v1's lines):
   ``llama_decode`` → sample; the decode thread here only feeds it and posts what it returns;
 - per-generation output processing (``_output.py``): pieces, UTF-8, stop strings, think
   blocks and log-probabilities, on the Trio side, off the decode thread's critical path.
+
+LoRA adapters (``_engine_adapters.py``, ``_lora.py``): the engine serves those of its config
+from the start and loads or unloads others at run time (:meth:`Engine.load_adapter`,
+:meth:`Engine.unload_adapter`). Each request runs under the set it names (``submit``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import numpy as np
 import numpy.typing as npt
+import outcome
 import trio
 
 from .._config import MAX_RECURRENT_DRAFT, EngineConfig
@@ -37,8 +43,10 @@ from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from ._chat import ChatTemplate
 from ._core import EngineCore
 from ._disk_tier import DiskTier
+from ._engine_adapters import AdapterMethods, identity_of, load_adapters
 from ._generation import Generation
 from ._inputs import InputProcessor
+from ._lora import BASE, Adapters, LoraSet
 from ._output import OutputProcessor
 from ._step import CoreRequest, Offered, StepOutput
 from ._text import THINK_CLOSE, THINK_OPEN
@@ -46,6 +54,8 @@ from ._text import THINK_CLOSE, THINK_OPEN
 __all__ = ["Engine", "context_params"]
 
 logger = logging.getLogger("llmtrio.engine")
+
+T = TypeVar("T")
 
 
 #: A request whose messages hold at most this many characters in all (or whose prompt is at
@@ -75,7 +85,7 @@ def _load_projector(model: LlamaModel, projector: Path, config: EngineConfig) ->
     model.load_projector(projector, threads=config.threads, marker=MEDIA_MARKER)
 
 
-class Engine(DecodeLoop):
+class Engine(DecodeLoop, AdapterMethods):
     """Continuous batching over ``config.max_inflight`` slots of one llama.cpp model.
 
     Open it with :meth:`open`; submit with :meth:`submit`.
@@ -110,6 +120,15 @@ class Engine(DecodeLoop):
         self._generations: dict[int, Generation] = {}
         #: Requests accepted and not yet released (waiting ones included).
         self._inflight = 0
+        #: The LoRA adapters served (loaded with the model, in the config's order), the set
+        #: of each request in flight under one, and the names unloaded since.
+        self._adapters = Adapters()
+        for spec, adapter in zip(config.lora, model.adapters, strict=True):
+            self._adapters.add(spec, adapter, identity_of(spec), spec.path.stat().st_size)
+        self._loras: dict[int, LoraSet] = {}
+        self._unloaded: set[str] = set()
+        #: Work for the decode thread between two steps (loading and freeing adapters).
+        self._calls: list[Callable[[], None]] = []
         #: The prompt cache's files (``cache_dir``), once ``_aside`` has opened them.
         self._disk: DiskTier | None = None
         #: The decode-step core while the decode thread runs (its ``held`` is read here).
@@ -140,6 +159,11 @@ class Engine(DecodeLoop):
                 n_rs_seq=n_rs_seq,
                 **config.load_settings,
             )
+            try:
+                load_adapters(model, config.lora)
+            except BaseException:
+                model.close()
+                raise
             projector = (config.mmproj or resolved.mmproj) if config.vision else None
             if projector is None:
                 return model
@@ -163,9 +187,10 @@ class Engine(DecodeLoop):
         model, config = self._model, self.config
         memory = "hybrid" if model.is_hybrid else "recurrent" if model.is_recurrent else "attention"
         pool = " in one pool" if config.kv_unified else ""
+        adapters = f", LoRA adapters: {', '.join(s.name for s in config.lora)}" * bool(config.lora)
         return (
             f"{memory} memory, chat template: {self._inputs.template.source}, "
-            f"{config.max_inflight} slots x {config.ctx_size} tokens{pool}"
+            f"{config.max_inflight} slots x {config.ctx_size} tokens{pool}{adapters}"
         )
 
     @property
@@ -240,6 +265,27 @@ class Engine(DecodeLoop):
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         return self._model.tokenize(text, add_special=add_special)
 
+    async def _on_decode_thread(self, work: Callable[[], T]) -> T:
+        """``work()`` on the decode thread between two steps; its result or exception.
+        Shielded: once asked, the work is done and its result taken (bounded by a step).
+
+        Error handling: :class:`EngineClosedError` when the engine is closed."""
+        done = trio.Event()
+        result: list[outcome.Outcome[T]] = []
+
+        def call() -> None:
+            result.append(outcome.capture(work))
+            self._post_soon(lambda _: done.set(), None)
+
+        with self._cond:
+            if self._closed:
+                raise self._failure or EngineClosedError("the engine is closed")
+            self._calls.append(call)
+            self._cond.notify()
+        with trio.CancelScope(shield=True):
+            await done.wait()
+        return result[0].unwrap()
+
     async def count_prompt_tokens(self, request: GenerateRequest) -> int:
         """The number of tokens ``request``'s prompt has, templated and tokenized exactly as
         :meth:`submit` would (its ``usage.prompt_tokens``), without generating.
@@ -266,6 +312,30 @@ class Engine(DecodeLoop):
         if self._closed:
             raise self._failure or EngineClosedError("the engine is closed")
         self._inputs.check_size(request)
+        lora = self._lora_set(request)
+        # Held from here: an adapter a request is prepared for is never unloaded.
+        self._adapters.begin(lora)
+        try:
+            key, generation, scope = await self._queue(request, lora)
+        except BaseException:
+            self._adapters.end(lora)
+            raise
+        self._loras[key] = lora
+        self._generations[key] = generation
+        self._inflight += 1
+        self._capacity_changed()
+        with scope:
+            try:
+                yield generation
+            finally:
+                if not generation.finished:
+                    self._end(key)
+
+    async def _queue(
+        self, request: GenerateRequest, lora: LoraSet
+    ) -> tuple[int, Generation, trio.CancelScope]:
+        """Prepare ``request`` (on the event loop when it is short, else in a thread) and
+        hand it to the decode thread; its key, generation and the generation's scope."""
         if _prepares_inline(request):
             prepared = self._inputs.prepare(request)
         else:
@@ -282,16 +352,17 @@ class Engine(DecodeLoop):
                 cancelled.set()
         prompt = prepared.tokens
         prompt_array = np.asarray(prompt, dtype=np.int32)
-        offered = await self._look_on_disk(prompt_array, request)
+        # The disk's files know no adapter set: a request under adapters reads none.
+        offered = None if lora.key else await self._look_on_disk(prompt_array, request)
         key = self._next_key
         self._next_key += 1
-        scope = trio.CancelScope()
         output = OutputProcessor(
             stops=request.stop,
             opens_think=prepared.opens_think,
             piece=self._piece,
             token_logprob=self._token_logprob,
         )
+        scope = trio.CancelScope()
         generation = Generation(
             prompt_tokens=len(prompt),
             audio_tokens=prepared.audio_tokens,
@@ -309,6 +380,7 @@ class Engine(DecodeLoop):
             grammar=prepared.grammar,
             media=prepared.media,
             opens_think=prepared.opens_think,
+            lora=lora,
             offered=offered,
         )
         with self._cond:
@@ -316,15 +388,7 @@ class Engine(DecodeLoop):
                 raise self._failure or EngineClosedError("the engine is closed")
             self._inbox.append(core_request)
             self._cond.notify()
-        self._generations[key] = generation
-        self._inflight += 1
-        self._capacity_changed()
-        with scope:
-            try:
-                yield generation
-            finally:
-                if not generation.finished:
-                    self._end(key)
+        return key, generation, scope
 
     # -- Trio-side helpers -------------------------------------------------------------
 
@@ -390,6 +454,7 @@ class Engine(DecodeLoop):
                 continue
             if output.released:
                 del self._generations[output.key]
+                self._adapters.end(self._loras.pop(output.key, BASE))
                 self._inflight -= 1
                 self._capacity_changed()
             generation.apply(output)
@@ -406,12 +471,17 @@ class Engine(DecodeLoop):
                 with self._cond:
                     if not core.busy:
                         self._decoding = 0
-                    while not (self._closing or self._inbox or self._cancels or core.busy):
+                    while not (
+                        self._closing or self._inbox or self._cancels or self._calls or core.busy
+                    ):
                         self._cond.wait()
                     if self._closing:
                         break
                     new, self._inbox = self._inbox, []
                     cancels, self._cancels = self._cancels, set()
+                    calls, self._calls = self._calls, []
+                for call in calls:
+                    call()
                 for request in new:
                     core.add(request)
                 for key in cancels:
@@ -429,6 +499,9 @@ class Engine(DecodeLoop):
             with self._cond:
                 self._closed = True
                 waiting, self._inbox = self._inbox, []
+                calls, self._calls = self._calls, []
+            for call in calls:  # the model is freed only once this thread has stopped
+                call()
             error = (
                 EngineClosedError("the engine closed")
                 if failure is None

@@ -47,8 +47,8 @@ __all__ = ["SharedPool"]
 class SharedPool:
     """``cells`` shared by the sequences of ``jobs`` (the core's own mapping, read live).
 
-    ``snapshot(seq, tokens)`` saves a slot's memory into the prompt cache before it is
-    given up.
+    ``snapshot(seq, tokens, scope)`` saves a slot's memory (computed under ``scope``, its
+    LoRA adapter set's key) into the prompt cache before it is given up.
     """
 
     def __init__(
@@ -60,7 +60,7 @@ class SharedPool:
         scheduler: Scheduler,
         stats: EngineStats,
         jobs: Mapping[int, Job],
-        snapshot: Callable[[int, npt.NDArray[np.int32]], None],
+        snapshot: Callable[[int, npt.NDArray[np.int32], str], None],
     ) -> None:
         self.cells = cells
         self._model = model
@@ -115,7 +115,7 @@ class SharedPool:
             held = len(cache.resident(seq))
             tokens = cache.evict(seq)
             if tokens is not None:
-                self._snapshot(seq, tokens)
+                self._snapshot(seq, tokens, cache.scope(seq))
             self._model.forget(seq)
             self._stats.idle_evictions += 1
             free += held
@@ -147,9 +147,9 @@ class SharedPool:
 
         Error handling: :class:`DecodeError` when llama.cpp cannot restore it (admission
         made room for it, so this is not expected)."""
-        plan = self._cache.assign(np.zeros(0, dtype=np.int32))
+        plan = self._cache.assign(np.zeros(0, dtype=np.int32), scope=job.request.lora.key)
         if plan.save is not None:
-            self._snapshot(plan.seq, plan.save)
+            self._snapshot(plan.seq, plan.save, plan.save_scope)
         self._model.forget(plan.seq)
         self.room_for(job.pos)
         if job.swapped is not None and not self._model.restore_state(plan.seq, job.swapped):

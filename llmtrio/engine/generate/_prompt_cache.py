@@ -21,6 +21,10 @@ What can be reused depends on the memory (``cut_anywhere``):
   a chat prompt: where the last message's text starts, so a shared system prompt is taken,
   and where it ends, so the next turn of the conversation finds it).
 
+Memory is filed under a *scope*: the key of the LoRA adapter set it was computed under
+(``LoraSet.key``, ``""`` for the base model). A prefix is reused only under the scope it
+was computed under, never under another adapter set.
+
 Every reuse leaves at least one prompt token to ingest: its logits give the first token.
 A slot's resident tokens that a new prompt cuts or drops are first saved as a snapshot
 (unless one already covers them), so that other prompts sharing them can still restore them.
@@ -51,7 +55,8 @@ class Assignment:
     """How a new sequence starts, in the order the decode thread carries it out:
 
     1. ``save``: snapshot ``seq``'s memory first, which holds these tokens (the prompt cuts
-       or drops them); report it with :meth:`PromptCache.stored`.
+       or drops them), computed under ``save_scope``; report it with
+       :meth:`PromptCache.stored`.
     2. ``restore``: restore that snapshot (an entry id, or :data:`OFFERED`: the one offered
        with the prompt) into ``seq``.
     3. cut ``seq``'s memory back to its first ``keep`` tokens (all of it when 0).
@@ -64,6 +69,7 @@ class Assignment:
     restore: int | None = None
     save: Tokens | None = None
     snapshot_at: tuple[int, ...] = ()
+    save_scope: str = ""
 
 
 @attrs.define(eq=False)
@@ -72,6 +78,7 @@ class _Entry:
     tokens: Tokens
     nbytes: int
     used: int
+    scope: str = ""
 
 
 @attrs.define(eq=False)
@@ -79,6 +86,8 @@ class _Slot:
     tokens: Tokens = _EMPTY
     busy: bool = False
     used: int = 0
+    #: The scope its memory was computed under.
+    scope: str = ""
 
 
 @attrs.define
@@ -129,12 +138,20 @@ class PromptCache:
     def entries(self) -> int:
         return len(self._entries)
 
-    def held(self) -> tuple[Tokens, ...]:
-        """The tokens every slot's memory and every snapshot holds (immutable arrays)."""
-        return (*(slot.tokens for slot in self._slots), *(e.tokens for e in self._entries.values()))
+    def held(self, scope: str = "") -> tuple[Tokens, ...]:
+        """The tokens every slot's memory and every snapshot of ``scope`` holds (immutable
+        arrays)."""
+        return (
+            *(slot.tokens for slot in self._slots if slot.scope == scope),
+            *(e.tokens for e in self._entries.values() if e.scope == scope),
+        )
 
     def resident(self, seq: int) -> Tokens:
         return self._slots[seq].tokens
+
+    def scope(self, seq: int) -> str:
+        """The scope ``seq``'s memory was computed under."""
+        return self._slots[seq].scope
 
     def free_slots(self) -> list[int]:
         return [seq for seq, slot in enumerate(self._slots) if not slot.busy]
@@ -154,7 +171,7 @@ class PromptCache:
         nothing."""
         slot = self._slots[seq]
         held, slot.tokens = slot.tokens, _EMPTY
-        return held if self._worth_saving(held) else None
+        return held if self._worth_saving(held, slot.scope) else None
 
     def assign(
         self,
@@ -162,12 +179,14 @@ class PromptCache:
         *,
         hints: Sequence[int] = (),
         reuse: bool = True,
+        scope: str = "",
         offered: Tokens | None = None,
     ) -> Assignment:
-        """Pick a free slot for ``prompt`` and say what of it is reused (nothing when not
-        ``reuse``: the request asked to be ingested whole); the slot is then busy until
-        :meth:`released`. ``offered`` are the tokens of a snapshot that comes with the prompt
-        (read from disk): restored (:data:`OFFERED`) where it serves more than memory does.
+        """Pick a free slot for ``prompt``, to be computed under ``scope``, and say what of
+        it is reused (nothing when not ``reuse``: the request asked to be ingested whole);
+        the slot is then busy until :meth:`released`. ``offered`` are the tokens of a snapshot
+        that comes with the prompt (read from disk, the base's only): restored
+        (:data:`OFFERED`) where it serves more than memory does.
 
         Error handling: ``LookupError`` when no slot is free (the scheduler admits no more
         sequences than there are slots).
@@ -180,14 +199,16 @@ class PromptCache:
         self._pinned = None
         if not self.enabled:
             seq = free[0]
-            self._occupy(seq, _EMPTY)
+            self._occupy(seq, _EMPTY, scope)
             return Assignment(seq, 0)
         # At least one token is ingested, for its logits; none reused when not ``reuse``.
         limit = len(tokens) - 1 if reuse else 0
-        seq, keep, restore = self._best(tokens, limit, free, offered)
+        seq, keep, restore = self._best(tokens, limit, free, scope, offered)
         slot = self._slots[seq]
         save = None
-        if (restore is not None or keep < len(slot.tokens)) and self._worth_saving(slot.tokens):
+        if (restore is not None or keep < len(slot.tokens)) and self._worth_saving(
+            slot.tokens, slot.scope
+        ):
             save = slot.tokens
         if restore is not None and restore != OFFERED:
             self._entries[restore].used = self._clock
@@ -195,11 +216,16 @@ class PromptCache:
         if keep:
             self.hits += 1
             self.reused_tokens += keep
-        self._occupy(seq, tokens[:keep])
-        return Assignment(seq, keep, restore, save, self._snapshot_points(tokens, keep, hints))
+        save_scope = slot.scope
+        self._occupy(seq, tokens[:keep], scope)
+        points = self._snapshot_points(tokens, keep, hints, scope)
+        return Assignment(seq, keep, restore, save, points, save_scope)
 
-    def stored(self, tokens: Sequence[int] | Tokens, nbytes: int) -> tuple[int | None, list[int]]:
-        """Record a snapshot of the state after ``tokens``, ``nbytes`` long.
+    def stored(
+        self, tokens: Sequence[int] | Tokens, nbytes: int, scope: str = ""
+    ) -> tuple[int | None, list[int]]:
+        """Record a snapshot of the state after ``tokens``, computed under ``scope``,
+        ``nbytes`` long.
 
         Returns its entry id (``None`` when it is not kept: larger than the whole budget, or
         the same tokens are already kept) and the entry ids to evict now (least recently used
@@ -207,9 +233,9 @@ class PromptCache:
         """
         tokens = as_tokens(tokens).copy()
         self._clock += 1
-        if nbytes > self.budget_bytes or self._covered(tokens):
+        if nbytes > self.budget_bytes or self._covered(tokens, scope):
             return None, []
-        entry = _Entry(self._next_id, tokens, nbytes, self._clock)
+        entry = _Entry(self._next_id, tokens, nbytes, self._clock, scope)
         self._next_id += 1
         self._entries[entry.id] = entry
         self.snapshots += 1
@@ -246,20 +272,24 @@ class PromptCache:
     # -- the policy --------------------------------------------------------------------
 
     def _best(
-        self, tokens: Tokens, limit: int, free: list[int], offered: Tokens | None
+        self, tokens: Tokens, limit: int, free: list[int], scope: str, offered: Tokens | None
     ) -> tuple[int, int, int | None]:
         """The slot, the tokens reused and the snapshot to restore (if any)."""
         best_seq, best_keep = -1, 0
         for seq in free:
+            if self._slots[seq].scope != scope:
+                continue
             keep = self._reusable(self._slots[seq].tokens, tokens, limit)
             if keep > best_keep:
                 best_seq, best_keep = seq, keep
         best_entry: int | None = None
         for entry in self._entries.values():
+            if entry.scope != scope:
+                continue
             keep = self._reusable(entry.tokens, tokens, limit)
             if keep > best_keep and worth(tokens, keep, self.min_restore):
                 best_entry, best_keep = entry.id, keep
-        if offered is not None:
+        if offered is not None and scope == "":
             keep = self._reusable(offered, tokens, limit)
             if keep > best_keep and worth(tokens, keep, self.min_restore):
                 best_entry, best_keep = OFFERED, keep
@@ -274,39 +304,48 @@ class PromptCache:
         """How many tokens of ``tokens`` memory holding ``held`` serves."""
         return reusable(held, tokens, limit, cut_anywhere=self.cut_anywhere)
 
-    def _snapshot_points(self, tokens: Tokens, keep: int, hints: Sequence[int]) -> tuple[int, ...]:
+    def _snapshot_points(
+        self, tokens: Tokens, keep: int, hints: Sequence[int], scope: str
+    ) -> tuple[int, ...]:
         if self.cut_anywhere or not self._keeps:
             return ()  # the slot's cells serve any prefix; they are saved when cut
         points = sorted(
             {h for h in hints if keep < h < len(tokens) and worth(tokens, h, self.min_snapshot)}
         )
-        return tuple(p for p in points if not self._covered(tokens[:p]))
+        return tuple(p for p in points if not self._covered(tokens[:p], scope))
 
-    def worth_keeping(self, tokens: Tokens) -> bool:
-        """Whether a snapshot after ``tokens`` is worth keeping and none in host memory
-        serves it already."""
-        return self._worth_saving(tokens)
+    def worth_keeping(self, tokens: Tokens, scope: str = "") -> bool:
+        """Whether a snapshot after ``tokens`` (of ``scope``) is worth keeping and none in
+        host memory serves it already."""
+        return self._worth_saving(tokens, scope)
 
-    def _worth_saving(self, held: Tokens) -> bool:
-        return self._keeps and worth(held, len(held), self.min_snapshot) and not self._covered(held)
+    def _worth_saving(self, held: Tokens, scope: str) -> bool:
+        return (
+            self._keeps
+            and worth(held, len(held), self.min_snapshot)
+            and not self._covered(held, scope)
+        )
 
     @property
     def _keeps(self) -> bool:
         """Whether snapshots are kept anywhere (host memory, or on disk)."""
         return self.budget_bytes > 0 or self.spills
 
-    def covered(self, tokens: Sequence[int] | Tokens) -> bool:
-        """Whether a snapshot in host memory already serves every prefix ``tokens`` could."""
-        return self._covered(as_tokens(tokens))
+    def covered(self, tokens: Sequence[int] | Tokens, scope: str = "") -> bool:
+        """Whether a snapshot of ``scope`` in host memory already serves every prefix
+        ``tokens`` could."""
+        return self._covered(as_tokens(tokens), scope)
 
-    def _covered(self, tokens: Tokens) -> bool:
-        """Whether a snapshot already serves every prefix ``tokens`` could serve."""
+    def _covered(self, tokens: Tokens, scope: str) -> bool:
+        """Whether a snapshot of ``scope`` already serves every prefix ``tokens`` could
+        serve."""
         return any(
-            covers(entry.tokens, tokens, cut_anywhere=self.cut_anywhere)
+            entry.scope == scope and covers(entry.tokens, tokens, cut_anywhere=self.cut_anywhere)
             for entry in self._entries.values()
         )
 
-    def _occupy(self, seq: int, tokens: Tokens) -> None:
+    def _occupy(self, seq: int, tokens: Tokens, scope: str) -> None:
         slot = self._slots[seq]
         slot.busy = True
         slot.tokens = tokens
+        slot.scope = scope

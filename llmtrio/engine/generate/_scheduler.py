@@ -66,6 +66,9 @@ class Scheduler:
       never runs past one of its sequence's ``stops``.
     - A span (an image) is ingested whole in a chunk of its own: a text chunk ends where
       a span begins, and a span's chunk may exceed the step's budget (it then uses it up).
+    - A step may serve some sequences only (``serves``: those of the LoRA adapter set the
+      step runs under, ``_adapter_turns``): the others keep their slots and progress, and
+      neither decode nor ingest in it. Admission is the same for all.
     - A shared memory pool can refuse a request (``fits``): admission then waits, in
       arrival order, for room. A running sequence :meth:`preempt` ed for room goes back to
       the head of the queue with its progress kept, and is admitted again before any other.
@@ -116,23 +119,34 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def first_waiting(self) -> int | None:
+        """The request first in line for a slot (admitted before any other), if any."""
+        return self._waiting[0][0] if self._waiting else None
+
     def schedule(
         self,
         start: Callable[[int], Start] | None = None,
         fits: Callable[[int], bool] | None = None,
+        serves: Callable[[int], bool] | None = None,
     ) -> StepPlan:
         """Plan the next step; ``start(key)`` is asked, for each sequence admitted now, how
         much of its prompt is already in memory and where its chunks must end; ``fits(key)``
-        whether the memory has room to admit it now."""
+        whether the memory has room to admit it now; ``serves(key)`` whether the step runs
+        that sequence (all, when not given)."""
         admitted = self._admit(start, fits)
         decode = tuple(
-            key for key, slot in self._slots.items() if slot.prefilled >= slot.prompt_len
+            key
+            for key, slot in self._slots.items()
+            if slot.prefilled >= slot.prompt_len and (serves is None or serves(key))
         )
         prefill: list[Prefill] = []
         budget = self.prefill_chunk
         for key, slot in self._slots.items():
             if budget == 0:
                 break
+            if serves is not None and not serves(key):
+                continue
             left = slot.prompt_len - slot.prefilled
             if left > 0:
                 count = min(left, budget)

@@ -14,6 +14,7 @@ from .._types import GenerateRequest, StopReason
 from ..grammar import Grammar
 from ..llama import MediaChunk, RawLogprob
 from ..snapshots import Tokens
+from ._lora import BASE, LoraSet
 
 __all__ = ["Buffer", "CoreRequest", "Offered", "StepOutput"]
 
@@ -39,7 +40,8 @@ class Offered:
 @attrs.frozen(eq=False)
 class CoreRequest:
     """One request as the core takes it: the prompt's token ids, how many tokens it may
-    generate, and the prompt lengths worth a snapshot on recurrent memory (``hints``)."""
+    generate, the prompt lengths worth a snapshot on recurrent memory (``hints``), and the
+    LoRA adapters it runs under."""
 
     key: int
     prompt: npt.NDArray[np.int32]
@@ -53,6 +55,8 @@ class CoreRequest:
     media: tuple[tuple[int, MediaChunk], ...] = ()
     #: Its prompt leaves a think block open: the first tokens are reasoning.
     opens_think: bool = False
+    #: The LoRA adapters it runs under (none: the base model).
+    lora: LoraSet = BASE
     #: A snapshot of a prefix of its prompt read from disk, restored where it serves more
     #: than memory does (taken at the start: not held while the request runs).
     offered: Offered | None = None

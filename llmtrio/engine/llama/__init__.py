@@ -1,8 +1,9 @@
 """The binding to llama.cpp: the only part of llmtrio that imports ``llama_cpp``. The model,
 its context and batch (:class:`LlamaModel`, :class:`Batch`), a slot's sampler with its
 extras (penalties, log-probabilities, a grammar) and the verification of drafts beside it,
-the parsed-grammar cache, llama.cpp's log, the name of its state format, and a projector
-for images and audio (:class:`Projector`, llama.cpp's multimodal library).
+the parsed-grammar cache, llama.cpp's log, the name of its state format, LoRA adapters
+(:class:`LoraAdapter`, the set a context decodes with), and a projector for images and audio
+(:class:`Projector`, llama.cpp's multimodal library).
 
 Everything here runs on the thread that owns the context (the loader, then the decode loop);
 nothing here knows of Trio.
@@ -11,6 +12,7 @@ nothing here knows of Trio.
 from ._batch import Batch as Batch
 from ._logits import Penalties as Penalties
 from ._logits import RawLogprob as RawLogprob
+from ._lora import LoraAdapter as LoraAdapter
 from ._model import LlamaModel as LlamaModel
 from ._projector import MediaChunk as MediaChunk
 from ._projector import Projector as Projector
@@ -22,6 +24,7 @@ __all__ = [
     "STATE_FORMAT",
     "Batch",
     "LlamaModel",
+    "LoraAdapter",
     "MediaChunk",
     "Penalties",
     "Projector",

@@ -20,6 +20,7 @@ from ._batch import Batch
 from ._constrained import VocabIndex
 from ._grammar_cache import GrammarCache
 from ._log import recent_log
+from ._lora import LoraAdapter, LoraContext
 from ._projector import Projector
 
 __all__ = ["LlamaModel"]
@@ -148,6 +149,9 @@ class LlamaModel:
         self.grammars = GrammarCache(self.vocab)
         #: The projector (images, audio), once loaded (:meth:`load_projector`).
         self.projector: Projector | None = None
+        #: The LoRA adapters loaded for it (:meth:`load_lora`) and the set the context uses.
+        self.adapters: list[LoraAdapter] = []
+        self.loras = LoraContext(self.ctx)
 
     def _init_context(
         self,
@@ -233,6 +237,8 @@ class LlamaModel:
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
+        while self.adapters:
+            self.adapters.pop().close()
         if self._model:
             llama_cpp.llama_model_free(self._model)
             self._model = None
@@ -322,6 +328,19 @@ class LlamaModel:
         Error handling: :class:`ModelLoadError` (see :class:`Projector`)."""
         self.projector = Projector(self._model, path, threads=threads, marker=marker)
         return self.projector
+
+    def load_lora(self, path: Path) -> LoraAdapter:
+        """Load the LoRA adapter at ``path`` for this model (freed by :meth:`free_lora` or
+        :meth:`close`). Error handling: :class:`ModelLoadError` (see :class:`LoraAdapter`)."""
+        adapter = LoraAdapter(self._model, path)
+        self.adapters.append(adapter)
+        return adapter
+
+    def free_lora(self, adapter: LoraAdapter) -> None:
+        """Free ``adapter`` (the context stops using it first)."""
+        self.loras.drop(adapter)
+        self.adapters.remove(adapter)
+        adapter.close()
 
     def unload_projector(self) -> None:
         """Free :attr:`projector` (the model then takes no images or audio)."""

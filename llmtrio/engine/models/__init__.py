@@ -1,6 +1,6 @@
 """Where a model comes from (a file, split GGUF parts, the Hugging Face cache, the demo
-fallback), what its GGUF header says (its kind, pooling, file type) and what names its
-content across processes (``file_identity``).
+fallback), what its GGUF header says (its kind, pooling, file type), what names its
+content across processes (``file_identity``), and a LoRA adapter's header.
 """
 
 from ._demo import demo_model_path as demo_model_path
@@ -11,6 +11,8 @@ from ._gguf import check_gguf as check_gguf
 from ._gguf import model_kind as model_kind
 from ._gguf import model_kind_of as model_kind_of
 from ._identity import file_identity as file_identity
+from ._lora import LoraHeader as LoraHeader
+from ._lora import check_lora as check_lora
 from ._source import HubSettings as HubSettings
 from ._source import ResolvedModel as ResolvedModel
 from ._source import model_name_of as model_name_of
@@ -21,8 +23,10 @@ __all__ = [
     "RANK_POOLING",
     "GGUFInfo",
     "HubSettings",
+    "LoraHeader",
     "ResolvedModel",
     "check_gguf",
+    "check_lora",
     "demo_model_path",
     "file_identity",
     "model_kind",
