@@ -13,8 +13,8 @@ from ._hosted import HostConfig as HostConfig
 from ._hosted import HostedModel as HostedModel
 from ._hosted import ModelLoadFailed as ModelLoadFailed
 from ._link import HEARTBEAT_INTERVAL_S as HEARTBEAT_INTERVAL_S
-from ._link import Pinned as Pinned
 from ._link import serve_link as serve_link
+from ._link_policy import Pinned as Pinned
 from ._metrics import EngineCollector as EngineCollector
 from ._metrics import WorkerMetrics as WorkerMetrics
 from ._on_demand import LOAD_WAITERS as LOAD_WAITERS

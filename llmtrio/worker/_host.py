@@ -9,7 +9,7 @@ cannot fit the budget answers every request waiting on it with :class:`ModelLoad
 is backed off (a later request within the back-off is refused at once, with its reason).
 
 Unloading: before a model unloads, its links stop claiming for it. Each link claims inside
-a scope the unload cancels (``_link.Claims.claiming``); the link withdraws its unfilled
+a scope the unload cancels (``_link_policy.Claims.claiming``); the link withdraws its unfilled
 claims on every ingress, waits until each ingress has answered (``RingLink.wait_withdrawn``),
 beats ``unloaded`` at once, and hands back (``release``: parked again at the front, for
 another worker or the next load) a stream assigned in the race, or claimed before the unload
@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ..engine import Engine, EngineConfig, EngineError, InvalidRequestError, open_engine
 from ._adapters import AdapterBook
 from ._hosted import HostConfig, HostedModel, ModelLoadFailed
-from ._link import Claims
+from ._link_policy import Claims
 from ._load_policy import LoadPolicy, ModelCost, ModelState
 from ._shapes import ModelEngine
 

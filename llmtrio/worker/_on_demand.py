@@ -28,7 +28,7 @@ from ..ring import ClaimedStream
 from ._adapters import AdapterBook
 from ._host import ModelHost
 from ._hosted import ModelLoadFailed
-from ._link import Claims, Lease, ModelStatus
+from ._link_policy import Claims, Lease, ModelStatus
 from ._manage import pinned, respond_error, respond_state
 from ._shapes import ModelEngine
 

@@ -28,7 +28,6 @@ from typing import TypeVar
 
 import attrs
 import numpy as np
-import numpy.typing as npt
 import outcome
 import trio
 
@@ -44,11 +43,12 @@ from ._chat import ChatTemplate
 from ._core import EngineCore
 from ._disk_tier import DiskTier
 from ._engine_adapters import AdapterMethods, identity_of, load_adapters
+from ._engine_disk import DiskMethods
 from ._generation import Generation
 from ._inputs import InputProcessor
 from ._lora import BASE, Adapters, LoraSet
 from ._output import OutputProcessor
-from ._step import CoreRequest, Offered, StepOutput
+from ._step import CoreRequest, StepOutput
 from ._text import THINK_CLOSE, THINK_OPEN
 
 __all__ = ["Engine", "context_params"]
@@ -85,7 +85,7 @@ def _load_projector(model: LlamaModel, projector: Path, config: EngineConfig) ->
     model.load_projector(projector, threads=config.threads, marker=MEDIA_MARKER)
 
 
-class Engine(DecodeLoop, AdapterMethods):
+class Engine(DiskMethods, DecodeLoop, AdapterMethods):
     """Continuous batching over ``config.max_inflight`` slots of one llama.cpp model.
 
     Open it with :meth:`open`; submit with :meth:`submit`.
@@ -213,39 +213,6 @@ class Engine(DecodeLoop, AdapterMethods):
 
     def _requests_in_flight(self) -> int:
         return self._inflight
-
-    async def _aside(self, *, task_status: trio.TaskStatus[None]) -> None:
-        """The prompt cache's files (``cache_dir``): opened (the folder scanned) before the
-        decode thread starts, then written, until the decode thread has stopped and what it
-        handed over is written (see ``_disk_tier``).
-
-        Error handling: :class:`ModelLoadError` when the folder cannot be made or read."""
-        config = self.config
-        if config.cache_dir is None or not config.prompt_cache:
-            task_status.started()
-            return
-        try:
-            disk = await trio.to_thread.run_sync(
-                DiskTier.open, config, self._model, self.model_path, self.stats, self._post_soon
-            )
-        except OSError as exc:
-            raise ModelLoadError(
-                f"cannot keep the prompt cache in {config.cache_dir}: {exc.strerror or exc}"
-            ) from exc
-        self._disk = disk
-        logger.info(
-            "prompt cache on disk: %s, %d files of %d MiB (budget %d MiB)",
-            disk.store.folder,
-            disk.store.entries,
-            disk.store.bytes_used >> 20,
-            config.cache_disk_mib,
-        )
-        task_status.started()
-        await disk.write_until_closed()
-
-    def _after_loop(self) -> None:
-        if self._disk is not None:
-            self._disk.close()
 
     # -- public API ----------------------------------------------------------------------
 
@@ -391,26 +358,6 @@ class Engine(DecodeLoop, AdapterMethods):
         return key, generation, scope
 
     # -- Trio-side helpers -------------------------------------------------------------
-
-    def _on_disk(self, prompt: list[int]) -> int:
-        """How many of ``prompt``'s tokens a file on disk serves (no I/O; 0 without files)."""
-        disk = self._disk
-        if disk is None:
-            return 0
-        found = disk.store.best(np.asarray(prompt, dtype=np.int32), len(prompt) - 1, room=disk.room)
-        return found.keep if found is not None else 0
-
-    async def _look_on_disk(
-        self, prompt: npt.NDArray[np.int32], request: GenerateRequest
-    ) -> Offered | None:
-        """A snapshot of ``prompt``'s prefix read from disk, when the files serve more of it
-        than memory does (as the decode thread last published); ``None`` otherwise."""
-        disk, core = self._disk, self._core
-        if disk is None or not request.cache_prompt:
-            return None
-        limit = len(prompt) - 1  # at least one token is ingested, for its logits
-        memory = disk.memory_serves(core.held if core is not None else (), prompt, limit)
-        return await disk.lookup(prompt, limit, memory)
 
     def _token_logprob(self, raw: RawLogprob) -> TokenLogprob:
         def text(token: int) -> tuple[str, bytes]:
