@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import attrs
 import trio
@@ -110,6 +111,8 @@ class FakeEngine:
     models: tuple[str, ...] = ()
     """The models the worker serves; a request for another is counted in ``misrouted``."""
     misrouted: list[str] = attrs.field(factory=list)
+    #: What the link reads of an engine's config: the LoRA adapters it serves (none).
+    config: SimpleNamespace = attrs.field(factory=lambda: SimpleNamespace(lora=()))
     _inflight: int = 0
     _slots: trio.Semaphore = attrs.field(init=False)
     _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)

@@ -13,11 +13,11 @@ stream it claims from either.
 from ._config import RingConfig as RingConfig
 from ._control import ControlConfig as ControlConfig
 from ._control import serve_control as serve_control
-from ._core import Effect as Effect
 from ._core import RingCore as RingCore
-from ._core import ToClient as ToClient
-from ._core import ToWorker as ToWorker
 from ._dial import DialConfig as DialConfig
+from ._effects import Effect as Effect
+from ._effects import ToClient as ToClient
+from ._effects import ToWorker as ToWorker
 from ._errors import ControlRefusedError as ControlRefusedError
 from ._errors import ParkTimeoutError as ParkTimeoutError
 from ._errors import ProtocolError as ProtocolError
@@ -36,6 +36,8 @@ from ._link import RingLink as RingLink
 from ._messages import CHAT_MODEL as CHAT_MODEL
 from ._messages import EMBEDDING_MODEL as EMBEDDING_MODEL
 from ._messages import KINDS as KINDS
+from ._messages import MAX_HELD_PREFIXES as MAX_HELD_PREFIXES
+from ._messages import MAX_PREFIX_CHARS as MAX_PREFIX_CHARS
 from ._messages import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._messages import RERANK_MODEL as RERANK_MODEL
 from ._messages import Assign as Assign

@@ -8,22 +8,23 @@ router and the control listener for remote workers are routers of these effects;
 the single source of truth, and the only owner of routing (which worker gets which stream).
 
 A stream's states and the legal transitions are drawn and tabled in ``_states``
-(``StreamState``, ``TRANSITIONS``); the snapshots ``stats`` returns are in ``_stats``.
+(``StreamState``, ``TRANSITIONS``); the snapshots ``stats`` returns are in ``_stats``, the
+effects in ``_effects``, and who goes first for a stream (loads, prefix affinity) in
+``_routing``.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
 from ._config import default
+from ._effects import Effect, ToClient, ToWorker
 from ._errors import ProtocolError, RingFullError
 from ._messages import (
-    CHAT_MODEL,
     Assign,
     Attach,
     Cancel,
@@ -40,34 +41,11 @@ from ._messages import (
     ResponseMessage,
     _to_bytes,
 )
-from ._routing import ANY_MODEL, Rank, Routes, Worker
-from ._states import TRANSITIONS, StreamState
-from ._stats import ModelStats, RingStats, WorkerStats
+from ._routing import ANY_MODEL, Routes, Worker, affinity, load_rank
+from ._states import StreamState, next_state
+from ._stats import ModelStats, RingStats, model_stats, worker_stats
 
-__all__ = ["Effect", "RingCore", "ToClient", "ToWorker"]
-
-
-@attrs.frozen
-class ToWorker:
-    """Effect: deliver ``message`` (an ``Assign`` or a ``Cancel``) to worker ``worker_id``."""
-
-    worker_id: str
-    message: Assign | Cancel
-
-
-@attrs.frozen
-class ToClient:
-    """Effect: deliver ``message`` to the client waiting on stream ``stream_id``.
-
-    A ``ResponseEnd`` or ``ResponseError`` is the stream's last effect: the core has already
-    forgotten it.
-    """
-
-    stream_id: int
-    message: ResponseMessage
-
-
-Effect: TypeAlias = ToWorker | ToClient
+__all__ = ["RingCore"]
 
 
 @attrs.define
@@ -105,28 +83,13 @@ class RingCore:
     every worker it reaches must not kill them all): then it fails, as do the streams that
     were already responding. ``max_assignments=1`` turns requeueing off.
 
-    One load at a time (models on demand): a link whose last heartbeat states its model
-    ``unloaded`` and which holds none of its streams is *cold* for that model. While some
-    other link listing the model is not cold (loaded, loading, or asked to load: it holds one
-    of its streams), the cold links' claims for it are held; while every link listing it is
-    cold, only the claimant stating the most ``free_bytes`` (ties: by turn) is assigned one,
-    which asks it to load the model, and the streams after it join that load. When the load
-    ends (loaded, or failed and answered) the held claims are weighed again. A link asked to
-    load a model that is cold again without having stated it loaded has failed to load it:
-    the next load of it goes to a cold claimant that has not failed to (whichever states the
-    most free budget), else to the one whose failure is the oldest, so a worker that cannot
-    load a model is not asked again while another could (its own back-off answers those it
-    is asked again).
+    One load at a time (models on demand): while a model is loaded or loading somewhere, the
+    claims of links that state it unloaded wait; while it is nowhere, one claimant is asked
+    to load it (``_routing.load_rank``), and the streams after it join that load.
 
-    Prefix affinity: a stream may be parked with what its prompt begins with (a chain of
-    digests, each with the size it covers), and a worker's heartbeat may state the digests of
-    the prefixes it holds. When a stream is offered and several claimants may take it, the one
-    holding the longest of its prefixes goes first, among the claimants holding no more than
-    ``affinity_slack`` of the model's streams beyond the least busy one (the others after
-    them), then round-robin as without. Only who takes a stream offered now changes: a claim
-    still takes the oldest stream parked, and a stream still goes to a claimant at once, so
-    nothing waits for the worker holding its prefix and no claimant is passed over while it
-    is the only one.
+    Prefix affinity: a stream may be parked with what its prompt begins with, and a worker's
+    heartbeat may state the prefixes it holds; a stream offered goes first to a claimant
+    holding the longest of them, within ``affinity_slack`` of load (``_routing.affinity``).
 
     Every method either raises (``RingFullError``, ``ProtocolError``) and changes nothing, or
     applies the event and returns the effects the caller must deliver, in order.
@@ -183,80 +146,19 @@ class RingCore:
         return any(not worker.models for worker in self._workers.values())
 
     def models(self) -> dict[str, ModelStats]:
-        """Every model an attached worker listed, by name, in attach order, each worker's LoRA
-        adapters after its models (with their base as ``parent``): its kind (as its first
-        worker said), how many workers serve it, and its context length (the least its
-        workers stated; an adapter's: its base's)."""
-        models: dict[str, ModelStats] = {}
-        order = ("unloaded", "loading", "loaded")
-        for worker in self._workers.values():
-            beat = worker.capacity
-            own = (beat.model_state if beat else "") or "loaded"
-            size = beat.model_bytes if beat and own == "loaded" else 0
-            until = beat.unload_in_s if beat and own == "loaded" else 0
-            for index, name in enumerate(worker.names):
-                known = models.get(name)
-                adapter = index >= len(worker.models)
-                kind = worker.kinds[index] if worker.kinds and not adapter else CHAT_MODEL
-                parent = worker.models[0] if adapter else None
-                own_name = parent or name  # an adapter takes what its base takes
-                vision, audio = own_name in worker.vision, own_name in worker.audio
-                at = 0 if adapter else index
-                context = worker.contexts[at] if worker.contexts else 0
-                if known is None:
-                    models[name] = ModelStats(
-                        name,
-                        kind,
-                        1,
-                        own,
-                        size,
-                        until,
-                        vision=vision,
-                        audio=audio,
-                        context_length=context,
-                        parent=parent,
-                    )
-                    continue
-                latest = -1 if -1 in (until, known.unload_in_s) else max(until, known.unload_in_s)
-                models[name] = ModelStats(
-                    name,
-                    known.kind,
-                    known.workers + 1,
-                    max(own, known.state, key=order.index),
-                    known.bytes + size,
-                    latest,
-                    vision=known.vision,
-                    audio=known.audio,
-                    parent=known.parent,
-                    # What every worker serving it takes: the least stated.
-                    context_length=min(
-                        (n for n in (context, known.context_length) if n), default=0
-                    ),
-                )
-        return models
+        """Every model an attached worker listed, by name (see ``_stats.model_stats``)."""
+        return model_stats(self._workers.values())
 
     def stats(self) -> RingStats:
         """A snapshot of stream counts and workers."""
+        counts = self._counts
         return RingStats(
             max_streams=self.max_streams,
-            parked=self._counts[StreamState.PARKED],
-            assigned=self._counts[StreamState.ASSIGNED],
-            responding=self._counts[StreamState.RESPONDING],
-            cancelling=self._counts[StreamState.CANCELLED],
-            workers=tuple(
-                WorkerStats(
-                    worker_id=worker.worker_id,
-                    max_inflight=worker.max_inflight,
-                    models=worker.models,
-                    kinds=worker.kinds,
-                    claims=tuple(worker.credits.items()),
-                    waiting_claims=worker.waiting,
-                    held=tuple(worker.held),
-                    capacity=worker.capacity,
-                    last_heartbeat=worker.last_heartbeat,
-                )
-                for worker in self._workers.values()
-            ),
+            parked=counts[StreamState.PARKED],
+            assigned=counts[StreamState.ASSIGNED],
+            responding=counts[StreamState.RESPONDING],
+            cancelling=counts[StreamState.CANCELLED],
+            workers=tuple(worker_stats(worker) for worker in self._workers.values()),
         )
 
     # -- the client side -----------------------------------------------------------------------
@@ -515,23 +417,8 @@ class RingCore:
         return stream
 
     def _transition(self, stream: _Stream, message: ResponseMessage | Release) -> StreamState:
-        """The state ``message`` moves ``stream`` to (``TRANSITIONS``); changes nothing.
-
-        Error handling: ``ProtocolError`` when the message is illegal in the stream's state.
-        """
-        new = TRANSITIONS.get(stream.state, {}).get(type(message))
-        if new is None:
-            if isinstance(message, Release):
-                raise ProtocolError(
-                    f"stream {message.stream_id} cannot be released once its response has started",
-                    message,
-                )
-            raise ProtocolError(
-                f"{type(message).__name__} is illegal on stream {message.stream_id} in state "
-                f"{stream.state.name}",
-                message,
-            )
-        return new
+        """The state ``message`` moves ``stream`` to; changes nothing (``_states.next_state``)."""
+        return next_state(stream.state, message)
 
     def _set_state(self, stream: _Stream, state: StreamState) -> None:
         self._counts[stream.state] -= 1
@@ -579,13 +466,7 @@ class RingCore:
 
     def _cold(self, worker: Worker, key: str) -> bool:
         """Whether ``worker`` states ``key`` unloaded and holds none of its streams."""
-        beat = worker.capacity
-        if not key or key not in worker.names or beat is None or beat.model_state != "unloaded":
-            return False
-        owner = worker.owner(key)  # an adapter's base loads for it
-        return not any(
-            worker.owner(self._streams[stream_id].key) == owner for stream_id in worker.held
-        )
+        return worker.cold(key, (self._streams[stream_id].key for stream_id in worker.held))
 
     def _loads_ended(self, worker: Worker) -> None:
         """Note the loads ``worker`` was asked for that failed: it is cold again for the key
@@ -601,41 +482,11 @@ class RingCore:
         listing = [worker for worker in self._workers.values() if key in worker.names]
         cold = {worker.worker_id for worker in listing if self._cold(worker, key)}
         if not cold:
-            return self._routes.claimant(key, self._affinity(key, prefixes))
+            claimants = self._routes.claimants(key)
+            ranked = [self._workers[worker_id] for worker_id in claimants]
+            return self._routes.claimant(key, affinity(ranked, prefixes, self.affinity_slack))
         warm = len(cold) < len(listing)
-
-        def rank(worker_id: str) -> Rank | None:
-            if worker_id not in cold:
-                return (-math.inf, -math.inf)
-            if warm:
-                return None
-            worker = self._workers[worker_id]
-            free = worker.capacity.free_bytes if worker.capacity is not None else 0
-            # Those that never failed to load it first (0), then the oldest failure; then
-            # the most free budget (-1: no bound).
-            return (worker.failed.get(key, 0), -math.inf if free < 0 else -free)
-
-        return self._routes.claimant(key, rank)
-
-    def _affinity(
-        self, key: str, prefixes: tuple[tuple[str, int], ...]
-    ) -> Callable[[str], Rank] | None:
-        """How claimants rank for a stream whose prompt begins with ``prefixes`` (see the
-        class: prefix affinity); ``None`` (round-robin) when no claimant holds any of them."""
-        if not prefixes:
-            return None
-        claimants = self._routes.claimants(key)
-        held = {worker_id: self._workers[worker_id].holds(prefixes) for worker_id in claimants}
-        if not any(held.values()):
-            return None
-        busy = {worker_id: len(self._workers[worker_id].held) for worker_id in claimants}
-        least = min(busy.values())
-
-        def rank(worker_id: str) -> Rank:
-            idle_enough = busy[worker_id] <= least + self.affinity_slack
-            return (0.0 if idle_enough else 1.0, -float(held[worker_id]))
-
-        return rank
+        return self._routes.claimant(key, load_rank(self._workers, cold, key, warm=warm))
 
     def _reoffer(self, keys: Iterable[str]) -> list[Effect]:
         """Assign the streams parked under ``keys`` that a held claim may now take."""

@@ -22,7 +22,8 @@ from typing import TypeAlias
 import attrs
 import trio
 
-from ._core import Effect, RingCore, ToClient, ToWorker
+from ._core import RingCore
+from ._effects import Effect, ToClient, ToWorker
 from ._messages import (
     Assign,
     Attach,

@@ -13,16 +13,26 @@ its place at, so that the lines of two keys (a key and ``ANY_LINE``) merge in on
 from __future__ import annotations
 
 import bisect
+import math
 from typing import TYPE_CHECKING, Final
 
 import attrs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
     from ._messages import Heartbeat
 
-__all__ = ["ANY_LINE", "ANY_MODEL", "Queue", "Rank", "Routes", "Worker"]
+__all__ = [
+    "ANY_LINE",
+    "ANY_MODEL",
+    "Queue",
+    "Rank",
+    "Routes",
+    "Worker",
+    "affinity",
+    "load_rank",
+]
 
 #: A claimant's rank among those a stream may go to: the lowest goes first (then by turn).
 Rank = tuple[float, float]
@@ -80,6 +90,15 @@ class Worker:
     def serves(self, key: str) -> bool:
         """Whether a claim without a model may take a stream parked under ``key``."""
         return not key or not self.models or key in self.names
+
+    def cold(self, key: str, held_keys: Iterable[str]) -> bool:
+        """Whether it states ``key`` unloaded and none of the streams it holds (their keys:
+        ``held_keys``) is one its model of ``key`` loads for (an adapter's base loads for it)."""
+        beat = self.capacity
+        if not key or key not in self.names or beat is None or beat.model_state != "unloaded":
+            return False
+        owner = self.owner(key)
+        return not any(self.owner(held) == owner for held in held_keys)
 
     def holds(self, prefixes: tuple[tuple[str, int], ...]) -> int:
         """The size of the longest of ``prefixes`` (``(digest, size)`` pairs) it holds; 0:
@@ -228,3 +247,70 @@ class Routes:
         for key in wanted:
             self._lines.setdefault(key, {}).setdefault(worker.worker_id, turn)
         worker.standing = wanted
+
+
+def affinity(
+    claimants: Sequence[Worker], prefixes: tuple[tuple[str, int], ...], slack: int
+) -> Callable[[str], Rank] | None:
+    """How ``claimants`` rank for a stream whose prompt begins with ``prefixes`` (the ring
+    core's prefix affinity); ``None`` (round-robin) when none holds any.
+
+    Prefix affinity: a stream may be parked with what its prompt begins with (a chain of
+    digests, each with the size it covers), and a worker's heartbeat may state the digests of
+    the prefixes it holds. When a stream is offered and several claimants may take it, the one
+    holding the longest of its prefixes goes first, among the claimants holding no more than
+    ``slack`` (the core's ``affinity_slack``) of the model's streams beyond the least busy one
+    (the others after them), then round-robin as without. Only who takes a stream offered now
+    changes: a claim still takes the oldest stream parked, and a stream still goes to a
+    claimant at once, so nothing waits for the worker holding its prefix and no claimant is
+    passed over while it is the only one.
+    """
+    if not prefixes or not claimants:
+        return None
+    held = {worker.worker_id: worker.holds(prefixes) for worker in claimants}
+    if not any(held.values()):
+        return None
+    busy = {worker.worker_id: len(worker.held) for worker in claimants}
+    least = min(busy.values())
+
+    def rank(worker_id: str) -> Rank:
+        idle_enough = busy[worker_id] <= least + slack
+        return (0.0 if idle_enough else 1.0, -float(held[worker_id]))
+
+    return rank
+
+
+def load_rank(
+    workers: Mapping[str, Worker], cold: Collection[str], key: str, *, warm: bool
+) -> Callable[[str], Rank | None]:
+    """How claimants rank for a stream of ``key`` while some links listing it are ``cold``
+    (the ring core's one load at a time): a warm claimant first; while another link is warm
+    (loading or loaded), no cold one; while all are cold, those that never failed to load it,
+    then the oldest failure, then the most free budget.
+
+    One load at a time (models on demand): a link whose last heartbeat states its model
+    ``unloaded`` and which holds none of its streams is *cold* for that model. While some
+    other link listing the model is not cold (loaded, loading, or asked to load: it holds one
+    of its streams), the cold links' claims for it are held; while every link listing it is
+    cold, only the claimant stating the most ``free_bytes`` (ties: by turn) is assigned one,
+    which asks it to load the model, and the streams after it join that load. When the load
+    ends (loaded, or failed and answered) the held claims are weighed again. A link asked to
+    load a model that is cold again without having stated it loaded has failed to load it:
+    the next load of it goes to a cold claimant that has not failed to (whichever states the
+    most free budget), else to the one whose failure is the oldest, so a worker that cannot
+    load a model is not asked again while another could (its own back-off answers those it
+    is asked again).
+    """
+
+    def rank(worker_id: str) -> Rank | None:
+        if worker_id not in cold:
+            return (-math.inf, -math.inf)
+        if warm:
+            return None
+        worker = workers[worker_id]
+        free = worker.capacity.free_bytes if worker.capacity is not None else 0
+        # Those that never failed to load it first (0), then the oldest failure; then the
+        # most free budget (-1: no bound).
+        return (worker.failed.get(key, 0), -math.inf if free < 0 else -free)
+
+    return rank

@@ -29,7 +29,16 @@ import enum
 from collections.abc import Mapping
 from typing import Final
 
-from ._messages import Message, Release, ResponseData, ResponseEnd, ResponseError, ResponseHead
+from ._errors import ProtocolError
+from ._messages import (
+    Message,
+    Release,
+    ResponseData,
+    ResponseEnd,
+    ResponseError,
+    ResponseHead,
+    ResponseMessage,
+)
 
 __all__ = ["TRANSITIONS", "StreamState"]
 
@@ -64,3 +73,23 @@ TRANSITIONS: Final[Mapping[StreamState, Mapping[type[Message], StreamState]]] = 
 PARKED streams are held by no worker, and ENDED and FAILED ones are forgotten, so a worker can
 send nothing about them. A stream leaving CANCELLED for ENDED is acknowledged and forgotten.
 """
+
+
+def next_state(state: StreamState, message: ResponseMessage | Release) -> StreamState:
+    """The state ``message`` moves a stream in ``state`` to (``TRANSITIONS``).
+
+    Error handling: ``ProtocolError`` when the message is illegal in that state.
+    """
+    new = TRANSITIONS.get(state, {}).get(type(message))
+    if new is None:
+        if isinstance(message, Release):
+            raise ProtocolError(
+                f"stream {message.stream_id} cannot be released once its response has started",
+                message,
+            )
+        raise ProtocolError(
+            f"{type(message).__name__} is illegal on stream {message.stream_id} in state "
+            f"{state.name}",
+            message,
+        )
+    return new

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 import attrs
 
 from ._messages import CHAT_MODEL, Heartbeat
+
+if TYPE_CHECKING:
+    from ._routing import Worker
 
 __all__ = ["ModelStats", "RingStats", "WorkerStats"]
 
@@ -89,3 +95,70 @@ class RingStats:
     def tracked(self) -> int:
         """Every stream the core remembers; zero once all streams are finished."""
         return self.open + self.cancelling
+
+
+def model_stats(workers: Iterable[Worker]) -> dict[str, ModelStats]:
+    """Every model the ``workers`` listed, by name, in attach order, each worker's LoRA
+    adapters after its models (with their base as ``parent``): its kind (as its first
+    worker said), how many workers serve it, and its context length (the least its
+    workers stated; an adapter's: its base's)."""
+    models: dict[str, ModelStats] = {}
+    order = ("unloaded", "loading", "loaded")
+    for worker in workers:
+        beat = worker.capacity
+        own = (beat.model_state if beat else "") or "loaded"
+        size = beat.model_bytes if beat and own == "loaded" else 0
+        until = beat.unload_in_s if beat and own == "loaded" else 0
+        for index, name in enumerate(worker.names):
+            known = models.get(name)
+            adapter = index >= len(worker.models)
+            kind = worker.kinds[index] if worker.kinds and not adapter else CHAT_MODEL
+            parent = worker.models[0] if adapter else None
+            own_name = parent or name  # an adapter takes what its base takes
+            vision, audio = own_name in worker.vision, own_name in worker.audio
+            at = 0 if adapter else index
+            context = worker.contexts[at] if worker.contexts else 0
+            if known is None:
+                models[name] = ModelStats(
+                    name,
+                    kind,
+                    1,
+                    own,
+                    size,
+                    until,
+                    vision=vision,
+                    audio=audio,
+                    context_length=context,
+                    parent=parent,
+                )
+                continue
+            latest = -1 if -1 in (until, known.unload_in_s) else max(until, known.unload_in_s)
+            models[name] = ModelStats(
+                name,
+                known.kind,
+                known.workers + 1,
+                max(own, known.state, key=order.index),
+                known.bytes + size,
+                latest,
+                vision=known.vision,
+                audio=known.audio,
+                parent=known.parent,
+                # What every worker serving it takes: the least stated.
+                context_length=min((n for n in (context, known.context_length) if n), default=0),
+            )
+    return models
+
+
+def worker_stats(worker: Worker) -> WorkerStats:
+    """A snapshot of one attached worker."""
+    return WorkerStats(
+        worker_id=worker.worker_id,
+        max_inflight=worker.max_inflight,
+        models=worker.models,
+        kinds=worker.kinds,
+        claims=tuple(worker.credits.items()),
+        waiting_claims=worker.waiting,
+        held=tuple(worker.held),
+        capacity=worker.capacity,
+        last_heartbeat=worker.last_heartbeat,
+    )
