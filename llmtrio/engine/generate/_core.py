@@ -90,7 +90,10 @@ class EngineCore:
         self._config = config
         self._stats = stats
         self._scheduler = Scheduler(
-            config.max_inflight, config.prefill_chunk, config.target_step_ms
+            config.max_inflight,
+            config.prefill_chunk,
+            config.target_step_ms,
+            prefill_share=config.prefill_share,
         )
         self._batch = Batch(model.n_batch)
         self._jobs: dict[int, Job] = {}
@@ -260,8 +263,11 @@ class EngineCore:
         stats.steps += 1
         stats.decode_s += decode_s
         stats.python_s += step_s - decode_s
+        prompt_tokens = sum(part.count for part in parts if part.start is not None)
         decode_only = not any(part.start is not None for part in parts)
-        self._scheduler.measured(step_s * 1000, decode_only=decode_only)
+        self._scheduler.measured(
+            step_s * 1000, decode_only=decode_only, prompt_tokens=prompt_tokens
+        )
         gate = self._drafts.gate
         if drafting and gate is not None:
             stats.spec_held_steps = gate.held  # steps with a prompt chunk are held too
