@@ -190,6 +190,10 @@ def aiperf_argv(
         "--no-server-metrics",
         "--request-timeout-seconds",
         "1800",
+        # A connection a request: llama-server drops pooled keep-alive connections, and
+        # AIPerf then fails a request or two in 48 writing to a closed one.
+        "--connection-reuse-strategy",
+        "never",
         *shlex.split(args.aiperf_args),
     ]
 

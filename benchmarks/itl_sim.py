@@ -193,9 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"{'llama-server':22}" + "".join(f"{server[k]:11.1f}" for k in labels))
             for share in args.shares:
                 scheduler = Scheduler(users, args.chunk, prefill_share=share)
-                result = simulate(
-                    llmtrio_plan(scheduler), costs, scheduler=scheduler, **common
-                )
+                result = simulate(llmtrio_plan(scheduler), costs, scheduler=scheduler, **common)
                 ratios = "".join(f"{result[k] / server[k]:10.2f}x" for k in labels)
                 print(f"{'llmtrio share ' + str(share):22}" + ratios)
 

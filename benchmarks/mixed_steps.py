@@ -116,9 +116,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     core._scheduler.prefill_chunk = 512
     while any(job.generated == 0 for job in core._jobs.values()):
         core.step()
-    busy = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)
-    ]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     rows: dict[int, dict[str, list[float]]] = {c: {} for c in args.chunks}
     try:
         for _ in range(args.rounds):

@@ -9,6 +9,10 @@ async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
     vectors = (await engine.embed(["a text", "another"])).vectors   # L2-normalized rows
 """
 
+from ._cores import Cores as Cores
+from ._cores import oversubscription as oversubscription
+from ._cores import read_cores as read_cores
+from ._cores import usable_cores as usable_cores
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
@@ -72,6 +76,7 @@ __all__ = [
     "MEDIA_MARKER",
     "Capacity",
     "ChatMessage",
+    "Cores",
     "DecodeError",
     "Done",
     "EmbeddingEngine",
@@ -115,6 +120,9 @@ __all__ = [
     "model_name_of",
     "new_tool_call_id",
     "open_engine",
+    "oversubscription",
+    "read_cores",
     "resolve_model",
     "tool_call_grammar",
+    "usable_cores",
 ]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 
+from ._cores import usable_cores
 from ._errors import InvalidRequestError
 from ._media import MEDIA_MARKER, Image
 
@@ -118,7 +118,8 @@ class EngineConfig:
     prefill_chunk: int = 256
     #: Smooth streams by default: issue 48's AIPerf runs (PERFORMANCE.md, "Smooth streams").
     prefill_share: float = 4.0
-    threads: int = attrs.field(factory=lambda: os.cpu_count() or 1)
+    #: The cores this process may use (its affinity and cgroup quota, not the host's).
+    threads: int = attrs.field(factory=usable_cores)
     allow_fallback: bool = True
     model_name: str | None = None
     prompt_cache: bool = True
