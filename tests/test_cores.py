@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from ._helpers import engine_config
 from ._server import start_server
 
 
-def reader(files: dict[str, str]):  # type: ignore[no-untyped-def]
+def reader(files: dict[str, str]) -> Callable[[str], str | None]:
     return files.get
 
 

@@ -55,6 +55,7 @@ def cgroup_cpu_quota(cgroup: str, read: Callable[[str], str | None]) -> float | 
         if len(parts) != 3:
             continue
         _, controllers, path = parts
+        files: tuple[str, ...]
         if controllers == "":
             roots = ["/sys/fs/cgroup"]
             files = ("cpu.max",)
@@ -83,12 +84,13 @@ def _quota(folder: str, files: tuple[str, ...], read: Callable[[str], str | None
     if any(text is None for text in texts):
         return None
     try:
-        if len(files) == 1:
-            limit, _, period = (texts[0] or "").strip().partition(" ")
+        if len(files) == 1:  # v2: "LIMIT PERIOD", LIMIT "max" for none
+            limit, _, every = (texts[0] or "").strip().partition(" ")
             if limit == "max":
                 return None
-            return int(limit) / int(period or "100000")
-        quota, period = (int((text or "").strip()) for text in texts)
+            quota, period = int(limit), int(every or "100000")
+        else:  # v1: the quota (-1 for none), the period
+            quota, period = (int((text or "").strip()) for text in texts)
     except ValueError:
         return None
     return quota / period if quota > 0 and period > 0 else None
