@@ -14,8 +14,10 @@ import pytest
 import llmtrio.engine
 from llmtrio.engine import Cores, EngineConfig, oversubscription, read_cores, usable_cores
 from llmtrio.engine._cores import cgroup_cpu_quota
+from llmtrio.engine.llama import LlamaModel
 from llmtrio.web import ServeConfig
 
+from ._core_helpers import core_request, open_core, run_core
 from ._helpers import engine_config
 from ._server import start_server
 
@@ -92,3 +94,16 @@ def test_serve_warns_at_start_when_threads_exceed_the_cores(
         server.stop()
     warnings = [r.getMessage() for r in caplog.records if r.name == "llmtrio.serve"]
     assert any("exceed the cores" in w and "quota of 1 CPUs" in w for w in warnings)
+
+
+def test_the_chat_core_measures_its_steps_on_fewer_threads_too(qwen35_path: Path) -> None:
+    model = LlamaModel(qwen35_path, slots=2, ctx_size=256, threads=2, n_batch=64)
+    try:
+        core, stats = open_core(model, threads=2, spec=None)
+        run = run_core(core, [core_request(0, list(range(10, 40)), 12)])
+        assert len(run.tokens[0]) == 12
+        # Each size of step ran on the configured 2 threads first, then once on 1: the
+        # faster count is the one used (a busy machine: 1; a quiet one: 2).
+        assert 1 <= stats.fewer_threads_steps < stats.steps
+    finally:
+        model.close()

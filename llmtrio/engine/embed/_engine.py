@@ -27,12 +27,13 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from .._cores import ThreadChooser
 from .._errors import DecodeError, EngineClosedError, InvalidRequestError, ModelLoadError
 from .._lifecycle import DecodeLoop
 from .._types import EngineConfig
 from ..llama import Batch, LlamaModel
 from ..models import POOLING_NAMES, ResolvedModel
-from ._pack import EmbedPacker, Packed, ThreadChooser
+from ._pack import EmbedPacker, Packed
 
 __all__ = [
     "EMBEDDING_BATCH_TOKENS",

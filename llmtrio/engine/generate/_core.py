@@ -35,6 +35,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from .._cores import ThreadChooser
 from .._errors import DecodeError
 from .._stats import EngineStats
 from .._types import EngineConfig, StopReason
@@ -140,6 +141,10 @@ class EngineCore:
         #: ``<think>`` and ``</think>`` as single tokens (a reasoning budget needs them).
         self._markers = think_markers(lambda text: model.tokenize(text, add_special=False))
         self._admissions = 0
+        #: Each step's compute threads: the configured ones, or 1 where that measures faster
+        #: (a machine with fewer free cores than threads: issue 48).
+        self._threads = ThreadChooser(config.threads)
+        self._threads_now = config.threads
         #: Time spent sampling decoding sequences' positions in this step.
         self._sample_s = 0.0
         #: Sequences in the last step's batch.
@@ -429,10 +434,17 @@ class EngineCore:
                 chunk = job.prompt[part.start : part.start + part.count]
                 part.index = batch.add(chunk, job.position(part.start), job.seq, output_last=last)
                 part.outputs = last
+        threads = self._threads.choose(batch.n)
+        if threads != self._threads_now:
+            self._model.set_threads(threads)
+            self._threads_now = threads
         t0 = time.perf_counter()
         rc = self._model.decode(batch)
         decode_s = time.perf_counter() - t0
         if rc == 0:
+            self._threads.observe(threads, batch.n, decode_s)
+            if threads < self._threads.most:
+                self._stats.fewer_threads_steps += 1
             sampled = []
             for part in parts:
                 if part.start is None:
