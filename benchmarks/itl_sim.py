@@ -95,6 +95,7 @@ def simulate(
     requests: int,
     scheduler: Scheduler | None = None,
     rate: float = 0.0,
+    stagger: float = 0.0,
 ) -> dict[str, float]:
     """Run the closed loop (or, with ``rate``, Poisson arrivals at ``rate`` a second into
     ``users`` slots) to the end; AIPerf's figures (ms, tok/s)."""
@@ -109,7 +110,7 @@ def simulate(
             heapq.heappush(arrivals, (float(at), 0))
     else:
         for user in range(users):
-            heapq.heappush(arrivals, (0.0, user))
+            heapq.heappush(arrivals, (user * stagger, user))
     while len(done) < requests:
         while arrivals and arrivals[0][0] <= now and sent < requests:
             at, _ = heapq.heappop(arrivals)
@@ -171,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--rate", type=float, default=0.0, help="open loop: Poisson arrivals a second"
     )
+    parser.add_argument(
+        "--stagger", type=float, default=0.0, help="closed loop: user i starts at i x MS ms"
+    )
     args = parser.parse_args(argv)
     costs = Costs(args.decode_ms[0], args.decode_ms[1], args.token_ms)
     labels = ("tok/s", "TTFT p50", "TTFT mean", "ITL mean", "ITL p99", "gap p99")
@@ -186,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "output": args.output_tokens,
                 "requests": users * args.requests_per_user,
                 "rate": args.rate,
+                "stagger": args.stagger / 1000,
             }
             server = simulate(llama_server_plan(users, args.n_batch), costs, **common)
             print(f"\n{users} users, {prompt}-token prompts")

@@ -32,6 +32,21 @@ def test_beside_decoding_a_step_carries_what_the_share_allows() -> None:
     assert s.prompt_budget(0) == 256  # nothing decodes: nothing to protect
 
 
+def test_prompts_outnumbering_the_streams_get_more() -> None:
+    s = Scheduler(max_inflight=8, prefill_chunk=256, prefill_share=1.0)
+    s.add(0, 10)
+    s.schedule()
+    s.measured(50, decode_only=False, prompt_tokens=10)  # 5 ms a prompt token
+    s.schedule()
+    s.measured(20, decode_only=True)  # one stream: 20 ms a step
+    for key in range(1, 5):
+        s.add(key, 100)
+    plan = s.schedule()
+    # Four prompts beside one stream: 4 x 20 ms of prompt tokens, not 20 ms.
+    assert sum(p.count for p in plan.prefill) == 16
+    assert s.prompt_budget(1, 4) == 16 and s.prompt_budget(2, 1) == 4
+
+
 def test_the_price_of_a_prompt_token_follows_the_measured_steps() -> None:
     s = Scheduler(max_inflight=4, prefill_chunk=256, prefill_share=2.0)
     s.add(0, 4)

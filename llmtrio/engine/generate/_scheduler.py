@@ -70,7 +70,10 @@ class Scheduler:
       step (the budget in tokens follows the measured step times: the last decode-only
       step over the measured cost of one prompt token; at least one token, so a prompt is
       never starved): a running stream's next token comes at most ``1 + prefill_share``
-      decode steps after its last. While none decodes, the prompts being ingested are one
+      decode steps after its last. Prompts being ingested count as the streams they are
+      about to be: with more of them than streams decoding, the budget grows by their
+      ratio (one stream must not hold seven prompts to a crawl). While none decodes, the
+      prompts being ingested are one
       wave, ingested ``prefill_chunk`` tokens a step, whose first tokens all come in the
       same step (each prompt's last token waits for the others'), so they decode together
       and no prompt of the wave is ingested beside a stream of it; a wave of more than
@@ -134,12 +137,14 @@ class Scheduler:
             old = self._token_ms
             self._token_ms = per if old is None else old + (per - old) / 4
 
-    def prompt_budget(self, decoding: int) -> int:
-        """The prompt tokens a step with ``decoding`` sequences decoding may carry."""
+    def prompt_budget(self, decoding: int, ingesting: int = 0) -> int:
+        """The prompt tokens a step with ``decoding`` sequences decoding (and ``ingesting``
+        prompts being ingested) may carry."""
         share, decode_ms, token_ms = self.prefill_share, self._decode_step_ms, self._token_ms
         if not decoding or math.isinf(share) or decode_ms is None or not token_ms:
             return self.prefill_chunk
-        return max(1, min(self.prefill_chunk, int(share * decode_ms / token_ms)))
+        scale = max(1.0, ingesting / decoding)
+        return max(1, min(self.prefill_chunk, int(share * scale * decode_ms / token_ms)))
 
     @property
     def running(self) -> int:
@@ -162,7 +167,8 @@ class Scheduler:
             key for key, slot in self._slots.items() if slot.prefilled >= slot.prompt_len
         )
         self._decoding = len(decode)
-        budget = self.prompt_budget(len(decode))
+        ingesting = sum(1 for slot in self._slots.values() if slot.prefilled < slot.prompt_len)
+        budget = self.prompt_budget(len(decode), ingesting)
         # A wave: nothing decodes, and its prompts do not all end in this step (nor are they
         # longer than a chunk a slot: then each starts as soon as it is in).
         left = sum(max(slot.prompt_len - slot.prefilled, 0) for slot in self._slots.values())
