@@ -167,8 +167,12 @@ class Setup:
 
 
 def llmtrio_argv(setup: Setup, port: int, ctx: int) -> list[str]:
+    # ``-m llmtrio``, not the venv's ``llmtrio`` script: the tree on PYTHONPATH (this one,
+    # or --base-tree's) decides what runs, whatever the venv was installed from.
     return [
-        str(Path(sys.executable).parent / "llmtrio"),
+        sys.executable,
+        "-m",
+        "llmtrio",
         "serve",
         "--model",
         str(setup.model),
