@@ -15,7 +15,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from ._metrics_server import serve_metrics
-from .engine import EngineConfig, open_engine
+from .engine import EngineConfig, open_engine, oversubscription, read_cores
 from .ring import DialConfig, RemoteLink, connect_ring
 from .worker import (
     LOAD_WAITERS,
@@ -68,6 +68,9 @@ async def run_worker(
     ingresses fail them), detaches from every ingress and frees the model.
     """
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
+    crowded = oversubscription(sum(each.threads for each in configs), read_cores())
+    if crowded is not None:
+        logger.warning("%s", crowded)
     registry = CollectorRegistry()
     link: RemoteLink | None = None
 
