@@ -73,12 +73,12 @@ class Scheduler:
       decode steps after its last. Prompts being ingested count as the streams they are
       about to be: with more of them than streams decoding, the budget grows by their
       ratio (one stream must not hold seven prompts to a crawl). While none decodes, the
-      prompts being ingested are one
-      wave, ingested ``prefill_chunk`` tokens a step, whose first tokens all come in the
-      same step (each prompt's last token waits for the others'), so they decode together
-      and no prompt of the wave is ingested beside a stream of it; a wave of more than
-      ``max_inflight`` chunks is not held (its prompts start as they are in, until what is
-      left is that short). ``math.inf`` is prompts first: every step takes
+      prompts being ingested are one wave, ingested ``prefill_chunk`` tokens a step, whose
+      first tokens all come in the same step (each prompt's last token waits for the
+      others'), so they decode together and no prompt of the wave is ingested beside a
+      stream of it; a wave of more than ``max_inflight`` chunks is not held (its prompts
+      start as they are in, until what is left is that short). ``math.inf`` is prompts
+      first: every step takes
       ``prefill_chunk`` prompt tokens, each prompt starts as soon as it is in (the lowest
       time to first token; every running stream waits for it).
     - A span (an image) is ingested whole in a chunk of its own: a text chunk ends where
