@@ -57,9 +57,30 @@ def test_the_price_of_a_prompt_token_follows_the_measured_steps() -> None:
     s.add(1, 500)
     s.schedule()
     assert s.prompt_budget(1) == 10  # 2 x 50 ms / 10 ms
-    # A step with 10 prompt tokens beside decoding took 50 + 10 x 30 ms: the price moves.
+    # A step with 10 prompt tokens beside decoding took 50 + 10 x 30 ms: the price moves,
+    # the recent step weighing most.
     s.measured(350, decode_only=False, prompt_tokens=10)
-    assert s.prompt_budget(1) == int(2 * 50 / (10 + (30 - 10) / 4))
+    price = (0.75 * 40 + 300) / (0.75 * 4 + 10)
+    assert s.token_ms == pytest.approx(price)
+    assert s.prompt_budget(1) == int(2 * 50 / price)
+
+
+def test_a_slow_step_with_one_prompt_token_does_not_starve_the_prompts() -> None:
+    s = Scheduler(max_inflight=4, prefill_chunk=256, prefill_share=1.0)
+    s.add(0, 4)
+    s.schedule()
+    s.measured(400, decode_only=False, prompt_tokens=200)  # 2 ms a token
+    s.schedule()
+    s.measured(100, decode_only=True)
+    s.add(1, 500)
+    assert s.schedule().prefill == (Prefill(1, 0, 50),)
+    # One prompt token in a step that another process slowed by 300 ms: priced by every
+    # token measured, it leaves the budget a few tokens smaller, not one token a step
+    # (which every later step would price the same way: a crawl that never ends).
+    s.measured(100 + 300, decode_only=False, prompt_tokens=1)
+    assert s.prompt_budget(1) >= 20
+    s.measured(100 + 2 * 20, decode_only=False, prompt_tokens=20)
+    assert s.prompt_budget(1) >= 25  # and it grows back as steps go as before
 
 
 def test_a_prompt_is_never_starved() -> None:

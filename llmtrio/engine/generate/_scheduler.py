@@ -68,7 +68,9 @@ class Scheduler:
     - ``prefill_share`` (finite) puts running streams first, two ways. While sequences
       decode, a step's prompt tokens may cost at most ``prefill_share`` times a decode-only
       step (the budget in tokens follows the measured step times: the last decode-only
-      step over the measured cost of one prompt token; at least one token, so a prompt is
+      step over the measured cost of one prompt token, what the steps that carried prompt
+      tokens took beyond a decode step over those tokens, recent steps weighing most; at
+      least one token, so a prompt is
       never starved): a running stream's next token comes at most ``1 + prefill_share``
       decode steps after its last. Prompts being ingested count as the streams they are
       about to be: with more of them than streams decoding, the budget grows by their
@@ -98,8 +100,10 @@ class Scheduler:
     _paused: dict[int, _Slot] = attrs.field(factory=dict)
     _decode_step_ms: float | None = None
     _measured_since_admit: bool = True
-    #: The measured cost of one prompt token in a step (a moving average), ms.
-    _token_ms: float | None = None
+    #: What prompt tokens added to the steps that carried them (ms) and how many they were,
+    #: both decayed at each such step: their ratio prices a prompt token.
+    _prompt_ms: float = 0.0
+    _prompt_tokens: float = 0.0
     #: Sequences decoding in the last step planned.
     _decoding: int = 0
 
@@ -132,15 +136,22 @@ class Scheduler:
             self._decode_step_ms = step_ms
             self._measured_since_admit = True
         elif prompt_tokens > 0:
+            # Summed, not averaged per step: a step with one prompt token prices it by the
+            # noise of a whole step (a spike of 100 ms is then 100 ms a token, the budget
+            # shrinks to a token a step, and every later step prices it the same way).
             base = (self._decode_step_ms or 0.0) if self._decoding else 0.0
-            per = max(step_ms - base, 0.0) / prompt_tokens
-            old = self._token_ms
-            self._token_ms = per if old is None else old + (per - old) / 4
+            self._prompt_ms = 0.75 * self._prompt_ms + max(step_ms - base, 0.0)
+            self._prompt_tokens = 0.75 * self._prompt_tokens + prompt_tokens
+
+    @property
+    def token_ms(self) -> float | None:
+        """The measured cost of one prompt token in a step, ms (``None`` before any)."""
+        return self._prompt_ms / self._prompt_tokens if self._prompt_tokens else None
 
     def prompt_budget(self, decoding: int, ingesting: int = 0) -> int:
         """The prompt tokens a step with ``decoding`` sequences decoding (and ``ingesting``
         prompts being ingested) may carry."""
-        share, decode_ms, token_ms = self.prefill_share, self._decode_step_ms, self._token_ms
+        share, decode_ms, token_ms = self.prefill_share, self._decode_step_ms, self.token_ms
         if not decoding or math.isinf(share) or decode_ms is None or not token_ms:
             return self.prefill_chunk
         scale = max(1.0, ingesting / decoding)
