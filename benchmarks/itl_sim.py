@@ -7,6 +7,7 @@ inter-token latency and throughput, in seconds of CPU time instead of hours of b
     .venv/bin/python benchmarks/itl_sim.py [--users 1 8 32] [--prompt-tokens 209 2009]
         [--output-tokens 64] [--requests-per-user 6] [--shares inf 4 1 0.25]
         [--decode-ms 35 14] [--token-ms 5.5] [--chunk 256] [--n-batch 2048]
+        [--rate PER_S] [--stagger MS] [--noise SIGMA]
 
 The cost model: a step takes ``a + b * n`` ms for ``n`` sequences decoding (``--decode-ms a
 b``) plus ``--token-ms`` for each prompt token in it (``benchmarks/mixed_steps.py`` measures
@@ -50,11 +51,15 @@ class Costs:
     base_ms: float
     per_seq_ms: float
     token_ms: float
+    #: Each step's time times a log-normal factor of this spread (a shared machine).
+    noise: float = 0.0
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(1))
 
     def step(self, decoding: int, prompt_tokens: int) -> float:
         if not decoding and not prompt_tokens:
             return 0.0
-        return self.base_ms + self.per_seq_ms * decoding + self.token_ms * prompt_tokens
+        ms = self.base_ms + self.per_seq_ms * decoding + self.token_ms * prompt_tokens
+        return ms * float(self.rng.lognormal(0.0, self.noise)) if self.noise else ms
 
 
 #: One policy step: the live requests in -> (decoding keys, {key: prompt tokens}).
@@ -172,11 +177,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--rate", type=float, default=0.0, help="open loop: Poisson arrivals a second"
     )
+    parser.add_argument("--noise", type=float, default=0.0, help="step time spread (log)")
     parser.add_argument(
         "--stagger", type=float, default=0.0, help="closed loop: user i starts at i x MS ms"
     )
     args = parser.parse_args(argv)
-    costs = Costs(args.decode_ms[0], args.decode_ms[1], args.token_ms)
+    costs = Costs(args.decode_ms[0], args.decode_ms[1], args.token_ms, args.noise)
     labels = ("tok/s", "TTFT p50", "TTFT mean", "ITL mean", "ITL p99", "gap p99")
     print(
         f"cost model: {costs.base_ms} + {costs.per_seq_ms} n ms a step, {costs.token_ms} ms a "

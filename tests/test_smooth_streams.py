@@ -83,6 +83,31 @@ def test_a_slow_step_with_one_prompt_token_does_not_starve_the_prompts() -> None
     assert s.prompt_budget(1) >= 25  # and it grows back as steps go as before
 
 
+def test_a_prompt_token_is_priced_beside_a_decode_step_of_as_many_sequences() -> None:
+    s = Scheduler(max_inflight=8, prefill_chunk=256, prefill_share=1.0)
+    s.add(0, 4)
+    s.schedule()
+    s.measured(40, decode_only=False, prompt_tokens=4)  # 10 ms a token, nothing decoding
+    s.schedule()
+    s.measured(50, decode_only=True)  # one sequence: 50 ms
+    for key in range(1, 4):
+        s.add(key, 4)
+    s.schedule()
+    s.measured(70, decode_only=False, prompt_tokens=12)
+    s.schedule()
+    s.measured(200, decode_only=True)  # four sequences: 200 ms
+    s.add(4, 500)
+    plan = s.schedule()
+    assert plan.decode == (0, 1, 2, 3)
+    # The step of one decoding sequence was not the base for the mixed one (its 20 ms
+    # beyond 50 ms are the prompt's; a decode step of one does not price those of four).
+    assert s.token_ms == pytest.approx((0.75 * 40 + 20) / (0.75 * 4 + 12))
+    # Four sequences: the budget is one decode step of four (200 ms) of prompt tokens.
+    assert sum(p.count for p in plan.prefill) == int(200 / s.token_ms)
+    s.measured(200 + 10 * 60, decode_only=False, prompt_tokens=60)
+    assert s.token_ms == pytest.approx((0.75 * (0.75 * 40 + 20) + 600) / (0.75 * 15 + 60))
+
+
 def test_a_prompt_is_never_starved() -> None:
     s = Scheduler(max_inflight=2, prefill_chunk=64, prefill_share=0.0)
     s.add(0, 1)

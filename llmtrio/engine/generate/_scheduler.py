@@ -68,9 +68,9 @@ class Scheduler:
     - ``prefill_share`` (finite) puts running streams first, two ways. While sequences
       decode, a step's prompt tokens may cost at most ``prefill_share`` times a decode-only
       step (the budget in tokens follows the measured step times: the last decode-only
-      step over the measured cost of one prompt token, what the steps that carried prompt
-      tokens took beyond a decode step over those tokens, recent steps weighing most; at
-      least one token, so a prompt is
+      step of as many sequences over the measured cost of one prompt token, what the steps
+      that carried prompt tokens took beyond a decode step of as many sequences over those
+      tokens, recent steps weighing most; at least one token, so a prompt is
       never starved): a running stream's next token comes at most ``1 + prefill_share``
       decode steps after its last. Prompts being ingested count as the streams they are
       about to be: with more of them than streams decoding, the budget grows by their
@@ -106,6 +106,8 @@ class Scheduler:
     _prompt_tokens: float = 0.0
     #: Sequences decoding in the last step planned.
     _decoding: int = 0
+    #: The last decode-only step's time, by the sequences it decoded (ms).
+    _decode_ms: dict[int, float] = attrs.field(factory=dict)
 
     def add(self, key: int, prompt_len: int) -> None:
         self._waiting.append((key, prompt_len))
@@ -135,11 +137,18 @@ class Scheduler:
         if decode_only:
             self._decode_step_ms = step_ms
             self._measured_since_admit = True
+            if self._decoding:
+                self._decode_ms[self._decoding] = step_ms
         elif prompt_tokens > 0:
-            # Summed, not averaged per step: a step with one prompt token prices it by the
-            # noise of a whole step (a spike of 100 ms is then 100 ms a token, the budget
-            # shrinks to a token a step, and every later step prices it the same way).
-            base = (self._decode_step_ms or 0.0) if self._decoding else 0.0
+            # Beside n sequences decoding, what the step took beyond a decode-only step of n
+            # (none measured yet: the step does not price the tokens; a decode step of
+            # fewer sequences would put their difference on the prompt's account). Summed,
+            # not averaged per step: a step with one prompt token prices it by the noise of
+            # a whole step (a spike of 100 ms is then 100 ms a token, the budget shrinks to
+            # a token a step, and every later step prices it the same way).
+            base = self._decode_ms.get(self._decoding) if self._decoding else 0.0
+            if base is None:
+                return
             self._prompt_ms = 0.75 * self._prompt_ms + max(step_ms - base, 0.0)
             self._prompt_tokens = 0.75 * self._prompt_tokens + prompt_tokens
 
@@ -151,9 +160,11 @@ class Scheduler:
     def prompt_budget(self, decoding: int, ingesting: int = 0) -> int:
         """The prompt tokens a step with ``decoding`` sequences decoding (and ``ingesting``
         prompts being ingested) may carry."""
-        share, decode_ms, token_ms = self.prefill_share, self._decode_step_ms, self.token_ms
-        if not decoding or math.isinf(share) or decode_ms is None or not token_ms:
+        share, token_ms, known = self.prefill_share, self.token_ms, self._decode_ms
+        if not decoding or math.isinf(share) or not known or not token_ms:
             return self.prefill_chunk
+        # The decode step of this many sequences, or of the nearest count measured.
+        decode_ms = known[min(known, key=lambda n: (abs(n - decoding), -n))]
         scale = max(1.0, ingesting / decoding)
         return max(1, min(self.prefill_chunk, int(share * scale * decode_ms / token_ms)))
 
