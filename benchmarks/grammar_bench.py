@@ -31,11 +31,11 @@ import numpy as np
 import trio
 from llama_cpp import llama_grammar
 
+from llmtrio.cli import serve
 from llmtrio.engine import EngineConfig, Tool, demo_model_path, json_schema_grammar
 from llmtrio.engine.grammar import _formats, _grammar, _regex
 from llmtrio.engine.llama import Batch, LlamaModel, SlotSampler
 from llmtrio.engine.llama._grammar_cache import GrammarCache
-from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 
 _KINDS: list[dict[str, Any]] = [

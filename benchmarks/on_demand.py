@@ -21,9 +21,9 @@ import attrs
 import httpx
 import trio
 
-from llmtrio._catalog import CatalogModel
+from llmtrio.cli import serve
+from llmtrio.cli._catalog import CatalogModel
 from llmtrio.engine import Engine, EngineConfig, GenerateRequest, Token, demo_model_path
-from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 from llmtrio.worker import HostConfig
 

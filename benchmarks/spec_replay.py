@@ -70,7 +70,7 @@ from llmtrio.engine.generate._request_grammar import request_grammar
 from llmtrio.engine.generate._step import CoreRequest
 from llmtrio.engine.llama import Batch, LlamaModel
 from llmtrio.engine.llama._constrained import OneToken
-from llmtrio.engine.spec import Acceptance, NgramDrafter, Shape, plan_drafts
+from llmtrio.engine.spec_decode import Acceptance, NgramDrafter, Shape, plan_drafts
 
 DRAFT_MAX = int(EngineConfig.__attrs_attrs__.spec_draft_max.default)
 MAX_N = 4  # NgramDrafter's longest n-gram

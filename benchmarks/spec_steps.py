@@ -49,7 +49,7 @@ from llmtrio.engine.generate._core import EngineCore
 from llmtrio.engine.generate._request_grammar import request_grammar
 from llmtrio.engine.generate._step import CoreRequest
 from llmtrio.engine.llama import LlamaModel
-from llmtrio.engine.spec import plan_drafts
+from llmtrio.engine.spec_decode import plan_drafts
 
 SLOTS = 8
 CTX = 1024

@@ -39,7 +39,7 @@ from llmtrio.engine.generate._core import EngineCore
 from llmtrio.engine.generate._engine import context_params
 from llmtrio.engine.generate._step import CoreRequest
 from llmtrio.engine.llama import Batch, LlamaModel
-from llmtrio.engine.spec import plan_drafts
+from llmtrio.engine.spec_decode import plan_drafts
 
 CTX = 1024
 

@@ -8,7 +8,7 @@ consecutive ids), each reading all the weights again; ``--kv-unified`` does not.
         [--context 600]
 
 Each line: the tokens per sequence, the positions with logits, the micro-batches
-``llmtrio.engine.spec._batches.micro_batches`` predicts, and the median ms.
+``llmtrio.engine.spec_decode._batches.micro_batches`` predicts, and the median ms.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from llmtrio.engine import demo_model_path
 from llmtrio.engine.llama import Batch, LlamaModel
-from llmtrio.engine.spec._batches import micro_batches
+from llmtrio.engine.spec_decode._batches import micro_batches
 
 SHAPES: dict[str, list[int]] = {
     "1 x 1": [1],

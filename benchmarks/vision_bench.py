@@ -49,7 +49,7 @@ def _image(seed: int) -> bytes:
 def _ask(seed: int, max_tokens: int = 4) -> GenerateRequest:
     image = decode_image(_image(seed), max_pixels=2**25, param="image")
     return GenerateRequest(
-        messages=[ChatMessage("user", MEDIA_MARKER + "Describe it.", images=[image])],
+        messages=[ChatMessage("user", MEDIA_MARKER + "Describe it.", media=[image])],
         max_tokens=max_tokens,
         ignore_eos=True,
     )

@@ -17,7 +17,7 @@ from llmtrio.engine.generate._jobs import Drafter
 from llmtrio.engine.generate._step import CoreRequest, StepOutput
 from llmtrio.engine.grammar import Grammar
 from llmtrio.engine.llama import LlamaModel
-from llmtrio.engine.spec import Candidate
+from llmtrio.engine.spec_decode import Candidate
 
 __all__ = [
     "RandomDrafter",

@@ -17,7 +17,7 @@ import httpx
 import trio
 from prometheus_client import CollectorRegistry
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.engine import Done, Engine, EngineConfig, GenerateRequest, Token, TokenLogprob
 from llmtrio.ring import RequestHead, ResponseHead, Ring, RingStream
 from llmtrio.web import ServeConfig, serve_ingress

@@ -12,6 +12,12 @@ llama.cpp's multimodal library supports whose output width matches a test model'
   tokens with non-causal attention (``mtmd_decode_use_non_causal``).
 - :func:`write_qwen3vl_projector`: Qwen3-VL's ``qwen3vl_merger`` (2x2 patch merge, M-RoPE
   image positions), 256 wide, for ``data/qwen35-tiny-random.gguf``.
+- :func:`write_qwen2a_projector`: Qwen2-Audio's ``qwen2a`` audio projector (a Whisper encoder:
+  two 1-D convolutions over the log-mel spectrogram, the second with stride 2, learned
+  positions, pre-norm blocks, average pooling by 2, and one linear layer to the text model's
+  width), tiny, 256 wide for the qwen35 tiny model: every 30-second window of audio (a
+  shorter file is padded to one) is 3,000 mel frames, 1,500 after the convolutions and
+  :data:`QWEN2A_WINDOW_TOKENS` (750) embeddings after the pooling.
 
 Key names and tensor layouts are those of llama.cpp's ``tools/mtmd/clip-impl.h`` and
 ``clip.cpp`` (0.3.36's vendored sources) and ``gguf-py``'s constants. Shapes below are numpy's
@@ -27,7 +33,16 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-__all__ = ["GEMMA3_IMAGE_TOKENS", "write_gemma3_projector", "write_qwen3vl_projector"]
+__all__ = [
+    "GEMMA3_IMAGE_TOKENS",
+    "QWEN2A_WINDOW_TOKENS",
+    "write_gemma3_projector",
+    "write_qwen2a_projector",
+    "write_qwen3vl_projector",
+]
+
+#: The embeddings of one 30-second window of audio through the ``qwen2a`` projector.
+QWEN2A_WINDOW_TOKENS = 750
 
 # the gemma3 projector below: a 64x64 image in 8-pixel patches is an 8x8 grid, pooled by 4 to
 # 2x2... too few to tell images apart reliably; 128 / 8 = 16x16 patches pooled by 4 is 16 tokens
@@ -191,6 +206,63 @@ def write_qwen3vl_projector(path: Path, *, text_width: int = 256, seed: int = 0)
     writer.add_tensor("mm.0.bias", _random(rng, merged))
     writer.add_tensor("mm.2.weight", _random(rng, text_width, merged, scale=0.5))
     writer.add_tensor("mm.2.bias", _random(rng, text_width))
+    _finish(writer)
+    return path
+
+
+def write_qwen2a_projector(
+    path: Path,
+    *,
+    text_width: int = 256,
+    seed: int = 0,
+    width: int = 32,
+    blocks: int = 2,
+    heads: int = 2,
+    n_mel: int = 128,
+) -> Path:
+    """Write a random ``qwen2a`` audio projector to ``path`` and return it (``width`` and
+    ``blocks`` size the Whisper encoder: benchmarks make it costlier; Qwen2-Audio's has 128
+    mel bins). llama.cpp reads it as clip.cpp's ``PROJECTOR_TYPE_QWEN2A``: 16 kHz audio,
+    30-second windows, :data:`QWEN2A_WINDOW_TOKENS` embeddings each."""
+    ffn = 2 * width
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_string("general.name", "llmtrio test projector (qwen2a)")
+    writer.add_string("general.file_type_name", "F32")
+    writer.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, False)
+    writer.add_bool(gguf.Keys.Clip.HAS_AUDIO_ENCODER, True)
+    writer.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "qwen2a")
+    writer.add_uint32(gguf.Keys.ClipAudio.EMBEDDING_LENGTH, width)
+    writer.add_uint32(gguf.Keys.ClipAudio.FEED_FORWARD_LENGTH, ffn)
+    writer.add_uint32(gguf.Keys.ClipAudio.BLOCK_COUNT, blocks)
+    writer.add_uint32(gguf.Keys.ClipAudio.Attention.HEAD_COUNT, heads)
+    writer.add_float32(gguf.Keys.ClipAudio.Attention.LAYERNORM_EPS, 1e-5)
+    writer.add_uint32(gguf.Keys.ClipAudio.PROJECTION_DIM, text_width)
+    writer.add_uint32(gguf.Keys.ClipAudio.NUM_MEL_BINS, n_mel)
+    # ggml ne = [3, n_mel, width]: numpy (width, n_mel, 3); the biases (width, 1), as
+    # convert_hf_to_gguf's WhisperEncoderModel writes them
+    writer.add_tensor("a.conv1d.1.weight", _random(rng, width, n_mel, 3, scale=0.2))
+    writer.add_tensor("a.conv1d.1.bias", _random(rng, width, 1))
+    writer.add_tensor("a.conv1d.2.weight", _random(rng, width, width, 3, scale=0.2))
+    writer.add_tensor("a.conv1d.2.bias", _random(rng, width, 1))
+    writer.add_tensor("a.position_embd.weight", _random(rng, 1500, width, scale=0.2))
+    for block in range(blocks):
+        prefix = f"a.blk.{block}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(f"{prefix}.{name}.weight", _random(rng, width, width, scale=0.2))
+            if name != "attn_k":  # Whisper's key projection has no bias
+                writer.add_tensor(f"{prefix}.{name}.bias", _random(rng, width))
+        for name in ("ln1", "ln2"):
+            writer.add_tensor(f"{prefix}.{name}.weight", np.ones(width, dtype=np.float32))
+            writer.add_tensor(f"{prefix}.{name}.bias", np.zeros(width, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.ffn_up.weight", _random(rng, ffn, width, scale=0.2))
+        writer.add_tensor(f"{prefix}.ffn_up.bias", _random(rng, ffn))
+        writer.add_tensor(f"{prefix}.ffn_down.weight", _random(rng, width, ffn, scale=0.2))
+        writer.add_tensor(f"{prefix}.ffn_down.bias", _random(rng, width))
+    writer.add_tensor("a.post_ln.weight", np.ones(width, dtype=np.float32))
+    writer.add_tensor("a.post_ln.bias", np.zeros(width, dtype=np.float32))
+    writer.add_tensor("mm.a.fc.weight", _random(rng, text_width, width, scale=1.0))
+    writer.add_tensor("mm.a.fc.bias", _random(rng, text_width))
     _finish(writer)
     return path
 

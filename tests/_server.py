@@ -10,8 +10,8 @@ import attrs
 import httpx
 import trio
 
+from llmtrio.cli import serve
 from llmtrio.engine import EngineConfig
-from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 from llmtrio.worker import RequestLimits
 

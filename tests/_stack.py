@@ -54,7 +54,7 @@ class Stack:
 async def open_stack(
     engine_config: EngineConfig, config: ServeConfig, limits: RequestLimits | None = None
 ) -> AsyncIterator[Stack]:
-    """``llmtrio serve``'s stack, put together as ``llmtrio.server.serve`` does, on a free
+    """``llmtrio serve``'s stack, put together as ``llmtrio.cli.serve`` does, on a free
     loopback port; torn down on exit."""
     async with Engine.open(engine_config) as engine:
         ring = Ring(max_streams=config.ring.max_streams)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import trio
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.ring import Claimed, Outcome, Ring, RingConfig, WorkerLink
 from llmtrio.web import ServeConfig
 from llmtrio.web._access import request_id

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmtrio._cli import _parser
-from llmtrio._configs import _api_keys
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, MODELS_LOAD_PATH, MODELS_UNLOAD_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, MODELS_LOAD_PATH, MODELS_UNLOAD_PATH
+from llmtrio.cli._configs import _api_keys
+from llmtrio.cli._main import _parser
 from llmtrio.ring import Ring
 from llmtrio.web import ApiKeys, ServeConfig, read_key_file
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 
 from ._helpers import engine_config
 from ._server import LiveServer

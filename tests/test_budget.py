@@ -1,4 +1,4 @@
-"""The budget and eviction policy (``llmtrio.worker._budget``), pure: a hypothesis state
+"""The budget and eviction policy (``llmtrio.worker._load_policy``), pure: a hypothesis state
 machine drives wants, loads, requests, engines dying, unloads and time through it and checks
 that no model is unloaded while a request runs on it (a dead engine's model unloads once its
 requests have ended), the budget is never exceeded, a pinned model is never evicted, and every
@@ -19,7 +19,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from llmtrio.worker._budget import GRACE_S, MIB, Actions, LoadPolicy, estimate_cost
+from llmtrio.worker._load_policy import GRACE_S, MIB, Actions, LoadPolicy, estimate_cost
 
 COSTS = {"a": 300, "b": 500, "c": 200, "d": 800, "huge": 5000}
 PINNED = "p"

@@ -1,4 +1,4 @@
-"""The catalog (``llmtrio._catalog``): the models file, a models folder, the Hugging Face
+"""The catalog (``llmtrio.cli._catalog``): the models file, a models folder, the Hugging Face
 cache and ``--model`` together, without a model loaded."""
 
 from __future__ import annotations
@@ -8,16 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from llmtrio._catalog import (
-    CatalogError,
-    build_catalog,
-    read_models_file,
-    scan_hf_cache,
-    scan_models_dir,
-)
-from llmtrio._cli import _parser
-from llmtrio._configs import catalog, on_demand, startup_configs
-from llmtrio._durations import FOREVER, keep_alive_seconds
+from llmtrio.api import FOREVER, keep_alive_seconds
+from llmtrio.cli._catalog import CatalogError, scan_hf_cache, scan_models_dir
+from llmtrio.cli._catalog_build import build_catalog, read_models_file
+from llmtrio.cli._configs import catalog, on_demand, startup_configs
+from llmtrio.cli._main import _parser
 from llmtrio.engine import EngineConfig
 
 BASE = EngineConfig(model=None, threads=1)
@@ -281,7 +276,7 @@ def test_the_command_builds_the_catalog_from_its_flags(tmp_path: Path) -> None:
 
 
 def test_the_new_engine_settings_as_flags(tmp_path: Path) -> None:
-    from llmtrio._configs import engine_configs
+    from llmtrio.cli._configs import engine_configs
 
     a = touch(tmp_path / "a.gguf")
     argv = ["serve", f"--model={a}", "-ctk", "q4_0", "-ctv", "q8_0", "--flash-attn=on"]
@@ -303,7 +298,7 @@ def test_the_new_engine_settings_as_flags(tmp_path: Path) -> None:
 
 
 def test_ps_lists_the_loaded_models() -> None:
-    from llmtrio._ps import table
+    from llmtrio.cli._ps import table
 
     listing = [
         {"id": "a", "kind": "chat", "workers": 2, "state": "loaded", "bytes": 300 << 20},

@@ -16,12 +16,12 @@ import httpx
 import numpy as np
 import pytest
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 
 from ._helpers import wait_until
 from .test_embeddings import assert_matches
 
-LLMTRIO = [sys.executable, "-m", "llmtrio._cli"]
+LLMTRIO = [sys.executable, "-m", "llmtrio"]
 
 
 def test_generate_streams_text_and_reports_the_stop(gemma_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_python_dash_m_llmtrio_is_the_command() -> None:
 def test_prompt_cache_flags_reach_the_engine_config(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from llmtrio._cli import _parser, engine_config
+    from llmtrio.cli._main import _parser, engine_config
 
     needed = {
         "serve": [],
@@ -176,7 +176,7 @@ def test_prompt_cache_flags_reach_the_engine_config(
 
 @pytest.mark.parametrize("command", ["serve", "worker", "generate"])
 def test_speculation_and_pool_flags_reach_the_engine_config(command: str) -> None:
-    from llmtrio._cli import _parser, engine_config
+    from llmtrio.cli._main import _parser, engine_config
     from llmtrio.engine import EngineConfig
 
     needed = {

@@ -17,12 +17,12 @@ from typing import Any
 import attrs
 import pytest
 
-from llmtrio import _cli as cli
-from llmtrio import _configs as configs
-from llmtrio import _parser, server
-from llmtrio._fields import RequestLimits
-from llmtrio._flags import COMMANDS, OPTIONS
-from llmtrio._remote_worker import run_worker
+from llmtrio.api import RequestLimits
+from llmtrio.cli import _configs as configs
+from llmtrio.cli import _main as cli
+from llmtrio.cli import _parser, run_worker
+from llmtrio.cli import _serve as server
+from llmtrio.cli._flags import COMMANDS, OPTIONS
 from llmtrio.engine import EngineConfig, InvalidRequestError, Sampling
 from llmtrio.ring import ControlConfig, DialConfig, RingConfig
 from llmtrio.web import ServeConfig
@@ -40,7 +40,7 @@ BUILDS: dict[str, tuple[Any, ...]] = {
 }
 #: ControlConfig's host and port come from --control-host and --control-port.
 # Flags whose values are not the field's: --threads takes [NAME=]N per model
-# (llmtrio._threads.thread_counts, tested in test_model_resolution.py).
+# (llmtrio.cli._threads.thread_counts, tested in test_model_resolution.py).
 OTHER_FLAG = {(ControlConfig, "host"), (ControlConfig, "port"), (EngineConfig, "threads")}
 
 
@@ -93,7 +93,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
                 for each in row.flags if isinstance(row, _parser.OneOf) else (row,):
                     rows[id(each)] = each
     named = [row for row in rows.values() if "." in row.setting]
-    assert len(named) == 58
+    assert len(named) == 61
     for row in named:
         owner, _, name = row.setting.partition(".")
         assert name in fields(getattr(importlib.import_module(_parser.HOMES[owner]), owner)), row
@@ -103,7 +103,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
             if isinstance(action.default, _parser.Default):
                 assert action.default.name == action.dest
                 shown += 1
-    assert shown == 28 + 23 + 50 + 40  # generate, embed, serve, worker (engine rows in each)
+    assert shown == 29 + 24 + 53 + 42  # generate, embed, serve, worker (engine rows in each)
 
 
 @pytest.mark.parametrize("command", sorted(NEEDED))
@@ -271,7 +271,7 @@ def test_a_class_names_the_field_and_the_command_the_flag(
 
 def test_the_command_prints_the_flag_and_exits_without_a_traceback() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "llmtrio._cli", "serve", "--no-local-worker", "--park-timeout=-1"],
+        [sys.executable, "-m", "llmtrio", "serve", "--no-local-worker", "--park-timeout=-1"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 1

@@ -35,9 +35,9 @@ import pytest
 import trio
 import yaml
 
-from llmtrio._catalog import parse_models_file
-from llmtrio._cli import _parser
-from llmtrio._probes import LIVEZ_PATH, READYZ_PATH
+from llmtrio.api import LIVEZ_PATH, READYZ_PATH
+from llmtrio.cli._catalog_build import parse_models_file
+from llmtrio.cli._main import _parser
 from llmtrio.engine import EngineConfig
 from llmtrio.ring import (
     ControlConfig,

@@ -18,7 +18,7 @@ import trio
 import trustme
 from prometheus_client import CollectorRegistry
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.ring import Claimed, Ring, WorkerLink
 from llmtrio.web import ServeConfig
 from llmtrio.web._drain import Drain

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 
 from ._helpers import wait_until
 from ._procs import Ingress, Ring

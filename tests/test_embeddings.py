@@ -14,8 +14,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio._fields import RequestLimits
-from llmtrio._openai_errors import OpenAIError
+from llmtrio.api import ApiError, RequestLimits
 from llmtrio.engine import (
     EmbeddingEngine,
     Engine,
@@ -237,7 +236,7 @@ def test_input_takes_each_of_openais_four_shapes(value: object, inputs: tuple[ob
 def test_a_bad_request_is_a_400_naming_the_field_or_the_input(
     body: dict[str, object], param: str, code: str
 ) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         parse_embeddings_request(json.dumps(body).encode(), RequestLimits(max_embedding_inputs=3))
     assert caught.value.status == 400
     assert (caught.value.param, caught.value.error_code) == (param, code)

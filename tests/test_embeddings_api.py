@@ -16,8 +16,8 @@ import openai
 import pytest
 import trio
 
-from llmtrio._remote_worker import run_worker
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from llmtrio.cli import run_worker
 from llmtrio.ring import Ring, client_ssl_context
 from llmtrio.web import ServeConfig, serve_ingress
 from llmtrio.worker import RequestLimits

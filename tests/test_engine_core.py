@@ -14,7 +14,7 @@ from llmtrio.engine.generate._core import EngineCore
 from llmtrio.engine.generate._engine import context_params
 from llmtrio.engine.generate._step import CoreRequest, StepOutput
 from llmtrio.engine.llama import Batch, LlamaModel
-from llmtrio.engine.spec import Candidate
+from llmtrio.engine.spec_decode import Candidate
 
 from ._core_helpers import RandomDrafter, core_request, open_core, run_core
 from ._helpers import engine_config

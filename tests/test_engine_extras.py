@@ -27,9 +27,9 @@ from llmtrio.engine import (
     TokenLogprob,
     json_schema_grammar,
 )
-from llmtrio.engine._types import MAX_RECURRENT_DRAFT
+from llmtrio.engine._config import MAX_RECURRENT_DRAFT
 from llmtrio.engine.llama import Batch, LlamaModel, Penalties
-from llmtrio.engine.llama._sampling import logprob_of
+from llmtrio.engine.llama._logits import logprob_of
 
 from ._helpers import assert_greedy_agrees, collect, collect_logprobs, engine_config, run
 
@@ -176,7 +176,8 @@ async def test_a_schema_compiles_once_for_many_requests(gemma_path: Path) -> Non
             jsonschema.validate(json.loads(text), schema)
         with pytest.raises(InvalidRequestError, match="'uniqueItems'") as info:
             bad = {"type": "array", "uniqueItems": True}
-            async with engine.submit(GenerateRequest.user("hi", json_schema=bad)):
+            strict = GenerateRequest.user("hi", json_schema=bad, json_schema_strict=True)
+            async with engine.submit(strict):
                 pass
         assert info.value.param == "json_schema"
         assert engine.capacity().inflight == 0

@@ -22,8 +22,8 @@ from llmtrio.engine import DecodeError, EngineStats, Sampling, StopReason
 from llmtrio.engine.generate import _core as core_module
 from llmtrio.engine.generate._jobs import Drafter
 from llmtrio.engine.llama import Batch, LlamaModel, SlotSampler
-from llmtrio.engine.spec import NgramDrafter
-from llmtrio.engine.spec._ngram import AGREED_MATCH, POOL_MATCH
+from llmtrio.engine.spec_decode import NgramDrafter
+from llmtrio.engine.spec_decode._ngram import AGREED_MATCH, POOL_MATCH
 
 from ._core_helpers import (
     RandomDrafter,

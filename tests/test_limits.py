@@ -14,10 +14,9 @@ import httpx
 import pytest
 import trio
 
-from llmtrio._cli import _parser
-from llmtrio._configs import request_limits, serve_config
-from llmtrio._openai_errors import OpenAIError
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, OPENAI_ERRORS, ApiError
+from llmtrio.cli._configs import request_limits, serve_config
+from llmtrio.cli._main import _parser
 from llmtrio.ring import Ring
 from llmtrio.web import RateLimiter, ServeConfig
 from llmtrio.worker import RequestLimits
@@ -63,10 +62,10 @@ def test_the_limiter_forgets_full_buckets_first_and_stays_bounded() -> None:
 
 
 def refusal(call: Callable[[], object]) -> dict[str, Any]:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         call()
     assert caught.value.status == 400
-    error: dict[str, Any] = caught.value.to_dict()["error"]
+    error: dict[str, Any] = OPENAI_ERRORS.to_dict(caught.value)["error"]
     return error
 
 

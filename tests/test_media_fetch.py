@@ -19,7 +19,7 @@ import pytest
 import trio
 import trustme
 
-from llmtrio._openai_errors import OpenAIError
+from llmtrio.api import ApiError
 from llmtrio.engine import GenerateRequest
 from llmtrio.worker import RequestLimits
 from llmtrio.worker._chat_request import parse_chat_request
@@ -154,7 +154,7 @@ def limits(*hosts: str, **values: Any) -> RequestLimits:
 
 
 async def refused(url: str, rules: RequestLimits, **options: Any) -> str:
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         await fetch_image(url, PARAM, rules, **options)
     assert error.value.status == 400 and error.value.param == PARAM
     message = error.value.message
@@ -185,7 +185,7 @@ def test_host_rules() -> None:
         ("http://images.example:99999/", "malformed"),
         ("http://bücher.example/a.png", "ASCII (punycode) form"),
     ):
-        with pytest.raises(OpenAIError) as error:
+        with pytest.raises(ApiError) as error:
             check_url(url, hosts, PARAM)
         assert reason in error.value.message and error.value.param == PARAM, url
     with pytest.raises(ValueError, match="not a host name"):
@@ -207,10 +207,10 @@ def test_remote_urls_are_off_by_default_and_checked_at_the_parse() -> None:
         part = {"type": "image_url", "image_url": {"url": url}}
         return json.dumps({"messages": [{"role": "user", "content": [part]}]}).encode()
 
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         parse_chat_request(body("http://images.test/a.png"))
     assert error.value.param == PARAM and "--allowed-media-domains" in error.value.message
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         parse_chat_request(body("http://other.test/a.png"), limits("images.test"))
     assert "'other.test' is not one this server fetches" in error.value.message
     request = parse_chat_request(body("http://images.test/a.png"), limits("images.test"))
@@ -413,7 +413,7 @@ async def test_a_requests_urls_are_fetched_at_once(serve: Serve) -> None:
         (8, "messages[0].content[1].image_url.url"),
     ]
     assert not any(isinstance(i, RemoteImage) for i in images)
-    with pytest.raises(OpenAIError) as error:
+    with pytest.raises(ApiError) as error:
         await fetch_remote_images(request("/hang", "/missing"), engine)
     assert error.value.param == "messages[0].content[1].image_url.url"
     assert "HTTP 404" in error.value.message

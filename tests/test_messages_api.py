@@ -17,7 +17,13 @@ import httpx
 import jsonschema
 import pytest
 
-from llmtrio._openai_errors import (
+from llmtrio.api import (
+    ANTHROPIC_ERRORS,
+    CHAT_PATH,
+    COUNT_TOKENS_PATH,
+    MESSAGES_PATH,
+    OPENAI_ERRORS,
+    error_family,
     invalid_api_key,
     no_worker,
     rate_limited,
@@ -25,22 +31,14 @@ from llmtrio._openai_errors import (
     ring_full,
     server_error,
 )
-from llmtrio._routes import (
-    ANTHROPIC_ERRORS,
-    CHAT_PATH,
-    COUNT_TOKENS_PATH,
-    MESSAGES_PATH,
-    OPENAI_ERRORS,
-    error_family,
-)
 from llmtrio.engine import Done, StopReason, Timings, Token
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.worker import RequestLimits
+from llmtrio.worker._encoding import ResponseMeta
 from llmtrio.worker._messages_request import parse_messages_request
 from llmtrio.worker._messages_response import MessageBody, MessageStream, signature
 from llmtrio.worker._reasoning import ADAPTIVE_EFFORT, for_effort
-from llmtrio.worker._responses import ResponseMeta
 
 from ._helpers import engine_config
 from ._procs import Ring
@@ -333,20 +331,20 @@ def test_the_route_family_decides_the_error_shape() -> None:
     assert error_family("/v1/messages/batches") == ANTHROPIC_ERRORS
     assert error_family(CHAT_PATH) == error_family("/v1/messagesx") == OPENAI_ERRORS
     full = ring_full(2)
-    assert (full.status_in(OPENAI_ERRORS), full.status_in(ANTHROPIC_ERRORS)) == (503, 529)
-    assert json.loads(full.body(ANTHROPIC_ERRORS)) == {
+    assert (OPENAI_ERRORS.status(full), ANTHROPIC_ERRORS.status(full)) == (503, 529)
+    assert json.loads(ANTHROPIC_ERRORS.body(full)) == {
         "type": "error",
         "error": {"type": "overloaded_error", "message": full.message},
     }
-    assert no_worker(5.0).status_in(ANTHROPIC_ERRORS) == 529
-    assert json.loads(invalid_api_key().body(ANTHROPIC_ERRORS))["error"]["type"] == (
+    assert ANTHROPIC_ERRORS.status(no_worker(5.0)) == 529
+    assert json.loads(ANTHROPIC_ERRORS.body(invalid_api_key()))["error"]["type"] == (
         "authentication_error"
     )
-    limited = json.loads(rate_limited(10, 6).body(ANTHROPIC_ERRORS))
+    limited = json.loads(ANTHROPIC_ERRORS.body(rate_limited(10, 6)))
     assert limited["error"]["type"] == "rate_limit_error"
-    assert request_timeout(30).status_in(ANTHROPIC_ERRORS) == 504
-    assert server_error().sse(ANTHROPIC_ERRORS).startswith(b"event: error\ndata: {")
-    assert server_error().sse().startswith(b'data: {"error":')
+    assert ANTHROPIC_ERRORS.status(request_timeout(30)) == 504
+    assert ANTHROPIC_ERRORS.event(server_error()).startswith(b"event: error\ndata: {")
+    assert OPENAI_ERRORS.event(server_error()).startswith(b'data: {"error":')
 
 
 # -- the anthropic client against gemma -------------------------------------------------------

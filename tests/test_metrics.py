@@ -15,9 +15,9 @@ import trio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmtrio._metrics_server import serve_metrics
-from llmtrio._remote_worker import run_worker
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, TOKENIZE_PATH
+from llmtrio.cli import run_worker, serve_metrics
+from llmtrio.cli._catalog import CatalogModel
 from llmtrio.ring import Heartbeat, RequestHead, Ring, RingConfig, client_ssl_context
 from llmtrio.web import IngressMetrics, ServeConfig, serve_ingress
 
@@ -318,3 +318,87 @@ async def test_an_ingress_exports_the_pickers_gauges_for_its_own_ring() -> None:
         for stream in [served, *parked]:
             stream.cancel()
         claimed.fail("done")
+
+
+async def test_a_tokenize_request_is_not_counted_as_a_generation(gemma_path: Path) -> None:
+    """``/tokenize`` (and the other answers that generate nothing) count in a counter of
+    their own; the per-request series of generations (TTFT, end to end, queue, lengths,
+    successes) count the one chat request only."""
+    engine = engine_config(gemma_path, max_inflight=2, ctx_size=512)
+    config = ServeConfig(port=0, ring=RingConfig(max_streams=8), graceful_timeout=1)
+    async with open_stack(engine, config) as stack, httpx.AsyncClient(timeout=60) as http:
+        metrics = stack.url + "/metrics"
+        before = await scrape(http, metrics)
+        tokenized = await http.post(stack.url + TOKENIZE_PATH, json={"content": "Hello there"})
+        assert tokenized.status_code == 200, tokenized.text
+        chat = await http.post(
+            stack.url + CHAT_PATH, json={"messages": HI, "max_tokens": 3, "ignore_eos": True}
+        )
+        assert chat.status_code == 200, chat.text
+        await stack.wait_idle()
+        after = await scrape(http, metrics)
+
+    def delta(name: str, **labels: str) -> float:
+        return moved(before, after, name, **labels)
+
+    for name in (
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_queue_time_seconds_count",
+        "vllm:request_prompt_tokens_count",
+        "vllm:request_generation_tokens_count",
+    ):
+        assert delta(name) == 1, name
+    assert delta("vllm:request_success_total", finished_reason="length") == 1
+    assert delta("vllm:request_success_total", finished_reason="stop") == 0
+    assert delta("llmtrio_tokenize_requests_total") == 1
+
+
+async def test_a_remote_worker_serves_a_model_on_demands_series(
+    qwen35_path: Path, pki: Pki
+) -> None:
+    """``llmtrio worker``'s composition root passes its metrics to the links of its models on
+    demand too: a chat request to one moves its per-request series on the worker's port."""
+    catalog = [
+        CatalogModel(
+            "tiny",
+            engine_config(qwen35_path, model_name="tiny", threads=1, max_inflight=2, ctx_size=256),
+            "models-file",
+        )
+    ]
+    ring = Ring(max_streams=8, park_timeout=30)
+    config = ServeConfig(host="127.0.0.1", port=0, graceful_timeout=1)
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=60) as http:
+        control = await start_ingress(nursery, pki, ring)
+        shutdown = trio.Event()
+        binds = await nursery.start(
+            partial(serve_ingress, ring, config, model_name="", shutdown=shutdown)
+        )
+        context = client_ssl_context(pki.worker("w1"), None, pki.ingress_ca)
+        worker_metrics = await nursery.start(
+            partial(
+                run_worker,
+                [],
+                [control],
+                context,
+                shutdown=shutdown,
+                name="w1",
+                metrics_address=("127.0.0.1", 0),
+                on_demand=catalog,
+            )
+        )
+        await wait_attached(ring, 1)
+        before = await scrape(http, worker_metrics)
+        body = {"model": "tiny", "messages": HI, "max_tokens": 3, "ignore_eos": True}
+        response = await http.post(binds[0] + CHAT_PATH, json=body)
+        assert response.status_code == 200, response.text
+        after = await scrape(http, worker_metrics)
+        nursery.cancel_scope.cancel()
+    tiny = {"model_name": "tiny"}
+    for name in (
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:request_time_per_output_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+    ):
+        assert moved(before, after, name, **tiny) == 1, name
+    assert moved(before, after, "vllm:request_generation_tokens_sum", **tiny) == 3

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 
 from ._procs import ROOT, Ingress, Ring
 

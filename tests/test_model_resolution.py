@@ -9,17 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from llmtrio._configs import engine_configs
-from llmtrio._openai_errors import OpenAIError
-from llmtrio._routes import (
+from llmtrio.api import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     DETOKENIZE_PATH,
     EMBEDDINGS_PATH,
+    OPENAI_ERRORS,
     TOKENIZE_PATH,
+    ApiError,
 )
-from llmtrio._threads import split_threads, thread_counts
-from llmtrio._values import ModelSpec, threads_value
+from llmtrio.cli._configs import engine_configs
+from llmtrio.cli._threads import split_threads, thread_counts
+from llmtrio.cli._values import ModelSpec, threads_value
 from llmtrio.ring import ModelStats
 from llmtrio.web._models import requested_model, resolve_model
 
@@ -29,9 +30,9 @@ BOTH = CHATS | MINILM
 
 
 def refused(requested: object, path: str, models: dict[str, ModelStats], **kw: object) -> dict:
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         resolve_model(requested, path, models, **kw)  # type: ignore[arg-type]
-    return {"status": info.value.status, **info.value.to_dict()["error"]}
+    return {"status": info.value.status, **OPENAI_ERRORS.to_dict(info.value)["error"]}
 
 
 def test_rule_1_a_model_served_now_or_lately_is_routed_to() -> None:
@@ -154,7 +155,7 @@ def test_named_thread_counts_leave_the_rest_of_the_cores_to_the_other_models() -
 
 
 def test_engine_configs_one_per_model(tmp_path: Path) -> None:
-    from llmtrio._cli import _parser
+    from llmtrio.cli._main import _parser
 
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
 

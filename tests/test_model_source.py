@@ -24,8 +24,8 @@ from urllib.parse import unquote, urlsplit
 import attrs
 import pytest
 
-from llmtrio._cli import _parser
-from llmtrio._configs import engine_configs
+from llmtrio.cli._configs import engine_configs
+from llmtrio.cli._main import _parser
 from llmtrio.engine import (
     DEFAULT_REPO,
     EngineConfig,
@@ -34,12 +34,8 @@ from llmtrio.engine import (
     model_name_of,
     resolve_model,
 )
-from llmtrio.engine.models._source import (
-    HubSettings,
-    NoMatchingFile,
-    choose_gguf,
-    choose_mmproj,
-)
+from llmtrio.engine.models._repo_files import NoMatchingFile, choose_gguf, choose_mmproj
+from llmtrio.engine.models._source import HubSettings
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_REPO = "someone/Other-Model-GGUF"

@@ -35,8 +35,9 @@ from llmtrio.worker import (
     HostConfig,
     HostedModel,
     ModelHost,
+    OnDemand,
     _host,
-    serve_hosted_link,
+    serve_link,
 )
 
 from ._helpers import HEAD, engine_config, eventually, read_all
@@ -116,7 +117,7 @@ async def hosting(
         serving = await stack.enter_async_context(trio.open_nursery())
         for index, name in enumerate(names):
             if links:
-                await serving.start(partial(serve_hosted_link, host, name, links[index]))
+                await serving.start(partial(serve_link, OnDemand(host, name), links[index]))
             else:
                 await serving.start(local_link, ring, host, name)
         await wait_attached(ring, len(names))
@@ -130,7 +131,7 @@ async def local_link(
     ring: Ring, host: ModelHost, name: str, *, task_status: trio.TaskStatus[None]
 ) -> None:
     async with ring.attach(f"local-{name}", LOAD_WAITERS, models=[name]) as link:
-        await serve_hosted_link(host, name, link, task_status=task_status)
+        await serve_link(OnDemand(host, name), link, task_status=task_status)
 
 
 @pytest.mark.parametrize("kind", LINKS)

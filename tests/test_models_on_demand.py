@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
@@ -16,16 +16,18 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmtrio._catalog import CatalogModel
-from llmtrio._cli import main
-from llmtrio._routes import (
+from llmtrio.api import (
+    ANTHROPIC_TYPES,
     CHAT_PATH,
     COMPLETIONS_PATH,
     EMBEDDINGS_PATH,
+    MESSAGES_PATH,
     MODELS_LOAD_PATH,
     MODELS_UNLOAD_PATH,
+    RESPONSES_PATH,
 )
-from llmtrio.server import serve
+from llmtrio.cli import main, serve
+from llmtrio.cli._catalog import CatalogModel
 from llmtrio.web import ServeConfig
 from llmtrio.worker import HostConfig
 
@@ -326,3 +328,144 @@ def test_two_workers_with_different_catalogs_behind_one_ingress(
         workers["w-qwen"].wait_for(r"loaded qwen in")
         workers["w-minilm"].wait_for(r"loaded minilm in")
         assert "minilm" not in workers["w-qwen"].text()
+
+
+async def test_health_shows_prompt_reuse_for_a_model_on_demand(
+    on_demand: tuple[str, Loads],
+) -> None:
+    """A model loaded on demand beats the same capacity figures as one loaded at start: its
+    prompt reuse reaches ``/health`` (a second turn reads the first from memory)."""
+    url, _ = on_demand
+    first_turn = [{"role": "user", "content": "Name a colour."}]
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        first = await client.post(CHAT_PATH, json=chat("gemma", messages=first_turn))
+        assert first.status_code == 200, first.text
+        answer = first.json()["choices"][0]["message"]["content"]
+        second_turn = [
+            *first_turn,
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Another one."},
+        ]
+        second = await client.post(CHAT_PATH, json=chat("gemma", messages=second_turn))
+        assert second.status_code == 200, second.text
+        cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0  # the engine reused the first turn
+
+        async def reuse() -> dict[str, int] | None:
+            health = (await client.get("/health")).json()
+            mine = [w for w in health["workers"] if w["models"] == ["gemma"]]
+            beat = mine[0]["capacity"] if mine else None
+            reused = beat["prompt_cache"] if beat else None
+            return reused if reused and reused["cached_tokens"] >= cached else None
+
+        reused = await eventually(reuse, "gemma's heartbeat stating its prompt reuse")
+        assert reused["hits"] >= 1
+        assert (await client.get("/health")).json()["prompt_cache"]["cached_tokens"] >= cached
+
+
+async def test_a_model_on_demand_has_its_latency_series(on_demand: tuple[str, Loads]) -> None:
+    """The per-request histograms (TTFT, time per output token, end to end) of a model loaded
+    on demand, on the server's ``/metrics``, as a model loaded at start has them."""
+    url, _ = on_demand
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        answer = await client.post(CHAT_PATH, json=chat("qwen", max_tokens=3, ignore_eos=True))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 3
+
+        async def counts() -> dict[str, float] | None:
+            text = (await client.get("/metrics")).text
+            found = {
+                sample.name: sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.labels == {"model_name": "qwen"}
+            }
+            return found if found.get("vllm:e2e_request_latency_seconds_count") else None
+
+        found = await eventually(counts, "qwen's end-to-end series on /metrics")
+    for name in (
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:request_time_per_output_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_generation_tokens_count",
+    ):
+        assert found[name] == 1, name
+    assert found["vllm:request_generation_tokens_sum"] == 3
+
+
+def _anthropic(model: str, **fields: object) -> dict[str, object]:
+    return {
+        "model": model,
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}],
+        **fields,
+    }
+
+
+#: A refusal of the model host's, asked for on a route of each error family.
+FAMILIES = [
+    pytest.param(CHAT_PATH, chat, id="openai-chat"),
+    pytest.param(
+        RESPONSES_PATH,
+        lambda model, **f: {"model": model, "input": "hi", **f},
+        id="openai-responses",
+    ),
+    pytest.param(MESSAGES_PATH, _anthropic, id="anthropic-messages"),
+]
+
+
+def _assert_family(path: str, response: httpx.Response, status: int, kind: str) -> str:
+    """``response`` is ``status`` in the shape of ``path``'s family: Anthropic's
+    ``{"type": "error", "error": {"type", "message"}}`` with its error type for the status, or
+    OpenAI's ``{"error": {"message", "type", "param", "code"}}``; gives the message. A 503 is
+    Anthropic's 529 (``overloaded_error``: it has no 503)."""
+    if path == MESSAGES_PATH and status == 503:
+        status = 529
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    if path == MESSAGES_PATH:
+        assert body["type"] == "error" and set(body) == {"type", "error"}, body
+        assert body["error"]["type"] == ANTHROPIC_TYPES[status], body
+        return str(body["error"]["message"])
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["code"] == kind or body["error"]["param"] == kind, body
+    return str(body["error"]["message"])
+
+
+@pytest.mark.parametrize(("path", "body"), FAMILIES)
+async def test_a_failed_load_is_told_in_the_routes_family(
+    on_demand: tuple[str, Loads], path: str, body: Callable[..., dict[str, object]]
+) -> None:
+    url, loads = on_demand
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        failed = await client.post(path, json=body("broken"))
+    message = _assert_family(path, failed, 503, "model_load_failed")
+    assert "'broken'" in message and "truncated or corrupt" in message
+    assert loads.count("loading", "broken") == 1
+
+
+@pytest.mark.parametrize(("path", "body"), FAMILIES)
+async def test_the_load_back_off_is_told_in_the_routes_family(
+    on_demand: tuple[str, Loads], path: str, body: Callable[..., dict[str, object]]
+) -> None:
+    url, loads = on_demand
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        await client.post(path, json=body("broken"))  # the failed load
+        again = await client.post(path, json=body("broken"))  # within its back-off
+    message = _assert_family(path, again, 503, "model_load_failed")
+    assert "'broken'" in message
+    assert int(again.headers["retry-after"]) >= 1
+    assert loads.count("loading", "broken") == 1  # not loaded again
+
+
+@pytest.mark.parametrize(("path", "body"), FAMILIES)
+async def test_a_bad_keep_alive_is_told_in_the_routes_family(
+    on_demand: tuple[str, Loads], path: str, body: Callable[..., dict[str, object]]
+) -> None:
+    url, loads = on_demand
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        wrong = await client.post(path, json=body("qwen", keep_alive="soon"))
+    message = _assert_family(path, wrong, 400, "keep_alive")
+    assert "keep_alive" in message
+    assert loads.count("loading", "qwen") == 0  # refused before anything loads

@@ -13,8 +13,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
-from llmtrio.server import serve
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
+from llmtrio.cli import serve
 from llmtrio.web import ServeConfig
 
 from ._helpers import engine_config, eventually, wait_until

@@ -34,7 +34,7 @@ import attrs
 import httpx
 import pytest
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 
 from ._helpers import wait_until
 from ._netns import Host, Topology, unavailable

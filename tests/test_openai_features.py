@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio._fields import (
+from llmtrio.api import (
     FIELDS,
-    MESSAGES,
+    MESSAGE_FIELDS,
     NAMED_TOOL_CHOICE,
     RESPONSE_FORMAT_JSON_SCHEMA,
     TEXT_PARTS,
+    ApiError,
     Field,
 )
-from llmtrio._openai_errors import OpenAIError
 from llmtrio.engine import (
     JSON_OBJECT_GRAMMAR,
     InvalidRequestError,
@@ -38,8 +38,8 @@ def chat(**fields: Any) -> Any:
     return parse_chat_request(json.dumps({"messages": HI, **fields}).encode())
 
 
-def refused(parse: Any, **fields: Any) -> OpenAIError:
-    with pytest.raises(OpenAIError) as info:
+def refused(parse: Any, **fields: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
         parse(**fields)
     assert info.value.status == 400
     return info.value
@@ -191,7 +191,7 @@ NESTED_BODY: dict[str, Any] = {
 }  # fmt: skip
 _CHAT_FIELDS = {f.name: f for f in FIELDS if "chat" in f.endpoints}
 NESTED_SPECS: list[tuple[str, Field]] = [
-    *((f"messages[{i}]", MESSAGES[m["role"]]) for i, m in enumerate(NESTED_BODY["messages"])),
+    *((f"messages[{i}]", MESSAGE_FIELDS[m["role"]]) for i, m in enumerate(NESTED_BODY["messages"])),
     ("messages[1].content", TEXT_PARTS),
     *((name, _CHAT_FIELDS[name])
       for name in ("tools", "response_format", "stream_options", "chat_template_kwargs")),
@@ -244,7 +244,7 @@ def test_every_nested_field_of_the_table_is_checked(param: str, value: Any, name
     field whose faults are reported whole): the validator checks what the document says."""
     body = json.loads(json.dumps(NESTED_BODY))
     _set(body, param, value)
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         parse_chat_request(json.dumps(body).encode())
     error = info.value
     assert (error.status, error.param) == (400, named)

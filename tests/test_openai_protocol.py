@@ -11,16 +11,16 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from llmtrio._routes import ANTHROPIC_ERRORS, CHAT_PATH
+from llmtrio.api import ANTHROPIC_ERRORS, CHAT_PATH, OPENAI_ERRORS
 
 try:  # the HTTP client the openai package is built on: httpx2 from openai 3, httpx before
     import httpx2 as httpx
 except ImportError:  # pragma: no cover
     import httpx  # type: ignore[no-redef]
 
-from llmtrio._openai_errors import (
+from llmtrio.api import (
     DEFAULT_MAX_BODY_BYTES,
-    OpenAIError,
+    ApiError,
     invalid_request,
     method_not_allowed,
     not_found,
@@ -45,7 +45,7 @@ from llmtrio.engine._types import (
 )
 from llmtrio.worker._chat_request import ChatCompletionRequest, parse_chat_request
 from llmtrio.worker._chat_response import ChatBody, ChatStream, completion_body
-from llmtrio.worker._responses import ResponseMeta, from_engine_error, new_id
+from llmtrio.worker._encoding import ResponseMeta, from_engine_error, new_id
 
 HI = [{"role": "user", "content": "hi"}]
 DONE = Done(StopReason.END_OF_GENERATION, 7, 3, Timings(0.001, 0.02, 0.05), cached_tokens=2)
@@ -62,9 +62,9 @@ def parse(**fields: Any) -> ChatCompletionRequest:
     return parse_chat_request(json.dumps(fields).encode())
 
 
-def refused(body: bytes | dict[str, Any], **kwargs: Any) -> OpenAIError:
+def refused(body: bytes | dict[str, Any], **kwargs: Any) -> ApiError:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         parse_chat_request(raw, **kwargs)
     return info.value
 
@@ -354,9 +354,16 @@ BAD_FIELDS: list[tuple[dict[str, Any], str, str, str]] = [
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+        "messages[0].content[0].input_audio.data",
+        "missing_required_parameter",
+        "data",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "file", "file": {}}]}]},
         "messages[0].content[0].type",
         "invalid_value",
-        "'input_audio'. This server accepts text content parts ('text'), and image parts",
+        "'file'. This server accepts text content parts ('text'), and image parts "
+        "('image_url') and audio parts ('input_audio')",
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
@@ -477,7 +484,7 @@ def test_lone_surrogates_in_text_are_400(raw: bytes, param: str) -> None:
     error = refused(raw)
     assert (error.status, error.param, error.code) == (400, param, "invalid_value")
     assert "lone UTF-16 surrogate" in error.message
-    event_json(error.sse())  # the message itself stays valid UTF-8 JSON
+    event_json(OPENAI_ERRORS.event(error))  # the message itself stays valid UTF-8 JSON
 
 
 def test_long_values_are_clipped_in_messages() -> None:
@@ -500,9 +507,12 @@ def test_error_body_and_sse_shapes() -> None:
             "code": "invalid_value",
         }
     }
-    assert json.loads(error.body()) == expected
-    assert event_json(error.sse()) == expected
-    assert error.sse() == b"data: " + error.body() + b"\n\n"
+    assert json.loads(OPENAI_ERRORS.body(error)) == expected
+    assert event_json(OPENAI_ERRORS.event(error)) == expected
+    assert OPENAI_ERRORS.event(error) == b"data: " + OPENAI_ERRORS.body(error) + b"\n\n"
+    status, headers, body = OPENAI_ERRORS.response(error)
+    assert (status, headers, body) == (400, (("content-type", "application/json"),), body)
+    assert json.loads(body) == expected
     assert str(error) == "bad 'x'"
     assert "400" in repr(error)
 
@@ -525,14 +535,14 @@ def test_error_body_and_sse_shapes() -> None:
     ],
 )
 def test_error_helpers(
-    error: OpenAIError,
+    error: ApiError,
     status: int,
     type_: str,
     code: str | None,
     headers: tuple[tuple[str, str], ...],
 ) -> None:
     assert (error.status, error.type, error.code, error.headers) == (status, type_, code, headers)
-    body = json.loads(error.body())["error"]
+    body = json.loads(OPENAI_ERRORS.body(error))["error"]
     assert body == {"message": error.message, "type": type_, "param": None, "code": code}
     assert error.message
 
@@ -781,8 +791,8 @@ def fake_server(pieces: list[Token]) -> httpx.MockTransport:
     def handle(request: httpx.Request) -> httpx.Response:
         try:
             parsed = parse_chat_request(request.content)
-        except OpenAIError as error:
-            return httpx.Response(error.status, content=error.body())
+        except ApiError as error:
+            return httpx.Response(error.status, content=OPENAI_ERRORS.body(error))
         meta = ResponseMeta("chatcmpl-1", 1, parsed.model or "local")
         done = Done(StopReason.END_OF_GENERATION, 5, len(pieces), Timings(0.0, 0.01, 0.02))
         encoder = ChatStream(parsed, meta) if parsed.stream else ChatBody(parsed, meta)

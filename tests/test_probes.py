@@ -13,9 +13,8 @@ import attrs
 import httpx
 import trio
 
-from llmtrio._probes import answer_probe
-from llmtrio._remote_worker import run_worker
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH, answer_probe
+from llmtrio.cli import run_worker
 from llmtrio.ring import (
     ControlConfig,
     DialConfig,

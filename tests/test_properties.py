@@ -14,8 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmtrio._openai_errors import OpenAIError
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH, OPENAI_ERRORS, ApiError
 from llmtrio.ring import Assign, FrameDecoder, ProtocolError, RequestHead, encode
 from llmtrio.worker._chat_request import ChatCompletionRequest, parse_chat_request
 
@@ -56,9 +55,9 @@ def check(value: Any) -> None:
         return  # not JSON
     try:
         result = parse_chat_request(body)
-    except OpenAIError as error:
+    except ApiError as error:
         assert error.status == 400
-        assert json.loads(error.body())["error"]["message"]
+        assert json.loads(OPENAI_ERRORS.body(error))["error"]["message"]
     else:
         assert isinstance(result, ChatCompletionRequest)
 
@@ -80,7 +79,7 @@ def test_the_chat_parser_on_any_json_value(value: Any) -> None:
 def test_the_chat_parser_on_any_bytes(body: bytes) -> None:
     try:
         parse_chat_request(body)
-    except OpenAIError as error:
+    except ApiError as error:
         assert error.status == 400
 
 

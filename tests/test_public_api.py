@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 import llmtrio
+import llmtrio.api
+import llmtrio.cli
 import llmtrio.engine
 import llmtrio.ring
 import llmtrio.web
@@ -20,13 +22,21 @@ import llmtrio.worker
 
 ENGINE_PARTS = [
     importlib.import_module(f"llmtrio.engine.{part}")
-    for part in ("grammar", "tools", "llama", "spec", "models", "generate", "embed")
+    for part in ("grammar", "tools", "llama", "spec_decode", "models", "generate", "embed")
 ]
 
 
 @pytest.mark.parametrize(
     "package",
-    [llmtrio.engine, llmtrio.ring, llmtrio.worker, llmtrio.web, *ENGINE_PARTS],
+    [
+        llmtrio.api,
+        llmtrio.cli,
+        llmtrio.engine,
+        llmtrio.ring,
+        llmtrio.worker,
+        llmtrio.web,
+        *ENGINE_PARTS,
+    ],
     ids=lambda p: p.__name__,
 )
 def test_all_lists_every_public_name_once(package: types.ModuleType) -> None:
@@ -40,12 +50,12 @@ def test_all_lists_every_public_name_once(package: types.ModuleType) -> None:
     assert public == set(listed)
     for name in listed:
         # Classes and functions come from the room's own private modules, or from the
-        # contract the rooms share (``llmtrio._fields``: the request fields and limits, in the
-        # vocabulary of ``llmtrio._field_spec``).
+        # contract the rooms share (``llmtrio.api._fields``: the request fields and limits, in the
+        # vocabulary of ``llmtrio.api._field_spec``).
         value = getattr(package, name)
         if inspect.isclass(value) or inspect.isfunction(value):
             home = value.__module__
-            shared = ("llmtrio._fields", "llmtrio._field_spec")
+            shared = ("llmtrio.api._fields", "llmtrio.api._field_spec")
             assert home.startswith(package.__name__ + ".") or home in shared, (
                 name,
                 home,
@@ -70,12 +80,12 @@ def test_an_ingress_without_a_local_worker_loads_no_llama_cpp() -> None:
     its configs (their defaults read from their classes) and chooses the ingress alone; none
     of it loads llama.cpp (or the engine or the worker)."""
     code = (
-        "import ssl, sys, llmtrio._cli as cli, llmtrio._configs as s, llmtrio.server; "
+        "import ssl, sys, llmtrio.cli._main as cli, llmtrio.cli._configs as s, llmtrio.cli; "
         "from llmtrio.ring import ControlConfig; "
         "args = cli._parser().parse_args(['serve', '--no-local-worker']); "
         "config = s.serve_config(args); s.control_config(args, 'h'); "
         "control = ControlConfig(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)); "
-        "llmtrio.server.serving(config, control, s.request_limits(args), local_worker=False, "
+        "llmtrio.cli.serving(config, control, s.request_limits(args), local_worker=False, "
         "engine_configs=lambda: 1 / 0); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp' "
         "or m.startswith(('llmtrio.engine', 'llmtrio.worker'))))"
@@ -107,3 +117,14 @@ def test_json_object_grammar_is_llama_cpps() -> None:
     from llmtrio.engine import JSON_OBJECT_GRAMMAR
 
     assert JSON_OBJECT_GRAMMAR == llama_grammar.JSON_GBNF
+
+
+def test_every_ring_route_needs_a_model_kind_the_ring_knows() -> None:
+    """The route table (``llmtrio.api``) says which kind of model each ring route needs; the
+    kinds are the ring's own (heartbeats carry them), so the two cannot drift apart."""
+    from llmtrio.api import MANAGE_PATHS, MODEL_KINDS, ROUTES
+    from llmtrio.ring import KINDS
+
+    assert set(MODEL_KINDS) == {route.path for route in ROUTES if route.ring}
+    assert {kind for kind in MODEL_KINDS.values() if kind is not None} == set(KINDS)
+    assert all(MODEL_KINDS[path] is None for path in MANAGE_PATHS)

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH, MESSAGES_PATH, RESPONSES_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH, MESSAGES_PATH, RESPONSES_PATH
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.worker import RequestLimits

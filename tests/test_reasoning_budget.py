@@ -30,7 +30,7 @@ from llmtrio.engine import (
     ToolCallStart,
     ToolCallStream,
 )
-from llmtrio.engine.generate._budget import ThinkBudget, ThinkMarkers, think_markers
+from llmtrio.engine.generate._think_budget import ThinkBudget, ThinkMarkers, think_markers
 from llmtrio.engine.llama import LlamaModel
 
 from ._core_helpers import Run, core_request, draft_all, open_core, run_core

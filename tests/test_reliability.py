@@ -21,7 +21,8 @@ import httpx
 import pytest
 import trio
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
+from llmtrio.cli import serve
 from llmtrio.engine import (
     ChatMessage,
     Done,
@@ -32,7 +33,6 @@ from llmtrio.engine import (
     Token,
 )
 from llmtrio.engine.generate._chat import ChatTemplate
-from llmtrio.server import serve
 from llmtrio.web import ServeConfig
 
 from ._helpers import engine_config

@@ -28,7 +28,7 @@ import pytest
 import trio
 import trio.testing
 
-from llmtrio._routes import CHAT_PATH, EMBEDDINGS_PATH
+from llmtrio.api import CHAT_PATH, EMBEDDINGS_PATH
 from llmtrio.engine import EngineConfig, open_engine
 from llmtrio.ring import Ring, RingConfig
 from llmtrio.worker import serve_link
@@ -37,7 +37,7 @@ from ._helpers import engine_config, open_ingress
 
 #: The local worker's heartbeat waits for the engine's next capacity change (or half a second)
 #: in a scope of its own: it runs beside the requests, not for one.
-_HEARTBEAT = "llmtrio.worker._worker:serve_link.<locals>.beat"
+_HEARTBEAT = "llmtrio.worker._link:serve_link.<locals>.beat"
 
 
 def _llmtrio_caller(frame: FrameType | None) -> str | None:
@@ -109,7 +109,7 @@ async def counts(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Counts]:
 
 @asynccontextmanager
 async def serving(config: EngineConfig) -> AsyncIterator[httpx.AsyncClient]:
-    """``llmtrio serve``'s stack for one model (as ``llmtrio.server.serve`` puts it together:
+    """``llmtrio serve``'s stack for one model (as ``llmtrio.cli.serve`` puts it together:
     the default ring settings, one local worker), with a client on it."""
     async with open_engine(config) as engine:
         ring = Ring.from_config(RingConfig())
@@ -150,7 +150,7 @@ async def test_a_chat_request_costs_two_tasks_and_six_scopes(
         await _counted(counts, client, CHAT_PATH, body)
     assert sorted(counts.tasks) == [
         "llmtrio.web._relay:RingRequest._serve.<locals>.cancel_on_disconnect",
-        "llmtrio.worker._worker:serve_link.<locals>.handle",
+        "llmtrio.worker._link:serve_link.<locals>.handle",
     ], counts.tasks
     # and the engine's: a generation's admission wait
     assert sorted(counts.scopes) == sorted(
@@ -166,7 +166,7 @@ async def test_an_embeddings_request_costs_two_tasks_and_five_scopes(
         await _counted(counts, client, EMBEDDINGS_PATH, body)
     assert sorted(counts.tasks) == [
         "llmtrio.web._relay:RingRequest._serve.<locals>.cancel_on_disconnect",
-        "llmtrio.worker._worker:serve_link.<locals>.handle",
+        "llmtrio.worker._link:serve_link.<locals>.handle",
     ], counts.tasks
     assert sorted(counts.scopes) == _SCOPES, counts.scopes
 
@@ -176,7 +176,7 @@ _SCOPES = sorted(
         "llmtrio.web._relay:RingRequest.serve",  # the request's scope (its nursery's)
         "llmtrio.web._relay:RingRequest._serve",  # the body timeout
         "llmtrio.web._access:Exchange.shielded",  # one shield for the last body
-        "llmtrio.worker._endpoint:serve_request",  # the claimed stream's scope
+        "llmtrio.worker._pipeline:serve_request",  # the claimed stream's scope
         "llmtrio.web._serve:_ConnectionStream.send_all",  # the one socket write's send timeout
     ]
 )

@@ -18,12 +18,11 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel
 
-from llmtrio._openai_errors import OpenAIError, server_error
-from llmtrio._routes import RESPONSES_INPUT_TOKENS_PATH, RESPONSES_PATH
+from llmtrio.api import RESPONSES_INPUT_TOKENS_PATH, RESPONSES_PATH, ApiError, server_error
 from llmtrio.engine import ChatMessage, Done, StopReason, Timings, Token, ToolCall
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
-from llmtrio.worker._responses import ResponseMeta
+from llmtrio.worker._encoding import ResponseMeta
 from llmtrio.worker._responses_output import ResponsesBody, ResponsesStream
 from llmtrio.worker._responses_request import ResponsesRequest, parse_responses_request
 
@@ -65,8 +64,8 @@ def parse(**body: Any) -> ResponsesRequest:
     return parse_responses_request(json.dumps(body).encode())
 
 
-def refused(**body: Any) -> OpenAIError:
-    with pytest.raises(OpenAIError) as caught:
+def refused(**body: Any) -> ApiError:
+    with pytest.raises(ApiError) as caught:
         parse(**body)
     assert caught.value.status == 400
     return caught.value

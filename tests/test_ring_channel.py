@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from trio_websocket import WebSocketConnection, wrap_client_stream, wrap_server_stream
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.ring import (
     Attach,
     Claim,

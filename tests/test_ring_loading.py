@@ -15,7 +15,7 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.ring import (
     Attach,
     Claim,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.ring import (
     Assign,
     Attach,

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trustme
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.ring import (
     PROTOCOL_VERSION,
     Attach,

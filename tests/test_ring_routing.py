@@ -85,6 +85,16 @@ def test_attach_carries_the_models_that_take_images_only_when_some_do() -> None:
     assert {name: m.vision for name, m in core.models().items()} == {"a": False, "b": True}
 
 
+def test_attach_carries_the_models_that_take_audio_only_when_some_do() -> None:
+    assert b"audio" not in encode(Attach("w", 1, models=("a",), vision=("a",)))
+    hearing = Attach("w", 2, models=("a", "b"), vision=("b",), audio=("a", "b"))
+    assert decode_all(encode(hearing)) == [hearing]
+    core = RingCore(max_streams=4)
+    core.attach(hearing)
+    taken = {name: (m.vision, m.audio) for name, m in core.models().items()}
+    assert taken == {"a": (False, True), "b": (True, True)}
+
+
 def test_an_older_peer_reads_a_claim_with_a_model_as_a_plain_claim() -> None:
     """The previous version's decoder ignores unknown keys: the model's absence there is a
     claim for any model, which is what an old ingress did with every claim."""

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trustme
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 

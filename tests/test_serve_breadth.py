@@ -12,7 +12,7 @@ import openai
 import pydantic
 import pytest
 
-from llmtrio._routes import CHAT_PATH, COMPLETIONS_PATH
+from llmtrio.api import CHAT_PATH, COMPLETIONS_PATH
 
 from ._server import LiveServer
 from .test_serve import client, sse_events
@@ -264,6 +264,7 @@ def test_completions_streamed(live_server: LiveServer) -> None:
                     "json_schema": {
                         "name": "x",
                         "schema": {"type": "object", "properties": {"n": {"not": {}}}},
+                        "strict": True,
                     },
                 }
             },

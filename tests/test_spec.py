@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmtrio.engine._types import EngineConfig
+from llmtrio.engine._config import EngineConfig
 from llmtrio.engine.generate._drafting import DraftBudget, _runs, judge_shadow
 from llmtrio.engine.generate._jobs import Job, Part
-from llmtrio.engine.spec import (
+from llmtrio.engine.spec_decode import (
     Acceptance,
     Candidate,
     NgramDrafter,
@@ -26,8 +26,8 @@ from llmtrio.engine.spec import (
     plan_drafts,
     repacked,
 )
-from llmtrio.engine.spec._batches import micro_batches
-from llmtrio.engine.spec._ngram import AGREED_MATCH, CONTESTED_MATCH, POOL_MATCH
+from llmtrio.engine.spec_decode._batches import micro_batches
+from llmtrio.engine.spec_decode._ngram import AGREED_MATCH, CONTESTED_MATCH, POOL_MATCH
 
 from ._core_helpers import core_request
 

@@ -10,7 +10,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmtrio.engine.spec import DraftGate
+from llmtrio.engine.spec_decode import DraftGate
 
 
 def feed(

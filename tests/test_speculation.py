@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.engine import Engine, GenerateRequest
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig

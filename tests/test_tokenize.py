@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from llmtrio._routes import CHAT_PATH, DETOKENIZE_PATH, TOKENIZE_PATH
+from llmtrio.api import CHAT_PATH, DETOKENIZE_PATH, TOKENIZE_PATH
 from llmtrio.engine import EmbeddingEngine
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
-from llmtrio.worker._endpoint import run_tokenizer
-from llmtrio.worker._responses import ResponseMeta
+from llmtrio.worker._encoding import ResponseMeta
+from llmtrio.worker._pipeline import run_tokenizer
 from llmtrio.worker._tokenize import (
     DETOKENIZE_ENDPOINT,
     TOKENIZE_ENDPOINT,

@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletionChunk
 from llmtrio.engine import Done, StopReason, Timings, Token
 from llmtrio.worker._chat_request import parse_chat_request
 from llmtrio.worker._chat_response import ChatBody, ChatStream
-from llmtrio.worker._responses import ResponseMeta
+from llmtrio.worker._encoding import ResponseMeta
 
 from .test_openai_protocol import events_json
 from .test_tools import TOOLS_JSON, body

@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from llmtrio._openai_errors import OpenAIError
+from llmtrio.api import ApiError
 from llmtrio.engine import (
     ChatMessage,
     InvalidRequestError,
@@ -245,20 +245,20 @@ def test_auto_none_and_history() -> None:
     ],
 )
 def test_bad_tool_fields_are_400(fields: dict[str, Any], param: str, words: str) -> None:
-    with pytest.raises(OpenAIError) as info:
+    with pytest.raises(ApiError) as info:
         parse_chat_request(body(**fields))
     assert info.value.status == 400
     assert info.value.param == param
     assert words in info.value.message
 
 
-def test_a_tool_schema_a_grammar_cannot_enforce_is_refused_when_forced() -> None:
-    odd = Tool("f", "", {"type": "object", "not": {"required": ["a"]}})
+def test_a_tool_schema_a_grammar_cannot_enforce_is_refused_only_when_strict() -> None:
+    schema = {"type": "object", "not": {"required": ["a"]}}
     with pytest.raises(InvalidRequestError, match="'not' is not supported") as info:
-        tool_call_grammar([odd])
+        tool_call_grammar([Tool("f", "", schema, strict=True)])
     assert info.value.param == "tools"
-    # Under tool_choice "auto" its arguments are only loosened to any object.
-    assert "root ::=" in tool_call_grammar([odd], loose=True)
+    # Not strict: 'not' is relaxed (the arguments are any object), forced or not.
+    assert "root ::=" in tool_call_grammar([Tool("f", "", schema)])
 
 
 def test_split_tool_calls_respects_parallel_tool_calls() -> None:
@@ -284,3 +284,49 @@ def test_a_function_without_parameters_takes_an_empty_object(parameters: Any) ->
     )
     [tool] = request.generate.tools
     assert tool.parameters == {"type": "object", "properties": {}}
+
+
+# -- one tool-choice rule for the three APIs ---------------------------------------------------
+
+
+def _chosen(api: str, **fields: Any) -> Any:
+    """The tool choice each API's parser makes of ``fields`` (chat, Messages, Responses)."""
+    from llmtrio.worker._messages_request import parse_messages_request
+    from llmtrio.worker._responses_request import parse_responses_request
+
+    if api == "chat":
+        return parse_chat_request(body(**fields)).tools
+    if api == "messages":
+        data = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        return parse_messages_request(json.dumps({**data, **fields}).encode()).tools
+    return parse_responses_request(json.dumps({"input": "hi", **fields}).encode()).tools
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_auto_without_tools_is_no_tools_in_every_api(api: str) -> None:
+    """``tool_choice: auto`` with no tools offered answers as ``none`` in all three APIs
+    (chat refused it with a 400 while Messages and Responses served it)."""
+    choice = {"type": "auto"} if api == "messages" else "auto"
+    for fields in ({"tool_choice": choice}, {"tool_choice": choice, "tools": []}):
+        chosen = _chosen(api, **fields)
+        assert (chosen.mode, chosen.tools, chosen.parses) == ("none", (), False)
+
+
+@pytest.mark.parametrize(
+    ("api", "choice", "param", "words"),
+    [
+        ("chat", "required", "tool_choice", "'required' needs 'tools'"),
+        ("messages", {"type": "any"}, "tool_choice", "'any' needs 'tools'"),
+        ("responses", "required", "tool_choice", "'required' needs 'tools'"),
+        ("chat", {"type": "function", "function": {"name": "x"}}, "tool_choice", "no tool named"),
+        ("messages", {"type": "tool", "name": "x"}, "tool_choice.name", "no tool named"),
+        ("responses", {"type": "function", "name": "x"}, "tool_choice", "no tool named"),
+    ],
+)
+def test_a_required_or_named_tool_without_that_tool_is_400_in_every_api(
+    api: str, choice: Any, param: str, words: str
+) -> None:
+    with pytest.raises(ApiError) as info:
+        _chosen(api, tool_choice=choice)
+    assert (info.value.status, info.value.param) == (400, param)
+    assert words in info.value.message

@@ -51,7 +51,7 @@ def png_bytes(image: Image) -> bytes:
 def ask(*images: Image, text: str = "What is in the picture?", **kwargs: object) -> GenerateRequest:
     content = MEDIA_MARKER * len(images) + text
     return GenerateRequest(
-        messages=[ChatMessage("user", content, images=images)],
+        messages=[ChatMessage("user", content, media=images)],
         max_tokens=kwargs.pop("max_tokens", 8),  # type: ignore[arg-type]
         ignore_eos=True,
         **kwargs,  # type: ignore[arg-type]
@@ -238,7 +238,7 @@ async def test_bad_image_requests_are_refused(vision_engine: Engine, gemma_path:
 
 def test_marker_must_match_images() -> None:
     with pytest.raises(InvalidRequestError, match="one media marker per image"):
-        ChatMessage("user", "no marker", images=[picture(1)])
+        ChatMessage("user", "no marker", media=[picture(1)])
 
 
 async def test_image_larger_than_a_decode_is_refused(tmp_path: Path, gemma_path: Path) -> None:
@@ -271,7 +271,7 @@ async def test_mrope_projector_matches_llama_cpp_helper(tmp_path: Path, qwen35_p
     image = picture(5, (64, 48))
     content = "Look: " + MEDIA_MARKER + " What is it?"
     request = GenerateRequest(
-        messages=[ChatMessage("user", content, images=[image])],
+        messages=[ChatMessage("user", content, media=[image])],
         max_tokens=8,
         ignore_eos=True,
         logprobs=1,
@@ -311,7 +311,7 @@ async def test_hybrid_model_reuses_an_image_turn(tmp_path: Path, qwen35_path: Pa
         qwen35_path, mmproj=projector, threads=1, max_inflight=1, chat_template=template
     )
     first = GenerateRequest(
-        messages=[ChatMessage("user", LONG + MEDIA_MARKER + " What?", images=[picture(6)])],
+        messages=[ChatMessage("user", LONG + MEDIA_MARKER + " What?", media=[picture(6)])],
         max_tokens=4,
         ignore_eos=True,
     )
@@ -337,6 +337,6 @@ async def test_a_projector_of_another_width_is_refused_at_load(
 ) -> None:
     projector = write_gemma3_projector(tmp_path / "mmproj-256.gguf", text_width=256)
     config = engine_config(gemma_path, mmproj=projector, threads=1, max_inflight=1)
-    with pytest.raises(ModelLoadError, match="vision projector"):
+    with pytest.raises(ModelLoadError, match="cannot load the projector"):
         async with Engine.open(config):
             pass

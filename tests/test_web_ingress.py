@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from llmtrio._routes import CHAT_PATH
+from llmtrio.api import CHAT_PATH
 from llmtrio.ring import Heartbeat, Ring
 from llmtrio.web._serve import _ConnectionStream
 

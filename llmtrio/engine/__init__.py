@@ -9,6 +9,12 @@ async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
     vectors = (await engine.embed(["a text", "another"])).vectors   # L2-normalized rows
 """
 
+from ._audio import AUDIO_FORMATS as AUDIO_FORMATS
+from ._audio import Audio as Audio
+from ._audio import decode_audio as decode_audio
+from ._config import DEFAULT_QUANT as DEFAULT_QUANT
+from ._config import DEFAULT_REPO as DEFAULT_REPO
+from ._config import EngineConfig as EngineConfig
 from ._cores import Cores as Cores
 from ._cores import oversubscription as oversubscription
 from ._cores import read_cores as read_cores
@@ -17,6 +23,7 @@ from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
 from ._errors import EngineFailedError as EngineFailedError
+from ._errors import GrammarBugError as GrammarBugError
 from ._errors import GrammarError as GrammarError
 from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import ModelLoadError as ModelLoadError
@@ -28,18 +35,17 @@ from ._media import decode_image as decode_image
 from ._media import image_from_url as image_from_url
 from ._open import open_engine as open_engine
 from ._stats import EngineStats as EngineStats
-from ._types import DEFAULT_QUANT as DEFAULT_QUANT
-from ._types import DEFAULT_REPO as DEFAULT_REPO
-from ._types import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
+from ._types import TEXT_INPUT as TEXT_INPUT
 from ._types import Capacity as Capacity
 from ._types import ChatMessage as ChatMessage
 from ._types import Done as Done
-from ._types import EngineConfig as EngineConfig
 from ._types import Event as Event
 from ._types import Failed as Failed
 from ._types import GenerateRequest as GenerateRequest
+from ._types import Media as Media
 from ._types import Sampling as Sampling
 from ._types import StopReason as StopReason
+from ._types import TextFormat as TextFormat
 from ._types import Timings as Timings
 from ._types import Token as Token
 from ._types import TokenLogprob as TokenLogprob
@@ -51,8 +57,10 @@ from .embed import Embeddings as Embeddings
 from .generate import Engine as Engine
 from .generate import Generation as Generation
 from .grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
+from .grammar import CannotTranslateError as CannotTranslateError
 from .grammar import Grammar as Grammar
 from .grammar import json_schema_grammar as json_schema_grammar
+from .grammar import lark_grammar as lark_grammar
 from .models import ResolvedModel as ResolvedModel
 from .models import demo_model_path as demo_model_path
 from .models import model_kind_of as model_kind_of
@@ -68,12 +76,15 @@ from .tools import new_tool_call_id as new_tool_call_id
 from .tools import tool_call_grammar as tool_call_grammar
 
 __all__ = [
+    "AUDIO_FORMATS",
     "DEFAULT_QUANT",
     "DEFAULT_REPO",
     "EMBEDDING_SEQUENCES",
     "JSON_OBJECT_GRAMMAR",
-    "MAX_TOP_LOGPROBS",
     "MEDIA_MARKER",
+    "TEXT_INPUT",
+    "Audio",
+    "CannotTranslateError",
     "Capacity",
     "ChatMessage",
     "Cores",
@@ -92,15 +103,18 @@ __all__ = [
     "GenerateRequest",
     "Generation",
     "Grammar",
+    "GrammarBugError",
     "GrammarError",
     "Image",
     "InvalidRequestError",
+    "Media",
     "ModelLoadError",
     "PromptTooLongError",
     "RequestError",
     "ResolvedModel",
     "Sampling",
     "StopReason",
+    "TextFormat",
     "Timings",
     "Token",
     "TokenLogprob",
@@ -112,10 +126,12 @@ __all__ = [
     "ToolCallParser",
     "ToolCallStart",
     "ToolCallStream",
+    "decode_audio",
     "decode_image",
     "demo_model_path",
     "image_from_url",
     "json_schema_grammar",
+    "lark_grammar",
     "model_kind_of",
     "model_name_of",
     "new_tool_call_id",

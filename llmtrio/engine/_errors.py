@@ -5,7 +5,8 @@ EngineError
 ├── RequestError            a request the engine cannot run (raised by ``submit``)
 │   ├── PromptTooLongError  the prompt does not fit a slot's context
 │   └── InvalidRequestError a bad parameter, message or token id
-│       └── GrammarError    a grammar llama.cpp cannot parse
+│       └── GrammarError    a grammar the request gave that llama.cpp cannot parse
+├── GrammarBugError         a grammar the engine wrote that llama.cpp cannot parse (a bug)
 ├── DecodeError             llama_decode failed for this request (carried by ``Failed``)
 └── EngineClosedError       the engine closed before or while the request ran
     └── EngineFailedError   the decode loop died: no request runs on this engine again
@@ -18,6 +19,7 @@ __all__ = [
     "EngineClosedError",
     "EngineError",
     "EngineFailedError",
+    "GrammarBugError",
     "GrammarError",
     "InvalidRequestError",
     "ModelLoadError",
@@ -64,10 +66,16 @@ class InvalidRequestError(RequestError):
 
 
 class GrammarError(InvalidRequestError):
-    """A GBNF grammar (given, or made from a JSON schema) that llama.cpp cannot parse."""
+    """A GBNF grammar the request gave that llama.cpp cannot parse."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, param="response_format")
+
+
+class GrammarBugError(EngineError):
+    """A grammar the engine wrote (from a JSON schema, tools or a text format) that llama.cpp
+    cannot parse: the engine's bug, not the request's fault (a server error; the schema is
+    logged). A grammar the request gave itself is a :class:`GrammarError`."""
 
 
 class DecodeError(EngineError):

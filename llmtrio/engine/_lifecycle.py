@@ -20,9 +20,10 @@ from typing import Any, Self
 
 import trio
 
+from ._config import EngineConfig
 from ._errors import EngineFailedError
 from ._stats import EngineStats
-from ._types import Capacity, EngineConfig
+from ._types import Capacity
 from .llama import LlamaModel
 from .models import ResolvedModel, resolve_model
 
@@ -196,11 +197,6 @@ class DecodeLoop:
     async def wait_idle(self) -> None:
         """Return once no request is in flight (waiting ones included)."""
         while self._requests_in_flight():
-            await self._capacity_lot.park()
-
-    async def wait_for_slot(self) -> None:
-        """Return once fewer than ``max_inflight`` requests are in flight."""
-        while self._requests_in_flight() >= self.max_inflight:
             await self._capacity_lot.park()
 
     @property

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from ._types import EngineConfig
+from ._config import EngineConfig
 from .embed import EmbeddingEngine
 from .generate import Engine
 from .models import model_kind_of, resolve_model

@@ -38,7 +38,9 @@ class EngineStats:
     Images: ``image_encodes`` images were encoded by the vision projector (in the threads
     that prepare requests; a repeated image's embeddings come from its cache), in
     ``image_encode_s`` seconds in all; ``image_decode_waits_s`` is what the decode thread
-    spent getting embeddings (0 unless a request reached it unencoded).
+    spent getting embeddings (0 unless a request reached it unencoded). Audio:
+    ``audio_encodes`` 30-second windows were encoded by the audio projector (the same
+    threads), in ``audio_encode_s`` seconds in all.
     """
 
     steps: int = 0
@@ -49,6 +51,8 @@ class EngineStats:
     image_encodes: int = 0
     image_encode_s: float = 0.0
     image_decode_waits_s: float = 0.0
+    audio_encodes: int = 0
+    audio_encode_s: float = 0.0
     python_s: float = 0.0
     prompt_cache_hits: int = 0
     prompt_cache_reused_tokens: int = 0

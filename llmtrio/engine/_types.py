@@ -1,28 +1,33 @@
-"""Values that cross the engine's public face: requests, events, capacity, config."""
+"""Values that cross the engine's public face: requests (chat messages, tools, sampling, a
+generation), the events a generation yields, and capacity. The engine's config is
+``_config.EngineConfig``."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 
-from ._cores import usable_cores
+from ._audio import Audio
 from ._errors import InvalidRequestError
 from ._media import MEDIA_MARKER, Image
 
 __all__ = [
+    "GREEDY",
+    "TEXT_INPUT",
+    "TEXT_PARAMETERS",
     "Capacity",
     "ChatMessage",
     "Done",
-    "EngineConfig",
     "Event",
     "Failed",
     "GenerateRequest",
+    "Media",
     "Sampling",
     "StopReason",
+    "TextFormat",
     "Timings",
     "Token",
     "TokenLogprob",
@@ -30,214 +35,73 @@ __all__ = [
     "ToolCall",
 ]
 
-DEFAULT_REPO = "unsloth/Qwen3.5-0.8B-GGUF"
-DEFAULT_QUANT = "Q4_K_M"
-#: The speculative decoding methods (``None``: off).
-SPEC_KINDS: tuple[str | None, ...] = ("ngram", None)
-#: The most draft tokens one sequence may carry into a step.
-MAX_DRAFT = 64
-#: The most a sequence of a model with recurrent state drafts: the context keeps that many
-#: snapshots of each sequence's state to roll back to (llama.cpp's ``n_rs_seq``), memory
-#: that attention-only models do not pay; the default ``spec_draft_max`` of 16 would double
-#: it (not measured on the real Qwen3.5 here).
-MAX_RECURRENT_DRAFT = 8
-#: The types a context's K and V cache may be stored in (llama.cpp's ``-ctk``/``-ctv``).
-CACHE_TYPES = ("f16", "q8_0", "q4_0")
-#: Flash attention: on, off, or llama.cpp's choice for the device (``auto``).
-FLASH_ATTN = ("auto", "on", "off")
+
+#: The one parameter a text tool is shown with, and written with: its input.
+TEXT_INPUT = "input"
+_TEXT_SYNTAXES = (None, "lark", "regex")
 
 
 @attrs.frozen
-class EngineConfig:
-    """How to load the model and how to schedule it.
+class TextFormat:
+    """What a text tool's input may be (the Responses API's ``custom`` tool ``format``):
+    any text (``syntax`` ``None``), or text that ``definition`` accepts, a Lark grammar
+    (``"lark"``: the subset ``llmtrio.engine.grammar`` translates) or a regular expression
+    the whole text matches (``"regex"``)."""
 
-    ``model`` is a local GGUF path; when ``None`` the model is resolved from the Hugging Face
-    cache (``hf_repo`` and ``hf_file`` or ``quant``). ``ctx_size`` is per slot: the context
-    allocated is ``ctx_size * max_inflight`` tokens. ``target_step_ms`` pauses admission while
-    the measured decode step is slower than it (0: admission is bounded by ``max_inflight``
-    only). ``prefill_chunk`` is the prompt-token budget of one step, shared by all prompts
-    being ingested. ``prefill_share`` trades time to first token for smooth streams: while
-    streams decode, a step's prompt tokens may cost at most that many decode steps (so a
-    running stream's tokens come at most ``1 + prefill_share`` decode steps apart), and
-    prompts ingested while no stream runs start their streams together (a wave, up to
-    ``max_inflight`` chunks); ``math.inf`` is prompts first (each starts as soon as it is in,
-    every stream waits for it: the lowest time to first token). See the ``Scheduler``.
-
-    ``prompt_cache`` reuses what a slot's memory already holds of a new prompt (its previous
-    prompt and answer, a shared system prompt) instead of ingesting it again; off, every
-    prompt is ingested from scratch. ``cache_ram_mib`` bounds the host memory kept for
-    prompt snapshots (copies of a sequence's memory that other slots can restore); 0 keeps
-    none (a slot still reuses its own memory). A sliding-window model's window cache is
-    full size (llama.cpp's ``swa_full``, its default for a context; llama-server's
-    ``--swa-full``), so a sequence's memory can be cut back to any position.
-
-    ``chat_template``: a Jinja chat template used instead of the model's own (llama-server's
-    ``--chat-template-file``).
-
-    ``spec`` is speculative decoding: ``"ngram"`` drafts up to ``spec_draft_max`` tokens per
-    decoding sequence (at most ``MAX_RECURRENT_DRAFT`` on a model with recurrent state) by
-    looking its last tokens up in its own prompt and output, and verifies them in the same
-    batch (exact: every token emitted is the one the model picks at its position), the
-    default; ``None`` is off. How many drafts a step carries follows the measured step costs
-    (and ``target_step_ms``): a step that is compute-bound (many sequences decoding) carries
-    none, so the default costs nothing where drafts cannot pay.
-
-    ``spec_pool``: the entries of the core's pool of n-grams, fed with every sequence's
-    prompt and output, that a sequence also drafts from (what another request wrote: a
-    templated answer, the same text rewritten again); about 100 bytes an entry; 0 is off.
-    A shared pool makes one request's speed depend on what others wrote (a timing side
-    channel, as the prompt cache is): turn it off where that matters.
-
-    ``kv_unified`` puts every slot's memory in one pool of ``max_inflight * ctx_size`` cells:
-    one request may use up to the pool (or ``max_request_ctx``, when set), admission waits
-    for free cells, and when the pool runs out idle slots give up their reusable cells, then
-    the youngest running sequence is swapped out to host memory until there is room again.
-    Off, each slot has its own ``ctx_size`` cells.
-
-    ``mmproj``: a vision projector (llama.cpp's ``mmproj`` GGUF) for the model: chat
-    messages may then carry images (:class:`ChatMessage`'s ``images``). Without it, a model
-    from a Hugging Face repo gets the repo's own ``mmproj-*.gguf`` (F16 before F32),
-    fetched with the weights; ``vision=False`` loads none. ``max_images`` bounds the images
-    of one request.
-
-    ``cache_type_k``/``cache_type_v``: the type the K and V cache cells are stored in
-    (llama.cpp's ``-ctk``/``-ctv``): ``f16``, or ``q8_0``/``q4_0`` at about a half/a quarter
-    of the memory; a quantized V cache needs flash attention (``flash_attn`` not ``off``).
-    ``n_gpu_layers``: the layers offloaded to a GPU (-1: all, llama.cpp's default; 0: none;
-    nothing on a build without one). ``mmap``: map the file instead of reading it (``None``:
-    llama.cpp's choice); ``mlock``: keep the weights in RAM (no swapping).
-    """
-
-    model: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
-    hf_repo: str = DEFAULT_REPO
-    hf_file: str | None = None
-    quant: str = DEFAULT_QUANT
-    max_inflight: int = 8
-    ctx_size: int = 4096
-    target_step_ms: float = 0.0
-    prefill_chunk: int = 256
-    #: Smooth streams by default: issue 48's AIPerf runs (PERFORMANCE.md, "Smooth streams").
-    prefill_share: float = 4.0
-    #: The cores this process may use (its affinity and cgroup quota, not the host's).
-    threads: int = attrs.field(factory=usable_cores)
-    allow_fallback: bool = True
-    model_name: str | None = None
-    prompt_cache: bool = True
-    cache_ram_mib: int = 1024
-    chat_template: str | None = None
-    #: On by default: the budget drafts only where the measured step costs say drafts pay,
-    #: and free chat ran no slower with it at 1 and 8 streams (PERFORMANCE.md, "Speculative
-    #: decoding").
-    spec: str | None = "ngram"
-    spec_draft_max: int = 16
-    spec_pool: int = 0
-    kv_unified: bool = False
-    max_request_ctx: int = 0
-    mmproj: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
-    vision: bool = True
-    max_images: int = 8
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    n_gpu_layers: int = -1
-    flash_attn: str = "auto"
-    mmap: bool | None = None
-    mlock: bool = False
+    syntax: str | None = None
+    definition: str = ""
 
     def __attrs_post_init__(self) -> None:
-        if self.max_inflight < 1:
-            raise ValueError("max_inflight must be at least 1")
-        if self.ctx_size < 16:
-            raise ValueError("ctx_size must be at least 16")
-        if self.target_step_ms < 0:
-            raise ValueError("target_step_ms must be 0 or more")
-        if self.prefill_chunk < 1:
-            raise ValueError("prefill_chunk must be at least 1")
-        if not self.prefill_share >= 0:  # NaN too
-            raise ValueError("prefill_share must be 0 or more (inf: prompts first)")
-        if self.threads < 1:
-            raise ValueError("threads must be at least 1")
-        if self.cache_ram_mib < 0:
-            raise ValueError("cache_ram_mib must be 0 or more")
-        if self.spec not in SPEC_KINDS:
-            kinds = ", ".join(repr(k) for k in SPEC_KINDS)
-            raise ValueError(f"spec must be one of {kinds}, not {self.spec!r}")
-        if not 1 <= self.spec_draft_max <= MAX_DRAFT:
-            raise ValueError(f"spec_draft_max must be between 1 and {MAX_DRAFT}")
-        if self.spec_pool < 0:
-            raise ValueError("spec_pool must be 0 (off) or more")
-        if self.max_images < 1:
-            raise ValueError("max_images must be at least 1")
-        if self.max_request_ctx < 0:
-            raise ValueError("max_request_ctx must be 0 (the whole context) or more")
-        for name, kind in (
-            ("cache_type_k", self.cache_type_k),
-            ("cache_type_v", self.cache_type_v),
-        ):
-            if kind not in CACHE_TYPES:
-                raise ValueError(f"{name} must be one of {', '.join(CACHE_TYPES)}, not {kind!r}")
-        if self.flash_attn not in FLASH_ATTN:
-            raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}")
-        if self.cache_type_v != "f16" and self.flash_attn == "off":
-            raise ValueError(
-                f"cache_type_v {self.cache_type_v} needs flash attention: flash_attn on or auto"
+        if self.syntax not in _TEXT_SYNTAXES:
+            raise InvalidRequestError(
+                f"a text format's syntax is 'lark', 'regex' or none, not {self.syntax!r}",
+                param="tools",
             )
-        if self.n_gpu_layers < -1:
-            raise ValueError("n_gpu_layers must be -1 (all), 0 (none) or more")
-        if self.max_request_ctx:
-            room = self.max_inflight * self.ctx_size if self.kv_unified else self.ctx_size
-            if not 16 <= self.max_request_ctx <= room:
-                where = "the pool" if self.kv_unified else "a slot's context"
-                raise ValueError(
-                    f"max_request_ctx must be between 16 and {room} ({where}), "
-                    f"not {self.max_request_ctx}"
-                )
-
-    @property
-    def load_settings(self) -> dict[str, Any]:
-        """The settings llama.cpp loads the model and its context with, as ``LlamaModel``
-        takes them."""
-        return {
-            "cache_type_k": self.cache_type_k,
-            "cache_type_v": self.cache_type_v,
-            "flash_attn": self.flash_attn,
-            "n_gpu_layers": self.n_gpu_layers,
-            "mmap": self.mmap,
-            "mlock": self.mlock,
-        }
-
-    @property
-    def pool_cells(self) -> int:
-        """The context cells of all slots together."""
-        return self.max_inflight * self.ctx_size
-
-    @property
-    def request_ctx(self) -> int:
-        """The most context one request may use: a slot's, or with ``kv_unified`` the
-        pool's (either bounded by ``max_request_ctx`` when set)."""
-        room = self.pool_cells if self.kv_unified else self.ctx_size
-        return min(room, self.max_request_ctx or room)
 
 
 @attrs.frozen
 class Tool:
-    """A function the model may call: ``parameters`` is its JSON Schema (an object schema)."""
+    """A function the model may call: ``parameters`` is its JSON Schema (an object schema).
+
+    ``strict``: the schema is enforced exactly, and a keyword the grammar cannot enforce is
+    refused (an :class:`InvalidRequestError` naming it); otherwise such a keyword is relaxed
+    for its sub-schema, with a warning.
+
+    ``text``: the tool takes text instead of JSON arguments (``parameters`` is then unused):
+    the model writes it as the one parameter :data:`TEXT_INPUT` (JSON form: ``"arguments":
+    {"input": "..."}``; XML form: ``<parameter=input>``), and the call's
+    :attr:`ToolCall.arguments` is the text itself. A grammar the engine cannot translate
+    leaves the text free, with a warning (refused when ``strict``).
+    """
 
     name: str
     description: str = ""
     parameters: dict[str, Any] = attrs.field(factory=lambda: {"type": "object", "properties": {}})
+    strict: bool = False
+    text: TextFormat | None = None
 
     def as_openai(self) -> dict[str, Any]:
-        """The tool as OpenAI's ``tools`` entry, the shape chat templates expect."""
+        """The tool as OpenAI's ``tools`` entry, the shape chat templates expect (a text
+        tool: a function of one string parameter, :data:`TEXT_INPUT`)."""
         function: dict[str, Any] = {"name": self.name}
         if self.description:
             function["description"] = self.description
-        function["parameters"] = self.parameters
+        function["parameters"] = self.parameters if self.text is None else TEXT_PARAMETERS
         return {"type": "function", "function": function}
+
+
+#: A text tool's parameters as templates are shown them.
+TEXT_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {TEXT_INPUT: {"type": "string"}},
+    "required": [TEXT_INPUT],
+}
 
 
 @attrs.frozen
 class ToolCall:
-    """A call the model made (or made earlier, in the history): ``arguments`` is JSON text."""
+    """A call the model made (or made earlier, in the history): ``arguments`` is JSON text
+    (a text tool's call: the text)."""
 
     id: str
     name: str
@@ -268,29 +132,56 @@ def _tuple_of_calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
     return _tuple_of(value, ToolCall, "tool_calls")
 
 
-def _tuple_of_images(value: Sequence[Image]) -> tuple[Image, ...]:
-    return _tuple_of(value, Image, "images")
+#: What a message's media markers stand for: an image or an audio file.
+Media = Image | Audio
+
+
+def _tuple_of_media(value: Sequence[Media]) -> tuple[Media, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise InvalidRequestError(
+            f"media is a {type(value).__name__}; give a sequence of Image and Audio values",
+            param="media",
+        )
+    for index, item in enumerate(value):
+        if not isinstance(item, Image | Audio):
+            raise InvalidRequestError(
+                f"media[{index}] is a {type(item).__name__}; give Image or Audio values "
+                "(llmtrio.engine.Image, llmtrio.engine.Audio)",
+                param="media",
+            )
+    return tuple(value)
 
 
 @attrs.frozen
 class ChatMessage:
     """One chat message. An assistant message may carry ``tool_calls``; a ``tool`` message
-    answers the call named by ``tool_call_id``. ``images`` go where ``content`` holds
-    :data:`MEDIA_MARKER`, one marker per image, in order."""
+    answers the call named by ``tool_call_id``. ``media`` (images and audio files) go where
+    ``content`` holds :data:`MEDIA_MARKER`, one marker per item, in order."""
 
     role: str
     content: str
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_tuple_of_calls)
     tool_call_id: str | None = None
-    images: tuple[Image, ...] = attrs.field(default=(), converter=_tuple_of_images)
+    media: tuple[Media, ...] = attrs.field(default=(), converter=_tuple_of_media)
 
     def __attrs_post_init__(self) -> None:
         if self.role not in ("system", "user", "assistant", "developer", "tool"):
             raise InvalidRequestError(f"unknown message role {self.role!r}", param="messages")
-        if self.content.count(MEDIA_MARKER) != len(self.images):
+        if self.content.count(MEDIA_MARKER) != len(self.media):
             raise InvalidRequestError(
-                "a message's content must hold one media marker per image", param="messages"
+                "a message's content must hold one media marker per image or audio file",
+                param="messages",
             )
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        """Its images, in order."""
+        return tuple(item for item in self.media if isinstance(item, Image))
+
+    @property
+    def audio(self) -> tuple[Audio, ...]:
+        """Its audio files, in order."""
+        return tuple(item for item in self.media if isinstance(item, Audio))
 
 
 @attrs.frozen
@@ -374,9 +265,6 @@ def _tuple_of_tools(value: Sequence[Tool]) -> tuple[Tool, ...]:
     return _tuple_of(value, Tool, "tools")
 
 
-MAX_TOP_LOGPROBS = 20
-
-
 @attrs.frozen
 class GenerateRequest:
     """One generation: chat ``messages`` (templated with the model's chat template) or raw
@@ -390,7 +278,9 @@ class GenerateRequest:
 
     ``grammar`` is a GBNF grammar (llama.cpp's, root rule ``root``) every generated token must
     follow; the generation ends when the grammar is complete. ``json_schema`` is a JSON
-    schema the reply must follow (compiled to a grammar off the event loop, once per schema).
+    schema the reply must follow (compiled to a grammar off the event loop, once per schema);
+    a keyword the grammar cannot enforce is refused when ``json_schema_strict``, else relaxed
+    for its sub-schema with a warning (a tool's ``strict`` says the same for its schema).
     ``logprobs`` asks for each token's log-probability and that many alternatives (0 to 20);
     ``None`` costs nothing.
 
@@ -433,6 +323,7 @@ class GenerateRequest:
     logprobs: int | None = None
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tuple_of_tools)
     json_schema: dict[str, Any] | bool | None = None
+    json_schema_strict: bool = False
     tool_choice: str = "auto"
     tool_name: str | None = None
     parallel_tool_calls: bool = True
@@ -454,10 +345,8 @@ class GenerateRequest:
             )
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs"
-            )
+        if self.logprobs is not None and self.logprobs < 0:
+            raise InvalidRequestError("top_logprobs must not be negative", param="top_logprobs")
         if self.grammar is not None and not self.grammar.strip():
             raise InvalidRequestError("grammar must not be empty", param="grammar")
         if self.tool_choice not in ("auto", "required", "none"):
@@ -540,13 +429,15 @@ class Done:
     """The end of a generation. ``cached_tokens`` of the ``prompt_tokens`` were not
     ingested: the slot's memory held them already (prompt reuse). ``draft_tokens`` draft
     tokens were verified for it (speculative decoding), ``accepted_tokens`` of them were
-    right. ``stop_string`` is the stop string that ended it (``StopReason.STOP_STRING``)."""
+    right. ``stop_string`` is the stop string that ended it (``StopReason.STOP_STRING``).
+    ``audio_tokens`` of the ``prompt_tokens`` are audio embeddings."""
 
     stop: StopReason
     prompt_tokens: int
     completion_tokens: int
     timings: Timings
     cached_tokens: int = 0
+    audio_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     reasoning_tokens: int = 0

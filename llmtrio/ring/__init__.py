@@ -33,8 +33,8 @@ from ._link import Claimed as Claimed
 from ._link import ClaimedStream as ClaimedStream
 from ._link import Lane as Lane
 from ._link import RingLink as RingLink
-from ._messages import CHAT as CHAT
-from ._messages import EMBEDDING as EMBEDDING
+from ._messages import CHAT_MODEL as CHAT_MODEL
+from ._messages import EMBEDDING_MODEL as EMBEDDING_MODEL
 from ._messages import KINDS as KINDS
 from ._messages import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._messages import Assign as Assign
@@ -80,8 +80,8 @@ from ._tls import client_ssl_context as client_ssl_context
 from ._tls import server_ssl_context as server_ssl_context
 
 __all__ = [
-    "CHAT",
-    "EMBEDDING",
+    "CHAT_MODEL",
+    "EMBEDDING_MODEL",
     "KINDS",
     "MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",

@@ -23,7 +23,7 @@ import attrs
 from ._config import default
 from ._errors import ProtocolError, RingFullError
 from ._messages import (
-    CHAT,
+    CHAT_MODEL,
     Assign,
     Attach,
     Cancel,
@@ -181,10 +181,12 @@ class RingCore:
             until = beat.unload_in_s if beat and own == "loaded" else 0
             for index, name in enumerate(worker.models):
                 known = models.get(name)
-                kind = worker.kinds[index] if worker.kinds else CHAT
-                vision = name in worker.vision
+                kind = worker.kinds[index] if worker.kinds else CHAT_MODEL
+                vision, audio = name in worker.vision, name in worker.audio
                 if known is None:
-                    models[name] = ModelStats(name, kind, 1, own, size, until, vision=vision)
+                    models[name] = ModelStats(
+                        name, kind, 1, own, size, until, vision=vision, audio=audio
+                    )
                     continue
                 latest = -1 if -1 in (until, known.unload_in_s) else max(until, known.unload_in_s)
                 models[name] = ModelStats(
@@ -195,6 +197,7 @@ class RingCore:
                     known.bytes + size,
                     latest,
                     vision=known.vision,
+                    audio=known.audio,
                 )
         return models
 
@@ -275,6 +278,7 @@ class RingCore:
             message.models,
             message.kinds,
             vision=message.vision,
+            audio=message.audio,
         )
 
     def receive(self, worker_id: str, message: Message) -> list[Effect]:

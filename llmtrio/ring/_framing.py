@@ -27,7 +27,7 @@ import trio
 
 from ._errors import ProtocolError
 from ._messages import (
-    CHAT,
+    CHAT_MODEL,
     Assign,
     Attach,
     Cancel,
@@ -103,10 +103,14 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                 "max_inflight": max_inflight,
                 "models": list(models),
             }
-            if any(kind != CHAT for kind in message.kinds):  # all chat: as the previous version
+            if any(
+                kind != CHAT_MODEL for kind in message.kinds
+            ):  # all chat: as the previous version
                 attach["kinds"] = list(message.kinds)
             if message.vision:  # none: as the previous version
                 attach["vision"] = list(message.vision)
+            if message.audio:  # none: as the previous version
+                attach["audio"] = list(message.audio)
             return attach, b""
         case Heartbeat(
             inflight=inflight,
@@ -254,6 +258,7 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
             version=fields.integer("version") if "version" in fields else 0,
             kinds=fields.strings("kinds") if "kinds" in fields else (),
             vision=fields.strings("vision") if "vision" in fields else (),
+            audio=fields.strings("audio") if "audio" in fields else (),
         )
     if cls is Heartbeat:
         inflight, available = fields.integer("inflight"), fields.integer("available_slots")

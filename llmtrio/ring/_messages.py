@@ -15,8 +15,8 @@ from typing import Any, Final, TypeAlias
 import attrs
 
 __all__ = [
-    "CHAT",
-    "EMBEDDING",
+    "CHAT_MODEL",
+    "EMBEDDING_MODEL",
     "KINDS",
     "PROTOCOL_VERSION",
     "Assign",
@@ -43,11 +43,11 @@ __all__ = [
 PROTOCOL_VERSION: Final = 1
 """The wire protocol's version; an ingress refuses an ``Attach`` carrying another."""
 
-CHAT: Final = "chat"
+CHAT_MODEL: Final = "chat"
 """A model's kind: chat and text completions."""
-EMBEDDING: Final = "embedding"
+EMBEDDING_MODEL: Final = "embedding"
 """A model's kind: embeddings."""
-KINDS: Final = (CHAT, EMBEDDING)
+KINDS: Final = (CHAT_MODEL, EMBEDDING_MODEL)
 
 
 Headers: TypeAlias = tuple[tuple[str, str], ...]
@@ -149,6 +149,8 @@ class Attach:
     (optional on the wire, as from a worker of the previous version) means all chat."""
     vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take images (optional on the wire: none)."""
+    audio: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
+    """The ``models`` that take audio (optional on the wire: none)."""
 
     @kinds.validator
     def _check_kinds(
@@ -164,7 +166,7 @@ class Attach:
         """The kind of ``model`` (one of ``models``): ``"chat"`` unless ``kinds`` says else."""
         if self.kinds and model in self.models:
             return self.kinds[self.models.index(model)]
-        return CHAT
+        return CHAT_MODEL
 
 
 #: A heartbeat's ``model_state`` values ("": not reported).

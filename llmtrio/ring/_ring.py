@@ -125,10 +125,11 @@ class Ring:
         kinds: Iterable[str] = (),
         relay: Relay | None = None,
         vision: Iterable[str] = (),
+        audio: Iterable[str] = (),
     ) -> AsyncIterator[WorkerLink]:
         """Attach a worker that will hold at most ``max_inflight`` streams at once, serving
         ``models`` (listed by ``stats``), each of the kind ``kinds`` says (empty: all chat);
-        those in ``vision`` take images.
+        those in ``vision`` take images, those in ``audio`` audio.
         A worker serving exactly one model claims streams for that model only; one that lists
         several or none claims for any it listed (or any at all).
 
@@ -145,7 +146,9 @@ class Ring:
         Error handling: ``ProtocolError`` if ``worker_id`` is already attached.
         """
         await trio.lowlevel.checkpoint()
-        attach = Attach(worker_id, max_inflight, models=models, kinds=kinds, vision=vision)
+        attach = Attach(
+            worker_id, max_inflight, models=models, kinds=kinds, vision=vision, audio=audio
+        )
         link = WorkerLink(self._router, attach, relay)
         reason = "the worker left"
         try:

@@ -38,6 +38,7 @@ class Worker:
     models: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
     vision: tuple[str, ...] = ()  # the models that take images
+    audio: tuple[str, ...] = ()  # the models that take audio
     credits: dict[str | None, int] = attrs.field(factory=dict)  # claim model -> unfilled claims
     standing: tuple[str, ...] = ()  # the lines of claimants it stands in
     held: dict[int, None] = attrs.field(factory=dict)  # an ordered set of stream ids

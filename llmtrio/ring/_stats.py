@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from ._messages import CHAT, Heartbeat
+from ._messages import CHAT_MODEL, Heartbeat
 
 __all__ = ["ModelStats", "RingStats", "WorkerStats"]
 
@@ -34,7 +34,7 @@ class WorkerStats:
         """The kind of ``model``, one of ``models``: ``"chat"`` unless ``kinds`` says else."""
         if self.kinds and model in self.models:
             return self.kinds[self.models.index(model)]
-        return CHAT
+        return CHAT_MODEL
 
 
 @attrs.frozen
@@ -54,6 +54,8 @@ class ModelStats:
     """Seconds until its last loaded copy unloads when idle: -1 never, 0 not stated."""
     vision: bool = False
     """Whether it takes images (as its first worker said)."""
+    audio: bool = False
+    """Whether it takes audio (as its first worker said)."""
 
 
 @attrs.frozen

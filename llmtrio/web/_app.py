@@ -1,19 +1,23 @@
-"""The ingress app: the OpenAI-compatible API in front of a ring, and the chat page.
+"""The ingress app: the API in front of a ring (OpenAI's, Anthropic's Messages API,
+llama.cpp's tokenizer routes, the models' load and unload), and the chat page.
 
-It parks each completion request on the ring and relays the response lane; it knows nothing
-of the engine. One ASGI app, three parts, one module each:
+It parks each ring request on the ring and relays the response lane; it knows nothing of the
+engine. One ASGI app, three parts, one module each:
 
 - :class:`Ingress` (here), at the ASGI level, owns every request's whole life: it gives it
   an id, runs the checks (``_checks``: origin and host, preflight, API key, and for the ring's
-  routes the drain and the rate limit), serves the ring's routes (``POST
-  /v1/chat/completions``, ``POST /v1/completions``) itself (``_relay``), and hands the rest to
-  the pages app. A ring request's stream is cancelled by the request's own scope, whenever
-  and however it ends, never by a body generator that may not start.
+  routes the drain and the rate limit), serves the ring's routes (``POST`` on
+  ``llmtrio.api.RING_PATHS``: chat and text completions, the Responses API, embeddings,
+  Messages, the token counts, tokenize and detokenize, the models' load and unload) itself
+  (``_relay``), and hands the rest to the pages app. A ring request's stream is cancelled by
+  the request's own scope, whenever and however it ends, never by a body generator that may
+  not start.
 - ``_pages``, a Quart-Trio app: ``/``, ``/health``, ``/v1/models``, ``/metrics``,
   ``/openapi.json`` and the 404/405s.
 
 Faults stay in their request: anything unexpected while serving one becomes that request's
-500 in OpenAI's shape (no internals in it) and a logged traceback with its request id.
+500 in its route's error family (no internals in it) and a logged traceback with its request
+id.
 
 Every request gets an id (the client's own ``X-Request-Id`` when it is sane), sent back as
 ``X-Request-Id`` and carried to the worker; when it ends it is counted in the ingress's
@@ -27,8 +31,7 @@ from typing import Any
 
 import trio
 
-from .._fields import RequestLimits
-from .._openai_errors import DEFAULT_MAX_BODY_BYTES
+from ..api import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from ..ring import Ring
 from ._access import CLIENT_CLOSED, Exchange, request_id, with_exchange
 from ._checks import Admitted, Checks, Gate
@@ -65,12 +68,14 @@ def create_app(
     limits: RequestLimits | None = None,
     default_model: str | None = None,
     image_body_bytes: int = 0,
+    audio_body_bytes: int = 0,
 ) -> Ingress:
     """The ASGI app serving the ring's routes, ``/health``, ``/v1/models``, ``/metrics``,
     ``/openapi.json`` and ``/``. ``metrics`` (its own registry unless given) counts what it
     answers; ``limits`` are the workers' request limits, which ``/openapi.json`` states;
     ``default_model`` is where a request for an unknown model, or for none, goes (see
-    ``_models``). A body that holds an image part may be up to ``image_body_bytes`` (when
+    ``_models``). A body that holds an image part may be up to ``image_body_bytes``, one
+    that holds an audio part or is a transcription's form up to ``audio_body_bytes`` (when
     more than ``max_body_bytes``).
 
     ``drain`` is the server's shutdown state: once it drains, ring requests are refused with
@@ -87,7 +92,16 @@ def create_app(
         limits=limits or RequestLimits(),
     )
     checks = Checks(policy or OriginPolicy(), gate or Gate(), drain)
-    return Ingress(pages, ring, checks, max_body_bytes, metrics, default_model, image_body_bytes)
+    return Ingress(
+        pages,
+        ring,
+        checks,
+        max_body_bytes,
+        metrics,
+        default_model,
+        image_body_bytes,
+        audio_body_bytes,
+    )
 
 
 class Ingress:
@@ -102,6 +116,7 @@ class Ingress:
         metrics: IngressMetrics,
         default_model: str | None = None,
         image_body_bytes: int = 0,
+        audio_body_bytes: int = 0,
     ) -> None:
         self.app: Any = app  # called with plain ASGI dicts
         self._default_model = default_model
@@ -109,6 +124,7 @@ class Ingress:
         self._checks = checks
         self._max_body_bytes = max_body_bytes
         self._image_body_bytes = image_body_bytes
+        self._audio_body_bytes = audio_body_bytes
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -194,7 +210,14 @@ class Ingress:
             request = RingRequest(
                 self._ring, scope, headers, extra, exchange, checks.gate, self._default_model
             )
-            await request.serve(receive, send, self._max_body_bytes, drain, self._image_body_bytes)
+            await request.serve(
+                receive,
+                send,
+                self._max_body_bytes,
+                drain,
+                self._image_body_bytes,
+                self._audio_body_bytes,
+            )
 
 
 def _adding_headers(send: Send, extra: list[tuple[str, str]]) -> Send:

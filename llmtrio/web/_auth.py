@@ -12,8 +12,7 @@ import hmac
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from .._probes import PROBE_PATHS
-from .._routes import ROUTES
+from ..api import PROBE_PATHS, ROUTES
 
 __all__ = ["OPEN_PATHS", "ApiKeys", "read_key_file"]
 

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from .._openai_errors import OpenAIError, invalid_api_key, rate_limited, shutting_down
-from .._routes import RING_PATHS
+from ..api import RING_PATHS, ApiError, invalid_api_key, rate_limited, shutting_down
 from ._auth import OPEN_PATHS, ApiKeys
 from ._drain import Drain
 from ._guard import OriginPolicy
@@ -46,7 +45,7 @@ class Refused:
     ``close``: close the connection after it (HTTP/1.1, so a kept-alive client reconnects
     elsewhere)."""
 
-    error: OpenAIError
+    error: ApiError
     read_body: bool = False
     close: bool = False
 
@@ -73,7 +72,7 @@ class Checks:
         rate = self.gate.rate_limit
         self._limiter = None if rate is None else RateLimiter(rate)
 
-    def origin(self, method: str, scheme: str, headers: Mapping[str, str]) -> OpenAIError | None:
+    def origin(self, method: str, scheme: str, headers: Mapping[str, str]) -> ApiError | None:
         """The origin and ``Host`` check, first of all (before any header is answered)."""
         return self.policy.refusal(method, scheme, headers)
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from .._openai_errors import HOST_NOT_ALLOWED, ORIGIN_NOT_ALLOWED, OpenAIError
+from ..api import HOST_NOT_ALLOWED, ORIGIN_NOT_ALLOWED, ApiError
 
 __all__ = ["OriginPolicy", "header_map"]
 
@@ -94,7 +94,7 @@ class OriginPolicy:
         name = _split_host(host)
         return _is_loopback_name(name) or name.lower() == _split_host(self.bound_host).lower()
 
-    def refusal(self, method: str, scheme: str, headers: Mapping[str, str]) -> OpenAIError | None:
+    def refusal(self, method: str, scheme: str, headers: Mapping[str, str]) -> ApiError | None:
         """The 403 for a request this policy refuses, or ``None``."""
         host = headers.get("host")
         if not self.allows_host(host):

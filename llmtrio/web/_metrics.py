@@ -12,7 +12,7 @@ workers of 8 slots each count as one engine of 16) and ``vllm:cache_config_info`
 
 Each ingress has its own :class:`~prometheus_client.CollectorRegistry` (never the global
 default), so several stacks can run in one process. ``llmtrio serve`` with its local worker
-registers the worker's engine figures in the same registry (``llmtrio.server``).
+registers the worker's engine figures in the same registry (``llmtrio.cli.serve``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from prometheus_client import generate_latest as _generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._probes import PROBE_PATHS
-from .._routes import RING_PATHS, ROUTES
+from ..api import PROBE_PATHS, RING_PATHS, ROUTES
 from ..ring import Outcome, Ring, RingStats
 from ._access import CLIENT_CLOSED, Exchange
 

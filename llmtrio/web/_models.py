@@ -1,6 +1,6 @@
 """Which model a request goes to: the ingress's resolution of a request's ``model``, the same
 on every replica (pure: the request's field, the endpoint's kind, the models the ring knows
-and the configured default in; a routing key or an :class:`OpenAIError` out).
+and the configured default in; a routing key or an :class:`ApiError` out).
 
 The rules, in order, for a named model:
 
@@ -33,44 +33,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Final
 
-from .._openai_errors import (
+from ..api import (
+    MANAGE_PATHS,
+    MODEL_KINDS,
+    form_field,
     invalid_request,
+    is_form,
     missing_model,
     model_not_found,
     wrong_model_kind,
 )
-from .._routes import (
-    CHAT_PATH,
-    COMPLETIONS_PATH,
-    DETOKENIZE_PATH,
-    EMBEDDINGS_PATH,
-    MODELS_LOAD_PATH,
-    MODELS_UNLOAD_PATH,
-    TOKENIZE_PATH,
-)
-from ..ring import CHAT, EMBEDDING, ModelStats
+from ..ring import CHAT_MODEL, EMBEDDING_MODEL, ModelStats
 
-__all__ = ["ENDPOINT_KINDS", "requested_model", "resolve_model"]
-
-ENDPOINT_KINDS: Final[Mapping[str, str | None]] = {
-    CHAT_PATH: CHAT,
-    COMPLETIONS_PATH: CHAT,
-    EMBEDDINGS_PATH: EMBEDDING,
-    TOKENIZE_PATH: None,
-    DETOKENIZE_PATH: None,
-}
-"""The kind of model each of the ring's routes needs (``None``: any kind, every model's
-tokenizer; no model is then of "the other kind")."""
-
-#: The routes that manage a model, of any kind: they name it exactly, never by a default.
-MANAGE_PATHS: Final = frozenset({MODELS_LOAD_PATH, MODELS_UNLOAD_PATH})
+__all__ = ["requested_model", "resolve_model"]
 
 
-def requested_model(body: bytes) -> object:
-    """The ``model`` field of a request body; ``None`` when it has none, or when the body is
-    not a JSON object (the worker answers that body's own error)."""
+def requested_model(body: bytes, *, form: bool = False) -> object:
+    """The ``model`` field of a request body (on a ``form`` route, a form's text field
+    ``model``); ``None`` when it has none, or when the body is not a JSON object or a form
+    (the worker answers that body's own error: a form route's, that it must be a form)."""
+    if form and is_form(body):
+        return form_field(body, "model")
     try:
         fields = json.loads(body)
     except (ValueError, RecursionError):
@@ -90,10 +74,10 @@ def resolve_model(
     the ``models`` the ring knows (``Ring.models()``) and the ``default`` model (if any); see
     the module's rules.
 
-    Error handling: :class:`OpenAIError` (400 for a ``model`` that is not a string or is of
+    Error handling: :class:`ApiError` (400 for a ``model`` that is not a string or is of
     the other kind, or when none is named and none can be chosen; 404 for an unknown one).
     """
-    kind = ENDPOINT_KINDS.get(path, CHAT)
+    kind = MODEL_KINDS.get(path, CHAT_MODEL)
     if requested is not None and not isinstance(requested, str):
         raise invalid_request(
             f"'model' must be a string, not {type(requested).__name__}", param="model"
@@ -127,7 +111,7 @@ def resolve_model(
     if not models or (takes_any and not served):
         return ""  # nothing routed yet: any worker
     others = [m.name for m in models.values() if not _fits(m.kind, kind)]
-    raise missing_model(served, others, path)
+    raise missing_model(served, others, path, embeddings=kind == EMBEDDING_MODEL)
 
 
 def _fits(model_kind: str, kind: str | None) -> bool:

@@ -15,19 +15,23 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from .._fields import RequestLimits
-from .._openai_errors import (
-    OpenAIError,
+from ..api import (
+    HEALTH_PATH,
+    MODELS_PATH,
+    OPENAPI_PATH,
+    RING_PATHS,
+    ApiError,
+    RequestLimits,
+    error_family,
     method_not_allowed,
     not_found,
+    openapi,
     request_too_large,
 )
-from .._routes import HEALTH_PATH, MODELS_PATH, OPENAPI_PATH, RING_PATHS, error_family
-from ..ring import CHAT, ModelStats, Ring, WorkerStats
+from ..ring import CHAT_MODEL, ModelStats, Ring, WorkerStats
 from ._access import exchange_of
 from ._drain import Drain
 from ._metrics import CONTENT_TYPE, IngressMetrics
-from ._openapi import openapi
 from ._probes import add_probes
 
 __all__ = ["pages_app"]
@@ -39,19 +43,14 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     )
 
 
-def _error(error: OpenAIError) -> Response:
+def _error(error: ApiError) -> Response:
     """``error`` as the response (in the shape of its path's route family), its code recorded
     for the access log and metrics."""
     exchange = exchange_of(request.scope)
     if exchange is not None:
         exchange.ended_with(error.error_code)
-    family = error_family(request.path)
-    return Response(
-        error.body(family),
-        status=error.status_in(family),
-        headers=dict(error.headers),
-        content_type="application/json",
-    )
+    status, headers, body = error_family(request.path).response(error)
+    return Response(body, status=status, headers=dict(headers))
 
 
 def pages_app(
@@ -135,7 +134,7 @@ def pages_app(
     async def models() -> Response:
         known = ring.models()
         if not known and model_name:
-            known = {model_name: ModelStats(model_name, CHAT, workers=0)}
+            known = {model_name: ModelStats(model_name, CHAT_MODEL, workers=0)}
         return _json(
             {
                 "object": "list",
@@ -147,7 +146,11 @@ def pages_app(
                         "owned_by": "llmtrio",
                         "kind": model.kind,
                         "workers": model.workers,
-                        "input_modalities": ["text", "image"] if model.vision else ["text"],
+                        "input_modalities": [
+                            "text",
+                            *(["image"] if model.vision else []),
+                            *(["audio"] if model.audio else []),
+                        ],
                         "state": model.state,
                         **({"bytes": model.bytes} if model.bytes else {}),
                         **({"unload_in_s": model.unload_in_s} if model.unload_in_s else {}),
@@ -172,7 +175,7 @@ def pages_app(
             return _error(method_not_allowed(request.method, request.path, ["GET"]))
         if code == 413:
             return _error(request_too_large(max_body_bytes))
-        error = OpenAIError(code, exc.description or exc.name, type="invalid_request_error")
+        error = ApiError(code, exc.description or exc.name, type="invalid_request_error")
         return _error(error)
 
     return app

@@ -1,4 +1,4 @@
-"""The ingress's probes, ``GET /livez`` and ``GET /readyz`` (``llmtrio._probes``), as routes
+"""The ingress's probes, ``GET /livez`` and ``GET /readyz`` (``llmtrio.api._probes``), as routes
 of the app: ready while listening and not draining; open without an API key."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from quart import Response
 from quart_trio import QuartTrio
 
-from .._probes import LIVEZ_PATH, READYZ_PATH, NotReady, ProbeAnswer, answer_probe
+from ..api import LIVEZ_PATH, READYZ_PATH, NotReady, ProbeAnswer, answer_probe
 
 __all__ = ["add_probes"]
 

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import trio
 
-from .._openai_errors import (
-    OpenAIError,
+from ..api import (
+    AUDIO_PARTS,
+    FORM_PATHS,
+    IMAGE_PARTS,
+    ApiError,
     body_timeout,
+    error_family,
     no_worker,
     request_timeout,
     request_too_large,
@@ -32,7 +36,6 @@ from .._openai_errors import (
     shutting_down,
     worker_failed,
 )
-from .._routes import error_family
 from ..ring import (
     ParkTimeoutError,
     RequestHead,
@@ -59,30 +62,20 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
-def encode_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+def encode_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 
 
 async def send_error(
-    send: Send, exchange: Exchange, error: OpenAIError, extra: list[tuple[str, str]] | None = None
+    send: Send, exchange: Exchange, error: ApiError, extra: list[tuple[str, str]] | None = None
 ) -> None:
     """Answer with ``error`` (its status, its JSON body, in the shape of the request's route:
-    ``llmtrio._routes.error_family``), recording its code on ``exchange``."""
+    ``llmtrio.api.error_family``), recording its code on ``exchange``."""
     exchange.ended_with(error.error_code)
-    family = error_family(exchange.path)
-    body = error.body(family)
-    headers = [
-        ("content-type", "application/json"),
-        ("content-length", str(len(body))),
-        *error.headers,
-        *(extra or []),
-    ]
+    status, headers, body = error_family(exchange.path).response(error)
+    headers = (*headers, ("content-length", str(len(body))), *(extra or []))
     await send(
-        {
-            "type": "http.response.start",
-            "status": error.status_in(family),
-            "headers": encode_headers(headers),
-        }
+        {"type": "http.response.start", "status": status, "headers": encode_headers(headers)}
     )
     await send({"type": "http.response.body", "body": body})
 
@@ -124,10 +117,12 @@ class RingRequest:
         max_body_bytes: int,
         drain: Drain,
         image_body_bytes: int = 0,
+        audio_body_bytes: int = 0,
     ) -> None:
         """Serve the request; never raises but for cancellation. Its body may be up to
-        ``max_body_bytes``, or ``image_body_bytes`` when it holds an image part (see
-        :func:`holds_images`).
+        ``max_body_bytes``, or ``image_body_bytes`` when it holds an image part, or
+        ``audio_body_bytes`` when it holds an audio part or is a form route's (see
+        :func:`media_body_bytes`).
 
         One cancel scope ends the request early, whatever ends it: the scope of the nursery
         the request runs in, which holds its one task beside this one (the disconnect
@@ -144,7 +139,14 @@ class RingRequest:
             async with trio.open_nursery() as nursery:
                 with drain.cuts(nursery.cancel_scope):
                     try:
-                        await self._serve(receive, send, max_body_bytes, nursery, image_body_bytes)
+                        await self._serve(
+                            receive,
+                            send,
+                            max_body_bytes,
+                            nursery,
+                            image_body_bytes,
+                            audio_body_bytes,
+                        )
                     except ClientGone:
                         logger.debug(
                             "request %s: the client left before its body was read",
@@ -179,8 +181,10 @@ class RingRequest:
         max_body_bytes: int,
         nursery: trio.Nursery,
         image_body_bytes: int = 0,
+        audio_body_bytes: int = 0,
     ) -> None:
-        most = max(max_body_bytes, image_body_bytes)
+        path = self._scope["path"]
+        most = max(max_body_bytes, image_body_bytes, audio_body_bytes)
         declared = self._headers.get("content-length", "")
         if declared.isdigit() and int(declared) > most:
             await self._send_error(send, request_too_large(most))
@@ -194,9 +198,11 @@ class RingRequest:
         if body is None:
             await self._send_error(send, request_too_large(most))
             return
-        if len(body) > max_body_bytes and not holds_images(body):
-            await self._send_error(send, request_too_large(max_body_bytes))
-            return
+        if len(body) > max_body_bytes:
+            allowed = media_body_bytes(path, body, image_body_bytes, audio_body_bytes)
+            if len(body) > allowed:
+                await self._send_error(send, request_too_large(max(max_body_bytes, allowed)))
+                return
         head = RequestHead(
             "POST",
             self._scope["path"],
@@ -207,13 +213,13 @@ class RingRequest:
         )
         try:
             key = resolve_model(
-                requested_model(body),
+                requested_model(body, form=path in FORM_PATHS),
                 self._scope["path"],
                 self._ring.models(),
                 self._default_model,
                 takes_any=self._ring.takes_any_model,
             )
-        except OpenAIError as error:
+        except ApiError as error:
             await self._send_error(send, error)
             return
         try:
@@ -244,7 +250,7 @@ class RingRequest:
         else:
             self._exchange.ended_with(server_error().error_code)
 
-    async def _end_early(self, send: Send, error: OpenAIError) -> None:
+    async def _end_early(self, send: Send, error: ApiError) -> None:
         """End the response with ``error`` as far as it got (the deadline passed, or the drain
         cut it): the error itself before the head, an error event on a started event stream;
         nothing once its last byte went out."""
@@ -305,28 +311,48 @@ class RingRequest:
             {"type": "http.response.start", "status": status, "headers": encode_headers(headers)}
         )
 
-    async def _send_error(self, send: Send, error: OpenAIError) -> None:
+    async def _send_error(self, send: Send, error: ApiError) -> None:
         self._started = True
         await send_error(send, self._exchange, error, self._extra)
 
-    async def _send_event(self, send: Send, error: OpenAIError) -> None:
+    async def _send_event(self, send: Send, error: ApiError) -> None:
         """``error`` as an event on the started event stream, recording its code."""
         self._exchange.ended_with(error.error_code)
-        body = error.sse(error_family(self._exchange.path))
+        body = error_family(self._exchange.path).event(error)
         await send({"type": "http.response.body", "body": body, "more_body": True})
 
 
-#: An image part of any API: chat completions' ``image_url``, the Responses API's
-#: ``input_image``, Anthropic's ``image``.
-_IMAGE_PART = re.compile(rb'"type"\s*:\s*"(?:image_url|input_image|image)"')
+def _part_types(types: Iterable[str]) -> re.Pattern[bytes]:
+    alternatives = b"|".join(sorted({t.encode() for t in types}))
+    return re.compile(rb'"type"\s*:\s*"(?:' + alternatives + rb')"')
+
+
+#: An image part of any API (each route's ``image_part``: chat completions' ``image_url``,
+#: the Responses API's ``input_image``, Anthropic's ``image``).
+_IMAGE_PART = _part_types(IMAGE_PARTS.values())
+#: An audio part of any API (each route's ``audio_part``: ``input_audio``).
+_AUDIO_PART = _part_types(AUDIO_PARTS.values())
 
 
 def holds_images(body: bytes) -> bool:
     """Whether a request body holds an image part (a ``"type"`` of ``image_url``,
-    ``input_image`` or ``image``): only such a body may be larger than ``--max-body-bytes``,
-    up to ``--max-image-body-bytes``. A body that merely says so is still parsed, and
-    refused, by the worker, so the larger limit is all it gains."""
+    ``input_image`` or ``image``)."""
     return _IMAGE_PART.search(body) is not None
+
+
+def media_body_bytes(path: str, body: bytes, image_body_bytes: int, audio_body_bytes: int) -> int:
+    """How large a body may be for the media it holds, beyond ``--max-body-bytes``: up to
+    ``--max-audio-body-bytes`` for a form route's (a transcription's file) or one holding an
+    audio part (``input_audio``), ``--max-image-body-bytes`` for one holding an image part,
+    the larger of the two for one holding both; 0 for one holding neither. A body that merely
+    says so is still parsed, and refused, by the worker, so the larger limit is all it
+    gains."""
+    allowed = 0
+    if path in FORM_PATHS or _AUDIO_PART.search(body) is not None:
+        allowed = audio_body_bytes
+    if path not in FORM_PATHS and holds_images(body):
+        allowed = max(allowed, image_body_bytes)
+    return allowed
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:

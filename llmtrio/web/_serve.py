@@ -27,8 +27,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 from prometheus_client import CollectorRegistry
 
-from .._fields import RequestLimits
-from .._openai_errors import DEFAULT_MAX_BODY_BYTES
+from ..api import DEFAULT_MAX_BODY_BYTES, RequestLimits
 from ..ring import MAX_FRAME_SIZE, Ring, RingConfig
 from ._app import create_app
 from ._auth import ApiKeys
@@ -92,6 +91,9 @@ class ServeConfig:
     #: The largest body of a request that holds an image part (base64 images are larger than
     #: any text); below the ring's frame limit, which a request's body crosses whole.
     max_image_body_bytes: int = 12 * 2**20
+    #: The largest body of a request that holds an audio part, or of a transcription's form
+    #: (an audio file); below the ring's frame limit, as the image one.
+    max_audio_body_bytes: int = 15 * 2**20
     send_timeout: float = 60.0
     #: The kernel's send buffer per connection (SO_SNDBUF): what a client that stopped
     #: reading can still be sent before the send timeout starts to count.
@@ -116,11 +118,12 @@ class ServeConfig:
             )
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be at least 1")
-        if not 0 <= self.max_image_body_bytes <= MAX_FRAME_SIZE - _FRAME_ROOM:
-            raise ValueError(
-                f"max_image_body_bytes must be between 0 and {MAX_FRAME_SIZE - _FRAME_ROOM} "
-                "(the ring's frame limit, less room for the request's head)"
-            )
+        for name in ("max_image_body_bytes", "max_audio_body_bytes"):
+            if not 0 <= getattr(self, name) <= MAX_FRAME_SIZE - _FRAME_ROOM:
+                raise ValueError(
+                    f"{name} must be between 0 and {MAX_FRAME_SIZE - _FRAME_ROOM} (the ring's "
+                    "frame limit, less room for the request's head)"
+                )
         if self.rate_limit is not None and self.rate_limit < 1:
             raise ValueError("rate_limit must be at least 1")
         if self.request_timeout is not None and not self.request_timeout > 0:
@@ -178,6 +181,7 @@ async def serve_ingress(
         model_name=model_name,
         max_body_bytes=config.max_body_bytes,
         image_body_bytes=config.max_image_body_bytes,
+        audio_body_bytes=config.max_audio_body_bytes,
         policy=policy,
         gate=config.gate(),
         metrics=IngressMetrics(ring, registry),

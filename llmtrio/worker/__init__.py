@@ -1,16 +1,21 @@
-"""The worker: joins a ring to an engine, speaking OpenAI chat completions on the lanes."""
+"""The worker: joins a ring to an engine. Each ring link is served by one loop
+(:func:`serve_link`), whether its model is pinned (an engine loaded at start) or loaded on
+demand (:class:`OnDemand`, a model of a :class:`ModelHost`); it answers every route the
+ingress sends it (OpenAI's chat and text completions, Responses API and embeddings,
+Anthropic's Messages API, llama.cpp's tokenizer routes, the models' load and unload) with
+the endpoint of the route."""
 
-from .._fields import RequestLimits as RequestLimits
-from ._host import LOAD_WAITERS as LOAD_WAITERS
-from ._host import HostConfig as HostConfig
-from ._host import HostedModel as HostedModel
+from ..api import RequestLimits as RequestLimits
 from ._host import ModelHost as ModelHost
-from ._host import ModelLoadFailed as ModelLoadFailed
-from ._host import serve_hosted_link as serve_hosted_link
+from ._hosted import HostConfig as HostConfig
+from ._hosted import HostedModel as HostedModel
+from ._hosted import ModelLoadFailed as ModelLoadFailed
+from ._link import HEARTBEAT_INTERVAL_S as HEARTBEAT_INTERVAL_S
+from ._link import serve_link as serve_link
 from ._metrics import EngineCollector as EngineCollector
 from ._metrics import WorkerMetrics as WorkerMetrics
-from ._worker import HEARTBEAT_INTERVAL_S as HEARTBEAT_INTERVAL_S
-from ._worker import serve_link as serve_link
+from ._on_demand import LOAD_WAITERS as LOAD_WAITERS
+from ._on_demand import OnDemand as OnDemand
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -20,8 +25,8 @@ __all__ = [
     "HostedModel",
     "ModelHost",
     "ModelLoadFailed",
+    "OnDemand",
     "RequestLimits",
     "WorkerMetrics",
-    "serve_hosted_link",
     "serve_link",
 ]

@@ -1,9 +1,9 @@
 """A chat completions request body in, an engine request out. Pure.
 
-The fields are read and checked as the field table (``llmtrio._fields``) says, nested ones
+The fields are read and checked as the field table (``llmtrio.api._fields``) says, nested ones
 included; what is left here (and in ``_features`` for tools and structured output) is what the
 table cannot say: a message's role picks which fields it has, its content is a string or
-text parts, and rules across fields. Every refusal is an :class:`OpenAIError` (400) naming
+text parts, and rules across fields. Every refusal is an :class:`ApiError` (400) naming
 the field.
 """
 
@@ -13,31 +13,35 @@ from typing import Any, TypeGuard
 
 import attrs
 
-from .._fields import (
-    CHAT,
+from ..api import (
+    AUDIO_PARTS,
+    IMAGE_PARTS,
     IMAGE_URL_PART,
+    MESSAGE_FIELDS,
     MESSAGE_ROLES,
-    MESSAGES,
     TEXT_PARTS,
+    Body,
     RequestLimits,
     check,
     checked_text,
     choices,
+    invalid_request,
     invalid_type,
     invalid_value,
     missing,
     read,
     show,
 )
-from .._openai_errors import invalid_request
 from ..engine import (
     MEDIA_MARKER,
     ChatMessage,
     GenerateRequest,
-    Image,
     InvalidRequestError,
+    Media,
     Sampling,
 )
+from ._audio import audio_from_part
+from ._encoding import from_engine_error
 from ._features import (
     ToolChoice,
     parse_assistant_tool_calls,
@@ -55,9 +59,12 @@ from ._requests import (
     parse_stream,
     reject_refused,
 )
-from ._responses import from_engine_error
 
 __all__ = ["ChatCompletionRequest", "parse_chat_request"]
+
+#: The ``type`` of chat's image and audio parts.
+_IMAGE = IMAGE_PARTS[Body.CHAT]
+_AUDIO = AUDIO_PARTS[Body.CHAT]
 
 _NO_LIMITS = RequestLimits()
 
@@ -87,7 +94,7 @@ class ChatCompletionRequest:
 def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatCompletionRequest:
     """Parse and validate a chat completions request body.
 
-    Accepted: the chat fields of the field table (``llmtrio._fields.FIELDS``): ``model``,
+    Accepted: the chat fields of the field table (``llmtrio.api.FIELDS``): ``model``,
     ``messages``, ``max_tokens``, ``max_completion_tokens`` (wins over ``max_tokens``), the
     sampling fields and penalties, ``seed``, ``stop``, ``stream``,
     ``stream_options.include_usage``, ``n`` (1 only), ``think`` and
@@ -113,25 +120,25 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
 
     The body's size is the ingress's to limit (``--max-body-bytes``), once.
 
-    Error handling: raises :class:`OpenAIError`, 400 for anything wrong (invalid UTF-8 or
+    Error handling: raises :class:`ApiError`, 400 for anything wrong (invalid UTF-8 or
     JSON, a body that is not an object, a field of the wrong type or out of range, an
     unsupported message, a request over one of ``limits``), naming the offending field in
     ``param``.
     """
     data = json_body(body)
-    reject_refused(data, CHAT, limits)
-    model = read(data, CHAT, "model", limits)
+    reject_refused(data, Body.CHAT, limits)
+    model = read(data, Body.CHAT, "model", limits)
     messages = _parse_messages(data, limits)
-    max_tokens = parse_max_tokens(data, CHAT, limits)
-    sampling = parse_sampling(data, CHAT, limits)
+    max_tokens = parse_max_tokens(data, Body.CHAT, limits)
+    sampling = parse_sampling(data, Body.CHAT, limits)
     logprobs = _parse_logprobs(data, limits)
     tools = parse_tools(data, limits)
-    output_format = parse_response_format(data, CHAT, limits)
+    output_format = parse_response_format(data, Body.CHAT, limits)
     if tools.forced:
         output_format = {}  # a forced call wins over the format of a plain reply
     stop = parse_stop(data.get("stop"), limits)
-    read(data, CHAT, "n", limits)
-    stream, include_usage = parse_stream(data, CHAT, limits)
+    read(data, Body.CHAT, "n", limits)
+    stream, include_usage = parse_stream(data, Body.CHAT, limits)
     think = _parse_think(data, limits)
     reasoning = _parse_effort(data, limits)
     asked = think  # the request's own switch wins over its effort's
@@ -152,8 +159,8 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
             sampling=Sampling(**sampling),
             stop=stop,
             think=think,
-            ignore_eos=read(data, CHAT, "ignore_eos", limits) or False,
-            cache_prompt=read(data, CHAT, "cache_prompt", limits) is not False,
+            ignore_eos=read(data, Body.CHAT, "ignore_eos", limits) or False,
+            cache_prompt=read(data, Body.CHAT, "cache_prompt", limits) is not False,
             logit_bias=parse_logit_bias(data.get("logit_bias")),
             logprobs=logprobs,
             reasoning_budget=reasoning.budget,
@@ -175,8 +182,8 @@ def parse_chat_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> ChatC
 def _parse_logprobs(data: dict[str, Any], limits: RequestLimits) -> int | None:
     """``logprobs`` (a boolean) and ``top_logprobs`` (only with ``logprobs``): the number of
     alternatives to report, or ``None`` for no log-probabilities."""
-    logprobs = read(data, CHAT, "logprobs", limits)
-    top = read(data, CHAT, "top_logprobs", limits)
+    logprobs = read(data, Body.CHAT, "logprobs", limits)
+    top = read(data, Body.CHAT, "top_logprobs", limits)
     if top is not None and not logprobs:
         raise invalid_value(
             "top_logprobs", "'logprobs' must be set to true when 'top_logprobs' is used."
@@ -186,14 +193,14 @@ def _parse_logprobs(data: dict[str, Any], limits: RequestLimits) -> int | None:
 
 def _parse_effort(data: dict[str, Any], limits: RequestLimits) -> Reasoning:
     """``reasoning_effort``: thinking on or off and a budget (``_reasoning.EFFORTS``)."""
-    effort: str | None = read(data, CHAT, "reasoning_effort", limits)
+    effort: str | None = read(data, Body.CHAT, "reasoning_effort", limits)
     return Reasoning() if effort is None else for_effort(effort)
 
 
 def _parse_think(data: dict[str, Any], limits: RequestLimits) -> bool | None:
     """``think``, else ``chat_template_kwargs.enable_thinking``."""
-    think: bool | None = read(data, CHAT, "think", limits)
-    kwargs = read(data, CHAT, "chat_template_kwargs", limits)
+    think: bool | None = read(data, Body.CHAT, "think", limits)
+    kwargs = read(data, Body.CHAT, "chat_template_kwargs", limits)
     if kwargs is not None and think is None:
         think = kwargs.get("enable_thinking")
     return think
@@ -203,19 +210,19 @@ def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMes
     """``messages``: the array as the field table bounds it, each message's fields as the
     table says for its role, and its content."""
     messages = []
-    for i, item in enumerate(read(data, CHAT, "messages", limits)):
+    for i, item in enumerate(read(data, Body.CHAT, "messages", limits)):
         where = f"messages[{i}]"
         if not isinstance(item, dict):
             raise invalid_type(where, "an object", item)
         role = _parse_role(item.get("role"), f"{where}.role")
         content = ""
-        images: list[Image] = []
-        for part in MESSAGES[role].properties:
+        media: list[Media] = []
+        for part in MESSAGE_FIELDS[role].properties:
             at = f"{where}.{part.name}"
             if part.name == "content":
                 value = item.get("content")
-                if role == "user" and _has_images(value):
-                    content, images = _parse_image_content(value, at, limits)
+                if role == "user" and _has_media(value):
+                    content, media = _parse_media_content(value, at, limits)
                 else:
                     content = _parse_content(value, at, role, limits)
             else:
@@ -225,40 +232,46 @@ def _parse_messages(data: dict[str, Any], limits: RequestLimits) -> list[ChatMes
             messages.append(ChatMessage("tool", content, tool_call_id=item.get("tool_call_id")))
         else:
             role = "system" if role == "developer" else role
-            messages.append(ChatMessage(role, content, tool_calls=calls, images=images))
+            messages.append(ChatMessage(role, content, tool_calls=calls, media=media))
     return messages
 
 
-def _has_images(value: object) -> TypeGuard[list[Any]]:
+def _has_media(value: object) -> TypeGuard[list[Any]]:
     return isinstance(value, list) and any(
-        isinstance(part, dict) and part.get("type") == "image_url" for part in value
+        isinstance(part, dict) and part.get("type") in (_IMAGE, _AUDIO) for part in value
     )
 
 
-def _parse_image_content(
+def _parse_media_content(
     value: list[Any], where: str, limits: RequestLimits
-) -> tuple[str, list[Image]]:
-    """A user message's parts with images: text parts (``TextPart``) and ``image_url``
-    parts (``IMAGE_URL_PART``), each image a media marker in the text (parts joined by
-    newlines) and an :class:`Image`, its header read and checked (``max_image_pixels``).
+) -> tuple[str, list[Media]]:
+    """A user message's parts with media: text parts (``TextPart``), ``image_url`` parts
+    (``IMAGE_URL_PART``) and ``input_audio`` parts (``INPUT_AUDIO_PART``), each image or
+    audio file a media marker in the text (parts joined by newlines) and an :class:`Image`
+    or :class:`Audio`, its header read and checked (``max_image_pixels``,
+    ``max_audio_seconds``).
 
-    Error handling: :class:`OpenAIError` (400) naming the part: a part of the wrong shape, a
+    Error handling: :class:`ApiError` (400) naming the part: a part of the wrong shape, a
     URL neither a ``data:`` URI nor an ``http(s)`` URL of an allowed host (fetched later, by
-    the endpoint's ``run``), bytes that are not an image, too many pixels."""
+    the endpoint's ``run``), bytes that are not an image or an audio file, too many pixels,
+    audio too long."""
     texts: list[str] = []
-    images: list[Image] = []
+    media: list[Media] = []
     for i, part in enumerate(value):
         at = f"{where}[{i}]"
-        if isinstance(part, dict) and part.get("type") == "image_url":
+        if isinstance(part, dict) and part.get("type") == _IMAGE:
             checked = check(IMAGE_URL_PART, part, limits, at)
-            images.append(
+            media.append(
                 image_from_part(checked["image_url"]["url"], f"{at}.image_url.url", limits)
             )
+            texts.append(MEDIA_MARKER)
+        elif isinstance(part, dict) and part.get("type") == _AUDIO:
+            media.append(audio_from_part(part, at, limits))
             texts.append(MEDIA_MARKER)
         else:
             assert TEXT_PARTS.items is not None
             texts.append(check(TEXT_PARTS.items, part, limits, at).get("text") or "")
-    return _PART_SEPARATOR.join(texts), images
+    return _PART_SEPARATOR.join(texts), media
 
 
 def _parse_role(role: object, param: str) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._openai_errors import OpenAIError, dumps
+from ..api import OPENAI_ERRORS, SSE_DONE, ApiError, dumps, json_string
 from ..engine import (
     Done,
     Token,
@@ -32,12 +32,11 @@ from ..engine import (
     ToolCallStream,
 )
 from ._chat_request import ChatCompletionRequest
-from ._responses import (
-    DONE,
+from ._encoding import (
     Envelope,
     ResponseMeta,
     chat_logprobs_json,
-    json_string,
+    finish_reason,
     timings_json,
     usage_json,
 )
@@ -58,13 +57,6 @@ def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
         }
     )
     return out
-
-
-def finish_reason(done: Done, calls: int) -> str:
-    """``tool_calls`` for a reply with calls, unless it ran out of tokens (then ``length``,
-    as OpenAI's: the last call's arguments are cut short)."""
-    reason = done.stop.finish_reason
-    return "tool_calls" if calls and reason != "length" else reason
 
 
 def split_tool_calls(request: ChatCompletionRequest, text: str) -> tuple[str, list[ToolCall]]:
@@ -125,13 +117,13 @@ class ChatStream:
         out += self._envelope.chunk(choice, timings=timings_json(done))
         if self._request.include_usage:
             out += self._envelope.usage(done)
-        return out + DONE
+        return out + SSE_DONE
 
     def finish_reason(self, done: Done) -> str:
         return finish_reason(done, self._calls)
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()
+    def failure(self, error: ApiError) -> bytes:
+        return OPENAI_ERRORS.event(error)
 
     def _text(self, text: str, *, reasoning: bool = False) -> bytes:
         if self._pending:
@@ -211,8 +203,8 @@ class ChatBody:
     def finish_reason(self, done: Done) -> str:
         return finish_reason(done, len(self._calls))
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()
+    def failure(self, error: ApiError) -> bytes:
+        return OPENAI_ERRORS.event(error)
 
 
 def completion_body(

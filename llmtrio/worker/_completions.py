@@ -11,9 +11,21 @@ from typing import Any
 
 import attrs
 
-from .._fields import COMPLETIONS, RequestLimits, invalid_type, invalid_value, missing, read
-from .._openai_errors import OpenAIError, dumps, invalid_request
+from ..api import (
+    OPENAI_ERRORS,
+    SSE_DONE,
+    ApiError,
+    Body,
+    RequestLimits,
+    dumps,
+    invalid_request,
+    invalid_type,
+    invalid_value,
+    missing,
+    read,
+)
 from ..engine import Done, GenerateRequest, InvalidRequestError, Sampling, Token, TokenLogprob
+from ._encoding import Envelope, ResponseMeta, from_engine_error, timings_json, usage_json
 from ._features import parse_response_format
 from ._requests import (
     json_body,
@@ -24,7 +36,6 @@ from ._requests import (
     parse_stream,
     reject_refused,
 )
-from ._responses import DONE, Envelope, ResponseMeta, from_engine_error, timings_json, usage_json
 
 __all__ = ["CompletionRequest", "TextBody", "TextStream", "parse_completion_request"]
 
@@ -49,7 +60,7 @@ class CompletionRequest:
     def generate(self, tokenize: Callable[[str], list[int]]) -> GenerateRequest:
         """The engine request; ``tokenize`` turns a text prompt into ids (BOS included).
 
-        Error handling: :class:`OpenAIError` (400) for an empty prompt."""
+        Error handling: :class:`ApiError` (400) for an empty prompt."""
         tokens = tokenize(self.prompt) if isinstance(self.prompt, str) else list(self.prompt)
         if not tokens:
             raise invalid_value("prompt", "it must not be empty.")
@@ -83,37 +94,37 @@ def _parse_prompt(value: object) -> str | tuple[int, ...]:
 def parse_completion_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> CompletionRequest:
     """Parse and validate a completions request body.
 
-    Accepted: the completions fields of the field table (``llmtrio._fields.FIELDS``):
+    Accepted: the completions fields of the field table (``llmtrio.api.FIELDS``):
     ``model``, ``prompt``, ``max_tokens`` (16 when absent, as OpenAI's), the sampling fields
     and penalties, ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``,
     ``logprobs`` (0 to 20 alternatives), ``logit_bias``, ``ignore_eos``, ``cache_prompt``,
     ``response_format`` (llama.cpp's extensions); ``n`` and ``best_of`` of 1, ``echo``
-    false. Error handling: :class:`OpenAIError` 400, naming the field (``max_tokens`` and
+    false. Error handling: :class:`ApiError` 400, naming the field (``max_tokens`` and
     ``stop`` over ``limits`` too).
     """
     data = json_body(body)
-    reject_refused(data, COMPLETIONS, limits)
+    reject_refused(data, Body.COMPLETIONS, limits)
     for name in ("n", "best_of"):
-        read(data, COMPLETIONS, name, limits)
-    model = read(data, COMPLETIONS, "model", limits)
+        read(data, Body.COMPLETIONS, name, limits)
+    model = read(data, Body.COMPLETIONS, "model", limits)
     prompt = _parse_prompt(data.get("prompt"))
     if isinstance(prompt, str) and not prompt:
         raise invalid_value("prompt", "it must not be empty.")
-    max_tokens = parse_max_tokens(data, COMPLETIONS, limits)
+    max_tokens = parse_max_tokens(data, Body.COMPLETIONS, limits)
     if max_tokens is None:
         max_tokens = min(DEFAULT_MAX_TOKENS, limits.max_tokens or DEFAULT_MAX_TOKENS)
-    sampling = parse_sampling(data, COMPLETIONS, limits)
-    logprobs = read(data, COMPLETIONS, "logprobs", limits)
-    stream, include_usage = parse_stream(data, COMPLETIONS, limits)
+    sampling = parse_sampling(data, Body.COMPLETIONS, limits)
+    logprobs = read(data, Body.COMPLETIONS, "logprobs", limits)
+    stream, include_usage = parse_stream(data, Body.COMPLETIONS, limits)
     try:
         options = {
             "max_tokens": max_tokens,
             "sampling": Sampling(**sampling),
             "stop": parse_stop(data.get("stop"), limits),
-            "ignore_eos": read(data, COMPLETIONS, "ignore_eos", limits) or False,
-            "cache_prompt": read(data, COMPLETIONS, "cache_prompt", limits) is not False,
+            "ignore_eos": read(data, Body.COMPLETIONS, "ignore_eos", limits) or False,
+            "cache_prompt": read(data, Body.COMPLETIONS, "cache_prompt", limits) is not False,
             "logit_bias": parse_logit_bias(data.get("logit_bias")),
-            **parse_response_format(data, COMPLETIONS, limits),
+            **parse_response_format(data, Body.COMPLETIONS, limits),
         }
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from None
@@ -165,13 +176,13 @@ class TextStream:
         out = self._envelope.chunk(last, timings=timings_json(done))
         if self._include_usage:
             out += self._envelope.usage(done)
-        return out + DONE
+        return out + SSE_DONE
 
     def finish_reason(self, done: Done) -> str:
         return done.stop.finish_reason
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()
+    def failure(self, error: ApiError) -> bytes:
+        return OPENAI_ERRORS.event(error)
 
 
 class TextBody:
@@ -210,5 +221,5 @@ class TextBody:
     def finish_reason(self, done: Done) -> str:
         return done.stop.finish_reason
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()
+    def failure(self, error: ApiError) -> bytes:
+        return OPENAI_ERRORS.event(error)

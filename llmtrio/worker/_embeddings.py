@@ -11,34 +11,32 @@ than the model's context is a 400 naming the input's index (``input[3]``).
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+from typing import ClassVar
 
 import attrs
 import numpy as np
 import numpy.typing as npt
-import trio
 
-from .._fields import (
-    EMBEDDINGS,
+from ..api import (
+    ApiError,
+    Body,
     RequestLimits,
     checked_text,
     describe,
+    dumps,
+    invalid_request,
     invalid_type,
     invalid_value,
     missing,
     read,
 )
-from .._openai_errors import OpenAIError, dumps, invalid_request
-from ..engine import Done, Event, StopReason, Timings
+from ._encoding import Answer, WholeBody
 from ._requests import json_body, reject_refused
-from ._responses import WholeBody
 
 __all__ = [
+    "Embedded",
     "EmbeddingsBody",
-    "EmbeddingsDone",
     "EmbeddingsRequest",
-    "Finished",
-    "embeddings_done",
     "float_array",
     "parse_embeddings_request",
     "too_long",
@@ -57,43 +55,29 @@ class EmbeddingsRequest:
     encoding_format: str = "float"
 
 
-@attrs.frozen
-class EmbeddingsDone(Done):
-    """The end of an embeddings request: a :class:`~llmtrio.engine.Done` (its
-    ``prompt_tokens``, no completion tokens) with the vectors, row ``i`` for input ``i``."""
+@attrs.frozen(kw_only=True)
+class Embedded(Answer):
+    """The answer of an embeddings request: the vectors, row ``i`` for input ``i``, and the
+    ``prompt_tokens`` the inputs took (ingested, counted as a generation's prompt is)."""
 
-    vectors: npt.NDArray[np.float32] = attrs.field(kw_only=True, eq=False)
+    kind: ClassVar[str] = "embeddings"
+    vectors: npt.NDArray[np.float32] = attrs.field(eq=False)
 
-
-class Finished:
-    """Work that finished before it was handed over (an embeddings request's one event):
-    the endpoint pipeline's ``Events`` shape, already ended."""
-
-    def __init__(self, event: Event) -> None:
-        self._events = [event]
-        self.prompt_tokens: int | None = None
-        self.ended = trio.Event()
-        self.ended.set()
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        while self._events:
-            yield self._events.pop(0)
-
-    def drain(self) -> list[Event]:
-        events, self._events = self._events, []
-        return events
+    @property
+    def inputs(self) -> int:
+        return len(self.vectors)
 
 
 def parse_embeddings_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> EmbeddingsRequest:
     """Parse and validate an embeddings request body.
 
-    Error handling: :class:`OpenAIError` 400 naming the field, or the input (``input[i]``)
+    Error handling: :class:`ApiError` 400 naming the field, or the input (``input[i]``)
     that is empty, of the wrong type or beyond ``limits.max_embedding_inputs``.
     """
     data = json_body(body)
-    reject_refused(data, EMBEDDINGS, limits)
-    model = read(data, EMBEDDINGS, "model", limits)
-    read(data, EMBEDDINGS, "user", limits)
+    reject_refused(data, Body.EMBEDDINGS, limits)
+    model = read(data, Body.EMBEDDINGS, "model", limits)
+    read(data, Body.EMBEDDINGS, "user", limits)
     encoding = data.get("encoding_format")
     if encoding is None:
         encoding = "float"
@@ -155,7 +139,7 @@ def _tokens(value: object, param: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def too_long(index: int, tokens: int, ctx_size: int) -> OpenAIError:
+def too_long(index: int, tokens: int, ctx_size: int) -> ApiError:
     """400 ``context_length_exceeded`` for input ``index`` (OpenAI's wording, which clients
     match: "maximum context length")."""
     return invalid_request(
@@ -177,19 +161,6 @@ def float_array(vector: npt.NDArray[np.float32]) -> str:
     return "[" + ",".join(["%.9g"] * len(vector)) % tuple(vector.tolist()) + "]"
 
 
-def embeddings_done(
-    vectors: npt.NDArray[np.float32], prompt_tokens: int, seconds: float
-) -> EmbeddingsDone:
-    """The one event of a finished embeddings request."""
-    return EmbeddingsDone(
-        StopReason.END_OF_GENERATION,
-        prompt_tokens,
-        0,
-        Timings(0.0, seconds, 0.0),
-        vectors=vectors,
-    )
-
-
 @attrs.define
 class EmbeddingsBody(WholeBody):
     """The JSON body: ``{"object": "list", "data": [...], "model", "usage"}``."""
@@ -197,19 +168,18 @@ class EmbeddingsBody(WholeBody):
     request: EmbeddingsRequest
     model: str
 
-    def finish(self, done: Done) -> bytes:
-        assert isinstance(done, EmbeddingsDone)
+    def finish(self, answer: Embedded) -> bytes:
         if self.request.encoding_format == "base64":
             vectors = [
                 '"' + base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") + '"'
-                for row in done.vectors
+                for row in answer.vectors
             ]
         else:
-            vectors = [float_array(row) for row in done.vectors]
+            vectors = [float_array(row) for row in answer.vectors]
         data = ",".join(
             f'{{"object":"embedding","index":{i},"embedding":{vector}}}'
             for i, vector in enumerate(vectors)
         )
-        usage = {"prompt_tokens": done.prompt_tokens, "total_tokens": done.prompt_tokens}
+        usage = {"prompt_tokens": answer.prompt_tokens, "total_tokens": answer.prompt_tokens}
         tail = dumps({"model": self.model, "usage": usage})
         return b'{"object":"list","data":[' + data.encode() + b"]," + tail[1:]

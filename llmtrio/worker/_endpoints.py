@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import attrs
-import trio
 
-from .._fields import COUNT_TOKENS, RequestLimits
-from .._routes import (
+from ..api import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     COUNT_TOKENS_PATH,
@@ -21,45 +20,48 @@ from .._routes import (
     MESSAGES_PATH,
     RESPONSES_INPUT_TOKENS_PATH,
     RESPONSES_PATH,
+    TRANSCRIPTIONS_PATH,
+    TRANSLATIONS_PATH,
+    Body,
+    RequestLimits,
 )
-from ..engine import (
-    Done,
-    EmbeddingEngine,
-    Engine,
-    Generation,
-    RequestError,
-    StopReason,
-    Timings,
-)
+from ..engine import EmbeddingEngine, Engine, Generation, RequestError
 from ._chat_request import ChatCompletionRequest, parse_chat_request
 from ._chat_response import ChatBody, ChatStream
 from ._completions import CompletionRequest, TextBody, TextStream, parse_completion_request
 from ._embeddings import (
+    Embedded,
     EmbeddingsBody,
     EmbeddingsRequest,
-    Finished,
-    embeddings_done,
     parse_embeddings_request,
     too_long,
 )
-from ._endpoint import Encoder, Endpoint, run_tokenizer
+from ._encoding import Counted, ResponseMeta, from_engine_error
 from ._images import fetch_remote_images
 from ._messages_request import MessagesRequest, parse_messages_request
-from ._messages_response import Counted, MessageBody, MessageStream, TokenCount
-from ._responses import ResponseMeta, from_engine_error
+from ._messages_response import MessageBody, MessageStream, TokenCount
+from ._pipeline import Encoder, Endpoint, Finished, run_tokenizer
 from ._responses_output import InputTokensBody, ResponsesBody, ResponsesStream
 from ._responses_request import ResponsesRequest, naming_input, parse_responses_request
 from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
+from ._transcriptions import (
+    TranscriptBody,
+    TranscriptionRequest,
+    TranscriptStream,
+    parse_transcription_request,
+)
 
 __all__ = [
-    "CHAT",
-    "COMPLETIONS",
-    "COUNT_MESSAGE_TOKENS",
-    "EMBEDDINGS",
+    "CHAT_ENDPOINT",
+    "COMPLETIONS_ENDPOINT",
+    "COUNT_MESSAGE_TOKENS_ENDPOINT",
+    "EMBEDDINGS_ENDPOINT",
     "ENDPOINTS",
-    "MESSAGES",
-    "RESPONSES",
-    "RESPONSES_INPUT_TOKENS",
+    "MESSAGES_ENDPOINT",
+    "RESPONSES_ENDPOINT",
+    "RESPONSES_INPUT_TOKENS_ENDPOINT",
+    "TRANSCRIPTIONS_ENDPOINT",
+    "TRANSLATIONS_ENDPOINT",
 ]
 
 
@@ -82,7 +84,7 @@ class _Chat:
         async with engine.submit(generate) as generation:
             yield generation
 
-    def encoder(self, request: ChatCompletionRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: ChatCompletionRequest, meta: ResponseMeta) -> Encoder[Any]:
         return ChatStream(request, meta) if request.stream else ChatBody(request, meta)
 
 
@@ -106,7 +108,7 @@ class _Completions:
         async with engine.submit(generate) as generation:
             yield generation
 
-    def encoder(self, request: CompletionRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: CompletionRequest, meta: ResponseMeta) -> Encoder[Any]:
         return TextStream(request, meta) if request.stream else TextBody(request, meta)
 
 
@@ -126,7 +128,6 @@ class _Embeddings:
     async def run(
         self, engine: EmbeddingEngine, request: EmbeddingsRequest
     ) -> AsyncIterator[Finished]:
-        started = trio.current_time()
         tokens: list[list[int]]
         if request.inputs and isinstance(request.inputs[0], str):
             texts = [str(item) for item in request.inputs]
@@ -139,11 +140,9 @@ class _Embeddings:
             if len(ids) > engine.ctx_size:
                 raise too_long(index, len(ids), engine.ctx_size)
         result = await engine.embed_tokens(tokens)
-        yield Finished(
-            embeddings_done(result.vectors, result.prompt_tokens, trio.current_time() - started)
-        )
+        yield Finished(Embedded(vectors=result.vectors, prompt_tokens=result.prompt_tokens))
 
-    def encoder(self, request: EmbeddingsRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: EmbeddingsRequest, meta: ResponseMeta) -> Encoder[Any]:
         return EmbeddingsBody(request, meta.model)
 
 
@@ -166,7 +165,7 @@ class _Responses:
             async with engine.submit(generate) as generation:
                 yield generation
 
-    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder[Any]:
         return ResponsesStream(request, meta) if request.stream else ResponsesBody(request, meta)
 
 
@@ -187,9 +186,9 @@ class _ResponsesInputTokens:
         generate = await fetch_remote_images(request.generate, engine)
         with _naming_input():
             count = await engine.count_prompt_tokens(generate)
-        yield Finished(Done(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))
+        yield Finished(Counted(prompt_tokens=count))
 
-    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: ResponsesRequest, meta: ResponseMeta) -> Encoder[Any]:
         return InputTokensBody()
 
 
@@ -223,7 +222,7 @@ class _Messages:
         async with engine.submit(generate) as generation:
             yield generation
 
-    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder[Any]:
         return MessageStream(request, meta) if request.stream else MessageBody(request, meta)
 
 
@@ -237,36 +236,67 @@ class _CountTokens:
     id_prefix: str = "count"
 
     def parse(self, body: bytes, limits: RequestLimits) -> MessagesRequest:
-        return parse_messages_request(body, limits, endpoint=COUNT_TOKENS)
+        return parse_messages_request(body, limits, endpoint=Body.COUNT_TOKENS)
 
     @asynccontextmanager
     async def run(self, engine: Engine, request: MessagesRequest) -> AsyncIterator[Finished]:
         generate = await fetch_remote_images(request.generate, engine)
         count = await engine.count_prompt_tokens(generate)
-        yield Finished(Counted(StopReason.END_OF_GENERATION, count, 0, Timings(0.0, 0.0, 0.0)))
+        yield Finished(Counted(prompt_tokens=count))
 
-    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: MessagesRequest, meta: ResponseMeta) -> Encoder[Any]:
         return TokenCount()
 
 
-CHAT: Endpoint[ChatCompletionRequest] = _Chat()
-COMPLETIONS: Endpoint[CompletionRequest] = _Completions()
-EMBEDDINGS: Endpoint[EmbeddingsRequest] = _Embeddings()
-RESPONSES: Endpoint[ResponsesRequest] = _Responses()
-RESPONSES_INPUT_TOKENS: Endpoint[ResponsesRequest] = _ResponsesInputTokens()
-MESSAGES: Endpoint[MessagesRequest] = _Messages()
-COUNT_MESSAGE_TOKENS: Endpoint[MessagesRequest] = _CountTokens()
+@attrs.frozen
+class _Transcriptions:
+    """``POST /v1/audio/transcriptions`` (``body`` ``TRANSCRIPTIONS``) or
+    ``/v1/audio/translations`` (``TRANSLATIONS``): a form with an audio file, a generation on
+    it, the transcript in the asked format."""
+
+    route: str = TRANSCRIPTIONS_PATH
+    body: Body = Body.TRANSCRIPTIONS
+    model_kind: str = "chat"
+    id_prefix: str = "transcript"
+
+    def parse(self, body: bytes, limits: RequestLimits) -> TranscriptionRequest:
+        return parse_transcription_request(body, limits, self.body)
+
+    @asynccontextmanager
+    async def run(self, engine: Engine, request: TranscriptionRequest) -> AsyncIterator[Generation]:
+        async with engine.submit(request.generate) as generation:
+            yield generation
+
+    def encoder(self, request: TranscriptionRequest, meta: ResponseMeta) -> Encoder[Any]:
+        if request.stream:
+            return TranscriptStream(request, meta)
+        return TranscriptBody(request, meta)
+
+
+CHAT_ENDPOINT: Endpoint[ChatCompletionRequest] = _Chat()
+COMPLETIONS_ENDPOINT: Endpoint[CompletionRequest] = _Completions()
+EMBEDDINGS_ENDPOINT: Endpoint[EmbeddingsRequest] = _Embeddings()
+RESPONSES_ENDPOINT: Endpoint[ResponsesRequest] = _Responses()
+RESPONSES_INPUT_TOKENS_ENDPOINT: Endpoint[ResponsesRequest] = _ResponsesInputTokens()
+MESSAGES_ENDPOINT: Endpoint[MessagesRequest] = _Messages()
+COUNT_MESSAGE_TOKENS_ENDPOINT: Endpoint[MessagesRequest] = _CountTokens()
+TRANSCRIPTIONS_ENDPOINT: Endpoint[TranscriptionRequest] = _Transcriptions()
+TRANSLATIONS_ENDPOINT: Endpoint[TranscriptionRequest] = _Transcriptions(
+    TRANSLATIONS_PATH, Body.TRANSLATIONS
+)
 #: Every endpoint the worker serves, by route.
 ENDPOINTS: dict[str, Endpoint[object]] = {
     e.route: e  # type: ignore[misc]
     for e in (
-        CHAT,
-        COMPLETIONS,
-        EMBEDDINGS,
-        RESPONSES,
-        RESPONSES_INPUT_TOKENS,
-        MESSAGES,
-        COUNT_MESSAGE_TOKENS,
+        CHAT_ENDPOINT,
+        COMPLETIONS_ENDPOINT,
+        EMBEDDINGS_ENDPOINT,
+        RESPONSES_ENDPOINT,
+        RESPONSES_INPUT_TOKENS_ENDPOINT,
+        MESSAGES_ENDPOINT,
+        COUNT_MESSAGE_TOKENS_ENDPOINT,
+        TRANSCRIPTIONS_ENDPOINT,
+        TRANSLATIONS_ENDPOINT,
     )
 }
 #: llama.cpp server's tokenizer routes, on any model.

@@ -19,7 +19,7 @@ The rules, each checked at every hop of a redirect chain:
   200 or a redirect is refused with its status.
 
 What the bytes are is not taken from ``Content-Type``: the caller sniffs them
-(``llmtrio.engine.decode_image``). Every refusal is an :class:`OpenAIError` (400,
+(``llmtrio.engine.decode_image``). Every refusal is an :class:`ApiError` (400,
 ``invalid_value``) naming the request's part.
 
 Pure: :func:`check_url` (the URL and its host against the list) and :func:`is_public`. The
@@ -39,8 +39,7 @@ import attrs
 import h11
 import trio
 
-from .._fields import RequestLimits
-from .._openai_errors import OpenAIError, invalid_request
+from ..api import ApiError, RequestLimits, invalid_request
 
 __all__ = ["MAX_REDIRECTS", "Target", "check_url", "fetch_bytes", "is_public", "is_remote"]
 
@@ -93,7 +92,7 @@ def check_url(url: str, allowed: tuple[str, ...], param: str, *, hop: str = "") 
     """``url`` checked against the scheme and host rules (see the module's doc); ``hop``
     says, in a refusal, which redirect it came from.
 
-    Error handling: :class:`OpenAIError` naming ``param``."""
+    Error handling: :class:`ApiError` naming ``param``."""
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
@@ -140,7 +139,7 @@ async def fetch_bytes(
     Resource handling: each hop's connection is closed before the next opens; cancelling
     the fetch closes the one open.
 
-    Error handling: :class:`OpenAIError` (400) naming ``param`` for every refusal, a
+    Error handling: :class:`ApiError` (400) naming ``param`` for every refusal, a
     failure to resolve or connect, a bad TLS certificate, a response that is not HTTP, and
     the timeout."""
     context = ssl_context or _system_context()
@@ -310,10 +309,10 @@ def _is_address(host: str) -> bool:
     return True
 
 
-def _too_large(param: str, most: int) -> OpenAIError:
+def _too_large(param: str, most: int) -> ApiError:
     return _refused(param, f"the image is larger than {most} bytes (--max-media-fetch-bytes)")
 
 
-def _refused(param: str, reason: str) -> OpenAIError:
+def _refused(param: str, reason: str) -> ApiError:
     # The message names the part too: Anthropic's error shape has no ``param``.
     return invalid_request(f"Invalid '{param}': {reason}.", param=param, code="invalid_value")

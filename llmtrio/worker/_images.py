@@ -12,7 +12,7 @@ An image in a message is :data:`MEDIA_MARKER` in its text, where the image goes,
 :class:`Image` in ``ChatMessage.images`` (in the markers' order)::
 
     image = image_from_part(url, "input[0].content[1].image_url", limits)
-    ChatMessage("user", MEDIA_MARKER + "\\n" + text, images=[image])
+    ChatMessage("user", MEDIA_MARKER + "\\n" + text, media=[image])
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import ssl
 import attrs
 import trio
 
-from .._field_spec import RequestLimits
-from .._openai_errors import OpenAIError, invalid_request
+from ..api import ApiError, RequestLimits, invalid_request
 from ..engine import (
     Engine,
     GenerateRequest,
@@ -61,7 +60,7 @@ def image_from_part(url: str, param: str, limits: RequestLimits) -> Image:
     read and checked against ``limits.max_image_pixels``; decoded later, by the engine. An
     ``http(s)`` URL is a :func:`remote_image`.
 
-    Error handling: :class:`OpenAIError` (400, ``invalid_value``) naming ``param``."""
+    Error handling: :class:`ApiError` (400, ``invalid_value``) naming ``param``."""
     if is_remote(url):
         return remote_image(url, param, limits)
     try:
@@ -74,7 +73,7 @@ def image_from_bytes(data: bytes, param: str, limits: RequestLimits) -> Image:
     """An image's bytes (an Anthropic ``base64`` source, decoded from base64), as
     :func:`image_from_part` checks them.
 
-    Error handling: :class:`OpenAIError` (400, ``invalid_value``) naming ``param``."""
+    Error handling: :class:`ApiError` (400, ``invalid_value``) naming ``param``."""
     try:
         return decode_image(data, max_pixels=limits.max_image_pixels, param=param)
     except InvalidRequestError as exc:
@@ -85,7 +84,7 @@ def remote_image(url: str, param: str, limits: RequestLimits) -> RemoteImage:
     """An ``http(s)`` image URL, to be fetched before the work is submitted: its host checked
     now against ``limits.allowed_media_domains``.
 
-    Error handling: :class:`OpenAIError` (400, ``invalid_value``) naming ``param``: remote
+    Error handling: :class:`ApiError` (400, ``invalid_value``) naming ``param``: remote
     URLs off (no allowed hosts), another scheme, a host not allowed."""
     if not limits.allowed_media_domains:
         raise invalid_request(
@@ -104,7 +103,7 @@ async def fetch_image(
     """The image at ``url`` (``_fetch.fetch_bytes``), its type sniffed from its bytes and its
     header checked as :func:`image_from_bytes` does.
 
-    Error handling: :class:`OpenAIError` (400) naming ``param``."""
+    Error handling: :class:`ApiError` (400) naming ``param``."""
     return image_from_bytes(
         await fetch_bytes(url, param, limits, ssl_context=ssl_context), param, limits
     )
@@ -118,20 +117,20 @@ async def fetch_remote_images(generate: GenerateRequest, engine: Engine) -> Gene
 
     Resource handling: cancelling it cancels every fetch (their connections are closed).
 
-    Error handling: :class:`OpenAIError` (400) naming the first part refused."""
+    Error handling: :class:`ApiError` (400) naming the first part refused."""
     messages = generate.messages or ()
     remote = [i for m in messages for i in m.images if isinstance(i, RemoteImage)]
     count = sum(len(m.images) for m in messages)
     if not remote or not engine.takes_images or count > engine.config.max_images:
         return generate
     found: dict[int, Image] = {}
-    refusals: dict[int, OpenAIError] = {}
+    refusals: dict[int, ApiError] = {}
     async with trio.open_nursery() as nursery:
 
         async def fetch(index: int, image: RemoteImage) -> None:
             try:
                 found[id(image)] = await fetch_image(image.url, image.param, image.limits)
-            except OpenAIError as refusal:
+            except ApiError as refusal:
                 refusals[index] = refusal
                 nursery.cancel_scope.cancel()
 
@@ -140,12 +139,12 @@ async def fetch_remote_images(generate: GenerateRequest, engine: Engine) -> Gene
     if refusals:
         raise refusals[min(refusals)]
     fetched = [
-        attrs.evolve(m, images=[found.get(id(i), i) for i in m.images]) if m.images else m
+        attrs.evolve(m, media=[found.get(id(i), i) for i in m.media]) if m.images else m
         for m in messages
     ]
     return attrs.evolve(generate, messages=fetched)
 
 
-def _refusal(exc: InvalidRequestError) -> OpenAIError:
+def _refusal(exc: InvalidRequestError) -> ApiError:
     # The message names the part too: Anthropic's error shape has no ``param``.
     return invalid_request(f"Invalid '{exc.param}': {exc}", param=exc.param, code="invalid_value")

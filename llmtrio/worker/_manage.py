@@ -1,18 +1,14 @@
 """``POST /models/load`` and ``/models/unload`` on a worker: the ingress has routed them by
-their ``model``, a name the ring knows (never a path), to a worker that lists it."""
+their ``model``, a name the ring knows (never a path), to a worker that lists it. The answers
+a link gives for its model (``_link``): its state, or a refusal."""
 
 from __future__ import annotations
 
-from typing import Final
-
-from .._openai_errors import OpenAIError, dumps, invalid_request
-from .._routes import MODELS_LOAD_PATH, MODELS_UNLOAD_PATH
+from ..api import ApiError, dumps, error_family, invalid_request
 from ..ring import ClaimedStream
-from ._endpoint import JSON_HEADERS
+from ._pipeline import JSON_HEADERS
 
-__all__ = ["MANAGE_PATHS", "answer_pinned", "path_of", "respond_error", "respond_state"]
-
-MANAGE_PATHS: Final = frozenset({MODELS_LOAD_PATH, MODELS_UNLOAD_PATH})
+__all__ = ["path_of", "pinned", "respond_error", "respond_state"]
 
 
 def path_of(claimed: ClaimedStream) -> str:
@@ -25,20 +21,13 @@ async def respond_state(claimed: ClaimedStream, model: str, state: str) -> None:
     await claimed.respond(200, JSON_HEADERS, body)
 
 
-async def respond_error(claimed: ClaimedStream, error: OpenAIError) -> None:
-    await claimed.respond(error.status, (*JSON_HEADERS, *error.headers), error.body())
+async def respond_error(claimed: ClaimedStream, error: ApiError) -> None:
+    """``error`` as the whole response, told as the claimed path's route tells its errors
+    (``llmtrio.api.error_family``)."""
+    await claimed.respond(*error_family(path_of(claimed)).response(error))
 
 
-async def answer_pinned(claimed: ClaimedStream, model: str) -> None:
-    """A load or unload of a model loaded at start (``--model``): loaded already; never
-    unloaded."""
-    if path_of(claimed) == MODELS_LOAD_PATH:
-        await respond_state(claimed, model, "loaded")
-        return
-    await respond_error(claimed, pinned(model))
-
-
-def pinned(model: str) -> OpenAIError:
+def pinned(model: str) -> ApiError:
     return invalid_request(
         f"The model {model!r} is pinned (--model, or keep_alive = -1): it is never unloaded.",
         param="model",

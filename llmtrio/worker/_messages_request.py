@@ -1,6 +1,6 @@
 """An Anthropic Messages API request body in, an engine request out. Pure.
 
-The fields are read and checked as the field table (``llmtrio._fields``, the Messages API's
+The fields are read and checked as the field table (``llmtrio.api._fields``, the Messages API's
 section) says; what is left here is what the table cannot say: a content block's ``type``
 picks its fields, content is a string or blocks, and rules across fields. The conversation
 becomes chat messages for the model's template, as chat completions' do:
@@ -18,8 +18,8 @@ becomes chat messages for the model's template, as chat completions' do:
 - a conversation that ends with an assistant turn (Anthropic's "prefill") is a 400: the
   template opens a new turn after it.
 
-Every refusal is an :class:`OpenAIError` (400) naming the field or the block, told in
-Anthropic's error shape by the route (``llmtrio._routes.error_family``).
+Every refusal is an :class:`ApiError` (400) naming the field or the block, told in
+Anthropic's error shape by the route (``llmtrio.api.error_family``).
 """
 
 from __future__ import annotations
@@ -32,24 +32,25 @@ from typing import Any
 
 import attrs
 
-from .._fields import (
+from ..api import (
     ANTHROPIC_BLOCKS,
     ANTHROPIC_MESSAGE,
     ANTHROPIC_REFUSED_BLOCKS,
     ANTHROPIC_RESULT_BLOCKS,
     ANTHROPIC_TEXT_BLOCKS,
     ANTHROPIC_TOOL,
-    MESSAGES_API,
+    IMAGE_PARTS,
+    Body,
     RequestLimits,
     check,
     checked_text,
+    invalid_request,
     invalid_type,
     invalid_value,
     missing,
     read,
     show,
 )
-from .._openai_errors import invalid_request
 from ..engine import (
     MEDIA_MARKER,
     ChatMessage,
@@ -60,14 +61,17 @@ from ..engine import (
     Tool,
     ToolCall,
 )
-from ._features import ToolChoice
+from ._encoding import from_engine_error
+from ._features import ToolChoice, choose_tools
 from ._fetch import is_remote
 from ._images import image_from_bytes, remote_image
 from ._reasoning import ADAPTIVE_EFFORT, Reasoning, for_effort
 from ._requests import json_body, parse_max_tokens, reject_refused
-from ._responses import from_engine_error
 
 __all__ = ["MessagesRequest", "parse_messages_request"]
+
+#: The ``type`` of Anthropic's image blocks.
+_IMAGE = IMAGE_PARTS[Body.MESSAGES]
 
 logger = logging.getLogger("llmtrio.worker")
 
@@ -89,7 +93,7 @@ class MessagesRequest:
 
 
 def parse_messages_request(
-    body: bytes, limits: RequestLimits = _NO_LIMITS, *, endpoint: str = MESSAGES_API
+    body: bytes, limits: RequestLimits = _NO_LIMITS, *, endpoint: str = Body.MESSAGES
 ) -> MessagesRequest:
     """Parse and validate a Messages API request body (``endpoint``: ``messages`` or
     ``count_tokens``, which takes the same body without needing ``max_tokens``).
@@ -113,7 +117,7 @@ def parse_messages_request(
     A forced tool call (``any``, ``tool``) or ``output_config.format`` turns thinking off
     (their grammar holds from the first token); with thinking asked for, that is a 400.
 
-    Error handling: raises :class:`OpenAIError`, 400 naming the field or block.
+    Error handling: raises :class:`ApiError`, 400 naming the field or block.
     """
     data = json_body(body)
     reject_refused(data, endpoint, limits)
@@ -121,7 +125,7 @@ def parse_messages_request(
     for name in ("metadata", "cache_control", "service_tier", "speed", "container"):
         read(data, endpoint, name, limits)
     messages = [*_system(data, endpoint, limits), *_messages(data, endpoint, limits)]
-    if endpoint == MESSAGES_API:
+    if endpoint == Body.MESSAGES:
         max_tokens = parse_max_tokens(data, endpoint, limits)
         stream = bool(read(data, endpoint, "stream", limits))
     else:
@@ -154,7 +158,7 @@ def parse_messages_request(
             sampling=Sampling(**sampling),
             stop=stop,
             think=reasoning.think,
-            ignore_eos=endpoint == MESSAGES_API
+            ignore_eos=endpoint == Body.MESSAGES
             and bool(read(data, endpoint, "ignore_eos", limits)),
             reasoning_budget=reasoning.budget if reasoning.think else None,
             **output_format,
@@ -206,8 +210,8 @@ def _refuse_block(block: object, where: str, allowed: tuple[str, ...]) -> str:
     )
 
 
-_USER_BLOCKS = ("text", "image", "tool_result")
-_RESULT_BLOCKS = ("text", "image")
+_USER_BLOCKS = ("text", _IMAGE, "tool_result")
+_RESULT_BLOCKS = ("text", _IMAGE)
 _ASSISTANT_BLOCKS = ("text", "tool_use", "thinking", "redacted_thinking")
 
 
@@ -249,13 +253,13 @@ def _user_blocks(blocks: list[Any], where: str, limits: RequestLimits) -> list[C
         if kind == "text":
             texts.append(block["text"])
             continue
-        if kind == "image":
+        if kind == _IMAGE:
             images.append(_image(block, at, limits))
             texts.append(MEDIA_MARKER)
             continue
         results.append(_tool_result(block, at, limits))
     if texts or not results:
-        results.append(ChatMessage("user", _SEPARATOR.join(texts), images=images))
+        results.append(ChatMessage("user", _SEPARATOR.join(texts), media=images))
     return results
 
 
@@ -272,7 +276,7 @@ def _tool_result(block: dict[str, Any], where: str, limits: RequestLimits) -> Ch
             at = f"{where}.content[{i}]"
             kind = _refuse_block(item, at, _RESULT_BLOCKS)
             check(ANTHROPIC_RESULT_BLOCKS[kind], item, limits, at)
-            if kind == "image":
+            if kind == _IMAGE:
                 images.append(_image(item, at, limits))
                 texts.append(MEDIA_MARKER)
             else:
@@ -282,7 +286,7 @@ def _tool_result(block: dict[str, Any], where: str, limits: RequestLimits) -> Ch
         text = _text_or_blocks(result, f"{where}.content", limits)
     if block.get("is_error"):
         text = f"Error: {text}" if text else "Error"
-    return ChatMessage("tool", text, tool_call_id=block["tool_use_id"], images=images)
+    return ChatMessage("tool", text, tool_call_id=block["tool_use_id"], media=images)
 
 
 def _image(block: dict[str, Any], where: str, limits: RequestLimits) -> Image:
@@ -291,7 +295,7 @@ def _image(block: dict[str, Any], where: str, limits: RequestLimits) -> Image:
     type, the bytes decide which. A ``url`` source is a ``RemoteImage``, fetched by the
     endpoint's ``run``.
 
-    Error handling: :class:`OpenAIError` (400) naming the source's field: a ``url`` source
+    Error handling: :class:`ApiError` (400) naming the source's field: a ``url`` source
     of a host not allowed, a ``file`` source, a missing ``media_type`` or ``data``, bad
     base64, bytes that are no image."""
     source = block["source"]
@@ -367,28 +371,19 @@ def _tools(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> ToolCh
         if any(t.name == name for t in tools):
             raise invalid_value("tools", f"the name {show(name)} is used twice.")
         schema = item.get("input_schema") or {"type": "object", "properties": {}}
-        tools.append(Tool(name, item.get("description") or "", schema))
-    choice = read(data, endpoint, "tool_choice", limits)
-    parallel = not (choice or {}).get("disable_parallel_tool_use", False)
-    kind = (choice or {}).get("type", "auto" if tools else "none")
-    forced: tuple[Tool, ...] = ()
-    if kind == "any":
-        mode, forced = "required", tuple(tools)
-    elif kind == "tool":
-        name = choice.get("name") if choice else None
+        strict = item.get("strict") is True
+        tools.append(Tool(name, item.get("description") or "", schema, strict=strict))
+    choice = read(data, endpoint, "tool_choice", limits) or {}
+    parallel = not choice.get("disable_parallel_tool_use", False)
+    kind = choice.get("type", "auto")
+    if kind == "tool":
+        name = choice.get("name")
         if name is None:
             raise missing("tool_choice.name", " (tool_choice 'tool' names the tool)")
-        forced = tuple(t for t in tools if t.name == name)
-        if not forced:
-            raise invalid_value("tool_choice.name", f"no tool named {show(name)} in 'tools'.")
-        mode = "required"
-    else:
-        mode = kind
-    if mode == "required" and not tools:
-        raise invalid_value("tool_choice", f"{show(kind)} needs 'tools'.")
-    if not tools:
-        mode = "none"
-    return ToolChoice(tuple(tools), mode, forced, parallel)
+        return choose_tools(tools, "required", name=name, parallel=parallel,
+                            param="tool_choice.name")  # fmt: skip
+    mode = "required" if kind == "any" else kind
+    return choose_tools(tools, mode, parallel=parallel, said=kind)
 
 
 def _tool_options(tools: ToolChoice) -> dict[str, Any]:
@@ -405,7 +400,9 @@ def _output_format(data: dict[str, Any], endpoint: str, limits: RequestLimits) -
     output_format = config.get("format")
     if output_format is None:
         return {}
-    return {"json_schema": output_format["schema"]}
+    # Anthropic's structured outputs are always exact: a keyword the grammar cannot enforce
+    # is refused, as Anthropic's API refuses it.
+    return {"json_schema": output_format["schema"], "json_schema_strict": True}
 
 
 def _reasoning(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> Reasoning:

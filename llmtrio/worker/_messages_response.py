@@ -24,8 +24,7 @@ import hashlib
 import json
 from typing import Any
 
-from .._openai_errors import OpenAIError, dumps
-from .._routes import ANTHROPIC_ERRORS
+from ..api import ANTHROPIC_ERRORS, ApiError, dumps, sse
 from ..engine import (
     Done,
     StopReason,
@@ -38,10 +37,10 @@ from ..engine import (
     ToolCallStart,
     ToolCallStream,
 )
+from ._encoding import Counted, ResponseMeta, WholeBody, finish_reason
 from ._messages_request import MessagesRequest
-from ._responses import ResponseMeta, WholeBody
 
-__all__ = ["Counted", "MessageBody", "MessageStream", "TokenCount", "signature", "stop_reason"]
+__all__ = ["MessageBody", "MessageStream", "TokenCount", "signature", "stop_reason"]
 
 #: Seconds without an event before a stream opens and pings (then between pings).
 KEEPALIVE_S = 5.0
@@ -62,13 +61,6 @@ def stop_reason(done: Done, calls: int) -> str:
     if done.stop is StopReason.STOP_STRING:
         return "stop_sequence"
     return "end_turn"
-
-
-def finish_reason(done: Done, calls: int) -> str:
-    """OpenAI's ``finish_reason`` of the same end, which the ring's outcome states (the
-    ingress's metrics count one vocabulary for every route)."""
-    reason = done.stop.finish_reason
-    return "tool_calls" if calls and reason != "length" else reason
 
 
 def usage_json(done: Done) -> dict[str, int]:
@@ -102,7 +94,7 @@ def _message(meta: ResponseMeta, content: list[dict[str, Any]], **rest: Any) -> 
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + dumps({"type": name, **data}) + b"\n\n"
+    return sse(dumps({"type": name, **data}), name)
 
 
 class MessageStream:
@@ -152,9 +144,9 @@ class MessageStream:
     def finish_reason(self, done: Done) -> str:
         return finish_reason(done, self._calls)
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         """Anthropic's ``error`` event."""
-        return error.sse(ANTHROPIC_ERRORS)
+        return ANTHROPIC_ERRORS.event(error)
 
     def _text(self, text: str) -> bytes:
         if self._open != "text":
@@ -261,9 +253,9 @@ class MessageBody:
     def finish_reason(self, done: Done) -> str:
         return finish_reason(done, self._calls)
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         """Anthropic's ``error`` event."""
-        return error.sse(ANTHROPIC_ERRORS)
+        return ANTHROPIC_ERRORS.event(error)
 
 
 def _merged(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -277,16 +269,11 @@ def _merged(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return merged
 
 
-class Counted(Done):
-    """The end of a ``count_tokens`` request: a prompt counted, nothing generated (the
-    worker's metrics count its request and prompt tokens, no latencies)."""
-
-
 class TokenCount(WholeBody):
     """``count_tokens``' body: ``{"input_tokens": N}``, the prompt's length templated as a
     generation's is; a failure in Anthropic's words."""
 
     errors = ANTHROPIC_ERRORS
 
-    def finish(self, done: Done) -> bytes:
-        return dumps({"input_tokens": done.prompt_tokens})
+    def finish(self, counted: Counted) -> bytes:
+        return dumps({"input_tokens": counted.prompt_tokens})

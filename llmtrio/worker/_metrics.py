@@ -13,24 +13,56 @@ registry.
 
 Nothing here runs in the decode loop: the engine keeps plain counters
 (:class:`~llmtrio.engine.EngineStats`) and :class:`EngineCollector` turns them into samples
-when a scrape asks; the histograms are observed once per request, on the Trio side, from its
-``Done`` event.
+when a scrape asks; the histograms are observed once per generation, on the Trio side, from
+its ``Done`` event. Work that is not a generation (an embeddings request, ``/tokenize``,
+``/detokenize``, a token count) ends with an ``Answer`` of its kind instead, counted in a
+counter of its kind's own (:data:`ANSWER_COUNTERS`) and never observed as a generation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
+import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..engine import Done, EmbeddingEngine, Engine
-from ._embeddings import EmbeddingsDone
-from ._messages_response import Counted
+from ._encoding import Answer
 
-__all__ = ["EngineCollector", "WorkerMetrics"]
+__all__ = ["ANSWER_COUNTERS", "AnswerCounter", "EngineCollector", "WorkerMetrics"]
+
+
+@attrs.frozen
+class AnswerCounter:
+    """How one kind of ``Answer`` is counted: its requests in the counter ``requests``, its
+    inputs in ``inputs`` when it has one, and its prompt tokens among the prompt tokens
+    processed when the engine ``ingests`` them (an embeddings request's; a count ingests
+    nothing)."""
+
+    requests: str
+    documentation: str
+    inputs: tuple[str, str] | None = None
+    ingests: bool = False
+
+
+#: Each kind of answer (``Answer.kind``), counted in a counter of its own.
+ANSWER_COUNTERS: Final = {
+    "embeddings": AnswerCounter(
+        "llmtrio_embedding_requests",
+        "Embedding requests answered.",
+        ("llmtrio_embedding_inputs", "Inputs (texts or token arrays) embedded."),
+        ingests=True,
+    ),
+    "tokenize": AnswerCounter("llmtrio_tokenize_requests", "Tokenize requests answered."),
+    "detokenize": AnswerCounter("llmtrio_detokenize_requests", "Detokenize requests answered."),
+    "count_tokens": AnswerCounter(
+        "llmtrio_token_count_requests",
+        "Prompt token counts answered (count_tokens, input_tokens).",
+    ),
+}
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards built for it read ours as well.
 _TTFT_BUCKETS = (
@@ -219,15 +251,17 @@ class EngineCollector(Collector):
 
 class WorkerMetrics:
     """A worker process's metrics in ``registry``, for each of its ``engines`` (one model
-    each): the engines' live figures (``picker_gauges``: see :class:`EngineCollector`) and
-    the per-request histograms and counters observed by :meth:`finished`, every family
-    labelled ``model_name``."""
+    each) and each of its ``models`` served on demand (by name; no engine at start): the
+    engines' live figures (``picker_gauges``: see :class:`EngineCollector`), the
+    per-generation histograms and counters observed by :meth:`generated`, and the counters
+    of the other answers (:meth:`answered`), every family labelled ``model_name``."""
 
     def __init__(
         self,
         registry: CollectorRegistry,
         engines: Engine | EmbeddingEngine | Sequence[Engine | EmbeddingEngine],
         *,
+        models: Sequence[str] = (),
         picker_gauges: bool = True,
     ) -> None:
         engines = list(engines) if isinstance(engines, Sequence) else [engines]
@@ -277,14 +311,15 @@ class WorkerMetrics:
             "vllm:prompt_tokens",
             "Number of prefill tokens processed (embedding inputs included).",
         )
-        self._embedding_requests = counter(
-            "llmtrio_embedding_requests", "Embedding requests answered."
-        )
-        self._embedding_inputs = counter(
-            "llmtrio_embedding_inputs", "Inputs (texts or token arrays) embedded."
-        )
+        self._answers = {
+            kind: (
+                counter(counting.requests, counting.documentation),
+                None if counting.inputs is None else counter(*counting.inputs),
+            )
+            for kind, counting in ANSWER_COUNTERS.items()
+        }
         # Every model's series from the start (0 until its first request), as vLLM's.
-        labelled: tuple[Histogram | Counter, ...] = (
+        labelled: list[Histogram | Counter] = [
             self._ttft,
             self._tpot,
             self._e2e,
@@ -292,28 +327,18 @@ class WorkerMetrics:
             self._prompt,
             self._generation,
             self._prompt_total,
-            self._embedding_requests,
-            self._embedding_inputs,
-        )
-        for engine in engines:
+        ]
+        labelled += [each for pair in self._answers.values() for each in pair if each]
+        for name in [engine.model_name for engine in engines] + list(models):
             for family in labelled:
-                family.labels(engine.model_name)
+                family.labels(name)
 
-    def finished(self, done: Done, model_name: str) -> None:
-        """One request to ``model_name`` ended with ``done`` (cancelled ones are not
-        observed). An embeddings request counts its request, inputs, prompt tokens and
-        latency (it has no first token and no output tokens); a ``count_tokens`` request its
-        request only (nothing was ingested)."""
+    def generated(self, done: Done, model_name: str) -> None:
+        """One generation of ``model_name`` ended with ``done`` (cancelled ones are not
+        observed): its latencies, lengths and finish reason."""
         self._success.labels(model_name, done.stop.finish_reason).inc()
-        if isinstance(done, Counted):
-            return
         self._prompt_total.labels(model_name).inc(done.prompt_tokens)
         self._prompt.labels(model_name).observe(done.prompt_tokens)
-        if isinstance(done, EmbeddingsDone):
-            self._embedding_requests.labels(model_name).inc()
-            self._embedding_inputs.labels(model_name).inc(len(done.vectors))
-            self._e2e.labels(model_name).observe(done.timings.prefill_s)
-            return
         timings = done.timings
         self._ttft.labels(model_name).observe(timings.queue_s + timings.prefill_s)
         if done.completion_tokens > 1:
@@ -321,3 +346,13 @@ class WorkerMetrics:
         self._e2e.labels(model_name).observe(timings.queue_s + timings.prefill_s + timings.decode_s)
         self._queue.labels(model_name).observe(timings.queue_s)
         self._generation.labels(model_name).observe(done.completion_tokens)
+
+    def answered(self, answer: Answer, model_name: str) -> None:
+        """One request of ``model_name`` that is not a generation ended with ``answer``: its
+        kind's counters move (:data:`ANSWER_COUNTERS`); no generation is observed."""
+        requests, inputs = self._answers[answer.kind]
+        requests.labels(model_name).inc()
+        if inputs is not None:
+            inputs.labels(model_name).inc(answer.inputs)
+        if ANSWER_COUNTERS[answer.kind].ingests:
+            self._prompt_total.labels(model_name).inc(answer.prompt_tokens)

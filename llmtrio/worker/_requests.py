@@ -1,9 +1,9 @@
 """Reading a request body: what every endpoint's parser shares. Pure.
 
 The JSON body once (:func:`json_body`), then its fields as the field table
-(``llmtrio._fields``) says: the sampling fields, ``stop``, ``logit_bias``, ``stream`` and
+(``llmtrio.api._fields``) says: the sampling fields, ``stop``, ``logit_bias``, ``stream`` and
 ``stream_options``, ``max_tokens``, and the refusal of fields this server does not implement.
-Every refusal is an :class:`OpenAIError` (400) naming the field.
+Every refusal is an :class:`ApiError` (400) naming the field.
 """
 
 from __future__ import annotations
@@ -12,19 +12,20 @@ import json
 import math
 from typing import Any, NoReturn
 
-from .._fields import (
+from ..api import (
     FIELDS,
     INT32_MAX,
+    ApiError,
     RequestLimits,
     checked_text,
     clip,
     describe,
+    invalid_request,
     invalid_type,
     invalid_value,
     read,
     show,
 )
-from .._openai_errors import OpenAIError, invalid_request
 
 __all__ = [
     "json_body",
@@ -52,7 +53,7 @@ _SAMPLING = (
 def json_body(body: bytes) -> dict[str, Any]:
     """The body as a JSON object.
 
-    Error handling: :class:`OpenAIError` (400) for invalid UTF-8, invalid JSON (``NaN`` and
+    Error handling: :class:`ApiError` (400) for invalid UTF-8, invalid JSON (``NaN`` and
     ``Infinity`` included) or a body that is not an object.
     """
     try:
@@ -116,7 +117,7 @@ def parse_max_tokens(data: dict[str, Any], endpoint: str, limits: RequestLimits)
 def parse_stream(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> tuple[bool, bool]:
     """``stream`` and ``stream_options.include_usage``.
 
-    Error handling: :class:`OpenAIError` (400) for a wrong type, or ``stream_options`` on a
+    Error handling: :class:`ApiError` (400) for a wrong type, or ``stream_options`` on a
     request that does not stream (OpenAI refuses it)."""
     stream = read(data, endpoint, "stream", limits) or False
     options = data.get("stream_options")
@@ -192,7 +193,7 @@ def parse_logit_bias(value: object) -> list[tuple[int, float]]:
     return biases
 
 
-def _out_of_range(param: str, bound: str, value: object, code: str) -> OpenAIError:
+def _out_of_range(param: str, bound: str, value: object, code: str) -> ApiError:
     which = "below minimum" if "below" in code else "above maximum"
     return invalid_request(
         f"Invalid '{param}': decimal {which} value. Expected a value {bound}, but got "

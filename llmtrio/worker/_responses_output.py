@@ -22,7 +22,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from .._openai_errors import OpenAIError, dumps
+from ..api import OPENAI_ERRORS, ApiError, dumps, sse
 from ..engine import (
     Done,
     Token,
@@ -33,8 +33,7 @@ from ..engine import (
     ToolCallStart,
     ToolCallStream,
 )
-from ._chat_response import finish_reason
-from ._responses import ResponseMeta, WholeBody, token_logprob_json
+from ._encoding import Counted, ResponseMeta, WholeBody, finish_reason, token_logprob_json
 from ._responses_request import ResponsesRequest
 
 __all__ = ["InputTokensBody", "ResponsesBody", "ResponsesStream", "response_usage"]
@@ -236,7 +235,7 @@ class _Output:
 
 def _sse(event: dict[str, Any]) -> bytes:
     kind: str = event["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
+    return sse(dumps(event), kind)
 
 
 class ResponsesStream:
@@ -266,7 +265,7 @@ class ResponsesStream:
         self._output.event(f"response.{status}", response=self._output.response(status, done))
         return self._send()
 
-    def failure(self, error: OpenAIError) -> bytes:
+    def failure(self, error: ApiError) -> bytes:
         """``response.failed``, its ``error`` saying what went wrong."""
         code = "server_error" if error.status >= 500 else error.error_code
         failed = self._output.response("failed", error={"code": code, "message": error.message})
@@ -300,8 +299,8 @@ class ResponsesBody:
         status = self._output.finish(done)
         return dumps(self._output.response(status, done))
 
-    def failure(self, error: OpenAIError) -> bytes:
-        return error.sse()
+    def failure(self, error: ApiError) -> bytes:
+        return OPENAI_ERRORS.event(error)
 
     def finish_reason(self, done: Done) -> str:
         return finish_reason(done, self._output.calls)
@@ -311,5 +310,5 @@ class InputTokensBody(WholeBody):
     """``{"object": "response.input_tokens", "input_tokens": N}``: the prompt's tokens,
     templated exactly as a generation's (its ``usage.input_tokens``)."""
 
-    def finish(self, done: Done) -> bytes:
-        return dumps({"object": "response.input_tokens", "input_tokens": done.prompt_tokens})
+    def finish(self, counted: Counted) -> bytes:
+        return dumps({"object": "response.input_tokens", "input_tokens": counted.prompt_tokens})

@@ -1,6 +1,6 @@
 """A Responses API request body in (``POST /v1/responses``), an engine request out. Pure.
 
-The fields are read and checked as the field table (``llmtrio._fields``, endpoint
+The fields are read and checked as the field table (``llmtrio.api._fields``, endpoint
 ``responses``) says; what is left here is what the table cannot say: which kind of item an
 ``input`` item is, the tools a request offers among those it sends (only ``function`` tools
 run here: the others are left out of what the model is offered, with a warning, as clients
@@ -10,7 +10,7 @@ same conversation in chat completions would be, so prompt reuse works across bot
 
 Stateless: nothing is stored, so what refers to a stored response (``previous_response_id``,
 ``conversation``, an ``item_reference`` item) is a 400 naming it. Every refusal is an
-:class:`OpenAIError` (400) naming the field.
+:class:`ApiError` (400) naming the field.
 """
 
 from __future__ import annotations
@@ -20,39 +20,47 @@ from typing import Any, TypeGuard
 
 import attrs
 
-from .._fields import (
-    RESPONSES,
+from ..api import (
+    AUDIO_PARTS,
+    IMAGE_PARTS,
     RESPONSES_FORMAT,
     RESPONSES_IMAGE_PART,
     RESPONSES_TOOL,
+    ApiError,
+    Body,
     RequestLimits,
     check,
     checked_text,
+    invalid_request,
     invalid_type,
     invalid_value,
     missing,
     read,
     show,
 )
-from .._openai_errors import OpenAIError, invalid_request
 from ..engine import (
     JSON_OBJECT_GRAMMAR,
     MEDIA_MARKER,
     ChatMessage,
     GenerateRequest,
-    Image,
     InvalidRequestError,
+    Media,
     Sampling,
     Tool,
     ToolCall,
 )
-from ._features import ToolChoice
+from ._audio import audio_from_part
+from ._encoding import from_engine_error
+from ._features import ToolChoice, choose_tools
 from ._images import image_from_part
 from ._reasoning import Reasoning, for_effort
 from ._requests import json_body, reject_refused
-from ._responses import from_engine_error
 
 __all__ = ["LOGPROBS_INCLUDE", "ResponsesRequest", "naming_input", "parse_responses_request"]
+
+#: The ``type`` of the Responses API's image and audio parts.
+_IMAGE = IMAGE_PARTS[Body.RESPONSES]
+_AUDIO = AUDIO_PARTS[Body.RESPONSES]
 
 logger = logging.getLogger("llmtrio.worker")
 
@@ -109,7 +117,8 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     Honoured: ``input`` (a string, or items: messages of role ``user``, ``system``,
     ``developer`` or ``assistant`` with a string or ``input_text``/``output_text`` parts,
     a user message's ``input_image`` parts with a ``data:`` URI for a model with a vision
-    projector (``detail`` accepted; a ``file_id`` is a 400 naming it),
+    projector (``detail`` accepted; a ``file_id`` is a 400 naming it) and its
+    ``input_audio`` parts (base64 WAV, MP3 or FLAC) for a model with an audio projector,
     ``function_call`` and ``function_call_output`` items; ``reasoning`` items are ignored, as
     templates drop earlier turns' reasoning), ``instructions`` (a system message first),
     ``tools`` (``function`` ones), ``tool_choice``, ``parallel_tool_calls``,
@@ -120,28 +129,28 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     ``worker._reasoning``). A forced tool call or a JSON format turns thinking off: the grammar
     holds from the first token. Refused with a 400 naming them: ``previous_response_id``,
     ``conversation``, ``background: true``, ``background_options``, ``prompt``, ``image``,
-    file and audio parts. The other fields of the table are accepted and ignored.
+    file parts. The other fields of the table are accepted and ignored.
 
-    Error handling: raises :class:`OpenAIError`, 400 naming the offending field in ``param``.
+    Error handling: raises :class:`ApiError`, 400 naming the offending field in ``param``.
     """
     data = json_body(body)
-    reject_refused(data, RESPONSES, limits)
-    model = read(data, RESPONSES, "model", limits)
-    instructions = read(data, RESPONSES, "instructions", limits)
+    reject_refused(data, Body.RESPONSES, limits)
+    model = read(data, Body.RESPONSES, "model", limits)
+    instructions = read(data, Body.RESPONSES, "instructions", limits)
     messages = [ChatMessage("system", instructions)] if instructions else []
     messages += _parse_input(data, limits)
     if not messages:
         raise invalid_value(
             "input", "empty array. Expected at least one input item.", "empty_array"
         )
-    max_output: int | None = read(data, RESPONSES, "max_output_tokens", limits)
+    max_output: int | None = read(data, Body.RESPONSES, "max_output_tokens", limits)
     sampling = {
         name: value
         for name in ("temperature", "top_p")
-        if (value := read(data, RESPONSES, name, limits)) is not None
+        if (value := read(data, Body.RESPONSES, name, limits)) is not None
     }
     tools, offered, choice_echo = _parse_tools(data, limits)
-    max_tool_calls = read(data, RESPONSES, "max_tool_calls", limits)
+    max_tool_calls = read(data, Body.RESPONSES, "max_tool_calls", limits)
     if max_tool_calls == 0:
         tools = attrs.evolve(tools, mode="none", forced=())
     output_format, format_echo = _parse_format(data, limits)
@@ -150,13 +159,13 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     effort, reasoning = _parse_reasoning(data, limits)
     if output_format or tools.forced:
         reasoning = Reasoning(think=False)
-    include = read(data, RESPONSES, "include", limits) or []
-    top_logprobs = read(data, RESPONSES, "top_logprobs", limits)
+    include = read(data, Body.RESPONSES, "include", limits) or []
+    top_logprobs = read(data, Body.RESPONSES, "top_logprobs", limits)
     logprobs = LOGPROBS_INCLUDE in include
-    stream = read(data, RESPONSES, "stream", limits) or False
-    metadata = read(data, RESPONSES, "metadata", limits)
+    stream = read(data, Body.RESPONSES, "stream", limits) or False
+    metadata = read(data, Body.RESPONSES, "metadata", limits)
     for name in _ACCEPTED:
-        read(data, RESPONSES, name, limits)  # accepted, checked for their type
+        read(data, Body.RESPONSES, name, limits)  # accepted, checked for their type
     try:
         generate = GenerateRequest(
             messages=messages,
@@ -198,7 +207,7 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
     )
 
 
-def naming_input(error: OpenAIError) -> OpenAIError:
+def naming_input(error: ApiError) -> ApiError:
     """``error`` naming ``input`` where the engine names chat's ``messages`` (a prompt too
     long for the context, a bad message)."""
     if error.param == "messages":
@@ -271,9 +280,9 @@ def _add_message(
             f"{show(role)}. Supported values are: 'user', 'system', 'developer' and 'assistant'.",
         )
     value = item.get("content")
-    if role == "user" and _has_images(value):
-        content, images = _image_content(value, f"{where}.content", limits)
-        messages.append(ChatMessage("user", content, images=images))
+    if role == "user" and _has_media(value):
+        content, media = _media_content(value, f"{where}.content", limits)
+        messages.append(ChatMessage("user", content, media=media))
         return
     content = _text(value, f"{where}.content")
     if role == "assistant" and messages and _open_assistant(messages[-1]):
@@ -300,25 +309,30 @@ def _add_call(messages: list[ChatMessage], item: dict[str, Any], where: str) -> 
         messages.append(ChatMessage("assistant", "", tool_calls=[call]))
 
 
-def _has_images(value: object) -> TypeGuard[list[Any]]:
+def _has_media(value: object) -> TypeGuard[list[Any]]:
     return isinstance(value, list) and any(
-        isinstance(part, dict) and part.get("type") == "input_image" for part in value
+        isinstance(part, dict) and part.get("type") in (_IMAGE, _AUDIO) for part in value
     )
 
 
-def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple[str, list[Image]]:
-    """A user message's parts with ``input_image`` parts (``RESPONSES_IMAGE_PART``): each
-    image a media marker in the text (parts joined by newlines) and an :class:`Image`, its
-    header read and checked (``worker._images``).
+def _media_content(value: list[Any], where: str, limits: RequestLimits) -> tuple[str, list[Media]]:
+    """A user message's parts with ``input_image`` parts (``RESPONSES_IMAGE_PART``) and
+    ``input_audio`` parts (``INPUT_AUDIO_PART``): each a media marker in the text (parts
+    joined by newlines) and an :class:`Image` or :class:`Audio`, its header read and
+    checked (``worker._images``, ``worker._audio``).
 
-    Error handling: :class:`OpenAIError` (400) naming the part: a ``file_id``, no
+    Error handling: :class:`ApiError` (400) naming the part: a ``file_id``, no
     ``image_url``, a URL neither a ``data:`` URI nor an ``http(s)`` URL of an allowed host,
-    bytes that are not an image."""
+    bytes that are not an image or an audio file, audio too long."""
     texts: list[str] = []
-    images: list[Image] = []
+    media: list[Media] = []
     for i, part in enumerate(value):
         at = f"{where}[{i}]"
-        if not (isinstance(part, dict) and part.get("type") == "input_image"):
+        if isinstance(part, dict) and part.get("type") == _AUDIO:
+            media.append(audio_from_part(part, at, limits))
+            texts.append(MEDIA_MARKER)
+            continue
+        if not (isinstance(part, dict) and part.get("type") == _IMAGE):
             texts.append(_text_part(part, at))
             continue
         checked = check(RESPONSES_IMAGE_PART, part, limits, at)
@@ -332,9 +346,9 @@ def _image_content(value: list[Any], where: str, limits: RequestLimits) -> tuple
         url = checked.get("image_url")
         if url is None:
             raise missing(f"{at}.image_url")
-        images.append(image_from_part(url, f"{at}.image_url", limits))
+        media.append(image_from_part(url, f"{at}.image_url", limits))
         texts.append(MEDIA_MARKER)
-    return _PART_SEPARATOR.join(texts), images
+    return _PART_SEPARATOR.join(texts), media
 
 
 def _open_assistant(message: ChatMessage) -> bool:
@@ -397,7 +411,7 @@ def _parse_tools(
     tools: list[Tool] = []
     offered: list[dict[str, Any]] = []
     skipped: list[str] = []
-    for i, item in enumerate(read(data, RESPONSES, "tools", limits) or ()):
+    for i, item in enumerate(read(data, Body.RESPONSES, "tools", limits) or ()):
         where = f"tools[{i}]"
         if not isinstance(item, dict):
             raise invalid_type(where, "an object", item)
@@ -416,7 +430,8 @@ def _parse_tools(
         if any(t.name == name for t in tools):
             raise invalid_value("tools", f"the name {show(name)} is used twice.")
         parameters = item.get("parameters") or {"type": "object", "properties": {}}
-        tools.append(Tool(name, item.get("description") or "", parameters))
+        strict = item.get("strict") is True
+        tools.append(Tool(name, item.get("description") or "", parameters, strict=strict))
         offered.append(
             {
                 "type": "function",
@@ -430,11 +445,10 @@ def _parse_tools(
         logger.warning(
             "responses: left out tools this server cannot run: %s", ", ".join(sorted(set(skipped)))
         )
-    parallel = read(data, RESPONSES, "parallel_tool_calls", limits) is not False
+    parallel = read(data, Body.RESPONSES, "parallel_tool_calls", limits) is not False
     choice = data.get("tool_choice")
-    forced: tuple[Tool, ...] = ()
     if choice is None:
-        mode = "auto"
+        chosen = choose_tools(tools, "auto", parallel=parallel)
     elif isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
             raise invalid_value(
@@ -442,11 +456,7 @@ def _parse_tools(
                 f"{show(choice)}. Supported values are: 'none', 'auto', 'required' or a "
                 "named function.",
             )
-        mode = choice
-        if mode == "required":
-            if not tools:
-                raise invalid_value("tool_choice", "'required' needs function tools in 'tools'.")
-            forced = tuple(tools)
+        chosen = choose_tools(tools, choice, parallel=parallel)
     elif isinstance(choice, dict):
         kind = choice.get("type")
         if kind != "function":
@@ -457,23 +467,18 @@ def _parse_tools(
         name = choice.get("name")
         if not isinstance(name, str):
             raise invalid_type("tool_choice.name", "a string", name)
-        named = [t for t in tools if t.name == name]
-        if not named:
-            raise invalid_value("tool_choice", f"no function tool named {show(name)} in 'tools'.")
-        mode, forced = "required", tuple(named)
+        chosen = choose_tools(tools, "required", name=name, parallel=parallel)
     else:
         raise invalid_type("tool_choice", "a string or an object", choice)
-    if not tools:
-        mode = "none"
     echo = choice if choice is not None else "auto"
-    return ToolChoice(tuple(tools), mode, forced, parallel), offered, echo
+    return chosen, offered, echo
 
 
 def _parse_format(data: dict[str, Any], limits: RequestLimits) -> tuple[dict[str, Any], Any]:
     """``text.format``: :class:`GenerateRequest` keyword arguments (``grammar`` or
     ``json_schema``: the same grammar path as chat's ``response_format``), and the format as
     the response echoes it."""
-    text = read(data, RESPONSES, "text", limits)
+    text = read(data, Body.RESPONSES, "text", limits)
     value = None if text is None else check(RESPONSES_FORMAT, text.get("format"), limits,
                                             "text.format")  # fmt: skip
     if value is None or value["type"] == "text":
@@ -490,12 +495,12 @@ def _parse_format(data: dict[str, Any], limits: RequestLimits) -> tuple[dict[str
         "strict": value.get("strict"),
         "description": value.get("description"),
     }
-    return {"json_schema": value["schema"]}, echo
+    return {"json_schema": value["schema"], "json_schema_strict": value.get("strict") is True}, echo
 
 
 def _parse_reasoning(data: dict[str, Any], limits: RequestLimits) -> tuple[str | None, Reasoning]:
     """``reasoning.effort``: the effort named (``None``: none) and what it asks for."""
-    reasoning = read(data, RESPONSES, "reasoning", limits)
+    reasoning = read(data, Body.RESPONSES, "reasoning", limits)
     effort = None if reasoning is None else reasoning.get("effort")
     if effort is None:
         return None, Reasoning()

@@ -14,36 +14,36 @@ unfinished becomes U+FFFD). A token id outside the vocabulary is a 400 naming it
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
-import trio
 
-from .._fields import (
-    DETOKENIZE,
-    TOKENIZE,
+from ..api import (
+    DETOKENIZE_PATH,
+    TOKENIZE_PATH,
+    ApiError,
+    Body,
     RequestLimits,
     checked_text,
+    dumps,
     invalid_type,
     invalid_value,
     missing,
     read,
 )
-from .._openai_errors import OpenAIError, dumps
-from .._routes import DETOKENIZE_PATH, TOKENIZE_PATH
-from ..engine import Done, StopReason, Timings
-from ._embeddings import Finished
-from ._endpoint import Encoder, ModelEngine, run_tokenizer
+from ._encoding import Answer, ResponseMeta, WholeBody
+from ._pipeline import Encoder, Finished, ModelEngine, run_tokenizer
 from ._requests import json_body
-from ._responses import ResponseMeta, WholeBody
 
 __all__ = [
     "DETOKENIZE_ENDPOINT",
     "TOKENIZE_ENDPOINT",
     "DetokenizeRequest",
+    "Detokenized",
     "TokenizeRequest",
+    "Tokenized",
     "parse_detokenize_request",
     "parse_tokenize_request",
 ]
@@ -71,7 +71,7 @@ class DetokenizeRequest:
 
 
 def parse_tokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> TokenizeRequest:
-    """Parse and validate a ``/tokenize`` body. Error handling: :class:`OpenAIError` 400
+    """Parse and validate a ``/tokenize`` body. Error handling: :class:`ApiError` 400
     naming the field (``content[2]`` for a part that is neither a text nor a token id)."""
     data = json_body(body)
     content = data.get("content")  # the field table's shape; its branches are read here
@@ -84,11 +84,11 @@ def parse_tokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> T
     else:
         raise invalid_type("content", "a string or an array of strings and token ids", content)
     flags = {
-        name: read(data, TOKENIZE, name, limits)
+        name: read(data, Body.TOKENIZE, name, limits)
         for name in ("add_special", "parse_special", "with_pieces")
     }
     return TokenizeRequest(
-        read(data, TOKENIZE, "model", limits),
+        read(data, Body.TOKENIZE, "model", limits),
         parts,
         add_special=flags["add_special"] is True,
         parse_special=flags["parse_special"] is not False,
@@ -107,35 +107,32 @@ def _content_part(item: object, param: str) -> str | int:
 
 
 def parse_detokenize_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> DetokenizeRequest:
-    """Parse and validate a ``/detokenize`` body. Error handling: :class:`OpenAIError` 400
+    """Parse and validate a ``/detokenize`` body. Error handling: :class:`ApiError` 400
     naming the field."""
     data = json_body(body)
-    tokens = read(data, DETOKENIZE, "tokens", limits)
-    return DetokenizeRequest(read(data, DETOKENIZE, "model", limits), tuple(tokens))
+    tokens = read(data, Body.DETOKENIZE, "tokens", limits)
+    return DetokenizeRequest(read(data, Body.DETOKENIZE, "model", limits), tuple(tokens))
 
 
-@attrs.frozen
-class Tokenized(Done):
-    """The end of a ``/tokenize``: a :class:`~llmtrio.engine.Done` (nothing generated or
-    ingested) with the token ids and, when asked for, their pieces."""
+@attrs.frozen(kw_only=True)
+class Tokenized(Answer):
+    """The answer of a ``/tokenize``: the token ids and, when asked for, their pieces
+    (nothing generated or ingested)."""
 
-    tokens: tuple[int, ...] = attrs.field(kw_only=True)
-    pieces: tuple[bytes, ...] | None = attrs.field(kw_only=True, default=None)
-
-
-@attrs.frozen
-class Detokenized(Done):
-    """The end of a ``/detokenize``: the tokens' text."""
-
-    content: str = attrs.field(kw_only=True)
+    kind: ClassVar[str] = "tokenize"
+    tokens: tuple[int, ...]
+    pieces: tuple[bytes, ...] | None = None
 
 
-def _done(cls: Callable[..., Done], started: float, **fields: Any) -> Done:
-    timings = Timings(0.0, trio.current_time() - started, 0.0)
-    return cls(StopReason.END_OF_GENERATION, 0, 0, timings, **fields)
+@attrs.frozen(kw_only=True)
+class Detokenized(Answer):
+    """The answer of a ``/detokenize``: the tokens' text."""
+
+    kind: ClassVar[str] = "detokenize"
+    content: str
 
 
-def _vocabulary_error(param: str, token: int, n_vocab: int) -> OpenAIError:
+def _vocabulary_error(param: str, token: int, n_vocab: int) -> ApiError:
     return invalid_value(param, f"token id {token} is outside the vocabulary (0..{n_vocab - 1}).")
 
 
@@ -180,13 +177,12 @@ class _Tokenize:
 
     @asynccontextmanager
     async def run(self, engine: ModelEngine, request: TokenizeRequest) -> AsyncIterator[Finished]:
-        started = trio.current_time()
         size = sum(len(part) if isinstance(part, str) else 1 for part in request.content)
         tokens, pieces = await run_tokenizer(size, _tokenize, engine, request)
         piece_tuple = tuple(pieces) if request.with_pieces else None
-        yield Finished(_done(Tokenized, started, tokens=tuple(tokens), pieces=piece_tuple))
+        yield Finished(Tokenized(tokens=tuple(tokens), pieces=piece_tuple))
 
-    def encoder(self, request: TokenizeRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: TokenizeRequest, meta: ResponseMeta) -> Encoder[Any]:
         return _TokenizeBody()
 
 
@@ -203,11 +199,10 @@ class _Detokenize:
 
     @asynccontextmanager
     async def run(self, engine: ModelEngine, request: DetokenizeRequest) -> AsyncIterator[Finished]:
-        started = trio.current_time()
         content = await run_tokenizer(len(request.tokens), _detokenize, engine, request.tokens)
-        yield Finished(_done(Detokenized, started, content=content))
+        yield Finished(Detokenized(content=content))
 
-    def encoder(self, request: DetokenizeRequest, meta: ResponseMeta) -> Encoder:
+    def encoder(self, request: DetokenizeRequest, meta: ResponseMeta) -> Encoder[Any]:
         return _DetokenizeBody()
 
 
@@ -220,20 +215,18 @@ def _piece(piece: bytes) -> str | list[int]:
 
 
 class _TokenizeBody(WholeBody):
-    def finish(self, done: Done) -> bytes:
-        assert isinstance(done, Tokenized)
-        if done.pieces is None:
-            return b'{"tokens":' + json.dumps(done.tokens, separators=(",", ":")).encode() + b"}"
+    def finish(self, answer: Tokenized) -> bytes:
+        if answer.pieces is None:
+            return b'{"tokens":' + json.dumps(answer.tokens, separators=(",", ":")).encode() + b"}"
         entries = [
-            {"id": t, "piece": _piece(p)} for t, p in zip(done.tokens, done.pieces, strict=True)
+            {"id": t, "piece": _piece(p)} for t, p in zip(answer.tokens, answer.pieces, strict=True)
         ]
         return dumps({"tokens": entries})
 
 
 class _DetokenizeBody(WholeBody):
-    def finish(self, done: Done) -> bytes:
-        assert isinstance(done, Detokenized)
-        return dumps({"content": done.content})
+    def finish(self, answer: Detokenized) -> bytes:
+        return dumps({"content": answer.content})
 
 
 TOKENIZE_ENDPOINT = _Tokenize()

@@ -27,10 +27,10 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from .._config import EngineConfig
 from .._cores import ThreadChooser
 from .._errors import DecodeError, EngineClosedError, InvalidRequestError, ModelLoadError
 from .._lifecycle import DecodeLoop
-from .._types import EngineConfig
 from ..llama import Batch, LlamaModel
 from ..models import POOLING_NAMES, ResolvedModel
 from ._pack import EmbedPacker, Packed
@@ -88,8 +88,9 @@ class EmbeddingEngine(DecodeLoop):
     """
 
     kind = "embedding"
-    #: An embedding model takes no images.
+    #: An embedding model takes no images or audio.
     takes_images = False
+    takes_audio = False
     _loop_name = "embedding loop"
 
     def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:

@@ -16,7 +16,7 @@ temperature and its random state advance token by token), and stops at the first
 that differs from the draft: every token emitted is the one the sequence would have
 sampled at its position, and the drafts after the first wrong one are cut from memory.
 
-A reasoning budget (``_budget.py``): once a sequence has spent its budget inside its think
+A reasoning budget (``_think_budget.py``): once a sequence has spent its budget inside its think
 block, the position after takes ``</think>`` whatever the logits say (its sampler takes it as
 if picked), and a draft that would cross the budget is cut at the marker.
 
@@ -35,12 +35,13 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from .._config import EngineConfig
 from .._cores import ThreadChooser
 from .._errors import DecodeError
 from .._stats import EngineStats
-from .._types import EngineConfig, StopReason
+from .._types import StopReason
 from ..llama import Batch, LlamaModel, RawLogprob, verify
-from ..spec import (
+from ..spec_decode import (
     Acceptance,
     DraftGate,
     NgramDrafter,
@@ -49,13 +50,13 @@ from ..spec import (
     Shape,
     plan_drafts,
 )
-from ._budget import ThinkBudget, think_markers
 from ._drafting import DraftBudget, cut_anywhere, judge_shadow
 from ._jobs import Drafter, Job, Part, slot_sampler
 from ._pool import SharedPool
 from ._prompt_cache import PromptCache
 from ._scheduler import Scheduler, Start
 from ._step import CoreRequest, StepOutput
+from ._think_budget import ThinkBudget, think_markers
 
 __all__ = ["Drafter", "EngineCore"]
 
@@ -332,17 +333,23 @@ class EngineCore:
             if not model.restore_state(seq, self._snapshots[plan.restore]):
                 cache.restore_failed(seq)
                 keep = 0
-        spans = tuple((start, start + chunk.n_tokens) for start, chunk in job.request.images)
-        for begin, end in spans:
-            if begin < keep < end:  # an image is in memory whole or not at all
+        media = [(start, start + chunk.n_tokens, chunk) for start, chunk in job.request.media]
+        for begin, end, _ in media:
+            if begin < keep < end:  # a media chunk is in memory whole or not at all
                 keep = begin
+        # A non-causal chunk is ingested whole, in a chunk of its own; a causal one in
+        # prompt chunks of its own, which end where it begins and ends.
+        spans = tuple((begin, end) for begin, end, chunk in media if chunk.non_causal)
+        bounds = tuple(
+            b for begin, end, chunk in media if not chunk.non_causal for b in (begin, end)
+        )
         if keep == 0 or not model.forget(seq, job.position(keep)):
             model.forget(seq)
             keep = 0
         job.pos = job.cached = keep
         job.snapshot_at = plan.snapshot_at
         self._count_cache()
-        return Start(keep, plan.snapshot_at, spans)
+        return Start(keep, (*plan.snapshot_at, *bounds), spans)
 
     def _snapshot(self, seq: int, tokens: npt.NDArray[np.int32]) -> None:
         data = self._model.save_state(seq)
@@ -410,8 +417,8 @@ class EngineCore:
         failed. A sequence whose memory cannot be rolled back (recurrent state) is failed.
         """
         failed: list[tuple[Job, Exception]] = []
-        if any(part.job.request.images for part in parts):
-            parts, failed = self._decode_images(parts)
+        if any(part.job.request.media for part in parts):
+            parts, failed = self._decode_media(parts)
             if not parts:
                 return 0.0, [], failed
         batch = self._batch
@@ -472,43 +479,50 @@ class EngineCore:
             failed += bad
         return decode_s, sampled, failed
 
-    def _decode_images(self, parts: list[Part]) -> tuple[list[Part], list[tuple[Job, Exception]]]:
-        """Decode the image chunks among ``parts`` (each alone: its embeddings, encoded as
-        the request was prepared, in a ``llama_decode`` of their own, with causal attention
-        off where the projector says so), on this thread between two steps. Returns the
-        other parts, and the jobs whose image failed."""
+    def _decode_media(self, parts: list[Part]) -> tuple[list[Part], list[tuple[Job, Exception]]]:
+        """Decode the media chunks among ``parts`` (each alone: its embeddings, encoded as
+        the request was prepared, in a ``llama_decode`` of their own; a non-causal image
+        whole, with causal attention off; a causal chunk, audio above all, in the prompt
+        chunks the scheduler gave it), on this thread between two steps. Returns the other
+        parts, and the jobs whose media failed."""
         model, stats = self._model, self._stats
         rest: list[Part] = []
         failed: list[tuple[Job, Exception]] = []
         for part in parts:
             job = part.job
-            chunk = dict(job.request.images).get(part.start) if part.start is not None else None
-            if chunk is None:
+            found = job.media_at(part.start)
+            if found is None:
                 rest.append(part)
                 continue
-            assert part.start is not None and model.vision is not None
+            begin, chunk = found
+            projector = model.projector
+            assert part.start is not None and projector is not None
             t0 = time.perf_counter()
             embd = chunk.embd  # encoded as the request was prepared
             if embd is None:
-                embd = model.vision.encode(chunk, model.n_embd)
+                embd = projector.encode(chunk, model.n_embd)
             t1 = time.perf_counter()
             stats.image_decode_waits_s += t1 - t0
             if embd is None:
-                failed.append((job, DecodeError("the vision projector could not encode an image")))
+                failed.append((job, DecodeError("the projector could not encode a media chunk")))
                 continue
-            pos0 = job.position(part.start)
+            first, count = part.start - begin, part.count
+            pos0 = job.position(begin)
+            positions = projector.decoder_positions(chunk, pos0)
+            if positions is not None and count < chunk.n_tokens:
+                positions = positions.reshape(4, -1)[:, first : first + count].flatten()
             rc = model.decode_embeddings(
-                embd,
-                pos0,
+                embd[first * model.n_embd : (first + count) * model.n_embd],
+                pos0 + first,
                 job.seq,
                 causal=not chunk.non_causal,
-                positions=model.vision.decoder_positions(chunk, pos0),
+                positions=positions,
             )
             stats.decode_s += time.perf_counter() - t1
             if rc != 0:
                 failed.append((job, DecodeError(_decode_error(rc))))
                 continue
-            job.pos = part.start + chunk.n_tokens
+            job.pos = part.start + count
             part.outputs = False
         return rest, failed
 
@@ -597,7 +611,7 @@ class EngineCore:
             # Made at the first token: the index of the prompt is built once, off the
             # admission step, and only for sequences that decode.
             history = job.prompt.tolist()
-            if job.request.images:  # no image placeholder is ever a draft
+            if job.request.media:  # no media placeholder is ever a draft
                 history = [token for token in history if token >= 0]
             history += tokens
             job.drafter = self._drafter(job, history)

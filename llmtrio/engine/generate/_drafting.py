@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from .._types import EngineConfig
+from .._config import EngineConfig
 from ..llama import LlamaModel
-from ..spec import Acceptance, Candidate, DraftGate, StepCosts, micro_batch_sizes, repacked
+from ..spec_decode import Acceptance, Candidate, DraftGate, StepCosts, micro_batch_sizes, repacked
 from ._jobs import Job, Part
 from ._step import CoreRequest
 

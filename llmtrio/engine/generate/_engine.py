@@ -16,6 +16,7 @@ Three parts, with plain values and callables between them (vLLM v1's lines):
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,10 +25,11 @@ import attrs
 import numpy as np
 import trio
 
+from .._config import MAX_RECURRENT_DRAFT, EngineConfig
 from .._errors import EngineClosedError, EngineFailedError, ModelLoadError
 from .._lifecycle import DecodeLoop
 from .._media import MEDIA_MARKER
-from .._types import MAX_RECURRENT_DRAFT, Capacity, EngineConfig, GenerateRequest, TokenLogprob
+from .._types import Capacity, GenerateRequest, TokenLogprob
 from ..llama import LlamaModel, RawLogprob
 from ..models import ResolvedModel
 from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
@@ -58,17 +60,17 @@ def _prepares_inline(request: GenerateRequest) -> bool:
     if request.tokens is not None:
         return len(request.tokens) <= INLINE_PREPARE_CHARS
     messages = request.messages or ()
-    if any(message.images for message in messages):
-        return False  # llama.cpp resizes each image as it tokenizes: never on the event loop
+    if any(message.media for message in messages):
+        return False  # llama.cpp resizes images, reads audio as it tokenizes: never here
     return sum(len(message.content) for message in messages) <= INLINE_PREPARE_CHARS
 
 
-def _load_vision(model: LlamaModel, projector: Path, config: EngineConfig) -> None:
-    """Load the vision ``projector`` beside ``model``.
+def _load_projector(model: LlamaModel, projector: Path, config: EngineConfig) -> None:
+    """Load the ``projector`` (images, audio) beside ``model``.
 
     Error handling: :class:`ModelLoadError` when llama.cpp cannot load it (or it does not
     fit the model)."""
-    model.load_vision(projector, threads=config.threads, marker=MEDIA_MARKER)
+    model.load_projector(projector, threads=config.threads, marker=MEDIA_MARKER)
 
 
 class Engine(DecodeLoop):
@@ -136,13 +138,13 @@ class Engine(DecodeLoop):
             if projector is None:
                 return model
             try:
-                _load_vision(model, projector, config)
+                _load_projector(model, projector, config)
             except ModelLoadError as exc:
                 if config.mmproj is not None:
                     model.close()
                     raise
                 # The repo's own projector, picked unasked: the model still serves text.
-                logger.warning("serving %s without images: %s", resolved.name, exc)
+                logger.warning("serving %s without images or audio: %s", resolved.name, exc)
             except BaseException:
                 model.close()
                 raise
@@ -162,8 +164,15 @@ class Engine(DecodeLoop):
 
     @property
     def takes_images(self) -> bool:
-        """Whether chat messages may carry images (a vision projector is loaded)."""
-        return self._model.vision is not None
+        """Whether chat messages may carry images (a projector with a vision encoder is
+        loaded)."""
+        return self._model.projector is not None and self._model.projector.vision
+
+    @property
+    def takes_audio(self) -> bool:
+        """Whether chat messages may carry audio (a projector with an audio encoder is
+        loaded)."""
+        return self._model.projector is not None and self._model.projector.audio
 
     def _requests_in_flight(self) -> int:
         return self._inflight
@@ -215,11 +224,16 @@ class Engine(DecodeLoop):
         if _prepares_inline(request):
             prepared = self._inputs.prepare(request)
         else:
-            # Rendering and tokenizing a long prompt, or compiling a grammar, takes a while:
-            # never on the event loop.
-            prepared = await trio.to_thread.run_sync(
-                self._inputs.prepare, request, abandon_on_cancel=True
-            )
+            # Rendering and tokenizing a long prompt, encoding media or compiling a grammar
+            # takes a while: never on the event loop. A cancel abandons the thread, which
+            # stops before its next media chunk.
+            cancelled = threading.Event()
+            try:
+                prepared = await trio.to_thread.run_sync(
+                    self._inputs.prepare, request, cancelled, abandon_on_cancel=True
+                )
+            finally:
+                cancelled.set()
         prompt = prepared.tokens
         key = self._next_key
         self._next_key += 1
@@ -231,7 +245,11 @@ class Engine(DecodeLoop):
             token_logprob=self._token_logprob,
         )
         generation = Generation(
-            prompt_tokens=len(prompt), output=output, scope=scope, end=lambda: self._end(key)
+            prompt_tokens=len(prompt),
+            audio_tokens=prepared.audio_tokens,
+            output=output,
+            scope=scope,
+            end=lambda: self._end(key),
         )
         budget = self.config.request_ctx - len(prompt) + 1
         core_request = CoreRequest(
@@ -241,7 +259,7 @@ class Engine(DecodeLoop):
             max_tokens=min(request.max_tokens or budget, budget),
             hints=prepared.hints,
             grammar=prepared.grammar,
-            images=prepared.images,
+            media=prepared.media,
             opens_think=prepared.opens_think,
         )
         with self._cond:

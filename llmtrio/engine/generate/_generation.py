@@ -34,6 +34,7 @@ class Generation:
         self,
         *,
         prompt_tokens: int,
+        audio_tokens: int = 0,
         output: OutputProcessor,
         scope: trio.CancelScope,
         end: Callable[[], None],
@@ -43,6 +44,7 @@ class Generation:
         self._end = end  # asks the decode thread to end this generation (idempotent)
         self._send, self._receive = trio.open_memory_channel[Event](float("inf"))
         self.prompt_tokens = prompt_tokens
+        self.audio_tokens = audio_tokens
         self._submitted_at = time.perf_counter()
         #: Set once a Done or Failed event was produced; no event follows it.
         self.finished = False
@@ -117,6 +119,7 @@ class Generation:
         self.result = Done(
             stop=stop,
             prompt_tokens=self.prompt_tokens,
+            audio_tokens=self.audio_tokens,
             completion_tokens=self._output.tokens,
             reasoning_tokens=self._output.reasoning_tokens,
             cached_tokens=output.cached,

@@ -14,10 +14,10 @@ import numpy.typing as npt
 
 from .._types import GenerateRequest
 from ..grammar import Grammar
-from ..llama import LlamaModel, Penalties, SlotSampler
-from ..spec import Acceptance
-from ._budget import ThinkBudget
+from ..llama import LlamaModel, MediaChunk, Penalties, SlotSampler
+from ..spec_decode import Acceptance
 from ._step import CoreRequest, StepOutput
+from ._think_budget import ThinkBudget
 
 __all__ = ["Drafter", "Job", "Part", "slot_sampler"]
 
@@ -83,10 +83,20 @@ class Job:
         but on M-RoPE models an image takes fewer positions than tokens, so every token
         after one sits that much earlier (never called for an index inside an image)."""
         shift = 0
-        for start, chunk in self.request.images:
+        for start, chunk in self.request.media:
             if start + chunk.n_tokens <= index:
                 shift += chunk.n_pos - chunk.n_tokens
         return index + shift
+
+    def media_at(self, start: int | None) -> tuple[int, MediaChunk] | None:
+        """The media chunk a prompt chunk from ``start`` ingests, with the offset it begins
+        at (the scheduler never mixes a media chunk with text in one prompt chunk)."""
+        if start is None:
+            return None
+        for begin, chunk in self.request.media:
+            if begin <= start < begin + chunk.n_tokens:
+                return begin, chunk
+        return None
 
     def output(self, tokens: list[int], **fields: object) -> StepOutput:
         return StepOutput(

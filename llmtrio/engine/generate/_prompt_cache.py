@@ -134,9 +134,6 @@ class PromptCache:
     def entries(self) -> int:
         return len(self._entries)
 
-    def entry_tokens(self, entry: int) -> Tokens:
-        return self._entries[entry].tokens
-
     def resident(self, seq: int) -> Tokens:
         return self._slots[seq].tokens
 

@@ -19,13 +19,16 @@ def request_grammar(
     from the call's opening tag on, after the think block the prompt opened). ``xml_calls``:
     the template writes calls in the XML form.
 
-    Error handling: :class:`InvalidRequestError` for a schema the grammar cannot enforce
-    (a tool's, under ``"auto"``, only loosens that tool's arguments).
+    A keyword the grammar cannot enforce is refused in a strict schema (the JSON schema's
+    ``json_schema_strict``, a tool's ``strict``), and relaxed with a warning in any other.
+
+    Error handling: :class:`InvalidRequestError` for a strict schema the grammar cannot
+    enforce, or a JSON schema that is not one.
     """
     if request.grammar is not None:
         return Grammar(request.grammar)
     if request.json_schema is not None:
-        return Grammar(json_schema_grammar(request.json_schema))
+        return Grammar(json_schema_grammar(request.json_schema, strict=request.json_schema_strict))
     if not request.tools or request.tool_choice == "none":
         return None
     parallel = request.parallel_tool_calls
@@ -34,5 +37,5 @@ def request_grammar(
             named = [t for t in request.tools if t.name == request.tool_name]
             return Grammar(tool_call_grammar(named, xml=xml_calls))
         return Grammar(tool_call_grammar(request.tools, xml=xml_calls, parallel=parallel))
-    text = tool_call_grammar(request.tools, xml=xml_calls, parallel=parallel, loose=True)
+    text = tool_call_grammar(request.tools, xml=xml_calls, parallel=parallel)
     return Grammar(text, trigger=TOOL_CALL_OPEN, after=THINK_CLOSE if opens_think else None)

@@ -9,7 +9,7 @@ import numpy.typing as npt
 
 from .._types import GenerateRequest, StopReason
 from ..grammar import Grammar
-from ..llama import ImageChunk, RawLogprob
+from ..llama import MediaChunk, RawLogprob
 
 __all__ = ["CoreRequest", "StepOutput"]
 
@@ -26,8 +26,9 @@ class CoreRequest:
     hints: tuple[int, ...] = ()
     #: The grammar the engine compiled for it (parsed and cached: a slot copies it).
     grammar: Grammar | None = None
-    #: Its images, by the prompt offset of their placeholder ids (decoded whole, alone).
-    images: tuple[tuple[int, ImageChunk], ...] = ()
+    #: Its media chunks, by the prompt offset of their placeholder ids (decoded alone:
+    #: whole, or a causal one in prompt chunks of its own).
+    media: tuple[tuple[int, MediaChunk], ...] = ()
     #: Its prompt leaves a think block open: the first tokens are reasoning.
     opens_think: bool = False
 

@@ -161,11 +161,18 @@ _NAME = re.compile(r"[^a-zA-Z0-9-]+")
 
 class Rules:
     """A grammar under construction: rule names kept unique and readable, one rule per
-    distinct body."""
+    distinct body. A :meth:`checkpoint` and :meth:`rollback` undo what a failed translation
+    half wrote (a rule reserved and never defined would break the grammar)."""
 
     def __init__(self) -> None:
         self._rules: dict[str, str] = {}
         self._by_body: dict[str, str] = {}
+        # Every change, to undo: (table, key, the value before or None when it was new).
+        self._journal: list[tuple[dict[str, str], str, str | None]] = []
+
+    def _set(self, table: dict[str, str], key: str, value: str) -> None:
+        self._journal.append((table, key, table.get(key)))
+        table[key] = value
 
     def name(self, hint: str) -> str:
         """A fresh rule name based on ``hint``, reserved (define it with :meth:`define`)."""
@@ -174,11 +181,11 @@ class Rules:
         while name in self._rules:
             n += 1
             name = f"{base}-{n}"
-        self._rules[name] = ""
+        self._set(self._rules, name, "")
         return name
 
     def define(self, name: str, body: str) -> str:
-        self._rules[name] = body
+        self._set(self._rules, name, body)
         return name
 
     def add(self, hint: str, body: str) -> str:
@@ -187,8 +194,21 @@ class Rules:
         if known is not None:
             return known
         name = self.define(self.name(hint), body)
-        self._by_body[body] = name
+        self._set(self._by_body, body, name)
         return name
+
+    def checkpoint(self) -> int:
+        """A mark of the rules as they are now, for :meth:`rollback`."""
+        return len(self._journal)
+
+    def rollback(self, mark: int) -> None:
+        """Back to the rules as they were at :meth:`checkpoint` ``mark``."""
+        while len(self._journal) > mark:
+            table, key, before = self._journal.pop()
+            if before is None:
+                del table[key]
+            else:
+                table[key] = before
 
     def has(self, name: str) -> bool:
         return name in self._rules

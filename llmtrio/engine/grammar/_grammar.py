@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 
 import attrs
 
 from .._errors import InvalidRequestError
 from ._schema import schema_grammar
-from ._schema_keywords import SchemaError, json_text
+from ._schema_keywords import Relaxation, SchemaError, json_text
 
-__all__ = ["JSON_OBJECT_GRAMMAR", "Grammar", "json_schema_grammar"]
+__all__ = ["JSON_OBJECT_GRAMMAR", "Grammar", "json_schema_grammar", "warn_relaxed"]
+
+logger = logging.getLogger("llmtrio.engine")
 
 #: Any JSON object (OpenAI's ``response_format: {"type": "json_object"}``): llama.cpp's own
 #: ``JSON_GBNF`` (``llama_cpp.llama_grammar``), copied so this package needs no llama.cpp; a
@@ -67,22 +70,35 @@ class Grammar:
     after: str | None = None
 
 
+def warn_relaxed(relaxed: tuple[Relaxation, ...], what: str) -> None:
+    """One warning per keyword the grammar of ``what`` (a tool, a response format) does not
+    enforce."""
+    for relaxation in relaxed:
+        logger.warning("%s: %s", what, relaxation)
+
+
 @functools.lru_cache(maxsize=128)
-def _schema_grammar(text: str, where: str) -> str:
-    return schema_grammar(json.loads(text), where)
+def _schema_grammar(text: str, where: str, strict: bool) -> str:
+    grammar, relaxed = schema_grammar(json.loads(text), where, strict=strict)
+    warn_relaxed(relaxed, where)  # once: when compiled, not when found in this cache
+    return grammar
 
 
-def json_schema_grammar(schema: object, *, where: str = "json_schema") -> str:
+def json_schema_grammar(schema: object, *, where: str = "json_schema", strict: bool = True) -> str:
     """A grammar for the JSON values ``schema`` accepts (cached by the schema's text).
 
+    ``strict``: every keyword is enforced exactly, or refused. Otherwise a keyword the
+    grammar cannot enforce is relaxed for its sub-schema (which then accepts more than the
+    schema does) and a warning names it, when the schema is compiled (once while cached).
+
     Error handling: :class:`InvalidRequestError` naming the keyword, format or reference the
-    grammar could not enforce.
+    grammar could not enforce (``strict``), or saying why ``schema`` is not a JSON schema.
     """
     try:
         text = json_text(schema)
     except (TypeError, ValueError):
         raise InvalidRequestError(f"{where} must be a JSON schema", param=where) from None
     try:
-        return _schema_grammar(text, where)
+        return _schema_grammar(text, where, strict)
     except SchemaError as exc:
         raise InvalidRequestError(str(exc), param=where) from None

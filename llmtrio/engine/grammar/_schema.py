@@ -5,107 +5,119 @@ objects list their properties in the schema's order (required ones always, optio
 when chosen, extra ones, where ``additionalProperties`` allows them, after the declared);
 whitespace is none, a space, or a newline and a bounded indent; strings escape only what JSON
 must; numbers are as :mod:`._numbers` says. So every value the grammar accepts is valid for
-the schema, and every valid value written in these forms is accepted. A keyword that cannot
-be enforced is a :class:`SchemaError` naming it.
+the schema, and every valid value written in these forms is accepted.
+
+A keyword that cannot be enforced (:data:`REFUSED`, an unknown one, a string format or
+pattern outside what is supported, an overlapping ``oneOf``...) is an
+:class:`UnenforcedError` naming it in a strict schema. In one that is not strict it is
+relaxed: the sub-schema that holds it becomes what the grammar can enforce without it (any
+string for an unknown format, an object whose keys are free for ``propertyNames``, ``anyOf``
+for an overlapping ``oneOf``), and a :class:`Relaxation` records where and why. A sub-schema
+that is not one (an unknown type, a reference that points nowhere) is a :class:`SchemaError`
+in a strict schema, and any JSON value (relaxed) in one that is not.
 """
 
 from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Mapping
-from decimal import Decimal
 from typing import Any
 
-from ._automaton import ANY_STRING, Dfa, TooComplexError, none_of, one_of, to_gbnf, without
-from ._formats import FORMATS, format_dfa
-from ._gbnf import SPACE, Rules, literal, repetition
-from ._numbers import MAX_DIVISOR, divisor, range_dfa
-from ._regex import PatternError, pattern_dfa
+from ._automaton import ANY_STRING, TooComplexError, none_of, one_of, to_gbnf, without
+from ._gbnf import Rules, literal, repetition
 from ._schema_keywords import (
     ANNOTATIONS,
     ENFORCED,
     REFUSED,
+    Relaxation,
     SchemaError,
+    UnenforcedError,
     disjoint,
     json_text,
     merge,
     merge_all,
     types_of,
 )
+from ._schema_scalars import PRIMITIVES, count, number_dfa, string_dfa
 
 __all__ = ["SchemaConverter", "SchemaError", "schema_grammar"]
 
-_PRIMITIVES = {
-    "space": (SPACE, ()),
-    "boolean": ('"true" | "false"', ()),
-    "null": ('"null"', ()),
-    "decimal-part": ("[0-9]{1,16}", ()),
-    "integral-part": ("[0] | [1-9] [0-9]{0,15}", ()),
-    "number": (
-        '"-"? integral-part ("." decimal-part)? ([eE] [-+]? integral-part)?',
-        ("integral-part", "decimal-part"),
-    ),
-    "integer": ('"-"? integral-part', ("integral-part",)),
-    "char": (r'[^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})', ()),
-    "string": ('"\\"" char* "\\""', ("char",)),
-    "value": (
-        "object | array | string | number | boolean | null",
-        ("object", "array", "string", "number", "boolean", "null"),
-    ),
-    "object": (
-        '"{" space ( string space ":" space value space '
-        '( "," space string space ":" space value space )* )? "}"',
-        ("space", "string", "value"),
-    ),
-    "array": (
-        '"[" space ( value space ( "," space value space )* )? "]"',
-        ("space", "value"),
-    ),
-}
 _QUOTE = literal('"')
 _MAX_DEPTH = 64
 
 
-def _number(value: object, where: str, key: str) -> Decimal:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SchemaError(f"{where}: '{key}' must be a number")
-    return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
-
-
-def _count(schema: Mapping[str, Any], key: str, where: str) -> int | None:
-    value = schema.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SchemaError(f"{where}: '{key}' must be a non-negative integer")
-    return value
-
-
 class SchemaConverter:
     """Builds rules for schemas into one :class:`Rules`; ``root`` is the document ``$ref``
-    resolves against."""
+    resolves against. ``strict``: a keyword the grammar cannot enforce is an
+    :class:`UnenforcedError`; else it is relaxed and recorded in :attr:`relaxed`.
 
-    def __init__(self, rules: Rules, root: object, where: str) -> None:
+    Error handling: :class:`SchemaError` from any method (a half-built rule may then be left
+    in ``rules``: build into rules that are dropped on failure, :meth:`Rules.checkpoint`).
+    """
+
+    def __init__(self, rules: Rules, root: object, where: str, *, strict: bool = True) -> None:
         self.rules = rules
         self.root = root
         self.where = where
+        self.strict = strict
+        #: What was relaxed (never anything when ``strict``).
+        self.relaxed: list[Relaxation] = []
         self._refs: dict[str, str] = {}
         self._seen: dict[str, str] = {}
+        self._cached: list[tuple[dict[str, str], str]] = []  # what entered those, in order
         self._depth = 0
+
+    def _remember(self, table: dict[str, str], key: str, name: str) -> str:
+        table[key] = name
+        self._cached.append((table, key))
+        return name
+
+    def _mark(self) -> tuple[int, int, int]:
+        return self.rules.checkpoint(), len(self._cached), len(self.relaxed)
+
+    def _undo(self, mark: tuple[int, int, int]) -> None:
+        """Forget what was built since ``mark``: its rules, the caches naming them, and what
+        it relaxed."""
+        rules, cached, relaxed = mark
+        self.rules.rollback(rules)
+        while len(self._cached) > cached:
+            table, key = self._cached.pop()
+            del table[key]
+        del self.relaxed[relaxed:]
+
+    def cannot(self, where: str, keyword: str, why: str) -> None:
+        """``keyword`` at ``where`` cannot be enforced: refused when strict, else recorded
+        (the caller goes on without it).
+
+        Error handling: :class:`UnenforcedError` when strict.
+        """
+        if self.strict:
+            raise UnenforcedError(f"{where}: {why}", keyword=keyword)
+        self.relaxed.append(Relaxation(where, keyword, why))
+
+    def _relax(self, exc: UnenforcedError, where: str) -> None:
+        if self.strict:
+            raise exc
+        why = str(exc)
+        self.relaxed.append(Relaxation(where, exc.keyword, why.removeprefix(f"{where}: ")))
 
     # -- helpers ---------------------------------------------------------------------------
 
     def primitive(self, name: str) -> str:
         if not self.rules.has(name):
-            body, deps = _PRIMITIVES[name]
+            body, deps = PRIMITIVES[name]
             self.rules.define(name, body)
             for dep in deps:
                 self.primitive(dep)
         return name
 
     def resolve(self, ref: str) -> Mapping[str, Any]:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise SchemaError(f"{self.where}: only local references ('#/...') are supported")
+        if not isinstance(ref, str):
+            raise SchemaError(f"{self.where}: '$ref' must be a string")
+        if not ref.startswith("#"):
+            raise UnenforcedError(
+                f"{self.where}: only local references ('#/...') are supported", keyword="$ref"
+            )
         node: Any = self.root
         for part in ref[1:].split("/")[1:] if ref != "#" else []:
             key = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
@@ -121,12 +133,27 @@ class SchemaConverter:
             raise SchemaError(f"{self.where}: the reference {ref!r} is not a schema")
         return node
 
-    def _check(self, schema: Mapping[str, Any], where: str) -> None:
+    def _enforceable(self, schema: dict[str, Any], where: str) -> dict[str, Any]:
+        """``schema`` without the keywords the grammar does not enforce (each relaxed)."""
+        dropped = []
         for key in schema:
             if key in ENFORCED or key in ANNOTATIONS:
                 continue
             why = REFUSED.get(key, "structured output enforces " + ", ".join(sorted(ENFORCED)))
-            raise SchemaError(f"{where}: the JSON schema keyword '{key}' is not supported ({why})")
+            self.cannot(where, key, f"the JSON schema keyword '{key}' is not supported ({why})")
+            dropped.append(key)
+        return {k: v for k, v in schema.items() if k not in dropped} if dropped else schema
+
+    def _merged(
+        self, parts: list[Mapping[str, Any]], fallback: dict[str, Any], where: str
+    ) -> dict[str, Any]:
+        """``parts`` merged into one schema (:func:`merge`), or ``fallback`` where they
+        cannot be (relaxed)."""
+        try:
+            return merge(parts, self.resolve, where)
+        except UnenforcedError as exc:
+            self._relax(exc, where)
+            return fallback
 
     # -- values ----------------------------------------------------------------------------
 
@@ -137,11 +164,27 @@ class SchemaConverter:
         return self._ref("#", where)
 
     def value(self, schema: object, hint: str, where: str) -> str:
-        """A GBNF expression (a rule name) for the JSON values ``schema`` accepts."""
+        """A GBNF expression (a rule name) for the JSON values ``schema`` accepts (when not
+        strict, any JSON value for a sub-schema that is not a schema)."""
+        if self.strict:
+            return self._checked(schema, hint, where)
+        mark = self._mark()
+        try:
+            return self._checked(schema, hint, where)
+        except SchemaError as exc:
+            self._undo(mark)
+            why = f"{str(exc).removeprefix(f'{where}: ')}; any JSON value is taken there"
+            self.relaxed.append(Relaxation(where, exc.keyword, why))
+            return self.primitive("value")
+
+    def _checked(self, schema: object, hint: str, where: str) -> str:
         if schema is True:
             return self.primitive("value")
         if schema is False:
-            raise SchemaError(f"{where}: a 'false' schema matches nothing")
+            if self.strict:
+                raise SchemaError(f"{where}: a 'false' schema matches nothing")
+            self.cannot(where, "false", "a 'false' schema matches nothing")
+            return self.primitive("value")
         if not isinstance(schema, dict):
             raise SchemaError(f"{where} must be a JSON schema object")
         key = json_text(schema)
@@ -151,24 +194,28 @@ class SchemaConverter:
         self._depth += 1
         try:
             if self._depth > _MAX_DEPTH:
-                raise SchemaError(f"{where}: the schema nests too deep")
-            name = self._seen[key] = self._value(schema, hint, where)
-            return name
+                if self.strict:
+                    raise SchemaError(f"{where}: the schema nests too deep")
+                self.cannot(where, "$ref", f"the schema nests over {_MAX_DEPTH} deep")
+                return self.primitive("value")
+            return self._remember(self._seen, key, self._value(schema, hint, where))
         finally:
             self._depth -= 1
 
     def _value(self, schema: dict[str, Any], hint: str, where: str) -> str:
-        self._check(schema, where)
+        schema = self._enforceable(schema, where)
         constraints = {k: v for k, v in schema.items() if k not in ANNOTATIONS}
         constraints.pop("$defs", None)
         constraints.pop("definitions", None)
         if "$ref" in constraints:
             if len(constraints) == 1:
                 return self._ref(constraints["$ref"], where)
-            return self.value(merge([constraints], self.resolve, where), hint, where)
+            alone = {"$ref": constraints["$ref"]}
+            return self.value(self._merged([constraints], alone, where), hint, where)
         if "allOf" in constraints:
             parts = merge_all(constraints, self.resolve, where)
-            return self.value(merge(parts, self.resolve, where), hint, where)
+            rest = {k: v for k, v in constraints.items() if k != "allOf"}
+            return self.value(self._merged(parts, rest, where), hint, where)
         for key in ("anyOf", "oneOf"):
             if key in constraints:
                 return self._union(constraints, key, hint, where)
@@ -186,9 +233,14 @@ class SchemaConverter:
     def _ref(self, ref: str, where: str) -> str:
         name = self._refs.get(ref)
         if name is None:
+            try:
+                target = self.resolve(ref)
+            except UnenforcedError as exc:
+                self._relax(exc, where)
+                return self.primitive("value")
             label = f"ref-{ref.rsplit('/', 1)[-1]}" if ref != "#" else "schema"
-            name = self._refs[ref] = self.rules.name(label)
-            self.rules.define(name, self.value(self.resolve(ref), name, f"{self.where}{ref[1:]}"))
+            name = self._remember(self._refs, ref, self.rules.name(label))
+            self.rules.define(name, self.value(target, name, f"{self.where}{ref[1:]}"))
         return name
 
     def _union(self, schema: dict[str, Any], key: str, hint: str, where: str) -> str:
@@ -196,13 +248,22 @@ class SchemaConverter:
         if not isinstance(branches, list) or not branches:
             raise SchemaError(f"{where}.{key} must be a non-empty array")
         rest = {k: v for k, v in schema.items() if k != key}
+        branches = [b for b in branches if b is not False]  # matches nothing: never written
+        if not branches:
+            return self.value(False, hint, where)
         if rest:
-            branches = [merge([rest, b], self.resolve, where) for b in branches]
+            branches = [
+                b if b is True else self._merged([rest, b], b, f"{where}.{key}[{i}]")
+                for i, b in enumerate(branches)
+            ]
+            branches = [rest if b is True else b for b in branches]
         if key == "oneOf" and not disjoint(branches, self.resolve):
-            raise SchemaError(
-                f"{where}: 'oneOf' whose branches may overlap is not enforced (a grammar "
-                f"cannot exclude a value two branches match); use anyOf, or a property with "
-                f"a different const in each branch"
+            self.cannot(
+                where,
+                "oneOf",
+                "'oneOf' whose branches may overlap is not enforced (a grammar cannot exclude "
+                "a value two branches match); use anyOf, or a property with a different const "
+                "in each branch",
             )
         alternatives = [
             self.value(b, f"{hint}-{i}", f"{where}.{key}[{i}]") for i, b in enumerate(branches)
@@ -214,20 +275,22 @@ class SchemaConverter:
         if not isinstance(values, list) or not values:
             raise SchemaError(f"{where}: 'enum' must be a non-empty array")
         rest = {k: v for k, v in schema.items() if k not in ("const", "enum")}
+        for key in list(rest):
+            if ENFORCED.get(key) in ("object", "array"):
+                self.cannot(where, key, f"'{key}' beside 'enum' or 'const' is not enforced")
+                del rest[key]
         kept = [v for v in values if self._allows(rest, v, where)]
         if not kept:
-            raise SchemaError(
-                f"{where}: no value of 'enum' or 'const' meets the schema's other keywords"
+            self.cannot(
+                where, "enum", "no value of 'enum' or 'const' meets the schema's other keywords"
             )
+            kept = values
         texts = dict.fromkeys(literal(json_text(v)) for v in kept)
         return self.rules.add(hint, " | ".join(texts))
 
     def _allows(self, schema: dict[str, Any], value: object, where: str) -> bool:
         """Whether ``value`` of an enum meets the type, string and number keywords beside it
-        (object and array keywords beside an enum are refused)."""
-        for key in schema:
-            if ENFORCED.get(key) in ("object", "array"):
-                raise SchemaError(f"{where}: '{key}' beside 'enum' or 'const' is not enforced")
+        (object and array keywords beside an enum are not enforced)."""
         kinds = types_of({"type": schema["type"]}, where) if "type" in schema else None
         if isinstance(value, bool):
             return kinds is None or "boolean" in kinds
@@ -239,13 +302,12 @@ class SchemaConverter:
                 and not ("integer" in kinds and integral)
             ):
                 return False
-            if not any(ENFORCED.get(k) == "number" for k in schema):
-                return True
-            return self._number_dfa(schema, integer=False, where=where).accepts(json_text(value))
+            numbers = number_dfa(schema, integer=False, where=where, cannot=self.cannot)
+            return numbers is None or numbers.accepts(json_text(value))
         if isinstance(value, str):
             if kinds is not None and "string" not in kinds:
                 return False
-            strings = self._string_dfa(schema, where)
+            strings = string_dfa(schema, where, self.cannot)
             return strings is None or strings.accepts(value)
         kind = "null" if value is None else "array" if isinstance(value, list) else "object"
         return kinds is None or kind in kinds
@@ -254,9 +316,9 @@ class SchemaConverter:
         if kind in ("null", "boolean"):
             return self.primitive(kind)
         if kind in ("integer", "number"):
-            if not any(ENFORCED.get(k) == "number" for k in schema):
+            dfa = number_dfa(schema, integer=kind == "integer", where=where, cannot=self.cannot)
+            if dfa is None:
                 return self.primitive(kind)
-            dfa = self._number_dfa(schema, integer=kind == "integer", where=where)
             return to_gbnf(dfa, self.rules, f"{hint}-{kind}", json_string=False)
         if kind == "string":
             return self.string(schema, hint, where)
@@ -266,130 +328,69 @@ class SchemaConverter:
 
     # -- numbers and strings ---------------------------------------------------------------
 
-    def _number_dfa(self, schema: dict[str, Any], *, integer: bool, where: str) -> Dfa:
-        low = high = None
-        low_exclusive = high_exclusive = False
-        for key, exclusive in (("minimum", False), ("exclusiveMinimum", True)):
-            if key in schema:
-                value = _number(schema[key], where, key)
-                if low is None or value > low or (value == low and exclusive):
-                    low, low_exclusive = value, exclusive
-        for key, exclusive in (("maximum", False), ("exclusiveMaximum", True)):
-            if key in schema:
-                value = _number(schema[key], where, key)
-                if high is None or value < high or (value == high and exclusive):
-                    high, high_exclusive = value, exclusive
-        multiple = None
-        if "multipleOf" in schema:
-            step = _number(schema["multipleOf"], where, "multipleOf")
-            if step <= 0:
-                raise SchemaError(f"{where}: 'multipleOf' must be above 0")
-            multiple = divisor(step)
-            if multiple is None:
-                raise SchemaError(
-                    f"{where}: 'multipleOf' {schema['multipleOf']} is not enforced (a "
-                    f"multiple of d / 10^k with an integer d up to {MAX_DIVISOR} is)"
-                )
-        try:
-            dfa = range_dfa(
-                low=low,
-                low_exclusive=low_exclusive,
-                high=high,
-                high_exclusive=high_exclusive,
-                multiple=multiple,
-                integer=integer,
-            )
-        except TooComplexError:
-            raise SchemaError(f"{where}: the numeric keywords make too large a grammar") from None
-        if dfa.empty:
-            raise SchemaError(f"{where}: no number meets the bounds and 'multipleOf'")
-        return dfa
-
-    def _string_dfa(self, schema: dict[str, Any], where: str) -> Dfa | None:
-        """The strings the string keywords allow, or ``None`` when none is given."""
-        dfa: Dfa | None = None
-        try:
-            if "format" in schema:
-                name = schema["format"]
-                if name not in FORMATS:
-                    raise SchemaError(
-                        f"{where}: the string format {name!r} is not supported (supported: "
-                        f"{', '.join(sorted(FORMATS))})"
-                    )
-                dfa = format_dfa(name)
-            patterns = schema.get("pattern", [])
-            for pattern in patterns if isinstance(patterns, list) else [patterns]:
-                if not isinstance(pattern, str):
-                    raise SchemaError(f"{where}: 'pattern' must be a string")
-                try:
-                    found = pattern_dfa(pattern)
-                except PatternError as exc:
-                    raise SchemaError(
-                        f"{where}: the pattern {pattern!r} uses {exc}, which is not supported"
-                    ) from None
-                dfa = found if dfa is None else dfa.intersect(found)
-            low, high = _count(schema, "minLength", where), _count(schema, "maxLength", where)
-            if low is not None or high is not None:
-                dfa = (dfa or ANY_STRING).bounded(low or 0, high)
-        except TooComplexError:
-            raise SchemaError(
-                f"{where}: the string keywords (pattern, format, lengths) make too large a grammar"
-            ) from None
-        if dfa is not None and dfa.empty:
-            raise SchemaError(f"{where}: no string meets pattern, format and lengths at once")
-        return dfa
-
     def string(self, schema: dict[str, Any], hint: str, where: str) -> str:
         keys = {k for k in schema if ENFORCED.get(k) == "string"}
         if not keys:
             return self.primitive("string")
         if keys <= {"minLength", "maxLength"}:
-            low, high = _count(schema, "minLength", where), _count(schema, "maxLength", where)
+            low, high = count(schema, "minLength", where), count(schema, "maxLength", where)
             if high is not None and (low or 0) > high:
-                raise SchemaError(f"{where}: 'minLength' is above 'maxLength'")
+                self.cannot(where, "maxLength", "'minLength' is above 'maxLength'")
+                return self.primitive("string")
             body = repetition(self.primitive("char"), low or 0, high)
             return self.rules.add(f"{hint}-string", f"{_QUOTE} {body} {_QUOTE}")
-        dfa = self._string_dfa(schema, where)
-        assert dfa is not None
+        dfa = string_dfa(schema, where, self.cannot)
+        if dfa is None:
+            return self.primitive("string")
         start = to_gbnf(dfa, self.rules, f"{hint}-string", json_string=True)
         return self.rules.add(f"{hint}-string", f"{_QUOTE} {start} {_QUOTE}")
 
     def raw_string(self, schema: dict[str, Any], hint: str, where: str, forbid: str) -> str:
         """A string's characters unquoted and unescaped (an XML tool-call parameter), never
         holding ``forbid``."""
-        dfa = self._string_dfa(schema, where) or ANY_STRING
+        dfa = string_dfa(schema, where, self.cannot) or ANY_STRING
         if "const" in schema or "enum" in schema:
             values = [schema["const"]] if "const" in schema else schema["enum"]
-            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-                raise SchemaError(f"{where}: a raw string's 'enum' must hold strings only")
-            dfa = dfa.intersect(one_of(tuple(values)))
+            if not isinstance(values, list):
+                raise SchemaError(f"{where}: 'enum' must be a non-empty array")
+            strings = tuple(v for v in values if isinstance(v, str))
+            if strings:
+                dfa = dfa.intersect(one_of(strings))
+            else:
+                self.cannot(where, "enum", "no value of 'enum' or 'const' is a string")
         try:
-            dfa = dfa.intersect(without(forbid))
+            found = dfa.intersect(without(forbid))
         except TooComplexError:
-            raise SchemaError(f"{where}: the string keywords make too large a grammar") from None
-        if dfa.empty:
-            raise SchemaError(f"{where}: no string meets the keywords without {forbid!r}")
-        return to_gbnf(dfa, self.rules, f"{hint}-raw", json_string=False)
+            self.cannot(where, "pattern", "the string keywords make too large a grammar")
+            found = without(forbid)
+        if found.empty:
+            self.cannot(where, "pattern", f"no string meets the keywords without {forbid!r}")
+            found = without(forbid)
+        return to_gbnf(found, self.rules, f"{hint}-raw", json_string=False)
 
     # -- arrays and objects ----------------------------------------------------------------
 
     def _array(self, schema: dict[str, Any], hint: str, where: str) -> str:
-        low = _count(schema, "minItems", where) or 0
-        high = _count(schema, "maxItems", where)
+        low = count(schema, "minItems", where) or 0
+        high = count(schema, "maxItems", where)
         if high is not None and low > high:
-            raise SchemaError(f"{where}: 'minItems' is above 'maxItems'")
+            self.cannot(where, "maxItems", "'minItems' is above 'maxItems'")
+            high = None
         prefix = schema.get("prefixItems", [])
+        items = schema.get("items", True)
+        if isinstance(items, list) and "prefixItems" not in schema:  # draft 7's tuple form
+            prefix, items = items, schema.get("additionalItems", True)
         if not isinstance(prefix, list):
-            raise SchemaError(f"{where}.prefixItems must be an array")
+            raise SchemaError(f"{where}.prefixItems must be an array", keyword="prefixItems")
         firsts = [
             self.value(s, f"{hint}-{i}", f"{where}.prefixItems[{i}]") for i, s in enumerate(prefix)
         ]
-        items = schema.get("items", True)
         item = None if items is False else self.value(items, f"{hint}-item", f"{where}.items")
         if item is None:
             high = len(firsts) if high is None else min(high, len(firsts))
             if low > high:
-                raise SchemaError(f"{where}: 'minItems' asks for more items than allowed")
+                self.cannot(where, "minItems", "'minItems' asks for more items than allowed")
+                low = high
         space, comma = self.primitive("space"), f'"," {self.primitive("space")}'
 
         def tail(at: int, first: bool) -> str:
@@ -419,14 +420,18 @@ class SchemaConverter:
         for name in required:
             if name not in properties:
                 if extra is False:
-                    raise SchemaError(
-                        f"{where}: '{name}' is required but not in properties, and "
-                        f"additionalProperties is false"
+                    self.cannot(
+                        where,
+                        "required",
+                        f"'{name}' is required but not in properties, and "
+                        f"additionalProperties is false",
                     )
-                properties[name] = True if extra is None else extra
+                properties[name] = True if extra in (None, False) else extra
         space = self.primitive("space")
         pairs = []
         for name, sub in properties.items():
+            if sub is False and name not in required:
+                continue  # may not be written: never is
             value = self.value(sub, f"{hint}-{name}", f"{where}.properties.{name}")
             key = literal(json_text(name))
             pairs.append((name in required, f'{key} {space} ":" {space} {value} {space}'))
@@ -461,10 +466,16 @@ class SchemaConverter:
         return self.rules.add(f"{hint}-other-key", f"{_QUOTE} {start} {_QUOTE}")
 
 
-def schema_grammar(schema: object, where: str) -> str:
-    """The whole grammar for ``schema`` (root rule ``root``)."""
+def schema_grammar(
+    schema: object, where: str, *, strict: bool = True
+) -> tuple[str, tuple[Relaxation, ...]]:
+    """The whole grammar for ``schema`` (root rule ``root``), and what was relaxed (nothing
+    when ``strict``).
+
+    Error handling: :class:`SchemaError` (:class:`UnenforcedError` when ``strict``).
+    """
     rules = Rules()
     rules.define("root", "")
-    converter = SchemaConverter(rules, schema, where)
+    converter = SchemaConverter(rules, schema, where, strict=strict)
     rules.define("root", converter.document(where))
-    return rules.text()
+    return rules.text(), tuple(converter.relaxed)

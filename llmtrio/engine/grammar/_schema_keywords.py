@@ -1,6 +1,10 @@
 """Which JSON Schema keywords structured output enforces, and the two that need reasoning
 over whole schemas: ``allOf`` (merged into one schema) and ``oneOf`` (enforced only where its
 branches cannot overlap). Pure.
+
+A keyword that cannot be enforced is refused or relaxed, as the schema is strict or not
+(:class:`UnenforcedError`, :class:`Relaxation`); a schema that is not one (an unknown type, a
+reference that points nowhere) is a :class:`SchemaError` (relaxed too where not strict).
 """
 
 from __future__ import annotations
@@ -9,11 +13,15 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 __all__ = [
     "ANNOTATIONS",
     "ENFORCED",
     "REFUSED",
+    "Relaxation",
     "SchemaError",
+    "UnenforcedError",
     "disjoint",
     "json_text",
     "merge",
@@ -22,7 +30,31 @@ __all__ = [
 
 
 class SchemaError(ValueError):
-    """A schema the grammar cannot enforce (the message says why)."""
+    """A schema the grammar cannot enforce (the message says why): not a JSON schema, or
+    (an :class:`UnenforcedError`) a keyword of a strict schema the grammar cannot enforce.
+    ``keyword``: the keyword at fault, where one is."""
+
+    def __init__(self, message: str, *, keyword: str = "schema") -> None:
+        super().__init__(message)
+        self.keyword = keyword
+
+
+class UnenforcedError(SchemaError):
+    """A valid keyword the grammar cannot enforce, in a strict schema (relaxed instead where
+    the schema is not strict: :class:`Relaxation`)."""
+
+
+@attrs.frozen
+class Relaxation:
+    """A keyword the grammar did not enforce in a schema that is not strict: the sub-schema
+    at ``where`` became what the grammar can enforce (``why`` says what was dropped)."""
+
+    where: str
+    keyword: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"'{self.keyword}' is not enforced at {self.where}: {self.why}"
 
 
 #: Keywords turned into grammar, by what they constrain.
@@ -40,6 +72,7 @@ ENFORCED: dict[str, str] = {
     "required": "object",
     "additionalProperties": "object",
     "items": "array",
+    "additionalItems": "array",
     "prefixItems": "array",
     "minItems": "array",
     "maxItems": "array",
@@ -75,7 +108,7 @@ ANNOTATIONS = frozenset(
         "contentMediaType",
     }
 )
-#: Why some keywords stay refused.
+#: The keywords of JSON Schema (2020-12 and draft 7) the grammar does not enforce, and why.
 REFUSED = {
     "not": "a grammar cannot exclude what another schema matches",
     "uniqueItems": "a grammar cannot compare array items with each other",
@@ -83,12 +116,19 @@ REFUSED = {
     "then": "conditional schemas are not enforced",
     "else": "conditional schemas are not enforced",
     "contains": "a grammar cannot count the items that match a schema",
+    "minContains": "a grammar cannot count the items that match a schema",
+    "maxContains": "a grammar cannot count the items that match a schema",
     "patternProperties": "property names by pattern are not enforced",
     "propertyNames": "property names by schema are not enforced",
     "dependentRequired": "dependencies between properties are not enforced",
     "dependentSchemas": "dependencies between properties are not enforced",
+    "dependencies": "dependencies between properties are not enforced",
     "minProperties": "property counts are not enforced",
     "maxProperties": "property counts are not enforced",
+    "unevaluatedProperties": "unevaluated properties are not enforced",
+    "unevaluatedItems": "unevaluated items are not enforced",
+    "$dynamicRef": "dynamic references are not enforced",
+    "$recursiveRef": "dynamic references are not enforced",
 }
 _TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
 
@@ -106,7 +146,7 @@ def types_of(schema: Mapping[str, Any], where: str) -> list[str]:
         kinds = declared if isinstance(declared, list) else [declared]
         for kind in kinds:
             if kind not in _TYPES:
-                raise SchemaError(f"{where}: unknown type {kind!r}")
+                raise SchemaError(f"{where}: unknown type {kind!r}", keyword="type")
         if "number" in kinds and "integer" in kinds:
             kinds = [k for k in kinds if k != "integer"]
         return list(dict.fromkeys(kinds))
@@ -157,7 +197,9 @@ def merge(
                 both = [t for t in a if t in b or (t == "integer" and "number" in b)]
                 both += [t for t in b if t == "integer" and "number" in a and t not in both]
                 if not both:
-                    raise SchemaError(f"{where}: allOf asks for types {a} and {b} at once")
+                    raise UnenforcedError(
+                        f"{where}: allOf asks for types {a} and {b} at once", keyword="allOf"
+                    )
                 out[key] = both
             elif key == "required":
                 out[key] = list(dict.fromkeys([*out[key], *value]))
@@ -174,13 +216,17 @@ def merge(
                 keep = [v for v in a if json_text(v) in {json_text(w) for w in b}]
                 out[key] = keep if key == "enum" else (keep[0] if keep else None)
                 if not keep:
-                    raise SchemaError(f"{where}: allOf leaves no value of its enum or const")
+                    raise UnenforcedError(
+                        f"{where}: allOf leaves no value of its enum or const", keyword="allOf"
+                    )
             elif key in _BOUNDS:
                 out[key] = _stricter(key, out[key], value)
             elif key == "pattern":
                 out[key] = [*_as_list(out[key]), *_as_list(value)]
             elif json_text(out[key]) != json_text(value):
-                raise SchemaError(f"{where}: allOf combines two different '{key}'")
+                raise UnenforcedError(
+                    f"{where}: allOf combines two different '{key}'", keyword="allOf"
+                )
     _close_properties(flat, out)
     return out
 
@@ -212,9 +258,10 @@ def _close_properties(parts: Sequence[Mapping[str, Any]], out: dict[str, Any]) -
                 continue
             if extra is False:
                 if name in out.get("required", ()):
-                    raise SchemaError(
+                    raise UnenforcedError(
                         f"allOf requires '{name}', which another part's "
-                        f"additionalProperties forbids"
+                        f"additionalProperties forbids",
+                        keyword="allOf",
                     )
                 del properties[name]
             else:

@@ -1,29 +1,29 @@
 """The binding to llama.cpp: the only part of llmtrio that imports ``llama_cpp``. The model,
 its context and batch (:class:`LlamaModel`, :class:`Batch`), a slot's sampler with its
 extras (penalties, log-probabilities, a grammar) and the verification of drafts beside it,
-the parsed-grammar cache, llama.cpp's log, and a vision projector (:class:`Vision`,
-llama.cpp's multimodal library).
+the parsed-grammar cache, llama.cpp's log, and a projector for images and audio
+(:class:`Projector`, llama.cpp's multimodal library).
 
 Everything here runs on the thread that owns the context (the loader, then the decode loop);
 nothing here knows of Trio.
 """
 
+from ._logits import Penalties as Penalties
+from ._logits import RawLogprob as RawLogprob
 from ._model import Batch as Batch
 from ._model import LlamaModel as LlamaModel
+from ._projector import MediaChunk as MediaChunk
+from ._projector import Projector as Projector
 from ._sampler import SlotSampler as SlotSampler
-from ._sampling import Penalties as Penalties
-from ._sampling import RawLogprob as RawLogprob
 from ._verify import verify as verify
-from ._vision import ImageChunk as ImageChunk
-from ._vision import Vision as Vision
 
 __all__ = [
     "Batch",
-    "ImageChunk",
     "LlamaModel",
+    "MediaChunk",
     "Penalties",
+    "Projector",
     "RawLogprob",
     "SlotSampler",
-    "Vision",
     "verify",
 ]

@@ -19,7 +19,7 @@ from .._errors import ModelLoadError
 from ._constrained import VocabIndex
 from ._grammar_cache import GrammarCache
 from ._log import recent_log
-from ._vision import Vision
+from ._projector import Projector
 
 __all__ = ["Batch", "LlamaModel"]
 
@@ -141,8 +141,8 @@ class LlamaModel:
             if piece[-1:] >= b"\x80" and _ends_inside_character(piece)
         )
         self.grammars = GrammarCache(self.vocab)
-        #: The vision projector, once loaded (:meth:`load_vision`).
-        self.vision: Vision | None = None
+        #: The projector (images, audio), once loaded (:meth:`load_projector`).
+        self.projector: Projector | None = None
 
     def _init_context(
         self,
@@ -217,7 +217,7 @@ class LlamaModel:
 
     def close(self) -> None:
         self.grammars.clear()
-        self.unload_vision()
+        self.unload_projector()
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
@@ -287,19 +287,19 @@ class LlamaModel:
     def decode(self, batch: Batch) -> int:
         return int(llama_cpp.llama_decode(self.ctx, batch.struct))
 
-    def load_vision(self, path: Path, *, threads: int, marker: str) -> Vision:
-        """Load the vision projector at ``path`` for this model as :attr:`vision` (freed
-        by :meth:`close`).
+    def load_projector(self, path: Path, *, threads: int, marker: str) -> Projector:
+        """Load the projector at ``path`` for this model as :attr:`projector` (freed by
+        :meth:`close`).
 
-        Error handling: :class:`ModelLoadError` (see :class:`Vision`)."""
-        self.vision = Vision(self._model, path, threads=threads, marker=marker)
-        return self.vision
+        Error handling: :class:`ModelLoadError` (see :class:`Projector`)."""
+        self.projector = Projector(self._model, path, threads=threads, marker=marker)
+        return self.projector
 
-    def unload_vision(self) -> None:
-        """Free :attr:`vision` (the model then takes no images)."""
-        if self.vision is not None:
-            self.vision.close()
-            self.vision = None
+    def unload_projector(self) -> None:
+        """Free :attr:`projector` (the model then takes no images or audio)."""
+        if self.projector is not None:
+            self.projector.close()
+            self.projector = None
 
     def decode_embeddings(
         self,
@@ -310,11 +310,11 @@ class LlamaModel:
         causal: bool,
         positions: npt.NDArray[np.int32] | None = None,
     ) -> int:
-        """Decode ``embd`` (rows of ``n_embd``: an image's embeddings) into ``seq`` at
-        positions ``start_pos...`` (or at M-RoPE ``positions``: four per row, see
-        :meth:`Vision.decoder_positions`), alone in one ``llama_decode`` (``causal=False``:
-        with causal attention off for it, and on again after). Outputs no logits. Returns
-        llama_decode's code."""
+        """Decode ``embd`` (rows of ``n_embd``: a media chunk's embeddings, or a part of
+        them) into ``seq`` at positions ``start_pos...`` (or at M-RoPE ``positions``: four
+        per row, see :meth:`Projector.decoder_positions`), alone in one ``llama_decode``
+        (``causal=False``: with causal attention off for it, and on again after). Outputs
+        no logits. Returns llama_decode's code."""
         n_embd = self.n_embd
         n = len(embd) // n_embd
         batch = llama_cpp.llama_batch_init(n, n_embd, 1)

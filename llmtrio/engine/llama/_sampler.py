@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from ..grammar import Grammar
 from ._constrained import Candidates, GrammarSearch, OneToken
-from ._sampling import Penalties, RawLogprob, logprob_of
+from ._logits import Penalties, RawLogprob, logprob_of
 
 if TYPE_CHECKING:
     from ._model import LlamaModel

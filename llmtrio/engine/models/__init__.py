@@ -2,6 +2,7 @@
 fallback) and what its GGUF header says (its kind, pooling, file type).
 """
 
+from ._demo import demo_model_path as demo_model_path
 from ._gguf import POOLING_NAMES as POOLING_NAMES
 from ._gguf import GGUFInfo as GGUFInfo
 from ._gguf import check_gguf as check_gguf
@@ -9,7 +10,6 @@ from ._gguf import model_kind as model_kind
 from ._gguf import model_kind_of as model_kind_of
 from ._source import HubSettings as HubSettings
 from ._source import ResolvedModel as ResolvedModel
-from ._source import demo_model_path as demo_model_path
 from ._source import model_name_of as model_name_of
 from ._source import resolve_model as resolve_model
 

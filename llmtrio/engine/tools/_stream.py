@@ -12,6 +12,11 @@ deltas), then a :class:`ToolCallEnd`. Both call forms of :mod:`._tool_grammar` a
   value character by character (escaped), a JSON value once whole (or, when it does not
   parse, as a string).
 
+A text tool's call (:attr:`Tool.text`) has its text as its arguments, not JSON: in the XML
+form its ``input`` parameter's raw text, streamed as it comes; in the JSON form the
+``input`` string of its arguments object (or the arguments themselves when they are a
+string), decoded, once whole.
+
 The pieces of one call concatenate to its arguments. Text in ``<tool_call>`` that is not a
 call of a known tool (not JSON or XML, no name, an unknown name) is content, unchanged, once
 the block closes.
@@ -34,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from .._types import Tool
+from .._types import TEXT_INPUT, Tool
 from ._grammar import (
     FUNCTION_CLOSE,
     PARAMETER_CLOSE,
@@ -88,6 +93,18 @@ ToolCallEvent = str | ToolCallStart | ToolCallArguments | ToolCallEnd
 _SPACE = " \t\r\n"
 _scanstring: Any = getattr(json.decoder, "scanstring")  # noqa: B009 (not in the stubs)
 _ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+def _input_text(arguments: str) -> str:
+    """A text tool's text from its JSON-form arguments: ``{"input": "..."}`` or a string
+    (anything else is passed on as written)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get(TEXT_INPUT), str):
+        return str(value[TEXT_INPUT])
+    return value if isinstance(value, str) else arguments
 
 
 def _held(text: str, tag: str) -> int:
@@ -178,6 +195,7 @@ class ToolCallStream:
         self._parameters = 0
         self._raw = False
         self._value_started = False
+        self._text_call = False  # the call being read is a text tool's
 
     def feed(self, text: str) -> list[ToolCallEvent]:
         self._buf += text
@@ -234,6 +252,7 @@ class ToolCallStream:
 
     def _start(self, name: str) -> None:
         self._index, self._name, self._whole = self.calls, name, False
+        self._text_call = self._tools[name].text is not None
         self.calls += 1
         self._out.append(ToolCallStart(self._index, new_tool_call_id(), name))
 
@@ -352,7 +371,8 @@ class ToolCallStream:
             text = text.lstrip(_SPACE)
         self._value_text += text
         arguments = self._key in _ARGUMENT_KEYS and not self._sent_arguments
-        if arguments and self._index >= 0 and not self._value_text.startswith('"'):
+        streamed = self._index >= 0 and not self._text_call
+        if arguments and streamed and not self._value_text.startswith('"'):
             self._out.append(ToolCallArguments(self._index, text))  # streamed as it comes
         if verdict == "broken":
             self._broken()
@@ -371,9 +391,14 @@ class ToolCallStream:
                 return
             self._start(name)
             if self._held_arguments is not None:
-                self._arguments(self._held_arguments)
+                held = self._held_arguments
+                self._arguments(_input_text(held) if self._text_call else held)
                 self._whole = True
         elif arguments:
+            if self._text_call:
+                self._arguments(_input_text(text))
+                self._whole = True
+                return
             if text.startswith('"'):  # arguments written as a JSON string: decoded
                 try:
                     decoded = json.loads(text)
@@ -392,7 +417,8 @@ class ToolCallStream:
     # -- the XML form --------------------------------------------------------------------
 
     def _close_arguments(self) -> None:
-        self._arguments("}" if self._parameters else "{}")
+        if not self._text_call:
+            self._arguments("}" if self._parameters else "{}")
         self._whole, self._state = True, "closing"
 
     def _xml_between(self, final: bool) -> None:
@@ -412,9 +438,12 @@ class ToolCallStream:
                 return
             name = stripped[len("<parameter=") : end]
             self._buf = stripped[end + 1 :]
-            self._raw = raw_parameter(self._tools[self._name].parameters, name)
-            head = (", " if self._parameters else "{") + json.dumps(name, ensure_ascii=False)
-            self._arguments(head + ": " + ('"' if self._raw else ""))
+            if self._text_call:  # its text, raw: no JSON around it
+                self._raw = True
+            else:
+                self._raw = raw_parameter(self._tools[self._name].parameters, name)
+                head = (", " if self._parameters else "{") + json.dumps(name, ensure_ascii=False)
+                self._arguments(head + ": " + ('"' if self._raw else ""))
             self._parameters += 1
             self._value_text, self._value_started = "", False
             self._state = "xml_value"
@@ -450,6 +479,9 @@ class ToolCallStream:
         self._buf = self._buf[len(self._buf) - keep :]
 
     def _xml_piece(self, text: str, *, last: bool) -> None:
+        if self._text_call:
+            self._arguments(text)
+            return
         if self._raw:
             escaped = json.dumps(text, ensure_ascii=False)[1:-1]
             self._arguments(escaped + ('"' if last else ""))
