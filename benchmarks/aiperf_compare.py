@@ -8,7 +8,7 @@ throughput and request latency printed as ratios. Not a test, never part of CI.
     .venv/bin/python benchmarks/aiperf_compare.py --aiperf ~/.venvs/aiperf/bin/aiperf
         [--users 1 8 32] [--prompt-tokens 200 2000] [--output-tokens 64] [--rounds 3]
         [--threads 1] [--requests-per-user 6] [--busy 0] [--servers llmtrio llama-server]
-        [--llmtrio-args "--prefill-budget 0.25"] [--base-tree DIR] [--out DIR]
+        [--llmtrio-args "--prefill-share inf"] [--base-tree DIR] [--out DIR]
 
 How it runs, for each point (users, prompt tokens) and round: each server in turn (the order
 alternates between rounds) is started fresh on a free 127.0.0.1 port with one slot per user
