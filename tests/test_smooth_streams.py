@@ -108,6 +108,26 @@ def test_a_prompt_token_is_priced_beside_a_decode_step_of_as_many_sequences() ->
     assert s.token_ms == pytest.approx((0.75 * (0.75 * 40 + 20) + 600) / (0.75 * 15 + 60))
 
 
+def test_a_decode_step_of_other_sequences_does_not_price_a_prompt_token() -> None:
+    s = Scheduler(max_inflight=8, prefill_chunk=256, prefill_share=1.0)
+    for key in range(3):
+        s.add(key, 4)
+    s.schedule()
+    s.measured(120, decode_only=False, prompt_tokens=12)  # nothing decoding: 10 ms a token
+    assert s.schedule().decode == (0, 1, 2)
+    s.measured(150, decode_only=True)  # three sequences: 150 ms
+    s.remove(2)
+    s.add(3, 10)
+    plan = s.schedule()
+    assert plan.decode == (0, 1)
+    assert plan.prefill == (Prefill(3, 0, 10),)
+    # Two sequences decoding beside 10 prompt tokens: no decode step of two was measured,
+    # and the one of three (150 ms) would leave the prompt 5 ms a token where it took more.
+    # The step does not price the tokens (what the AIPerf run's crawl came from).
+    s.measured(200, decode_only=False, prompt_tokens=10)
+    assert s.token_ms == pytest.approx(10.0)
+
+
 def test_a_prompt_is_never_starved() -> None:
     s = Scheduler(max_inflight=2, prefill_chunk=64, prefill_share=0.0)
     s.add(0, 1)
