@@ -33,7 +33,16 @@ from typing import Any
 
 from ._clients import CLAUDE_CODE, CODEX, MCP_SERVERS, Package, install
 
-__all__ = ["FIXTURES", "Recorder", "list_mcp_tools", "main"]
+__all__ = [
+    "FIXTURES",
+    "Recorder",
+    "codex_home",
+    "list_mcp_tools",
+    "main",
+    "run_claude",
+    "run_codex",
+    "scratch",
+]
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "clients"
 SCRATCH = Path("/tmp/llmtrio-capture")
@@ -219,10 +228,11 @@ class Recorder:
             thread.join()
 
 
-def _scratch() -> tuple[Path, Path]:
-    """A fresh HOME and project folder at fixed paths."""
-    shutil.rmtree(SCRATCH, ignore_errors=True)
-    home, project = SCRATCH / "home", SCRATCH / "project"
+def scratch(root: Path = SCRATCH) -> tuple[Path, Path]:
+    """A fresh HOME and project folder in ``root`` (by default the fixed paths captures use,
+    so the paths in the bodies are the same on every machine)."""
+    shutil.rmtree(root, ignore_errors=True)
+    home, project = root / "home", root / "project"
     home.mkdir(parents=True)
     project.mkdir()
     (project / "README.md").write_text("# capture\n\nA scratch project.\n")
@@ -232,39 +242,58 @@ def _scratch() -> tuple[Path, Path]:
 def _environment(home: Path, **extra: str) -> dict[str, str]:
     keep = ("PATH", "LANG", "LC_ALL", "TERM")
     env = {k: v for k, v in os.environ.items() if k in keep}
-    env.update(HOME=str(home), TMPDIR=str(SCRATCH), **extra)
+    env.update(HOME=str(home), TMPDIR=str(home.parent), **extra)
     return env
 
 
-def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: list[str], cwd: Path, env: dict[str, str], stdin: str | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         argv,
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
+        timeout=timeout,
         check=False,
     )
 
 
+def run_claude(
+    url: str,
+    args: list[str],
+    home: Path,
+    project: Path,
+    *,
+    stdin: str | None = None,
+    timeout: float = 300,
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """``claude ARGS`` in ``project`` against the Messages API at ``url``, with only ``PATH``,
+    ``LANG``, ``LC_ALL`` and ``TERM`` of this environment, no telemetry, and ``env``."""
+    claude = install(CLAUDE_CODE)
+    environment = _environment(
+        home,
+        ANTHROPIC_BASE_URL=url,
+        ANTHROPIC_API_KEY="dummy",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        DISABLE_TELEMETRY="1",
+        DISABLE_AUTOUPDATER="1",
+        **env,
+    )
+    return _run([str(claude), *args], project, environment, stdin, timeout)
+
+
 def capture_claude(package: Package = CLAUDE_CODE) -> dict[str, Any]:
     """The requests of ``claude -p "Say hi" --output-format json``."""
-    claude = install(package)
-    home, project = _scratch()
-    argv = [str(claude), "-p", "Say hi", "--output-format", "json"]
+    home, project = scratch()
+    args = ["-p", "Say hi", "--output-format", "json"]
     with Recorder().serving() as recorder:
-        env = _environment(
-            home,
-            ANTHROPIC_BASE_URL=recorder.url,
-            ANTHROPIC_API_KEY="dummy",
-            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-            DISABLE_TELEMETRY="1",
-            DISABLE_AUTOUPDATER="1",
-        )
-        done = _run(argv, project, env)
-    return _document(package, ["claude", *argv[1:]], done, recorder.requests)
+        done = run_claude(recorder.url, args, home, project)
+    return _document(package, ["claude", *args], done, recorder.requests)
 
 
 _CODEX_CONFIG = """\
@@ -311,30 +340,54 @@ def _codex_model(slug: str) -> dict[str, Any]:
     }
 
 
+def codex_home(home: Path, url: str, model: str, *, freeform: bool = False) -> Path:
+    """A ``CODEX_HOME`` in ``home`` whose ``config.toml`` names a Responses provider at
+    ``url`` serving ``model`` (``freeform``: and ``apply_patch_freeform`` on, with ``model`` in
+    a ``model_catalog_json`` whose entry asks for the freeform tool)."""
+    folder = home / ".codex"
+    folder.mkdir(exist_ok=True)
+    config = _CODEX_CONFIG.format(model=model, url=url)
+    if freeform:
+        catalog = folder / "catalog.json"
+        catalog.write_text(json.dumps({"models": [_codex_model(model)]}, indent=1))
+        config = f'model_catalog_json = "{catalog}"\n' + config
+        config += "\n[features]\napply_patch_freeform = true\n"
+    (folder / "config.toml").write_text(config)
+    return folder
+
+
+def run_codex(
+    url: str,
+    model: str,
+    args: list[str],
+    home: Path,
+    project: Path,
+    *,
+    freeform: bool = False,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """``codex ARGS`` in ``project`` with a Responses provider at ``url`` serving ``model``
+    (see :func:`codex_home`)."""
+    codex = install(CODEX)
+    folder = codex_home(home, url, model, freeform=freeform)
+    env = _environment(home, CODEX_HOME=str(folder), LLMTRIO_API_KEY="dummy")
+    return _run([str(codex), *args], project, env, timeout=timeout)
+
+
 def capture_codex(package: Package = CODEX, *, freeform: bool = False) -> dict[str, Any]:
     """The requests of ``codex exec "Say hi"`` with a Responses provider (``freeform``: and
     ``apply_patch_freeform`` on, so ``apply_patch`` is a ``custom`` tool with a Lark
     grammar)."""
-    codex = install(package)
-    home, project = _scratch()
-    codex_home = home / ".codex"
-    codex_home.mkdir()
-    argv = [str(codex), "exec", "--skip-git-repo-check", "Say hi"]
+    home, project = scratch()
+    args = ["exec", "--skip-git-repo-check", "Say hi"]
     with Recorder().serving() as recorder:
-        config = _CODEX_CONFIG.format(model=_MODEL, url=recorder.url)
-        if freeform:
-            catalog = codex_home / "catalog.json"
-            catalog.write_text(json.dumps({"models": [_codex_model(_MODEL)]}, indent=1))
-            config = f'model_catalog_json = "{catalog}"\n' + config
-            config += "\n[features]\napply_patch_freeform = true\n"
-        (codex_home / "config.toml").write_text(config)
-        env = _environment(home, CODEX_HOME=str(codex_home), LLMTRIO_API_KEY="dummy")
-        done = _run(argv, project, env)
-    shown = ["codex", *argv[1:]]
-    document = _document(package, shown, done, recorder.requests)
+        done = run_codex(recorder.url, _MODEL, args, home, project, freeform=freeform)
+    folder = home / ".codex"
+    config = (folder / "config.toml").read_text()
+    document = _document(package, ["codex", *args], done, recorder.requests)
     document["config.toml"] = config.replace(recorder.url, "http://127.0.0.1:PORT")
     if freeform:
-        document["catalog.json"] = json.loads((codex_home / "catalog.json").read_text())
+        document["catalog.json"] = json.loads((folder / "catalog.json").read_text())
     return document
 
 
@@ -376,7 +429,7 @@ def _read_reply(process: subprocess.Popen[str], lines: queue.Queue[str], wanted:
 def list_mcp_tools(package: Package) -> dict[str, Any]:
     """``package``'s MCP server started over stdio, asked for its tools."""
     executable = install(package)
-    home, project = _scratch()
+    home, project = scratch()
     env = _environment(home)
     argv = package.argv(project)
     argv[0] = str(executable)

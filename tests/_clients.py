@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,14 +28,18 @@ from typing import Literal
 import attrs
 
 __all__ = [
+    "AGENTS_SDK",
     "CACHE",
     "CLAUDE_CODE",
     "CLIENTS",
     "CODEX",
+    "LANGCHAIN_OPENAI",
+    "LLAMA_CPP_PYTHON",
     "MCP_SERVERS",
     "InstallError",
     "Package",
     "install",
+    "llama_templates",
 ]
 
 #: Where installed clients live (``LLMTRIO_CLIENTS_CACHE`` moves it).
@@ -102,6 +107,12 @@ def _pypi(name: str, version: str, *args: str) -> Package:
     return Package(name, "pypi", name, version, name, args)
 
 
+def _library(name: str, version: str) -> Package:
+    """A Python library, in a virtual environment of its own: run by that environment's
+    ``python`` (a script beside the tests, ``tests/_drive_*.py``, drives it)."""
+    return Package(name, "pypi", name, version, "python")
+
+
 #: Claude Code, run in print mode against ``ANTHROPIC_BASE_URL``.
 CLAUDE_CODE = _npm("claude-code", "@anthropic-ai/claude-code", "2.1.197", "claude")
 #: Codex, ``codex exec`` with a Responses provider.
@@ -137,7 +148,12 @@ MCP_SERVERS: tuple[Package, ...] = (
     _pypi("mcp-server-time", "2026.10.19", "--local-timezone", "UTC"),
     _pypi("mcp-server-git", "2026.10.19"),
 )
-CLIENTS: dict[str, Package] = {p.name: p for p in (CLAUDE_CODE, CODEX, *MCP_SERVERS)}
+#: OpenAI's Agents SDK and LangChain's OpenAI integration, each with the ``openai`` it pins.
+AGENTS_SDK = _library("openai-agents", "0.25.0")
+LANGCHAIN_OPENAI = _library("langchain-openai", "1.8.1")
+CLIENTS: dict[str, Package] = {
+    p.name: p for p in (CLAUDE_CODE, CODEX, AGENTS_SDK, LANGCHAIN_OPENAI, *MCP_SERVERS)
+}
 
 
 @contextmanager
@@ -183,6 +199,46 @@ def install(package: Package) -> Path:
             raise InstallError(f"{what} installed no {package.command}", offline=False)
         marker.write_text(package.version + "\n")
         return package.executable
+
+
+#: The llama-cpp-python release whose source distribution's chat templates are swept
+#: (``vendor/llama.cpp/models/templates``): the one llmtrio builds on.
+LLAMA_CPP_PYTHON = "0.3.36"
+
+
+def llama_templates() -> Path:
+    """The folder of every chat template in llama-cpp-python's source distribution
+    (:data:`LLAMA_CPP_PYTHON`), downloaded from PyPI once and kept in the cache (the
+    templates alone).
+
+    Error handling: :class:`InstallError` (``offline`` when PyPI is unreachable)."""
+    home = CACHE / f"llama-cpp-python-{LLAMA_CPP_PYTHON}-templates"
+    marker = home / ".installed"
+    with _locked("llama-cpp-python-templates"):
+        if marker.exists():
+            return home
+        shutil.rmtree(home, ignore_errors=True)
+        download = CACHE / ".sdist"
+        shutil.rmtree(download, ignore_errors=True)
+        what = f"llama-cpp-python=={LLAMA_CPP_PYTHON}"
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check"]
+        _run([*pip, "--no-binary", ":all:", "--no-deps", "-d", str(download), what], what)
+        (archive,) = download.glob("*.tar.gz")
+        home.mkdir(parents=True)
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                parts = Path(member.name).parts
+                if parts[1:-1] == ("vendor", "llama.cpp", "models", "templates") and (
+                    member.isfile() and member.name.endswith(".jinja")
+                ):
+                    source = tar.extractfile(member)
+                    assert source is not None
+                    (home / parts[-1]).write_bytes(source.read())
+        shutil.rmtree(download, ignore_errors=True)
+        if not any(home.glob("*.jinja")):
+            raise InstallError(f"{what}'s source distribution holds no templates", offline=False)
+        marker.write_text(LLAMA_CPP_PYTHON + "\n")
+        return home
 
 
 def main(names: list[str]) -> None:

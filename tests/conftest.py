@@ -16,6 +16,7 @@ from llmtrio.web import ServeConfig
 
 from ._helpers import engine_config
 from ._qwen35_real import write_qwen35_real
+from ._rerankers import CLS, LAST, write_minilm_reranker, write_qwen3_reranker
 from ._server import LiveServer, start_server
 
 # The test models the repository carries (see data/README-qwen35.md, data/README-minilm.md).
@@ -56,6 +57,35 @@ def minilm_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_rerank_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MiniLM as a cross-encoder: rank pooling, one label, a random ``cls`` and
+    ``cls.output`` head (26 MB, written once per test session; see _rerankers.py)."""
+    return write_minilm_reranker(tmp_path_factory.mktemp("rerank") / "minilm-rerank.gguf")
+
+
+@pytest.fixture(scope="session")
+def minilm_cls_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights as ``minilm_rerank_path``, pooled as the ``[CLS]`` state: what the
+    cross-encoder's head reads."""
+    path = tmp_path_factory.mktemp("rerank") / "minilm-cls.gguf"
+    return write_minilm_reranker(path, pooling=CLS)
+
+
+@pytest.fixture(scope="session")
+def qwen3_rerank_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3 reranker: labels yes/no, ``cls.output``, the ``rerank`` template
+    (26 MB, written once per test session; see _rerankers.py)."""
+    return write_qwen3_reranker(tmp_path_factory.mktemp("rerank") / "qwen3-rerank.gguf")
+
+
+@pytest.fixture(scope="session")
+def qwen3_last_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights as ``qwen3_rerank_path``, pooled as the last token's state."""
+    path = tmp_path_factory.mktemp("rerank") / "qwen3-last.gguf"
+    return write_qwen3_reranker(path, pooling=LAST)
+
+
+@pytest.fixture(scope="session")
 def minilm_reference() -> dict[str, Any]:
     """The inputs and the vectors sentence-transformers gives for them (normalized)."""
     data: dict[str, Any] = json.loads(MINILM_REFERENCE.read_text())
@@ -81,3 +111,7 @@ def live_server(gemma_path: Path) -> Iterator[LiveServer]:
     )
     yield server
     server.stop()
+
+
+# The servers the real clients run against (tests/test_clients_*.py), once per session.
+from ._client_targets import _ring_qwen35, _serve_gemma, _serve_qwen35, client_target  # noqa: E402, F401

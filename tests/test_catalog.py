@@ -92,6 +92,8 @@ chat_template_file = "t.jinja"
 source = "unsloth/Qwen3.5-0.8B-GGUF:Q8_0"
 keep_alive = -1
 cache_ram = 0
+cache_dir = "snapshots"
+cache_disk = 512
 
 [models.big]
 source = "big"
@@ -120,6 +122,8 @@ keep_alive = 0
     assert (c.mlock, c.mmap, c.chat_template) == (True, False, "{{ messages }}")
     assert qwen.config.model is None and qwen.config.hf_repo == "unsloth/Qwen3.5-0.8B-GGUF"
     assert qwen.config.quant == "Q8_0" and qwen.config.cache_ram_mib == 0
+    assert qwen.config.cache_dir == file.parent / "snapshots"  # beside the models file
+    assert qwen.config.cache_disk_mib == 512 and tiny.config.cache_dir is None
     assert qwen.pinned and qwen.keep_alive == math.inf and not qwen.load
     assert big.config.model == split / "big-00001-of-00002.gguf"
     assert big.projector == split / "mmproj-big-f16.gguf"

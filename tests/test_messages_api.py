@@ -221,7 +221,7 @@ def test_what_cannot_be_taken_is_a_400_naming_it() -> None:
     assert refusal(messages=HELLO, mcp_servers=[{"url": "x"}]).param == "mcp_servers"
     prefill = refusal(messages=[*HELLO, {"role": "assistant", "content": "Sure"}])
     assert prefill.param == "messages[1]"
-    assert refusal(messages=[{"role": "system", "content": "x"}]).param == "messages[0].role"
+    assert refusal(messages=[{"role": "tool", "content": "x"}]).param == "messages[0].role"
     error = refusal(messages=[{"role": "user", "content": [{"type": "tool_use", "id": "a"}]}])
     assert error.param == "messages[0].content[0].type"
     with pytest.raises(Exception) as missing:
@@ -423,6 +423,28 @@ def test_turn_two_reuses_turn_ones_prompt(gemma: LiveServer) -> None:
     )
     assert (second.usage.cache_read_input_tokens or 0) > 0
     assert second.usage.input_tokens > 0
+
+
+def test_two_requests_differing_only_in_the_billing_stamp_share_their_prompt(
+    gemma: LiveServer,
+) -> None:
+    """Claude Code stamps its first system block anew each request (``cch=``); normalized as
+    llama.cpp's server does, the second request reads the whole prompt but the reply's place
+    from the cache (on 0ba4590: 41 of its 323 tokens; the stamp came first)."""
+    client = client_of(gemma)
+    gemma.wait_idle()
+    usages = []
+    for stamp in ("a5145", "0aaa9"):
+        system = [
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.123; "
+             f"cc_entrypoint=sdk-cli; cch={stamp};"},
+            {"type": "text", "text": "You help with the sea and its ships. " * 30},
+        ]  # fmt: skip
+        message = client.messages.create(model="g", max_tokens=2, system=system, messages=HELLO)
+        usages.append(message.usage)
+    prompt = usages[1].input_tokens + (usages[1].cache_read_input_tokens or 0)
+    assert prompt > 200
+    assert (usages[1].cache_read_input_tokens or 0) >= prompt - 8  # all but the last few
 
 
 def test_refusals_are_in_anthropics_shape(gemma: LiveServer) -> None:

@@ -15,6 +15,9 @@ from llmtrio.api import (
     DETOKENIZE_PATH,
     EMBEDDINGS_PATH,
     OPENAI_ERRORS,
+    RERANK_PATH,
+    RERANK_V2_PATH,
+    SCORE_PATH,
     TOKENIZE_PATH,
     ApiError,
 )
@@ -48,6 +51,30 @@ def test_rule_2_a_model_of_the_other_kind_is_a_400_naming_it() -> None:
     assert "/v1/embeddings" in error["message"]
     error = refused("gemma", EMBEDDINGS_PATH, BOTH, default=None)
     assert error["status"] == 400 and "chat and completion model" in error["message"]
+
+
+def test_a_reranking_model_serves_the_reranking_routes_only() -> None:
+    three = BOTH | {"ranker": ModelStats("ranker", "rerank", 1)}
+    for path in (RERANK_PATH, RERANK_V2_PATH, SCORE_PATH):
+        assert resolve_model(None, path, three, None) == "ranker"  # the one of its kind
+        assert resolve_model("ranker", path, three, "gemma") == "ranker"
+        error = refused("minilm", path, three, default=None)
+        assert (error["status"], error["code"]) == (400, "model_not_supported")
+        assert "'minilm' is an embedding model" in error["message"]
+    for path in (CHAT_PATH, EMBEDDINGS_PATH):
+        error = refused("ranker", path, three, default=None)
+        assert (error["code"], error["param"]) == ("model_not_supported", "model")
+        assert "'ranker' is a reranking model: it serves /v1/rerank" in error["message"]
+    # none of the endpoint's kind attached: each other model is named with what it serves
+    error = refused(None, RERANK_PATH, BOTH, default=None)
+    assert error["code"] == "missing_required_parameter"
+    assert "'gemma', 'qwen' serve chat and completion only" in error["message"]
+    assert "'minilm' serves embedding only" in error["message"]
+    # a newer worker's kind this ingress does not know: routed by name to what takes any kind
+    newer = {"x": ModelStats("x", "audio", 1)}
+    assert resolve_model("x", TOKENIZE_PATH, newer, None) == "x"
+    error = refused("x", CHAT_PATH, newer, default=None)
+    assert "'x' is a model of kind 'audio'" in error["message"]
 
 
 def test_the_tokenizer_routes_take_a_model_of_either_kind() -> None:

@@ -47,8 +47,9 @@ from ._server import LiveServer, start_server
 
 MAX_TOKENS = 8
 SCHEMA = schemathesis.openapi.from_dict(openapi())
-# Examples per operation of the route table (the server serves a chat model: embeddings
-# requests are refused, in a documented way).
+# Examples per operation of the route table (the server serves a chat model: embeddings and
+# reranking requests are refused, in a documented way; tests/test_rerank_api.py runs the
+# reranking routes against a reranking model).
 EXAMPLES = {
     "createChatCompletion": 30,
     "createCompletion": 30,
@@ -64,6 +65,10 @@ EXAMPLES = {
     "countMessageTokens": 10,
     "loadModel": 4,
     "unloadModel": 4,
+    "rerank": 4,
+    "rerankUnversioned": 2,
+    "rerankV2": 4,
+    "score": 4,
     # forms; the served model takes no audio: every one is refused, in a documented way
     "createTranscription": 6,
     "createTranslation": 4,

@@ -196,6 +196,24 @@ def test_a_snapshot_is_taken_once() -> None:
     assert memory.cache.snapshots == taken
 
 
+def test_a_short_prefix_holding_an_image_is_saved_and_restored() -> None:
+    """Fewer tokens than ``min_snapshot`` and ``min_restore``, but an image among them (its
+    placeholder ids are negative): saved when another prompt cuts the slot, restored after."""
+    memory = attention(slots=1)
+    image = [1, 2, *range(-10, -26, -1), 3, 4]
+    conversation = [*image, *tokens(20, 100)]
+    memory.run(conversation, generated=2)
+    # another prompt sharing the first two tokens takes the slot: the conversation is saved
+    memory.run([1, 2, *tokens(30, 500)])
+    assert memory.cache.entries == 1
+    assert memory.run([*conversation, 1000, 1001, 7]) == len(conversation) + 2
+    # without an image, so few tokens are not worth a snapshot
+    plain = attention(slots=1)
+    plain.run([1, 2, *tokens(40, 100)], generated=2)
+    plain.run([1, 2, *tokens(30, 500)])
+    assert plain.cache.entries == 0
+
+
 def test_the_budget_evicts_least_recently_used_first() -> None:
     memory = attention(slots=1, budget=BYTES_PER_TOKEN * 250)
     a, b, c = tokens(100, 0), tokens(100, 1000), tokens(100, 2000)

@@ -128,3 +128,8 @@ def test_every_ring_route_needs_a_model_kind_the_ring_knows() -> None:
     assert set(MODEL_KINDS) == {route.path for route in ROUTES if route.ring}
     assert {kind for kind in MODEL_KINDS.values() if kind is not None} == set(KINDS)
     assert all(MODEL_KINDS[path] is None for path in MANAGE_PATHS)
+    # the refusals name each kind the ring knows in words (only a newer worker's by its name)
+    from llmtrio.api import wrong_model_kind
+
+    for kind in KINDS:
+        assert "of kind" not in wrong_model_kind("m", kind, "/x").message

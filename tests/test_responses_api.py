@@ -172,7 +172,8 @@ def test_a_body_as_codex_sends_it_is_taken() -> None:
                  "required": ["command"], "additionalProperties": False}},
             {"type": "web_search", "external_web_access": False},
             {"type": "namespace", "name": "mcp__x", "description": "", "tools": []},
-            {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+            {"type": "custom", "name": "apply_patch",
+             "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "x"'}},
         ],
         tool_choice="auto",
         parallel_tool_calls=False,
@@ -185,7 +186,8 @@ def test_a_body_as_codex_sends_it_is_taken() -> None:
     )  # fmt: skip
     roles = [m.role for m in request.generate.messages or ()]
     assert roles == ["system", "system", "user", "assistant", "tool", "assistant", "user"]
-    assert [t.name for t in request.tools.tools] == ["shell"] and not request.tools.parallel
+    assert [t.name for t in request.tools.tools] == ["shell", "apply_patch"]
+    assert not request.tools.parallel
     assert request.generate.max_tokens is None and request.generate.reasoning_budget == 4096
     assert request.stream and request.call_limit == 1
 
@@ -221,11 +223,12 @@ def test_tools_the_server_cannot_run_are_left_out_with_a_warning(
     with caplog.at_level(logging.WARNING, "llmtrio.worker"):
         request = parse(
             input="Hi",
-            tools=[{"type": "web_search"}, WEATHER, {"type": "namespace", "name": "x"}],
-        )
+            tools=[{"type": "web_search"}, WEATHER,
+                   {"type": "namespace", "name": "x", "tools": [{"type": "file_search"}]}],
+        )  # fmt: skip
     assert [t.name for t in request.tools.tools] == ["get_weather"]
-    assert [t["name"] for t in request.echo["tools"]] == ["get_weather"]
-    assert "namespace, web_search" in caplog.text
+    assert [t["name"] for t in request.echo["tools"]] == ["get_weather", "x"]
+    assert "file_search (in namespace x), web_search" in caplog.text
     # Only tools it cannot run: nothing is offered, and "auto" asks for nothing.
     assert parse(input="Hi", tools=[{"type": "web_search"}]).tools.mode == "none"
 

@@ -58,6 +58,7 @@ EVERY_MESSAGE: list[Message] = [
     Heartbeat(1, 2, 1, 1, model_state="loaded"),
     Heartbeat(0, 2, 2, model_state="unloaded", free_bytes=3 << 30),
     Heartbeat(0, 2, 2, model_state="unloaded", free_bytes=-1),
+    Heartbeat(1, 2, 1, 1, prefixes=("9f86d081884c7d65", "2c26b46b68ffc68f")),
     Claim(1),
     Claim(7),
     Withdraw(3),

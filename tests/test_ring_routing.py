@@ -72,8 +72,22 @@ def test_attach_carries_kinds_only_when_a_model_is_not_chat() -> None:
     )
     with pytest.raises(ValueError, match="one kind per model"):
         Attach("w", 1, models=("a", "b"), kinds=("chat",))
-    with pytest.raises(ValueError, match="kind is one of"):
-        Attach("w", 1, models=("a",), kinds=("vision",))
+    with pytest.raises(ValueError, match="kind is a name"):
+        Attach("w", 1, models=("a",), kinds=("",))
+
+
+def test_a_reranking_models_kind_crosses_the_wire_and_a_newer_kind_is_kept() -> None:
+    """``rerank`` is a kind of its own on the wire; a kind this version does not know (a newer
+    worker's) is kept as it is rather than refusing the worker: its model is listed with it,
+    and only the routes of any kind reach it (``llmtrio.web``'s resolution)."""
+    ranker = Attach("w", 2, models=("r", "c"), kinds=("rerank", "chat"))
+    assert json.loads(encode(ranker)[9:])["kinds"] == ["rerank", "chat"]
+    assert decode_all(encode(ranker)) == [ranker]
+    newer = Attach("w", 1, models=("x",), kinds=("audio",))
+    assert decode_all(encode(newer)) == [newer]
+    core = RingCore(4)
+    core.attach(newer)
+    assert core.models()["x"].kind == "audio"
 
 
 def test_attach_carries_the_models_that_take_images_only_when_some_do() -> None:
@@ -83,6 +97,24 @@ def test_attach_carries_the_models_that_take_images_only_when_some_do() -> None:
     core = RingCore(max_streams=4)
     core.attach(seeing)
     assert {name: m.vision for name, m in core.models().items()} == {"a": False, "b": True}
+
+
+def test_attach_carries_the_context_lengths_the_least_of_which_the_ring_states() -> None:
+    assert b"contexts" not in encode(Attach("w", 1, models=("a",)))
+    assert b"contexts" not in encode(Attach("w", 1, models=("a",), contexts=(0,)))
+    stated = Attach("w", 2, models=("a", "b"), contexts=(4096, 0))
+    assert decode_all(encode(stated)) == [stated]
+    assert (stated.context("a"), stated.context("b"), stated.context("x")) == (4096, 0, 0)
+    core = RingCore(max_streams=4)
+    core.attach(stated)
+    core.attach(Attach("v", 1, models=("a",), contexts=(2048,)))
+    core.attach(Attach("old", 1, models=("a", "b")))  # the previous version states none
+    lengths = {name: m.context_length for name, m in core.models().items()}
+    assert lengths == {"a": 2048, "b": 0}
+    with pytest.raises(ValueError, match="one length per model"):
+        Attach("w", 1, models=("a", "b"), contexts=(1,))
+    with pytest.raises(ValueError, match="0 or more"):
+        Attach("w", 1, models=("a",), contexts=(-1,))
 
 
 def test_attach_carries_the_models_that_take_audio_only_when_some_do() -> None:

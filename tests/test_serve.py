@@ -14,7 +14,7 @@ import pytest
 import trio
 import trustme
 
-from llmtrio.api import CHAT_PATH
+from llmtrio.api import CHAT_PATH, CONTEXT_LENGTH_NAMES
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 
@@ -239,6 +239,9 @@ def test_health_models_and_page(live_server: LiveServer) -> None:
     assert models["object"] == "list"
     assert models["data"][0]["object"] == "model"
     assert models["data"][0]["id"] == health["model"]
+    # The context length, under each name clients read (issue 42): a slot's 512 tokens.
+    lengths = {k: models["data"][0].get(k) for k in CONTEXT_LENGTH_NAMES}
+    assert lengths == {"context_length": 512, "max_model_len": 512, "max_context_length": 512}
     page = httpx.get(live_server.url + "/")
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")

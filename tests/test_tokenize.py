@@ -18,7 +18,7 @@ from llmtrio.engine import EmbeddingEngine
 from llmtrio.ring import RingConfig
 from llmtrio.web import ServeConfig
 from llmtrio.worker._encoding import ResponseMeta
-from llmtrio.worker._pipeline import run_tokenizer
+from llmtrio.worker._shapes import run_tokenizer
 from llmtrio.worker._tokenize import (
     DETOKENIZE_ENDPOINT,
     TOKENIZE_ENDPOINT,

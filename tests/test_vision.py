@@ -205,6 +205,46 @@ async def test_repeated_image_is_not_encoded_again(vision_engine: Engine) -> Non
     assert vision_engine.stats.image_encodes == encodes + 1
 
 
+async def test_an_image_conversation_keeps_its_prefix_when_text_takes_its_slot(
+    vision_engine: Engine,
+) -> None:
+    """A text-only request that shares a conversation's first words takes the slot holding
+    the conversation's image (the slot that holds most of it); the conversation's next turn
+    still reads its prefix, image included, from the cache (issue 47: it read 8 of its 65
+    prompt tokens and encoded the image again, where a text-only conversation in the same
+    place keeps 387 of 403)."""
+    first = ask(picture(21), text="Describe it.", max_tokens=4)
+    answer, _ = await collect(vision_engine, first)
+    turn2 = GenerateRequest(
+        messages=[
+            *first.messages,  # type: ignore[misc]
+            ChatMessage("assistant", answer),
+            ChatMessage("user", "And the colours?"),
+        ],
+        max_tokens=4,
+        ignore_eos=True,
+    )
+    answer2, done2 = await collect(vision_engine, turn2)
+    # the other request: the same first words (the template's opening), no image
+    await collect(
+        vision_engine,
+        GenerateRequest(messages=[ChatMessage("user", "Describe a cat.")], max_tokens=4),
+    )
+    encodes = vision_engine.stats.image_encodes
+    turn3 = GenerateRequest(
+        messages=[
+            *turn2.messages,  # type: ignore[misc]
+            ChatMessage("assistant", answer2),
+            ChatMessage("user", "And the shapes?"),
+        ],
+        max_tokens=4,
+        ignore_eos=True,
+    )
+    _, done3 = await collect(vision_engine, turn3)
+    assert done3.cached_tokens >= done2.prompt_tokens - 4, (done3.cached_tokens, done2)
+    assert vision_engine.stats.image_encodes == encodes
+
+
 async def test_images_beside_text_streams(vision_engine: Engine) -> None:
     text_only = GenerateRequest(
         messages=[ChatMessage("user", "Count to ten.")], max_tokens=12, ignore_eos=True

@@ -8,7 +8,10 @@
     _errors      the error catalog and its two shapes (OpenAI's, Anthropic's); one dumps
     _durations   keep-alive durations (Ollama's forms)
     _probes      the Kubernetes probes' paths and answers
+    _prefixes    what a request's prompt begins with, as digests (for prefix affinity)
     _openapi     ``/openapi.json``, made from the routes, the fields and the errors
+    (the field table is split by API family: _chat_fields, _responses_fields,
+    _anthropic_fields, _rerank_fields; the answers: _openapi_answers, _openapi_more)
 """
 
 from ._anthropic_fields import ANTHROPIC_BLOCKS as ANTHROPIC_BLOCKS
@@ -88,16 +91,24 @@ from ._json import dumps as dumps
 from ._json import json_string as json_string
 from ._json import sse as sse
 from ._openapi import openapi as openapi
+from ._openapi_more import CONTEXT_LENGTH_NAMES as CONTEXT_LENGTH_NAMES
+from ._prefixes import Prefix as Prefix
+from ._prefixes import prefixes_of as prefixes_of
 from ._probes import LIVEZ_PATH as LIVEZ_PATH
 from ._probes import PROBE_PATHS as PROBE_PATHS
 from ._probes import READYZ_PATH as READYZ_PATH
 from ._probes import NotReady as NotReady
 from ._probes import ProbeAnswer as ProbeAnswer
 from ._probes import answer_probe as answer_probe
+from ._rerank_fields import DOCUMENT as DOCUMENT
+from ._rerank_fields import DOCUMENT_TEXT as DOCUMENT_TEXT
+from ._responses_fields import RESPONSES_CUSTOM_TOOL as RESPONSES_CUSTOM_TOOL
 from ._responses_fields import RESPONSES_EFFORTS as RESPONSES_EFFORTS
 from ._responses_fields import RESPONSES_FORMAT as RESPONSES_FORMAT
 from ._responses_fields import RESPONSES_IMAGE_PART as RESPONSES_IMAGE_PART
+from ._responses_fields import RESPONSES_NAMESPACE_TOOL as RESPONSES_NAMESPACE_TOOL
 from ._responses_fields import RESPONSES_TOOL as RESPONSES_TOOL
+from ._responses_fields import RESPONSES_TOOL_TYPES as RESPONSES_TOOL_TYPES
 from ._routes import AUDIO_PARTS as AUDIO_PARTS
 from ._routes import CHAT_MODEL as CHAT_MODEL
 from ._routes import CHAT_PATH as CHAT_PATH
@@ -116,10 +127,15 @@ from ._routes import MODELS_LOAD_PATH as MODELS_LOAD_PATH
 from ._routes import MODELS_PATH as MODELS_PATH
 from ._routes import MODELS_UNLOAD_PATH as MODELS_UNLOAD_PATH
 from ._routes import OPENAPI_PATH as OPENAPI_PATH
+from ._routes import RERANK_ALIAS_PATH as RERANK_ALIAS_PATH
+from ._routes import RERANK_MODEL as RERANK_MODEL
+from ._routes import RERANK_PATH as RERANK_PATH
+from ._routes import RERANK_V2_PATH as RERANK_V2_PATH
 from ._routes import RESPONSES_INPUT_TOKENS_PATH as RESPONSES_INPUT_TOKENS_PATH
 from ._routes import RESPONSES_PATH as RESPONSES_PATH
 from ._routes import RING_PATHS as RING_PATHS
 from ._routes import ROUTES as ROUTES
+from ._routes import SCORE_PATH as SCORE_PATH
 from ._routes import TOKENIZE_PATH as TOKENIZE_PATH
 from ._routes import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS_PATH
 from ._routes import TRANSLATIONS_PATH as TRANSLATIONS_PATH
@@ -144,9 +160,12 @@ __all__ = [
     "CHAT_MODEL",
     "CHAT_PATH",
     "COMPLETIONS_PATH",
+    "CONTEXT_LENGTH_NAMES",
     "COUNT_TOKENS_PATH",
     "DEFAULT_MAX_BODY_BYTES",
     "DETOKENIZE_PATH",
+    "DOCUMENT",
+    "DOCUMENT_TEXT",
     "EMBEDDINGS_PATH",
     "EMBEDDING_MODEL",
     "ERRORS",
@@ -175,15 +194,23 @@ __all__ = [
     "ORIGIN_NOT_ALLOWED",
     "PROBE_PATHS",
     "READYZ_PATH",
+    "RERANK_ALIAS_PATH",
+    "RERANK_MODEL",
+    "RERANK_PATH",
+    "RERANK_V2_PATH",
+    "RESPONSES_CUSTOM_TOOL",
     "RESPONSES_EFFORTS",
     "RESPONSES_FORMAT",
     "RESPONSES_IMAGE_PART",
     "RESPONSES_INPUT_TOKENS_PATH",
+    "RESPONSES_NAMESPACE_TOOL",
     "RESPONSES_PATH",
     "RESPONSES_TOOL",
+    "RESPONSES_TOOL_TYPES",
     "RESPONSE_FORMAT_JSON_SCHEMA",
     "RING_PATHS",
     "ROUTES",
+    "SCORE_PATH",
     "SSE_DONE",
     "TEXT_PARTS",
     "TOKENIZE_PATH",
@@ -198,6 +225,7 @@ __all__ = [
     "Field",
     "Form",
     "NotReady",
+    "Prefix",
     "ProbeAnswer",
     "RequestLimits",
     "Route",
@@ -229,6 +257,7 @@ __all__ = [
     "no_worker",
     "not_found",
     "openapi",
+    "prefixes_of",
     "rate_limited",
     "read",
     "read_form",

@@ -145,7 +145,9 @@ _A_CONTENT: Schema = {
 #: the endpoint's to tell apart).
 ANTHROPIC_MESSAGE: Final = part("", "object", nullable=False, component="AnthropicMessage",
                                  properties=(
-    part("role", "string", required=True, enum=("user", "assistant")),
+    part("role", "string", required=True, enum=("user", "assistant", "system"),
+          description="``system``: a system message where it stands (a string or text "
+          "blocks); a template that takes one only first gets it folded into a user turn."),
     part("content", "custom", required=True, shape=fixed(_A_CONTENT)),
 ))  # fmt: skip
 #: A tool the model may call (``type`` ``custom`` or absent; server tools are left out).

@@ -8,7 +8,8 @@ its own body. The kinds of refusal, each a status, a ``type`` and a ``code``, ar
       400 invalid_request_error a body, field or message this server cannot use (``code`` says
                                 how: ``invalid_type``, ``missing_required_parameter``, ...)
       400 context_length_exceeded (code) the prompt does not fit a slot's context
-      400 model_not_supported (code) the model is of the other kind (chat / embedding)
+      400 model_not_supported (code) the model is of another kind (chat / embedding /
+                                rerank)
       401 invalid_api_key (code) a missing or wrong API key
       403 host_not_allowed / origin_not_allowed (code) a host or browser origin not served
       404 model_not_found (code) no worker serves the model named, and no default is set
@@ -35,7 +36,7 @@ metrics count, whatever the shape. :class:`ErrorFamily` renders both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -303,31 +304,59 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
+#: How the refusals below name a kind of model (the ring's kinds, as the route table's
+#: ``CHAT_MODEL``, ``EMBEDDING_MODEL`` and ``RERANK_MODEL`` name them): what it is, the routes
+#: it serves, and the work it serves. A kind of a newer worker that this ingress does not know
+#: is named by its name.
+_KIND_WORDS: Final = {
+    "chat": (
+        "a chat and completion model",
+        "/v1/chat/completions and /v1/completions",
+        "chat and completion",
+    ),
+    "embedding": ("an embedding model", "/v1/embeddings", "embedding"),
+    "rerank": (
+        "a reranking model",
+        "/v1/rerank, /rerank, /v2/rerank and /v1/score",
+        "reranking",
+    ),
+}
+
+
+def _kind_words(kind: str) -> tuple[str, str, str]:
+    return _KIND_WORDS.get(kind, (f"a model of kind '{kind}'", f"{kind} requests", kind))
+
+
 def missing_model(
-    served: Sequence[str], others: Sequence[str] = (), path: str = "", embeddings: bool = False
+    served: Sequence[str], others: Mapping[str, str] | None = None, path: str = ""
 ) -> ApiError:
     """400 ``missing_required_parameter``: the request names no model, and there is no
     single model (nor a default) to route it to; ``served`` are the models it may name,
-    ``others`` the models attached that serve only the other kind of endpoint than ``path``
-    (an ``embeddings`` route's others serve chat and completions)."""
+    ``others`` the models attached that serve other kinds of endpoint than ``path``, each
+    with its kind."""
+    others = others or {}
     if served:
         choices = "this server serves " + ", ".join(f"'{name}'" for name in served)
     elif others:
-        listed = ", ".join(f"'{name}'" for name in others)
-        what = "chat and completion" if embeddings else "embedding"
-        plural = "s" if len(others) > 1 else ""
-        choices = f"none serves {path}: {listed} serve{'' if plural else 's'} {what} only"
+        by_kind: dict[str, list[str]] = {}
+        for name, kind in others.items():
+            by_kind.setdefault(kind, []).append(name)
+        parts = []
+        for kind, names in by_kind.items():
+            listed = ", ".join(f"'{name}'" for name in names)
+            verb = "serve" if len(names) > 1 else "serves"
+            parts.append(f"{listed} {verb} {_kind_words(kind)[2]} only")
+        choices = f"none serves {path}: " + "; ".join(parts)
     else:
         choices = "none is attached now"
     return MISSING_PARAMETER.error(f"you must provide a model parameter ({choices})", param="model")
 
 
 def wrong_model_kind(model: str, kind: str, path: str) -> ApiError:
-    """400: ``model`` is of ``kind`` (``"chat"`` or ``"embedding"``) and cannot serve
-    ``path`` (an embedding model asked for a chat or a text completion, or a chat model
-    asked for embeddings)."""
-    serves = "/v1/embeddings" if kind == "embedding" else "/v1/chat/completions and /v1/completions"
-    what = "an embedding model" if kind == "embedding" else "a chat and completion model"
+    """400: ``model`` is of ``kind`` (``"chat"``, ``"embedding"`` or ``"rerank"``) and
+    cannot serve ``path`` (an embedding model asked for a chat or a text completion, a chat
+    model asked for embeddings, a reranking model asked for either)."""
+    what, serves, _ = _kind_words(kind)
     return MODEL_NOT_SUPPORTED.error(
         f"The model '{model}' is {what}: it serves {serves}, not {path}.", param="model"
     )

@@ -74,13 +74,14 @@ class RequestLimits:
     ``max_messages`` bounds ``messages`` (OpenAI's own bound is 2048), ``max_tokens`` what a
     request may ask to generate (``max_tokens``/``max_completion_tokens``; ``None``: only the
     context bounds it), ``max_stop`` the stop sequences (OpenAI's 4), ``max_stop_chars``
-    each one's length and ``max_embedding_inputs`` the inputs of one embeddings request
-    (OpenAI's 2048). ``default_max_tokens`` is what a request that names no output limit
-    generates at most, on every route (``None``: until the end of generation or of the
-    context). ``max_image_pixels`` bounds an image's width times height, read from its
-    header before anything is decoded (2**25: about 33 megapixels). ``max_audio_seconds``
-    bounds an audio file's length, read from its header before anything is decoded (600:
-    ten minutes).
+    each one's length, ``max_embedding_inputs`` the inputs of one embeddings request
+    (OpenAI's 2048) and ``max_rerank_documents`` the documents of one reranking request (or
+    the pairs of one ``/v1/score``; Cohere's limit is 1000). ``default_max_tokens`` is what
+    a request that names no output limit generates at most, on every route (``None``: until
+    the end of generation or of the context). ``max_image_pixels`` bounds an image's width
+    times height, read from its header before anything is decoded (2**25: about 33
+    megapixels). ``max_audio_seconds`` bounds an audio file's length, read from its header
+    before anything is decoded (600: ten minutes).
 
     ``allowed_media_domains`` are the hosts whose ``http(s)`` image URLs are fetched (none:
     remote URLs are refused): exact host names or IP addresses, ``*.example.com`` for its
@@ -97,6 +98,7 @@ class RequestLimits:
     max_stop: int = 4
     max_stop_chars: int = 256
     max_embedding_inputs: int = 2048
+    max_rerank_documents: int = 1000
     default_max_tokens: int | None = None
     max_image_pixels: int = 2**25
     max_audio_seconds: float = 600.0
@@ -106,7 +108,8 @@ class RequestLimits:
 
     def __attrs_post_init__(self) -> None:
         names = ("max_messages", "max_tokens", "max_stop", "max_stop_chars", "default_max_tokens")
-        for name in (*names, "max_embedding_inputs", "max_image_pixels", "max_media_fetch_bytes"):
+        counts = ("max_embedding_inputs", "max_rerank_documents", "max_image_pixels")
+        for name in (*names, *counts, "max_media_fetch_bytes"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")

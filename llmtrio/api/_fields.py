@@ -45,6 +45,7 @@ from ._field_spec import (
     part,
 )
 from ._forms import Form, form_field, is_form
+from ._rerank_fields import RERANK_FIELDS, rerank_components
 from ._responses_fields import RESPONSES_FIELDS, responses_components
 from ._routes import (
     Body,
@@ -84,16 +85,17 @@ _KEEP_ALIVE = custom(
 )  # fmt: skip
 
 #: Every endpoint's fields: OpenAI's chat, completions and embeddings, the Responses API,
-#: Anthropic's Messages API, then llama.cpp's router and tokenizer endpoints.
+#: Anthropic's Messages API, reranking, then llama.cpp's router and tokenizer endpoints.
 FIELDS: Final[tuple[Field, ...]] = (
     *CHAT_FIELDS,
     *RESPONSES_FIELDS,
     *ANTHROPIC_FIELDS,
+    *RERANK_FIELDS,
     *AUDIO_FIELDS,
     Field("model", "string", frozenset({Body.MODELS}), required=True,
           description="A catalog model's name (never a path or a repository)."),
     Field("model", "string", frozenset({Body.TOKENIZE, Body.DETOKENIZE}),
-          "Whose tokenizer: any model served, a chat or an embedding model."),
+          "Whose tokenizer: any model served, of any kind."),
     custom("content", _TOKENIZE_CONTENT, Body.TOKENIZE, required=True,
             description="A text, or an array of texts and token ids (the ids kept as they "
             "are)."),
@@ -117,6 +119,7 @@ def component_schemas(limits: RequestLimits) -> dict[str, Schema]:
         **chat_components(limits),
         **responses_components(limits),
         **anthropic_components(limits),
+        **rerank_components(limits),
         **audio_components(limits),
     }
 

@@ -116,6 +116,9 @@ _REQUESTS = {
     Body.DETOKENIZE: "DetokenizeRequest",
     Body.TRANSCRIPTIONS: "CreateTranscriptionRequest",
     Body.TRANSLATIONS: "CreateTranslationRequest",
+    Body.RERANK: "RerankRequest",
+    Body.RERANK_V2: "CohereRerankRequest",
+    Body.SCORE: "ScoreRequest",
 }
 
 
@@ -161,8 +164,9 @@ def openapi(limits: RequestLimits | None = None) -> dict[str, Any]:
             "title": "llmtrio",
             "version": __version__,
             "description": (
-                "OpenAI-compatible chat and text completions and embeddings, and "
-                "Anthropic's Messages API (``/v1/messages``, errors in Anthropic's shape), "
+                "OpenAI-compatible chat and text completions and embeddings, "
+                "Anthropic's Messages API (``/v1/messages``, errors in Anthropic's shape), and "
+                "reranking in Jina's, Cohere's and vLLM's shapes, "
                 "served by llama.cpp workers through an upload-response ring. An API key, when the "
                 "server is started with one (``--api-key``), goes in ``Authorization: Bearer`` or "
                 "``X-Api-Key``; without one, no key is needed."

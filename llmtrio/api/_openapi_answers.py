@@ -10,9 +10,12 @@ from typing import Any
 from ._field_spec import nullable, ref
 from ._openapi_more import (
     ANTHROPIC_ERROR,
+    CONTEXT_LENGTHS,
     DETOKENIZED,
     MESSAGE_EVENT,
     MESSAGE_OBJECT,
+    RERANK_ANSWERS,
+    RERANK_SCHEMAS,
     TOKEN_LIST,
     TRANSCRIPTION,
     TRANSCRIPTION_ANSWER,
@@ -171,8 +174,9 @@ _SCHEMAS: dict[str, Any] = {
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
             "kind": {
-                "enum": ["chat", "embedding"],
-                "description": "``chat``: chat and text completions; ``embedding``: embeddings.",
+                "enum": ["chat", "embedding", "rerank"],
+                "description": "``chat``: chat and text completions; ``embedding``: embeddings; "
+                "``rerank``: reranking and scores.",
             },
             "input_modalities": {
                 "type": "array",
@@ -192,6 +196,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Loaded on some worker, else loading, else unloaded (loaded "
                 "on its first request).",
             },
+            **CONTEXT_LENGTHS,
             "bytes": {
                 "type": "integer",
                 "minimum": 1,
@@ -463,6 +468,7 @@ _ANSWERS: dict[str, dict[str, Any]] = {
     "unloadModel": {"200": _json_answer("The model is unloading or unloaded.", ref("ModelState"))},
     "tokenize": {"200": _json_answer("The token ids (with their pieces).", ref("TokenList"))},
     "detokenize": {"200": _json_answer("The tokens' text.", ref("Detokenized"))},
+    **RERANK_ANSWERS,
     "createTranscription": {"200": TRANSCRIPTION_ANSWER},
     "createTranslation": {"200": TRANSCRIPTION_ANSWER},
 }
@@ -480,6 +486,7 @@ def response_schemas() -> dict[str, Any]:
             "Response": _RESPONSE_OBJECT,
             "TokenList": TOKEN_LIST,
             "Detokenized": DETOKENIZED,
+            **RERANK_SCHEMAS,
             "Transcription": TRANSCRIPTION,
             "TranscriptionVerbose": TRANSCRIPTION_VERBOSE,
         }

@@ -1,6 +1,8 @@
 """What the routes beyond OpenAI's answer, for ``/openapi.json``: Anthropic's Messages API (a
 message, its stream's events, Anthropic's error shape), llama.cpp's ``/tokenize`` and
-``/detokenize``, and OpenAI's audio transcriptions and translations. Pure data."""
+``/detokenize``, OpenAI's audio transcriptions and translations, reranking (Jina's,
+Cohere's and vLLM's answers), and the names a model's context length goes under in
+``/v1/models``. Pure data."""
 
 from __future__ import annotations
 
@@ -11,14 +13,34 @@ from ._field_spec import nullable
 
 __all__ = [
     "ANTHROPIC_ERROR",
+    "CONTEXT_LENGTHS",
+    "CONTEXT_LENGTH_NAMES",
     "DETOKENIZED",
     "MESSAGE_EVENT",
     "MESSAGE_OBJECT",
+    "RERANK_ANSWERS",
+    "RERANK_SCHEMAS",
     "TOKEN_LIST",
     "TRANSCRIPTION",
     "TRANSCRIPTION_ANSWER",
     "TRANSCRIPTION_VERBOSE",
 ]
+
+#: The names ``/v1/models`` gives a model's context length under, those clients read:
+#: llama.cpp's and OpenRouter's ``context_length``, vLLM's ``max_model_len``, LM Studio's
+#: ``max_context_length``.
+CONTEXT_LENGTH_NAMES = ("context_length", "max_model_len", "max_context_length")
+#: A model's context length in ``/v1/models``, under each of ``CONTEXT_LENGTH_NAMES``.
+CONTEXT_LENGTHS: dict[str, Any] = {
+    name: {
+        "type": "integer",
+        "minimum": 1,
+        "description": "The most tokens one request may use, prompt and output (the least its "
+        "workers take), under each name clients read: ``context_length``, vLLM's "
+        "``max_model_len``, LM Studio's ``max_context_length`` (absent: not stated).",
+    }
+    for name in CONTEXT_LENGTH_NAMES
+}
 
 ANTHROPIC_USAGE = {
     "type": "object",
@@ -151,6 +173,117 @@ DETOKENIZED: dict[str, Any] = {
     "properties": {"content": {"type": "string"}},
 }
 
+_USAGE = {
+    "type": "object",
+    "required": ["prompt_tokens", "total_tokens"],
+    "properties": {
+        "prompt_tokens": {"type": "integer", "minimum": 0},
+        "total_tokens": {"type": "integer", "minimum": 0},
+        "completion_tokens": {"type": "integer", "minimum": 0},
+    },
+}
+_SCORE = {
+    "type": "number",
+    "description": "The model's score of the pair: an encoder's logit, or a decoder's "
+    "probability of its first label (``yes``), as llama.cpp's server gives it.",
+}
+_RESULTS = {
+    "type": "array",
+    "description": "Best first (ties by index), at most ``top_n``.",
+    "items": {
+        "type": "object",
+        "required": ["index", "relevance_score"],
+        "properties": {
+            "index": {"type": "integer", "minimum": 0, "description": "The document's index."},
+            "relevance_score": _SCORE,
+            "document": {
+                "type": "object",
+                "required": ["text"],
+                "properties": {"text": {"type": "string"}},
+                "description": "With ``return_documents`` (default true).",
+            },
+        },
+    },
+}
+#: The reranking answers' schemas, by component name.
+RERANK_SCHEMAS: dict[str, Any] = {
+    "RerankList": {
+        "type": "object",
+        "required": ["id", "object", "model", "usage", "results"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "list"},
+            "model": {"type": "string"},
+            "usage": _USAGE,
+            "results": _RESULTS,
+        },
+    },
+    "CohereRerank": {
+        "type": "object",
+        "required": ["id", "results", "meta"],
+        "properties": {
+            "id": {"type": "string"},
+            "results": _RESULTS,
+            "meta": {
+                "type": "object",
+                "properties": {
+                    "api_version": {
+                        "type": "object",
+                        "properties": {"version": {"const": "2"}},
+                    },
+                    "tokens": {
+                        "type": "object",
+                        "properties": {
+                            "input_tokens": {"type": "integer", "minimum": 0},
+                            "output_tokens": {"type": "integer", "minimum": 0},
+                        },
+                    },
+                },
+            },
+        },
+    },
+    "ScoreList": {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "data", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "list"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "data": {
+                "type": "array",
+                "description": "One score a pair, in the pairs' order.",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "object", "score"],
+                    "properties": {
+                        "index": {"type": "integer", "minimum": 0},
+                        "object": {"const": "score"},
+                        "score": _SCORE,
+                    },
+                },
+            },
+            "usage": _USAGE,
+        },
+    },
+}
+
+
+def _answer(description: str, name: str) -> dict[str, Any]:
+    schema = {"$ref": f"#/components/schemas/{name}"}
+    return {
+        "200": {"description": description, "content": {"application/json": {"schema": schema}}}
+    }
+
+
+_RANKED = "The documents' scores, best first."
+#: What each reranking operation answers, by its operation id (the errors aside).
+RERANK_ANSWERS: dict[str, dict[str, Any]] = {
+    "rerank": _answer(_RANKED, "RerankList"),
+    "rerankUnversioned": _answer(_RANKED, "RerankList"),
+    "rerankV2": _answer(_RANKED, "CohereRerank"),
+    "score": _answer("Each pair's score, in the pairs' order.", "ScoreList"),
+}
 
 _TOKEN_COUNT = {"type": "integer", "minimum": 0}
 #: A transcript's usage, as OpenAI counts a ``gpt-4o-transcribe`` one: tokens, the audio's

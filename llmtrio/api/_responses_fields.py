@@ -23,11 +23,14 @@ from ._field_spec import (
 from ._routes import IMAGE_PARTS, Body
 
 __all__ = [
+    "RESPONSES_CUSTOM_TOOL",
     "RESPONSES_EFFORTS",
     "RESPONSES_FIELDS",
     "RESPONSES_FORMAT",
     "RESPONSES_IMAGE_PART",
+    "RESPONSES_NAMESPACE_TOOL",
     "RESPONSES_TOOL",
+    "RESPONSES_TOOL_TYPES",
     "responses_components",
 ]
 
@@ -45,6 +48,34 @@ RESPONSES_TOOL: Final = part("", "object", nullable=False, component="ResponsesF
     part("parameters", "object", "The arguments' JSON Schema; none (or {}) takes none."),
     part("strict", "any", "true: a keyword the grammar cannot enforce is refused; else it "
                           "is relaxed."),
+))  # fmt: skip
+#: A ``custom`` tool: its input is text, free or held to a grammar (``format``).
+RESPONSES_CUSTOM_TOOL: Final = part("", "object", nullable=False,
+                                     component="ResponsesCustomTool", properties=(
+    part("type", "string", required=True, enum=("custom",)),
+    part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
+    part("description", "string", falsy_is_null=True),
+    part("format", "object", "``{\"type\": \"text\"}`` (the default: any text) or "
+         "``{\"type\": \"grammar\", \"syntax\": \"lark\" | \"regex\", \"definition\"}``: "
+         "a grammar the engine cannot translate leaves the text free, with a warning.",
+         properties=(
+        part("type", "string", required=True, enum=("text", "grammar")),
+        part("syntax", "string", enum=("lark", "regex")),
+        part("definition", "string"),
+    )),
+))  # fmt: skip
+#: A ``namespace`` tool: function and custom tools under one name; the model sees each as a
+#: tool named ``namespace.name``, and its calls carry their ``namespace``.
+RESPONSES_NAMESPACE_TOOL: Final = part("", "object", nullable=False,
+                                        component="ResponsesNamespaceTool", properties=(
+    part("type", "string", required=True, enum=("namespace",)),
+    part("name", "string", nullable=False, min_length=1, expected="a non-empty string"),
+    part("description", "string", falsy_is_null=True),
+    part("tools", "array", required=True, description="``function`` and ``custom`` tools; "
+         "others are left out of what the model is offered.",
+         items=part("", "object", nullable=False, properties=(
+             part("type", "string", required=True),
+         ))),
 ))  # fmt: skip
 #: ``text.format``: ``json_schema`` is flat (``name``, ``schema``, ``strict`` beside ``type``).
 RESPONSES_FORMAT: Final = part("format", "object", component="ResponsesTextFormat",
@@ -91,8 +122,8 @@ _RESPONSES_INPUT: Schema = {
     "description": "A text (the user's message), or input items: messages (``role`` user, "
     "system, developer or assistant; ``content`` a string or ``input_text``/``output_text`` "
     "parts, and a user message's ``input_image`` and ``input_audio`` parts), "
-    "``function_call`` and "
-    "``function_call_output`` items, ``reasoning`` items.",
+    "``function_call`` and ``function_call_output`` items, ``custom_tool_call`` and "
+    "``custom_tool_call_output`` items, ``reasoning`` items.",
     "anyOf": [
         {"type": "string"},
         {
@@ -120,14 +151,26 @@ _RESPONSES_INPUT: Schema = {
                             "type": {"const": "function_call"},
                             "call_id": {"type": "string"},
                             "name": {"type": "string", "minLength": 1},
+                            "namespace": {"type": "string"},
                             "arguments": {"type": "string"},
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["type", "call_id", "name", "input"],
+                        "properties": {
+                            "type": {"const": "custom_tool_call"},
+                            "call_id": {"type": "string"},
+                            "name": {"type": "string", "minLength": 1},
+                            "namespace": {"type": "string"},
+                            "input": {"type": "string"},
                         },
                     },
                     {
                         "type": "object",
                         "required": ["type", "call_id", "output"],
                         "properties": {
-                            "type": {"const": "function_call_output"},
+                            "type": {"enum": ["function_call_output", "custom_tool_call_output"]},
                             "call_id": {"type": "string"},
                             "output": {
                                 "anyOf": [
@@ -147,14 +190,18 @@ _RESPONSES_INPUT: Schema = {
         },
     ],
 }
+#: The tool types the model is offered (the others are left out).
+RESPONSES_TOOL_TYPES: Final = ("function", "custom", "namespace")
 _RESPONSES_TOOLS: Schema = {
     "anyOf": [
         ref("ResponsesFunctionTool"),
+        ref("ResponsesCustomTool"),
+        ref("ResponsesNamespaceTool"),
         {
             "type": "object",
             "description": "A tool of another type: left out of what the model is offered.",
             "required": ["type"],
-            "properties": {"type": {"type": "string", "not": {"const": "function"}}},
+            "properties": {"type": {"type": "string", "not": {"enum": list(RESPONSES_TOOL_TYPES)}}},
         },
     ]
 }
@@ -163,8 +210,14 @@ _RESPONSES_TOOL_CHOICE: Schema = {
         {"enum": ["none", "auto", "required"]},
         {
             "type": "object",
+            "description": "A tool the reply must call: a function (a namespace's as "
+            "``namespace.name``, or with its ``namespace``) or a custom tool.",
             "required": ["type", "name"],
-            "properties": {"type": {"const": "function"}, "name": {"type": "string"}},
+            "properties": {
+                "type": {"enum": ["function", "custom"]},
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+            },
         },
     ]
 }
@@ -176,6 +229,8 @@ def responses_components(limits: RequestLimits) -> dict[str, Schema]:
     """The Responses API's schemas that the request schemas refer to."""
     return {
         "ResponsesFunctionTool": RESPONSES_TOOL.body(limits),
+        "ResponsesCustomTool": RESPONSES_CUSTOM_TOOL.body(limits),
+        "ResponsesNamespaceTool": RESPONSES_NAMESPACE_TOOL.body(limits),
         "ResponsesTextFormat": RESPONSES_FORMAT.body(limits),
         "ResponsesInputImage": RESPONSES_IMAGE_PART.body(limits),
     }
@@ -199,8 +254,9 @@ RESPONSES_FIELDS: Final[tuple[Field, ...]] = (
     ignored("stream_options", "object", Body.RESPONSES),
     Field("tools", "array", _RESPONSES,
           items=part("", "custom", nullable=False, shape=fixed(_RESPONSES_TOOLS)),
-          description="``function`` tools; tools of other types (``web_search``, "
-          "``file_search``, ...) are left out of what the model is offered."),
+          description="``function`` and ``custom`` tools, and ``namespace`` tools (the "
+          "model sees each of theirs as ``namespace.name``); tools of other types "
+          "(``web_search``, ``file_search``, ...) are left out of what the model is offered."),
     custom("tool_choice", _RESPONSES_TOOL_CHOICE, Body.RESPONSES),
     Field("parallel_tool_calls", "boolean", _RESPONSES),
     Field("max_tool_calls", "integer", _RESPONSES,

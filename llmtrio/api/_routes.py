@@ -40,10 +40,15 @@ __all__ = [
     "MODELS_UNLOAD_PATH",
     "MODEL_KINDS",
     "OPENAPI_PATH",
+    "RERANK_ALIAS_PATH",
+    "RERANK_MODEL",
+    "RERANK_PATH",
+    "RERANK_V2_PATH",
     "RESPONSES_INPUT_TOKENS_PATH",
     "RESPONSES_PATH",
     "RING_PATHS",
     "ROUTES",
+    "SCORE_PATH",
     "TOKENIZE_PATH",
     "TRANSCRIPTIONS_PATH",
     "TRANSLATIONS_PATH",
@@ -64,6 +69,12 @@ MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 TRANSLATIONS_PATH = "/v1/audio/translations"
+#: Reranking: Jina's and llama.cpp's shape (also llama.cpp's unversioned path), Cohere's v2,
+#: and vLLM's scores of text pairs.
+RERANK_PATH = "/v1/rerank"
+RERANK_ALIAS_PATH = "/rerank"
+RERANK_V2_PATH = "/v2/rerank"
+SCORE_PATH = "/v1/score"
 
 
 class Body(enum.StrEnum):
@@ -87,11 +98,16 @@ class Body(enum.StrEnum):
     #: OpenAI's audio transcriptions and translations (a ``multipart/form-data`` body).
     TRANSCRIPTIONS = "transcriptions"
     TRANSLATIONS = "translations"
+    #: Reranking's three bodies: Jina's (and llama.cpp's), Cohere's v2, vLLM's ``/v1/score``.
+    RERANK = "rerank"
+    RERANK_V2 = "rerank_v2"
+    SCORE = "score"
 
 
 #: The kinds of model a route needs (the ring's model kinds: ``llmtrio.ring.KINDS``).
 CHAT_MODEL: Final = "chat"
 EMBEDDING_MODEL: Final = "embedding"
+RERANK_MODEL: Final = "rerank"
 
 #: llama.cpp's router names: load or unload a catalog model, by name only.
 MODELS_LOAD_PATH = "/models/load"
@@ -155,6 +171,18 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("POST", DETOKENIZE_PATH, "detokenize",
           "Token ids to the model's text (llama.cpp server's /detokenize).", Body.DETOKENIZE,
           model_kind=None),
+    Route("POST", RERANK_PATH, "rerank",
+          "Rank documents by their relevance to a query (Jina's and llama.cpp's shape; a "
+          "reranking model).", Body.RERANK, model_kind=RERANK_MODEL),
+    Route("POST", RERANK_ALIAS_PATH, "rerankUnversioned",
+          "The same as /v1/rerank (llama.cpp server's path).", Body.RERANK,
+          model_kind=RERANK_MODEL),
+    Route("POST", RERANK_V2_PATH, "rerankV2",
+          "Rank documents by their relevance to a query (Cohere's v2 shape; a reranking "
+          "model).", Body.RERANK_V2, model_kind=RERANK_MODEL),
+    Route("POST", SCORE_PATH, "score",
+          "Score text pairs, one to one or one to many (vLLM's shape; a reranking model).",
+          Body.SCORE, model_kind=RERANK_MODEL),
     Route("GET", MODELS_PATH, "listModels", "The models the attached workers serve.", open=True),
     Route("GET", HEALTH_PATH, "health", "Whether this ingress can serve, for load balancers.",
           open=True),

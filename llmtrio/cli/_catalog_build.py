@@ -83,6 +83,7 @@ ENGINE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "prefill_chunk": ("prefill_chunk", _int),
     "prompt_cache": ("prompt_cache", _bool),
     "cache_ram": ("cache_ram_mib", _int),
+    "cache_disk": ("cache_disk_mib", _int),
     "spec": ("spec", _spec),
     "spec_draft_max": ("spec_draft_max", _int),
     "cache_type_k": ("cache_type_k", _str),
@@ -93,7 +94,15 @@ ENGINE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "mmap": ("mmap", _bool),
 }
 #: The keys that are not the engine's settings.
-OWN_KEYS = ("source", "keep_alive", "load", "aliases", "projector", "chat_template_file")
+OWN_KEYS = (
+    "source",
+    "keep_alive",
+    "load",
+    "aliases",
+    "projector",
+    "chat_template_file",
+    "cache_dir",
+)
 
 
 def _where(file: Path, name: str | None, key: str | None = None) -> str:
@@ -152,7 +161,7 @@ def _model_entry(
                 if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
                     raise TypeError("a list of names")
                 own[key] = tuple(value)
-            elif key in ("source", "projector", "chat_template_file"):
+            elif key in ("source", "projector", "chat_template_file", "cache_dir"):
                 own[key] = _str(value)
             else:
                 known = ", ".join([*ENGINE_KEYS, *OWN_KEYS])
@@ -166,6 +175,9 @@ def _model_entry(
     fields.update(source)
     if "projector" in own:
         projector = _existing(file, name, "projector", own["projector"])
+    if "cache_dir" in own:  # made when the model loads: it need not exist yet
+        cache_dir = Path(own["cache_dir"]).expanduser()
+        fields["cache_dir"] = cache_dir if cache_dir.is_absolute() else file.parent / cache_dir
     if "chat_template_file" in own:
         template = _existing(file, name, "chat_template_file", own["chat_template_file"])
         try:

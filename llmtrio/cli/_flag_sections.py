@@ -73,6 +73,24 @@ ENGINE = section(
         type=mib,
         metavar="MiB",
     ),
+    flag(
+        "--cache-dir",
+        "EngineConfig.cache_dir",
+        "keep prompt snapshots on disk in DIR (a folder per model): what --cache-ram evicts, "
+        "and what memory holds when a model unloads or the server drains, is written there "
+        "and restored after an unload, a restart, or by another worker sharing DIR "
+        "(default: none)",
+        type=Path,
+        metavar="DIR",
+    ),
+    flag(
+        "--cache-disk",
+        "EngineConfig.cache_disk_mib",
+        "the most each model's snapshots in --cache-dir take, least recently used removed "
+        "first (default %(default)s)",
+        type=mib,
+        metavar="MiB",
+    ),
     OneOf(
         (
             flag(
@@ -307,6 +325,12 @@ LIMITS = section(
         "--max-embedding-inputs",
         "RequestLimits.max_embedding_inputs",
         "inputs per embeddings request (default %(default)s)",
+        type=int,
+    ),
+    flag(
+        "--max-rerank-documents",
+        "RequestLimits.max_rerank_documents",
+        "documents per reranking request, or pairs per /v1/score (default %(default)s)",
         type=int,
     ),
     flag(

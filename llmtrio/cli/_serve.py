@@ -101,6 +101,7 @@ async def serve(
                     models=[engine.model_name],
                     kinds=[engine.kind],
                     vision=[engine.model_name] if engine.takes_images else [],
+                    contexts=[engine.context_length],
                     audio=[engine.model_name] if engine.takes_audio else [],
                 ) as link:
                     await serve_link(
@@ -154,6 +155,7 @@ async def _start_hosted(
             max(model.config.max_inflight, LOAD_WAITERS),
             models=model.names,
             kinds=[model.kind] * len(model.names),
+            contexts=[model.context_length] * len(model.names),
         ) as link:
             await serve_link(
                 OnDemand(host, model.name),

@@ -113,6 +113,7 @@ async def run_worker(
                                 kinds=[engine.kind],
                                 config=dial,
                                 vision=[engine.model_name] if engine.takes_images else [],
+                                contexts=[engine.context_length],
                                 audio=[engine.model_name] if engine.takes_audio else [],
                             )
                         )
@@ -136,6 +137,7 @@ async def run_worker(
                                 max_inflight=max(model.config.max_inflight, LOAD_WAITERS),
                                 models=model.names,
                                 kinds=[model.kind] * len(model.names),
+                                contexts=[model.context_length] * len(model.names),
                                 config=dial,
                             )
                         )

@@ -7,6 +7,10 @@ async with Engine.open(EngineConfig(model=path, max_inflight=8)) as engine:
 
 async with EmbeddingEngine.open(EngineConfig(model=minilm)) as engine:
     vectors = (await engine.embed(["a text", "another"])).vectors   # L2-normalized rows
+
+async with RerankEngine.open(EngineConfig(model=cross_encoder)) as engine:
+    pair = engine.pair("a query", "a document")
+    score = (await engine.score_tokens([pair.tokens])).scores[0]
 """
 
 from ._audio import AUDIO_FORMATS as AUDIO_FORMATS
@@ -54,6 +58,9 @@ from ._types import ToolCall as ToolCall
 from .embed import EMBEDDING_SEQUENCES as EMBEDDING_SEQUENCES
 from .embed import EmbeddingEngine as EmbeddingEngine
 from .embed import Embeddings as Embeddings
+from .embed import Pair as Pair
+from .embed import RerankEngine as RerankEngine
+from .embed import Scores as Scores
 from .generate import Engine as Engine
 from .generate import Generation as Generation
 from .grammar import JSON_OBJECT_GRAMMAR as JSON_OBJECT_GRAMMAR
@@ -109,10 +116,13 @@ __all__ = [
     "InvalidRequestError",
     "Media",
     "ModelLoadError",
+    "Pair",
     "PromptTooLongError",
     "RequestError",
+    "RerankEngine",
     "ResolvedModel",
     "Sampling",
+    "Scores",
     "StopReason",
     "TextFormat",
     "Timings",

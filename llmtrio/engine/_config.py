@@ -62,6 +62,13 @@ class EngineConfig:
     full size (llama.cpp's ``swa_full``, its default for a context; llama-server's
     ``--swa-full``), so a sequence's memory can be cut back to any position.
 
+    ``cache_dir``: a folder where the prompt cache's snapshots outlive the process (its
+    model's own folder in it): a snapshot evicted from ``cache_ram_mib``, and what the slots
+    and snapshots hold when the engine closes (a model unloaded, a server drained), are
+    written there, and a prompt whose prefix is found there (after a restart, an unload, or
+    written by another process sharing the folder) is restored instead of computed.
+    ``cache_disk_mib`` bounds the files (least recently used removed first). ``None``: off.
+
     ``chat_template``: a Jinja chat template used instead of the model's own (llama-server's
     ``--chat-template-file``).
 
@@ -116,6 +123,8 @@ class EngineConfig:
     model_name: str | None = None
     prompt_cache: bool = True
     cache_ram_mib: int = 1024
+    cache_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    cache_disk_mib: int = 8192
     chat_template: str | None = None
     #: On by default: the budget drafts only where the measured step costs say drafts pay,
     #: and free chat ran no slower with it at 1 and 8 streams (PERFORMANCE.md, "Speculative
@@ -150,6 +159,8 @@ class EngineConfig:
             raise ValueError("threads must be at least 1")
         if self.cache_ram_mib < 0:
             raise ValueError("cache_ram_mib must be 0 or more")
+        if self.cache_disk_mib < 1:
+            raise ValueError("cache_disk_mib must be at least 1")
         if self.spec not in SPEC_KINDS:
             kinds = ", ".join(repr(k) for k in SPEC_KINDS)
             raise ValueError(f"spec must be one of {kinds}, not {self.spec!r}")

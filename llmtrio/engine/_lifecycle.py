@@ -35,7 +35,8 @@ logger = logging.getLogger("llmtrio.engine")
 class DecodeLoop:
     """An engine's decode thread. A subclass writes ``_loop`` (the thread's body: it waits on
     ``_cond`` until there is work or ``_closing`` is set, and returns once it is) and may
-    write ``_after_loop`` (the Trio side, once the thread has stopped, however).
+    write ``_after_loop`` (the Trio side, once the thread has stopped, however) and ``_aside``
+    (a task beside the thread: ready before it starts, awaited once it has stopped).
 
     ``_closed`` is set once the engine takes no more work (closing, or the loop gone);
     ``_closing`` (under ``_cond``) asks the loop to stop.
@@ -104,6 +105,7 @@ class DecodeLoop:
         """
         error: BaseException | None = None
         async with trio.open_nursery() as nursery:
+            await nursery.start(self._aside)
             await nursery.start(self._run_loop)
             try:
                 yield
@@ -130,6 +132,11 @@ class DecodeLoop:
 
     def _loop(self) -> None:
         raise NotImplementedError
+
+    async def _aside(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """A task beside the decode thread, started before it (``started``: ready) and
+        awaited after it stops (the decode thread's work that must not wait in it)."""
+        task_status.started()
 
     def _after_loop(self) -> None:
         """The Trio side, once the decode thread has stopped (normally or not)."""

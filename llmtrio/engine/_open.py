@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from ._config import EngineConfig
-from .embed import EmbeddingEngine
+from .embed import EmbeddingEngine, RerankEngine
 from .generate import Engine
 from .models import model_kind_of, resolve_model
 
@@ -18,14 +18,19 @@ __all__ = ["open_engine"]
 @asynccontextmanager
 async def open_engine(config: EngineConfig) -> AsyncIterator[Engine | EmbeddingEngine]:
     """The engine ``config``'s model needs, opened: an :class:`EmbeddingEngine` for a model
-    whose GGUF names a sentence pooling, an :class:`Engine` for any other (``.kind`` says
+    whose GGUF names a sentence pooling, a :class:`RerankEngine` (an embedding engine too)
+    for one that names rank pooling, an :class:`Engine` for any other (``.kind`` says
     which).
 
     Error handling and resource handling: as the engine's ``open``."""
     resolved = await trio.to_thread.run_sync(resolve_model, config, abandon_on_cancel=True)
-    if await trio.to_thread.run_sync(model_kind_of, resolved.path) == "embedding":
+    kind = await trio.to_thread.run_sync(model_kind_of, resolved.path)
+    if kind == "embedding":
         async with EmbeddingEngine.open(config) as embedding:
             yield embedding
+    elif kind == "rerank":
+        async with RerankEngine.open(config) as rerank:
+            yield rerank
     else:
         async with Engine.open(config) as engine:
             yield engine

@@ -24,6 +24,14 @@ class EngineStats:
     ``prompt_cache_entries`` snapshots now; ``prompt_cache_snapshots`` were taken and
     ``prompt_cache_evictions`` evicted (least recently used first) since the start.
 
+    The prompt cache on disk (``cache_dir``): ``disk_hits`` sequences restored their prefix
+    from a file (``disk_restored_tokens`` tokens in all, in ``disk_restore_s`` seconds of
+    reading and restoring); ``disk_misses`` prompts were looked up there for more than memory
+    held and found nothing; ``disk_writes`` files of ``disk_written_bytes`` were written (and
+    ``disk_dropped`` snapshots not, the writer being too far behind); ``disk_bytes`` in
+    ``disk_entries`` files are kept now; ``disk_evictions`` files were removed for the budget
+    and ``disk_refused`` refused (corrupt, truncated, another model's or build's).
+
     Speculative decoding: ``spec_draft_tokens`` draft tokens were verified, of which
     ``spec_accepted_tokens`` were right (and emitted without a step of their own);
     ``spec_steps`` sequence-steps carried drafts; ``spec_held_steps`` steps ran without
@@ -61,6 +69,17 @@ class EngineStats:
     prompt_cache_entries: int = 0
     prompt_cache_snapshots: int = 0
     prompt_cache_evictions: int = 0
+    disk_hits: int = 0
+    disk_misses: int = 0
+    disk_restored_tokens: int = 0
+    disk_restore_s: float = 0.0
+    disk_writes: int = 0
+    disk_written_bytes: int = 0
+    disk_dropped: int = 0
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    disk_evictions: int = 0
+    disk_refused: int = 0
     tokens_predicted: int = 0
     busy_slots: int = 0
     running: int = 0

@@ -37,6 +37,7 @@ from ._messages import CHAT_MODEL as CHAT_MODEL
 from ._messages import EMBEDDING_MODEL as EMBEDDING_MODEL
 from ._messages import KINDS as KINDS
 from ._messages import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._messages import RERANK_MODEL as RERANK_MODEL
 from ._messages import Assign as Assign
 from ._messages import Attach as Attach
 from ._messages import Cancel as Cancel
@@ -85,6 +86,7 @@ __all__ = [
     "KINDS",
     "MAX_FRAME_SIZE",
     "PROTOCOL_VERSION",
+    "RERANK_MODEL",
     "SESSION_TRANSITIONS",
     "TRANSITIONS",
     "WORKER_HEADER",

@@ -186,6 +186,7 @@ async def _serve_worker(
         models=attach.models,
         kinds=attach.kinds,
         vision=attach.vision,
+        contexts=attach.contexts,
         audio=attach.audio,
         relay=session.relay,
     ) as link:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeAlias
 
 import attrs
@@ -76,6 +76,8 @@ class _Stream:
     head: RequestHead
     body: bytes
     key: str = ""  # the routing key (the request's model); "" for any worker
+    #: What its prompt begins with: (digest, size) links of a chain (prefix affinity).
+    prefixes: tuple[tuple[str, int], ...] = ()
     state: StreamState = StreamState.PARKED
     worker_id: str | None = None
     assignments: int = 0
@@ -116,6 +118,16 @@ class RingCore:
     load a model is not asked again while another could (its own back-off answers those it
     is asked again).
 
+    Prefix affinity: a stream may be parked with what its prompt begins with (a chain of
+    digests, each with the size it covers), and a worker's heartbeat may state the digests of
+    the prefixes it holds. When a stream is offered and several claimants may take it, the one
+    holding the longest of its prefixes goes first, among the claimants holding no more than
+    ``affinity_slack`` of the model's streams beyond the least busy one (the others after
+    them), then round-robin as without. Only who takes a stream offered now changes: a claim
+    still takes the oldest stream parked, and a stream still goes to a claimant at once, so
+    nothing waits for the worker holding its prefix and no claimant is passed over while it
+    is the only one.
+
     Every method either raises (``RingFullError``, ``ProtocolError``) and changes nothing, or
     applies the event and returns the effects the caller must deliver, in order.
     """
@@ -125,6 +137,7 @@ class RingCore:
     max_assignments: int = attrs.field(
         default=default("max_assignments"), kw_only=True, validator=_positive
     )
+    affinity_slack: int = attrs.field(default=2, kw_only=True, validator=_non_negative)
     _streams: dict[int, _Stream] = attrs.field(init=False, factory=dict)
     _counts: Counter[StreamState] = attrs.field(init=False, factory=Counter)
     _workers: dict[str, Worker] = attrs.field(init=False, factory=dict)
@@ -171,7 +184,8 @@ class RingCore:
 
     def models(self) -> dict[str, ModelStats]:
         """Every model an attached worker listed, by name, in attach order: its kind (as its
-        first worker said) and how many workers serve it."""
+        first worker said), how many workers serve it, and its context length (the least its
+        workers stated)."""
         models: dict[str, ModelStats] = {}
         order = ("unloaded", "loading", "loaded")
         for worker in self._workers.values():
@@ -183,9 +197,18 @@ class RingCore:
                 known = models.get(name)
                 kind = worker.kinds[index] if worker.kinds else CHAT_MODEL
                 vision, audio = name in worker.vision, name in worker.audio
+                context = worker.contexts[index] if worker.contexts else 0
                 if known is None:
                     models[name] = ModelStats(
-                        name, kind, 1, own, size, until, vision=vision, audio=audio
+                        name,
+                        kind,
+                        1,
+                        own,
+                        size,
+                        until,
+                        vision=vision,
+                        audio=audio,
+                        context_length=context,
                     )
                     continue
                 latest = -1 if -1 in (until, known.unload_in_s) else max(until, known.unload_in_s)
@@ -198,6 +221,10 @@ class RingCore:
                     latest,
                     vision=known.vision,
                     audio=known.audio,
+                    # What every worker serving it takes: the least stated.
+                    context_length=min(
+                        (n for n in (context, known.context_length) if n), default=0
+                    ),
                 )
         return models
 
@@ -228,13 +255,19 @@ class RingCore:
     # -- the client side -----------------------------------------------------------------------
 
     def park(
-        self, head: RequestHead, body: bytes = b"", *, key: str = ""
+        self,
+        head: RequestHead,
+        body: bytes = b"",
+        *,
+        key: str = "",
+        prefixes: Sequence[tuple[str, int]] = (),
     ) -> tuple[int, list[Effect]]:
         """Park a new request; returns its stream id and the effects (maybe its ``Assign``).
 
         ``key`` is the request's routing key (the ingress passes its resolved ``model``): only
         a claim for that model, or a claim without a model from a worker that listed it (or
-        listed none), takes the stream. An empty key is taken by any claim.
+        listed none), takes the stream. An empty key is taken by any claim. ``prefixes``: what
+        its prompt begins with, as ``(digest, size)`` pairs (see the class: prefix affinity).
 
         Error handling: raises ``RingFullError`` when ``max_streams`` streams are open.
         """
@@ -242,7 +275,7 @@ class RingCore:
             raise RingFullError(self.retry_after, self.max_streams)
         if not isinstance(key, str):
             raise TypeError(f"key must be a str, not {key!r}")
-        stream = _Stream(self._next_id, head, _to_bytes(body), key)
+        stream = _Stream(self._next_id, head, _to_bytes(body), key, tuple(prefixes))
         self._next_id += 1
         self._streams[stream.stream_id] = stream
         self._counts[StreamState.PARKED] += 1
@@ -279,6 +312,7 @@ class RingCore:
             message.kinds,
             vision=message.vision,
             audio=message.audio,
+            contexts=message.contexts,
         )
 
     def receive(self, worker_id: str, message: Message) -> list[Effect]:
@@ -309,6 +343,8 @@ class RingCore:
         """Store the worker's reported capacity and when it came (shown by ``stats``);
         returns the ``Assign`` effects of claims its model's new state frees (see the class)."""
         worker = self._worker(worker_id, message)
+        if worker.capacity is None or worker.capacity.prefixes != message.prefixes:
+            worker.prefixes = frozenset(message.prefixes)
         worker.capacity = message
         worker.last_heartbeat = at
         if message.model_state == "loaded":
@@ -524,7 +560,7 @@ class RingCore:
         key, or queue it: fresh ones at the back, requeued ones before every fresh one."""
         effects: list[Effect] = []
         for stream in sorted(streams, key=lambda stream: stream.stream_id):
-            worker_id = self._claimant(stream.key)
+            worker_id = self._claimant(stream.key, stream.prefixes)
             if worker_id is not None:
                 effects.append(self._assign(stream, self._workers[worker_id]))
             else:
@@ -546,12 +582,13 @@ class RingCore:
             self._failed_loads += 1
             worker.failed[key] = self._failed_loads
 
-    def _claimant(self, key: str) -> str | None:
-        """The claimant a stream of ``key`` goes to now (see the class), if any."""
+    def _claimant(self, key: str, prefixes: tuple[tuple[str, int], ...] = ()) -> str | None:
+        """The claimant a stream of ``key`` (whose prompt begins with ``prefixes``) goes to
+        now (see the class), if any."""
         listing = [worker for worker in self._workers.values() if key in worker.models]
         cold = {worker.worker_id for worker in listing if self._cold(worker, key)}
         if not cold:
-            return self._routes.claimant(key)
+            return self._routes.claimant(key, self._affinity(key, prefixes))
         warm = len(cold) < len(listing)
 
         def rank(worker_id: str) -> Rank | None:
@@ -566,6 +603,26 @@ class RingCore:
             return (worker.failed.get(key, 0), -math.inf if free < 0 else -free)
 
         return self._routes.claimant(key, rank)
+
+    def _affinity(
+        self, key: str, prefixes: tuple[tuple[str, int], ...]
+    ) -> Callable[[str], Rank] | None:
+        """How claimants rank for a stream whose prompt begins with ``prefixes`` (see the
+        class: prefix affinity); ``None`` (round-robin) when no claimant holds any of them."""
+        if not prefixes:
+            return None
+        claimants = self._routes.claimants(key)
+        held = {worker_id: self._workers[worker_id].holds(prefixes) for worker_id in claimants}
+        if not any(held.values()):
+            return None
+        busy = {worker_id: len(self._workers[worker_id].held) for worker_id in claimants}
+        least = min(busy.values())
+
+        def rank(worker_id: str) -> Rank:
+            idle_enough = busy[worker_id] <= least + self.affinity_slack
+            return (0.0 if idle_enough else 1.0, -float(held[worker_id]))
+
+        return rank
 
     def _reoffer(self, keys: Iterable[str]) -> list[Effect]:
         """Assign the streams parked under ``keys`` that a held claim may now take."""

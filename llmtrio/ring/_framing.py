@@ -109,6 +109,8 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                 attach["kinds"] = list(message.kinds)
             if message.vision:  # none: as the previous version
                 attach["vision"] = list(message.vision)
+            if any(message.contexts):  # none stated: as the previous version
+                attach["contexts"] = list(message.contexts)
             if message.audio:  # none: as the previous version
                 attach["audio"] = list(message.audio)
             return attach, b""
@@ -129,6 +131,8 @@ def _split(message: Message) -> tuple[dict[str, Any], bytes]:
                     beat[name] = value
             if message.model_state:
                 beat["model_state"] = message.model_state
+            if message.prefixes:  # none: as the previous version
+                beat["prefixes"] = list(message.prefixes)
             return beat, b""
         case Claim(count=count, model=model) | Withdraw(count=count, model=model):
             # No model: byte for byte what a worker of the previous version writes.
@@ -224,6 +228,14 @@ class _Fields:
             raise ProtocolError(f"{key!r} must be a list of strings", self._frame)
         return tuple(value)
 
+    def integers(self, key: str) -> tuple[int, ...]:
+        value = self._get(key)
+        if not isinstance(value, list) or not all(
+            isinstance(item, int) and not isinstance(item, bool) for item in value
+        ):
+            raise ProtocolError(f"{key!r} must be a list of integers", self._frame)
+        return tuple(value)
+
     def headers(self, key: str) -> Headers:
         value = self._get(key)
         if not isinstance(value, list) or not all(
@@ -258,6 +270,7 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
             version=fields.integer("version") if "version" in fields else 0,
             kinds=fields.strings("kinds") if "kinds" in fields else (),
             vision=fields.strings("vision") if "vision" in fields else (),
+            contexts=fields.integers("contexts") if "contexts" in fields else (),
             audio=fields.strings("audio") if "audio" in fields else (),
         )
     if cls is Heartbeat:
@@ -268,6 +281,8 @@ def _build(cls: type[Message], fields: _Fields, payload: bytes) -> Message:
         }
         if "model_state" in fields:
             extra["model_state"] = fields.string("model_state")
+        if "prefixes" in fields:
+            extra["prefixes"] = fields.strings("prefixes")
         return Heartbeat(inflight, fields.integer("max_inflight"), available, decoding, **extra)
     if cls is Claim:
         return Claim(fields.integer("count"), model=_model(fields))

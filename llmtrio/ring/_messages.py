@@ -18,7 +18,10 @@ __all__ = [
     "CHAT_MODEL",
     "EMBEDDING_MODEL",
     "KINDS",
+    "MAX_HELD_PREFIXES",
+    "MAX_PREFIX_CHARS",
     "PROTOCOL_VERSION",
+    "RERANK_MODEL",
     "Assign",
     "Attach",
     "Cancel",
@@ -47,10 +50,16 @@ CHAT_MODEL: Final = "chat"
 """A model's kind: chat and text completions."""
 EMBEDDING_MODEL: Final = "embedding"
 """A model's kind: embeddings."""
-KINDS: Final = (CHAT_MODEL, EMBEDDING_MODEL)
+RERANK_MODEL: Final = "rerank"
+"""A model's kind: reranking (a cross-encoder's scores of query-document pairs)."""
+KINDS: Final = (CHAT_MODEL, EMBEDDING_MODEL, RERANK_MODEL)
 
 
 Headers: TypeAlias = tuple[tuple[str, str], ...]
+
+
+def _to_ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
 
 
 def _to_strings(value: Iterable[str]) -> tuple[str, ...]:
@@ -145,12 +154,33 @@ class Attach:
     models: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     version: int = attrs.field(default=PROTOCOL_VERSION, kw_only=True, validator=_int_at_least(0))
     kinds: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
-    """Each model's kind (``"chat"`` or ``"embedding"``), in the order of ``models``; empty
-    (optional on the wire, as from a worker of the previous version) means all chat."""
+    """Each model's kind (``"chat"``, ``"embedding"`` or ``"rerank"``: :data:`KINDS`; a
+    newer worker's kind that this version does not know is kept as it is), in the order of
+    ``models``; empty (optional on the wire, as from a worker of the previous version) means
+    all chat."""
     vision: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take images (optional on the wire: none)."""
     audio: tuple[str, ...] = attrs.field(default=(), converter=_to_strings, kw_only=True)
     """The ``models`` that take audio (optional on the wire: none)."""
+    contexts: tuple[int, ...] = attrs.field(default=(), converter=_to_ints, kw_only=True)
+    """Each model's context length in tokens (the most one request may use), in the order of
+    ``models``; 0 or empty (optional on the wire, as from a worker of the previous version):
+    not stated."""
+
+    @contexts.validator
+    def _check_contexts(
+        self, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
+    ) -> None:
+        if value and len(value) != len(self.models):
+            raise ValueError(f"contexts must give one length per model, not {value!r}")
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in value):
+            raise ValueError(f"a context length is an integer of 0 or more, not {value!r}")
+
+    def context(self, model: str) -> int:
+        """The context length of ``model`` (one of ``models``): 0 when not stated."""
+        if self.contexts and model in self.models:
+            return self.contexts[self.models.index(model)]
+        return 0
 
     @kinds.validator
     def _check_kinds(
@@ -159,14 +189,31 @@ class Attach:
         if value and len(value) != len(self.models):
             raise ValueError(f"kinds must name one kind per model, not {value!r}")
         for kind in value:
-            if kind not in KINDS:
-                raise ValueError(f"a model's kind is one of {KINDS}, not {kind!r}")
+            # A kind this version does not know (a newer worker's) is kept as it is: the
+            # model is listed with it, and only the routes that take any kind reach it.
+            if not kind:
+                raise ValueError(f"a model's kind is a name (one of {KINDS}), not {kind!r}")
 
     def kind(self, model: str) -> str:
         """The kind of ``model`` (one of ``models``): ``"chat"`` unless ``kinds`` says else."""
         if self.kinds and model in self.models:
             return self.kinds[self.models.index(model)]
         return CHAT_MODEL
+
+
+#: The most prefix digests a heartbeat states, and the longest one.
+MAX_HELD_PREFIXES: Final = 256
+MAX_PREFIX_CHARS: Final = 64
+
+
+def _check_prefixes(
+    instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    if len(value) > MAX_HELD_PREFIXES:
+        raise ValueError(f"{attribute.name}: at most {MAX_HELD_PREFIXES}, not {len(value)}")
+    for digest in value:
+        if not 0 < len(digest) <= MAX_PREFIX_CHARS:
+            raise ValueError(f"{attribute.name}: a digest of 1 to {MAX_PREFIX_CHARS} characters")
 
 
 #: A heartbeat's ``model_state`` values ("": not reported).
@@ -212,6 +259,13 @@ class Heartbeat:
     """The worker's memory budget still free for a load without evicting: -1 no bound, 0 not
     stated or none free (optional on the wire). Of the links whose model is ``unloaded``, the
     ring has the one stating the most load it (see ``RingCore``)."""
+    prefixes: tuple[str, ...] = attrs.field(
+        default=(), kw_only=True, converter=_to_strings, validator=_check_prefixes
+    )
+    """The prompt prefixes the worker holds, as digests (at most ``MAX_HELD_PREFIXES``, each
+    at most ``MAX_PREFIX_CHARS`` characters; optional on the wire: none). The ring reads them
+    only to match the digests a stream was parked with (see ``RingCore``: prefix affinity);
+    what they are digests of is the ingress's and the worker's business."""
 
 
 @attrs.frozen

@@ -71,12 +71,13 @@ async def connect_ring(
     config: DialConfig | None = None,
     vision: Iterable[str] = (),
     audio: Iterable[str] = (),
+    contexts: Iterable[int] = (),
 ) -> AsyncIterator[RemoteLink]:
     """Attach to every ingress in ``urls`` (``wss://HOST:PORT``) and yield the link. A HOST
     that is a name is resolved, and every address it stands for is an ingress (see
-    ``DialConfig``). ``models``, their ``kinds`` and those that take images (``vision``) and
-    audio (``audio``) go in the ``Attach``; a link serving exactly one model claims for that
-    model (``Claim.model``).
+    ``DialConfig``). ``models``, their ``kinds``, those that take images (``vision``) and
+    audio (``audio``) and their context lengths (``contexts``) go in the ``Attach``; a link
+    serving exactly one model claims for that model (``Claim.model``).
 
     Connections are made and remade in the background: the link is usable at once, and
     streams come from whichever ingresses are attached. Refusals (TLS, protocol version)
@@ -100,6 +101,7 @@ async def connect_ring(
         kinds=tuple(kinds),
         vision=tuple(vision),
         audio=tuple(audio),
+        contexts=tuple(contexts),
     )
     async with trio.open_nursery() as nursery:
         for target in targets:
@@ -211,6 +213,7 @@ class RemoteLink:
     kinds: tuple[str, ...] = attrs.field(default=(), kw_only=True)
     vision: tuple[str, ...] = attrs.field(default=(), kw_only=True)
     audio: tuple[str, ...] = attrs.field(default=(), kw_only=True)
+    contexts: tuple[int, ...] = attrs.field(default=(), kw_only=True)
     _connections: list[_Connection] = attrs.field(init=False, factory=list)
     _wanted: int = attrs.field(init=False, default=0)  # claim() calls waiting
     _ready: deque[tuple[_Connection, Claimed]] = attrs.field(init=False, factory=deque)
@@ -359,6 +362,7 @@ class RemoteLink:
                 kinds=self.kinds,
                 vision=self.vision,
                 audio=self.audio,
+                contexts=self.contexts,
             )
             connection.send(attach)
             if self._capacity is not None:

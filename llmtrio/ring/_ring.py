@@ -19,7 +19,7 @@ them): each chunk that enters its client's buffer is a ``Credit`` for its relay.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -101,9 +101,18 @@ class Ring:
             park_timeout=config.park_timeout,
         )
 
-    def park(self, head: RequestHead, body: bytes = b"", *, key: str = "") -> RingStream:
+    def park(
+        self,
+        head: RequestHead,
+        body: bytes = b"",
+        *,
+        key: str = "",
+        prefixes: Sequence[tuple[str, int]] = (),
+    ) -> RingStream:
         """Park a request; a worker with a free slot will claim it. ``key`` is the request's
-        routing key (its ``model``), kept with the stream; nothing routes on it yet.
+        routing key (its ``model``), kept with the stream; ``prefixes`` what its prompt begins
+        with, as ``(digest, size)`` pairs: among the workers that may take it, one holding the
+        longest of them is preferred (``RingCore``'s prefix affinity).
 
         Resource handling: the stream holds a spot until its response ends or fails, or until
         ``cancel()``; use it as a context manager (``with ring.park(...) as stream:``) so that
@@ -112,7 +121,7 @@ class Ring:
         Error handling: raises ``RingFullError`` (nothing parked) when ``max_streams`` streams
         are open.
         """
-        stream_id, response = self._router.park(head, body, key)
+        stream_id, response = self._router.park(head, body, key, prefixes)
         return RingStream(self._router, stream_id, head, key, response)
 
     @asynccontextmanager
@@ -126,10 +135,12 @@ class Ring:
         relay: Relay | None = None,
         vision: Iterable[str] = (),
         audio: Iterable[str] = (),
+        contexts: Iterable[int] = (),
     ) -> AsyncIterator[WorkerLink]:
         """Attach a worker that will hold at most ``max_inflight`` streams at once, serving
         ``models`` (listed by ``stats``), each of the kind ``kinds`` says (empty: all chat);
-        those in ``vision`` take images, those in ``audio`` audio.
+        those in ``vision`` take images, those in ``audio`` audio; ``contexts`` gives each
+        model's context length.
         A worker serving exactly one model claims streams for that model only; one that lists
         several or none claims for any it listed (or any at all).
 
@@ -147,7 +158,13 @@ class Ring:
         """
         await trio.lowlevel.checkpoint()
         attach = Attach(
-            worker_id, max_inflight, models=models, kinds=kinds, vision=vision, audio=audio
+            worker_id,
+            max_inflight,
+            models=models,
+            kinds=kinds,
+            vision=vision,
+            audio=audio,
+            contexts=tuple(contexts),
         )
         link = WorkerLink(self._router, attach, relay)
         reason = "the worker left"

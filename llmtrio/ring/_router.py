@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeAlias
 
 import attrs
@@ -169,10 +169,16 @@ class Router:
 
     # -- the client side -----------------------------------------------------------------------
 
-    def park(self, head: RequestHead, body: bytes, key: str) -> tuple[int, ResponseState]:
+    def park(
+        self,
+        head: RequestHead,
+        body: bytes,
+        key: str,
+        prefixes: Sequence[tuple[str, int]] = (),
+    ) -> tuple[int, ResponseState]:
         """Park a request; returns its stream id and the state its response arrives in.
         Error handling: ``RingFullError`` (nothing parked)."""
-        stream_id, effects = self._core.park(head, body, key=key)
+        stream_id, effects = self._core.park(head, body, key=key, prefixes=prefixes)
         response = self._responses[stream_id] = ResponseState(self.response_buffer)
         self._apply(effects)
         return stream_id, response

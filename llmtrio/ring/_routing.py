@@ -38,6 +38,7 @@ class Worker:
     models: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
     vision: tuple[str, ...] = ()  # the models that take images
+    contexts: tuple[int, ...] = ()  # each model's context length (0 or empty: not stated)
     audio: tuple[str, ...] = ()  # the models that take audio
     credits: dict[str | None, int] = attrs.field(factory=dict)  # claim model -> unfilled claims
     standing: tuple[str, ...] = ()  # the lines of claimants it stands in
@@ -49,6 +50,8 @@ class Worker:
     # count of failed loads when its own last load of that key failed.
     asked: set[str] = attrs.field(factory=set)
     failed: dict[str, int] = attrs.field(factory=dict)
+    #: The prefix digests its last heartbeat stated (prefix affinity).
+    prefixes: frozenset[str] = frozenset()
 
     @property
     def waiting(self) -> int:
@@ -57,6 +60,12 @@ class Worker:
     def serves(self, key: str) -> bool:
         """Whether a claim without a model may take a stream parked under ``key``."""
         return not key or not self.models or key in self.models
+
+    def holds(self, prefixes: tuple[tuple[str, int], ...]) -> int:
+        """The size of the longest of ``prefixes`` (``(digest, size)`` pairs) it holds; 0:
+        none."""
+        held = self.prefixes
+        return max((size for digest, size in prefixes if digest in held), default=0)
 
     def spend(self, key: str) -> None:
         """Fill one claim with a stream parked under ``key``: one for ``key`` itself first,
@@ -169,6 +178,11 @@ class Routes:
                 if rank is None:
                     break  # a line is in turn order: its first is its best
         return None if first is None else first[2]
+
+    def claimants(self, key: str) -> list[str]:
+        """Every worker with a claim a stream of ``key`` fills (no order)."""
+        lines = (self._lines.get(key), self._lines.get(ANY_LINE)) if key else self._lines.values()
+        return list(dict.fromkeys(worker_id for line in lines if line for worker_id in line))
 
     def parked(self, key: str) -> bool:
         """Whether a stream is parked under ``key``."""

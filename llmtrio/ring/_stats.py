@@ -54,6 +54,9 @@ class ModelStats:
     """Seconds until its last loaded copy unloads when idle: -1 never, 0 not stated."""
     vision: bool = False
     """Whether it takes images (as its first worker said)."""
+    context_length: int = 0
+    """The most tokens one request may use (prompt and output), the least its workers stated
+    (0: not stated)."""
     audio: bool = False
     """Whether it takes audio (as its first worker said)."""
 

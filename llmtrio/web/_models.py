@@ -7,8 +7,9 @@ The rules, in order, for a named model:
 1. a model some attached worker serves now (or served within ``--park-timeout``:
    ``Ring.models`` keeps it), of the endpoint's kind: that model (a Hugging Face model served
    as ``owner/repo:QUANT`` is also found as ``owner/repo`` while one quant of it is served);
-2. a model of the other kind (a chat model asked for embeddings, an embedding model asked for
-   a chat or text completion): 400 ``model_not_supported`` naming the model and what it serves;
+2. a model of another kind (a chat model asked for embeddings, an embedding model asked for
+   a chat or text completion, a reranking model asked for either): 400
+   ``model_not_supported`` naming the model and what it serves;
 3. ``--default-model`` is set (and is not known as a model of the other kind): that model;
 4. otherwise 404 ``model_not_found``; but where the default model is of the other kind and no
    model of the endpoint's kind is served at all, 400 ``model_not_supported`` naming the
@@ -44,7 +45,7 @@ from ..api import (
     model_not_found,
     wrong_model_kind,
 )
-from ..ring import CHAT_MODEL, EMBEDDING_MODEL, ModelStats
+from ..ring import CHAT_MODEL, ModelStats
 
 __all__ = ["requested_model", "resolve_model"]
 
@@ -110,8 +111,8 @@ def resolve_model(
         return served[0]
     if not models or (takes_any and not served):
         return ""  # nothing routed yet: any worker
-    others = [m.name for m in models.values() if not _fits(m.kind, kind)]
-    raise missing_model(served, others, path, embeddings=kind == EMBEDDING_MODEL)
+    others = {m.name: m.kind for m in models.values() if not _fits(m.kind, kind)}
+    raise missing_model(served, others, path)
 
 
 def _fits(model_kind: str, kind: str | None) -> bool:

@@ -16,6 +16,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..api import (
+    CONTEXT_LENGTH_NAMES,
     HEALTH_PATH,
     MODELS_PATH,
     OPENAPI_PATH,
@@ -152,6 +153,7 @@ def pages_app(
                             *(["audio"] if model.audio else []),
                         ],
                         "state": model.state,
+                        **_context(model.context_length),
                         **({"bytes": model.bytes} if model.bytes else {}),
                         **({"unload_in_s": model.unload_in_s} if model.unload_in_s else {}),
                     }
@@ -179,6 +181,11 @@ def pages_app(
         return _error(error)
 
     return app
+
+
+def _context(length: int) -> dict[str, int]:
+    """A model's context length under each name clients read it by (none when not stated)."""
+    return dict.fromkeys(CONTEXT_LENGTH_NAMES, length) if length else {}
 
 
 def _models(ring: Ring) -> list[str]:

@@ -2,8 +2,10 @@
 
 The body is read (within the body timeout, up to the size limit), parked on the ring under
 the request's routing key (its ``model``, resolved by ``_models``: an unknown or unfit model
-is refused before it parks), and the response lane is relayed to the client: a JSON body whole
-(so a failure is still an error status), an event stream chunk by chunk. The ring stream is
+is refused before it parks) with what its prompt begins with (``llmtrio.api.prefixes_of``:
+the ring prefers a worker holding that prefix), and the response lane is relayed to the
+client: a JSON body whole (so a failure is still an error status), an event stream chunk by
+chunk. The ring stream is
 cancelled however the request ends, unless its response ended.
 
 What the request ended with is recorded on its :class:`Exchange` for the access log and
@@ -29,6 +31,7 @@ from ..api import (
     body_timeout,
     error_family,
     no_worker,
+    prefixes_of,
     request_timeout,
     request_too_large,
     ring_full,
@@ -223,7 +226,8 @@ class RingRequest:
             await self._send_error(send, error)
             return
         try:
-            stream = self._ring.park(head, body, key=key)
+            prefixes = [(p.digest, p.size) for p in prefixes_of(self._scope["path"], body)]
+            stream = self._ring.park(head, body, key=key, prefixes=prefixes)
         except RingFullError as exc:
             await self._send_error(send, ring_full(max(1, round(exc.retry_after))))
             return

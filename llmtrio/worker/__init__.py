@@ -2,8 +2,8 @@
 (:func:`serve_link`), whether its model is pinned (an engine loaded at start) or loaded on
 demand (:class:`OnDemand`, a model of a :class:`ModelHost`); it answers every route the
 ingress sends it (OpenAI's chat and text completions, Responses API and embeddings,
-Anthropic's Messages API, llama.cpp's tokenizer routes, the models' load and unload) with
-the endpoint of the route."""
+Anthropic's Messages API, reranking in Jina's, Cohere's and vLLM's shapes, llama.cpp's
+tokenizer routes, the models' load and unload) with the endpoint of the route."""
 
 from ..api import RequestLimits as RequestLimits
 from ._host import ModelHost as ModelHost

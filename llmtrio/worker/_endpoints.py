@@ -40,9 +40,15 @@ from ._encoding import Counted, ResponseMeta, from_engine_error
 from ._images import fetch_remote_images
 from ._messages_request import MessagesRequest, parse_messages_request
 from ._messages_response import MessageBody, MessageStream, TokenCount
-from ._pipeline import Encoder, Endpoint, Finished, run_tokenizer
+from ._rerank import (
+    RERANK_ALIAS_ENDPOINT,
+    RERANK_ENDPOINT,
+    RERANK_V2_ENDPOINT,
+    SCORE_ENDPOINT,
+)
 from ._responses_output import InputTokensBody, ResponsesBody, ResponsesStream
 from ._responses_request import ResponsesRequest, naming_input, parse_responses_request
+from ._shapes import Encoder, Endpoint, Finished, run_tokenizer
 from ._tokenize import DETOKENIZE_ENDPOINT, TOKENIZE_ENDPOINT
 from ._transcriptions import (
     TranscriptBody,
@@ -301,3 +307,6 @@ ENDPOINTS: dict[str, Endpoint[object]] = {
 }
 #: llama.cpp server's tokenizer routes, on any model.
 ENDPOINTS |= {e.route: e for e in (TOKENIZE_ENDPOINT, DETOKENIZE_ENDPOINT)}  # type: ignore[misc]
+#: Reranking, on a reranking model (``_rerank.py``).
+_RERANKING = (RERANK_ENDPOINT, RERANK_ALIAS_ENDPOINT, RERANK_V2_ENDPOINT, SCORE_ENDPOINT)
+ENDPOINTS |= {e.route: e for e in _RERANKING}  # type: ignore[misc]

@@ -37,7 +37,7 @@ from ..engine import EngineError, open_engine
 from ._hosted import HostConfig, HostedModel, ModelLoadFailed
 from ._link import Claims
 from ._load_policy import LoadPolicy, ModelCost, ModelState
-from ._pipeline import ModelEngine
+from ._shapes import ModelEngine
 
 __all__ = ["WITHDRAW_TIMEOUT_S", "HostMetrics", "ModelHost"]
 

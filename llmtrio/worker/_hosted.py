@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from ..api import ApiError, keep_alive_seconds, model_load_failed
+from ..api import CHAT_MODEL, ApiError, keep_alive_seconds, model_load_failed
 from ..engine import EngineConfig, EngineError
 from ..engine.models import check_gguf, model_kind
 from ._load_policy import ModelCost, estimate_cost
@@ -65,6 +65,12 @@ class HostedModel:
     aliases: tuple[str, ...] = ()
 
     @property
+    def context_length(self) -> int:
+        """The most tokens one request may use once it is loaded, as its config says (a
+        chat model's; 0, not stated, for an embedding model, whose own limit its file sets)."""
+        return self.config.request_ctx if self.kind == CHAT_MODEL else 0
+
+    @property
     def names(self) -> tuple[str, ...]:
         """What its link lists: its name, then its aliases (each routed to it)."""
         return (self.name, *self.aliases)
@@ -94,7 +100,7 @@ class HostedModel:
             return cls(name, config, "chat", ModelCost(0), keep_alive, pinned, tuple(aliases))
         kind = model_kind(info)
         drafts = config.spec_draft_max if config.spec is not None else 0
-        embeddings = kind == "embedding"
+        embeddings = kind in ("embedding", "rerank")  # a pooled context, no KV cache to keep
         cost = estimate_cost(
             info.metadata,
             weights,

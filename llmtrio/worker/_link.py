@@ -8,8 +8,8 @@ or ``_on_demand.OnDemand``, a catalog model its host loads on a request and unlo
 The policy says whether the model is loaded, acquires and releases it around each request,
 answers ``POST /models/unload``, and says when the link's claims must be withdrawn
 (:class:`Claims`). Everything else is this loop's, for both: the heartbeat's figures (the
-engine's capacity, prompt reuse and speculation, and the policy's model state), the metrics,
-and the error handling.
+engine's capacity, prompt reuse and speculation, the policy's model state, and the prompt
+prefixes it holds: ``_held_prefixes``), the metrics, and the error handling.
 
 Each claimed stream is handled in its own task, inside the stream's own cancel scope
 (``Claimed.cancel_scope``): the client going away cancels that scope, which ends the generation
@@ -43,9 +43,11 @@ from ..api import (
 from ..engine import EngineFailedError
 from ..ring import ClaimedStream, Heartbeat, ProtocolError, RingLink
 from ._endpoints import ENDPOINTS
+from ._held_prefixes import PrefixLog
 from ._manage import path_of, pinned, respond_error, respond_state
 from ._metrics import WorkerMetrics
-from ._pipeline import ModelEngine, serve_request
+from ._pipeline import serve_request
+from ._shapes import ModelEngine
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -285,6 +287,7 @@ async def serve_link(
     room = trio.Semaphore(link.max_inflight)
     slots = trio.Semaphore(hosting.slots or link.max_inflight)
     waiting = 0  # claimed streams waiting on the model's load
+    prefixes = PrefixLog()  # what the model's prompt cache holds, for prefix affinity
 
     def heartbeat() -> None:
         engine = hosting.engine()
@@ -318,6 +321,7 @@ async def serve_link(
                 model_bytes=model.bytes,
                 unload_in_s=model.unload_in_s,
                 free_bytes=model.free_bytes,
+                prefixes=prefixes.held(),
             )
         )
 
@@ -369,6 +373,8 @@ async def serve_link(
                     heartbeat()
                 try:
                     if path != MODELS_LOAD_PATH:
+                        if prefixes.serving(path, claimed.body):
+                            heartbeat()  # the ring hears it before the response's end
                         await _serve_stream(lease.engine, claimed, metrics, limits)
                 finally:
                     hosting.release(lease)

@@ -5,7 +5,13 @@ section) says; what is left here is what the table cannot say: a content block's
 picks its fields, content is a string or blocks, and rules across fields. The conversation
 becomes chat messages for the model's template, as chat completions' do:
 
-- ``system`` (a string or text blocks, joined by newlines) is the first, system, message;
+- ``system`` (a string or text blocks, joined by newlines) is the first, system, message; a
+  block that is Claude Code's ``x-anthropic-billing-header:`` has its per-request ``cch=``
+  stamp normalized, as llama.cpp's server does (:func:`normalize_billing_header`), so the
+  prompt after it is reused from one request to the next;
+- a ``system`` message in ``messages`` (a string or text blocks) is a system message where
+  it stands (Claude Code sends one after the first user turn); the engine folds it into a
+  user turn for a template that takes a system message only first;
 - a user turn's ``tool_result`` blocks become ``tool`` messages, in order, before the text
   of the turn (an error result reads ``Error: ...``); its text blocks are joined by newlines;
 - an ``image`` block (in a user turn, or in a tool result's content) with a ``base64``
@@ -68,7 +74,12 @@ from ._images import image_from_bytes, remote_image
 from ._reasoning import ADAPTIVE_EFFORT, Reasoning, for_effort
 from ._requests import json_body, parse_max_tokens, reject_refused
 
-__all__ = ["MessagesRequest", "parse_messages_request"]
+__all__ = [
+    "BILLING_HEADER",
+    "MessagesRequest",
+    "normalize_billing_header",
+    "parse_messages_request",
+]
 
 #: The ``type`` of Anthropic's image blocks.
 _IMAGE = IMAGE_PARTS[Body.MESSAGES]
@@ -173,8 +184,42 @@ def _system(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> list[
     value = data.get("system")
     if value is None:
         return []
+    if isinstance(value, str):
+        value = normalize_billing_header(value)
+    elif isinstance(value, list):
+        value = [
+            {**block, "text": normalize_billing_header(block["text"])}
+            if isinstance(block, dict) and isinstance(block.get("text"), str)
+            else block
+            for block in value
+        ]
     text = _text_or_blocks(value, "system", limits)
     return [ChatMessage("system", text)] if text else []
+
+
+#: How Claude Code's attribution block starts (a system block of its own, first).
+BILLING_HEADER = "x-anthropic-billing-header:"
+_STAMP = "cch="
+_STAMP_LENGTH = 5
+
+
+def normalize_billing_header(text: str) -> str:
+    """``text`` with the 5-character ``cch=`` stamp of a leading
+    ``x-anthropic-billing-header:`` written ``fffff``, as llama.cpp's server does
+    (``normalize_anthropic_billing_header``, llama.cpp PR 21793): Claude Code stamps each
+    request anew, and the stamp, at the very start of the prompt, would keep the prompt cache
+    from reusing anything after it. Any other text is returned as it is."""
+    if not text.startswith(BILLING_HEADER):
+        return text
+    at = text.find(_STAMP, len(BILLING_HEADER))
+    if at < 0:
+        return text
+    start = at + len(_STAMP)
+    end = start + _STAMP_LENGTH
+    if end >= len(text) or text[end] != ";":
+        logger.warning("an x-anthropic-billing-header block not as expected: %r", text[:200])
+        return text
+    return text[:start] + "f" * _STAMP_LENGTH + text[end:]
 
 
 def _text_or_blocks(value: object, where: str, limits: RequestLimits) -> str:
@@ -231,7 +276,10 @@ def _messages(data: dict[str, Any], endpoint: str, limits: RequestLimits) -> lis
                 "the last message must be the user's: this server does not continue an "
                 "assistant turn (prefill).",
             )
-        if isinstance(content, str):
+        if role == "system":
+            text = _text_or_blocks(content, f"{where}.content", limits)
+            messages.append(ChatMessage("system", text))
+        elif isinstance(content, str):
             messages.append(ChatMessage(role, checked_text(content, f"{where}.content")))
         elif not isinstance(content, list):
             raise invalid_type(f"{where}.content", "a string or an array of blocks", content)

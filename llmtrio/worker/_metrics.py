@@ -14,9 +14,10 @@ registry.
 Nothing here runs in the decode loop: the engine keeps plain counters
 (:class:`~llmtrio.engine.EngineStats`) and :class:`EngineCollector` turns them into samples
 when a scrape asks; the histograms are observed once per generation, on the Trio side, from
-its ``Done`` event. Work that is not a generation (an embeddings request, ``/tokenize``,
-``/detokenize``, a token count) ends with an ``Answer`` of its kind instead, counted in a
-counter of its kind's own (:data:`ANSWER_COUNTERS`) and never observed as a generation.
+its ``Done`` event. Work that is not a generation (an embeddings request, a reranking
+request, ``/tokenize``, ``/detokenize``, a token count) ends with an ``Answer`` of its kind
+instead, counted in a counter of its kind's own (:data:`ANSWER_COUNTERS`) and never observed
+as a generation.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..engine import Done, EmbeddingEngine, Engine
+from ..engine import Done, EmbeddingEngine, Engine, EngineStats
 from ._encoding import Answer
 
 __all__ = ["ANSWER_COUNTERS", "AnswerCounter", "EngineCollector", "WorkerMetrics"]
@@ -54,6 +55,12 @@ ANSWER_COUNTERS: Final = {
         "llmtrio_embedding_requests",
         "Embedding requests answered.",
         ("llmtrio_embedding_inputs", "Inputs (texts or token arrays) embedded."),
+        ingests=True,
+    ),
+    "rerank": AnswerCounter(
+        "llmtrio_rerank_requests",
+        "Reranking and score requests answered.",
+        ("llmtrio_rerank_documents", "Documents (query-document pairs) scored."),
         ingests=True,
     ),
     "tokenize": AnswerCounter("llmtrio_tokenize_requests", "Tokenize requests answered."),
@@ -214,6 +221,8 @@ class EngineCollector(Collector):
             "Host memory held by prompt-state snapshots.",
             stats.prompt_cache_bytes,
         )
+        if config.cache_dir is not None and isinstance(engine, Engine):
+            yield from _disk_figures(stats)
         # Speculative decoding, in vLLM's names (one "draft" is one sequence-step's drafts).
         yield _Figure(
             CounterMetricFamily,
@@ -247,6 +256,64 @@ class EngineCollector(Collector):
             "Cumulative number of preemptions (sequences swapped out of a full pool).",
             stats.preemptions,
         )
+
+
+def _disk_figures(stats: EngineStats) -> Iterable[_Figure]:
+    """The prompt cache on disk (``--cache-dir``): hits, misses, bytes, restore time."""
+    yield _Figure(
+        CounterMetricFamily,
+        "llmtrio_prompt_cache_disk_hits",
+        "Requests that restored part of their prompt from a snapshot file on disk.",
+        stats.disk_hits,
+    )
+    yield _Figure(
+        CounterMetricFamily,
+        "llmtrio_prompt_cache_disk_misses",
+        "Prompts looked up on disk for more than memory held that no file served.",
+        stats.disk_misses,
+    )
+    yield _Figure(
+        CounterMetricFamily,
+        "llmtrio_prompt_cache_disk_restored_tokens",
+        "Prompt tokens restored from snapshot files (not ingested).",
+        stats.disk_restored_tokens,
+    )
+    yield _Figure(
+        CounterMetricFamily,
+        "llmtrio_prompt_cache_disk_restore_seconds",
+        "Seconds spent reading, checking and restoring snapshot files.",
+        stats.disk_restore_s,
+    )
+    yield _Figure(
+        GaugeMetricFamily,
+        "llmtrio_prompt_cache_disk_bytes",
+        "Bytes of the snapshot files kept on disk.",
+        stats.disk_bytes,
+    )
+    yield _Figure(
+        GaugeMetricFamily,
+        "llmtrio_prompt_cache_disk_files",
+        "Snapshot files kept on disk.",
+        stats.disk_entries,
+    )
+    yield _Figure(
+        CounterMetricFamily,
+        "llmtrio_prompt_cache_disk_written_bytes",
+        "Bytes of snapshot files written.",
+        stats.disk_written_bytes,
+    )
+    yield _Figure(
+        CounterMetricFamily,
+        "llmtrio_prompt_cache_disk_dropped",
+        "Snapshots evicted from memory and not written: the writer was too far behind.",
+        stats.disk_dropped,
+    )
+    yield _Figure(
+        CounterMetricFamily,
+        "llmtrio_prompt_cache_disk_refused",
+        "Snapshot files refused and removed (truncated, corrupt, another model's or build's).",
+        stats.disk_refused,
+    )
 
 
 class WorkerMetrics:

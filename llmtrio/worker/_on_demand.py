@@ -29,7 +29,7 @@ from ._host import ModelHost
 from ._hosted import ModelLoadFailed
 from ._link import Claims, Lease, ModelStatus
 from ._manage import pinned, respond_error, respond_state
-from ._pipeline import ModelEngine
+from ._shapes import ModelEngine
 
 __all__ = ["LOAD_WAITERS", "OnDemand"]
 

@@ -2,12 +2,15 @@
 
 One state machine (:class:`_Output`) turns the generation's pieces into the response's output
 items, in the order they were generated: a ``reasoning`` item (its text as one
-``reasoning_text`` part), a ``message`` item (one ``output_text`` part) and ``function_call``
+``reasoning_text`` part), a ``message`` item (one ``output_text`` part), ``function_call``
 items (their ``arguments`` streamed as they are generated, by the engine's
-:class:`ToolCallStream`, as chat's stream does). Each step also states the stream events
+:class:`ToolCallStream`, as chat's stream does) and a custom tool's ``custom_tool_call``
+items (their ``input`` text streamed the same way); a call of a namespace's tool carries its
+``namespace`` and the tool's own ``name``. Each step also states the stream events
 OpenAI's API sends for it (``response.output_item.added``, ``response.content_part.added``,
 ``response.output_text.delta``, ``response.reasoning_text.delta``,
-``response.function_call_arguments.delta``, their ``.done`` events, ...), each with a rising
+``response.function_call_arguments.delta``, ``response.custom_tool_call_input.delta``, their
+``.done`` events, ...), each with a rising
 ``sequence_number``.
 
 - :class:`ResponsesStream` sends those events as server-sent events, between
@@ -35,6 +38,7 @@ from ..engine import (
 )
 from ._encoding import Counted, ResponseMeta, WholeBody, finish_reason, token_logprob_json
 from ._responses_request import ResponsesRequest
+from ._responses_tools import OfferedTool
 
 __all__ = ["InputTokensBody", "ResponsesBody", "ResponsesStream", "response_usage"]
 
@@ -174,25 +178,36 @@ class _Output:
                 if self._limit is None or self.calls < self._limit:
                     self._close()
                     self._space = ""
-                    self._start({"id": _item_id("fc"), "type": "function_call",
-                                 "call_id": event.id, "name": event.name, "arguments": "",
-                                 "status": "in_progress"})  # fmt: skip
+                    self._start(self._call_item(event))
                     self.calls += 1
             elif isinstance(event, ToolCallArguments):
                 if self._is_call(event.index):
+                    assert self._open is not None
                     self._text.append(event.text)
-                    self.event("response.function_call_arguments.delta", **self._at(),
-                               delta=event.text)  # fmt: skip
+                    kind = _DELTAS[self._open["type"]]
+                    self.event(kind, **self._at(), delta=event.text)
             elif isinstance(event, ToolCallEnd) and self._is_call(event.index):
                 self._close(complete=event.complete)
 
+    def _call_item(self, start: ToolCallStart) -> dict[str, Any]:
+        """The output item a call starts: a ``function_call`` (``arguments``) or, for a custom
+        tool, a ``custom_tool_call`` (``input``); named as the client named the tool, with its
+        ``namespace`` when it has one."""
+        named = self._request.offered.get(start.name, OfferedTool(start.name))
+        item: dict[str, Any]
+        if named.custom:
+            item = {"id": _item_id("ctc"), "type": "custom_tool_call", "call_id": start.id,
+                    "name": named.name, "input": "", "status": "in_progress"}  # fmt: skip
+        else:
+            item = {"id": _item_id("fc"), "type": "function_call", "call_id": start.id,
+                    "name": named.name, "arguments": "", "status": "in_progress"}  # fmt: skip
+        if named.namespace is not None:
+            item["namespace"] = named.namespace
+        return item
+
     def _is_call(self, index: int) -> bool:
         """Whether call ``index`` is the open item (a call past the limit is left out)."""
-        return (
-            self._open is not None
-            and self._open["type"] == "function_call"
-            and index == self.calls - 1
-        )
+        return self._open is not None and self._open["type"] in _DELTAS and index == self.calls - 1
 
     # -- items -------------------------------------------------------------------------------
 
@@ -225,12 +240,22 @@ class _Output:
                        logprobs=self._logprobs)  # fmt: skip
             self.event("response.content_part.done", **at, content_index=0, part=part)
             item.update(content=[part], status=status)
+        elif item["type"] == "custom_tool_call":
+            self.event("response.custom_tool_call_input.done", **at, input=text)
+            item.update(input=text, status=status)
         else:
             self.event("response.function_call_arguments.done", **at, arguments=text)
             item.update(arguments=text, status=status)
         self.event("response.output_item.done", output_index=at["output_index"], item=item)
         self._open = None
         self._text = []
+
+
+#: The event that streams each kind of call's input.
+_DELTAS = {
+    "function_call": "response.function_call_arguments.delta",
+    "custom_tool_call": "response.custom_tool_call_input.delta",
+}
 
 
 def _sse(event: dict[str, Any]) -> bytes:

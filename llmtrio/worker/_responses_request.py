@@ -15,6 +15,7 @@ Stateless: nothing is stored, so what refers to a stored response (``previous_re
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, TypeGuard
 
@@ -25,7 +26,6 @@ from ..api import (
     IMAGE_PARTS,
     RESPONSES_FORMAT,
     RESPONSES_IMAGE_PART,
-    RESPONSES_TOOL,
     ApiError,
     Body,
     RequestLimits,
@@ -41,20 +41,21 @@ from ..api import (
 from ..engine import (
     JSON_OBJECT_GRAMMAR,
     MEDIA_MARKER,
+    TEXT_INPUT,
     ChatMessage,
     GenerateRequest,
     InvalidRequestError,
     Media,
     Sampling,
-    Tool,
     ToolCall,
 )
 from ._audio import audio_from_part
 from ._encoding import from_engine_error
-from ._features import ToolChoice, choose_tools
+from ._features import ToolChoice
 from ._images import image_from_part
 from ._reasoning import Reasoning, for_effort
 from ._requests import json_body, reject_refused
+from ._responses_tools import OfferedTool, flat_name, parse_responses_tools
 
 __all__ = ["LOGPROBS_INCLUDE", "ResponsesRequest", "naming_input", "parse_responses_request"]
 
@@ -89,7 +90,8 @@ _ACCEPTED = (
 class ResponsesRequest:
     """A parsed ``POST /v1/responses`` (or ``/v1/responses/input_tokens``) body.
 
-    ``tools`` says which function tools the reply may call and how; ``max_tool_calls`` bounds
+    ``tools`` says which tools the reply may call and how (by the names the model sees);
+    ``offered`` names each of them back as the client named it; ``max_tool_calls`` bounds
     the calls the output keeps (``None``: no bound); ``logprobs``: the ``output_text`` parts
     carry log-probabilities; ``echo``: the request's settings as the response object repeats
     them (``tools``, ``tool_choice``, ``text``, ``reasoning``, ``metadata``, ...).
@@ -99,6 +101,7 @@ class ResponsesRequest:
     generate: GenerateRequest
     stream: bool = False
     tools: ToolChoice = attrs.field(factory=ToolChoice)
+    offered: dict[str, OfferedTool] = attrs.field(factory=dict)
     max_tool_calls: int | None = None
     logprobs: bool = False
     echo: dict[str, Any] = attrs.field(factory=dict)
@@ -149,7 +152,8 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
         for name in ("temperature", "top_p")
         if (value := read(data, Body.RESPONSES, name, limits)) is not None
     }
-    tools, offered, choice_echo = _parse_tools(data, limits)
+    parsed_tools = parse_responses_tools(data, limits)
+    tools = parsed_tools.choice
     max_tool_calls = read(data, Body.RESPONSES, "max_tool_calls", limits)
     if max_tool_calls == 0:
         tools = attrs.evolve(tools, mode="none", forced=())
@@ -190,8 +194,8 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
         "reasoning": {"effort": effort, "summary": None},
         "temperature": generate.sampling.temperature,
         "text": {"format": format_echo},
-        "tool_choice": choice_echo,
-        "tools": offered,
+        "tool_choice": parsed_tools.choice_echo,
+        "tools": parsed_tools.echo,
         "top_logprobs": top_logprobs or 0,
         "top_p": generate.sampling.top_p,
         "user": data.get("user"),
@@ -201,6 +205,7 @@ def parse_responses_request(body: bytes, limits: RequestLimits = _NO_LIMITS) -> 
         generate=generate,
         stream=stream,
         tools=tools,
+        offered=parsed_tools.offered,
         max_tool_calls=max_tool_calls,
         logprobs=logprobs,
         echo=echo,
@@ -247,7 +252,9 @@ def _parse_input(data: dict[str, Any], limits: RequestLimits) -> list[ChatMessag
             _add_message(messages, item, where, limits)
         elif kind == "function_call":
             _add_call(messages, item, where)
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            _add_call(messages, item, where, custom=True)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _string(item, "call_id", where)
             output = _text(item.get("output"), f"{where}.output")
             messages.append(ChatMessage("tool", output, tool_call_id=call_id))
@@ -263,7 +270,8 @@ def _parse_input(data: dict[str, Any], limits: RequestLimits) -> list[ChatMessag
             raise invalid_value(
                 f"{where}.type",
                 f"{show(kind)}: this server takes 'message', 'function_call', "
-                "'function_call_output' and 'reasoning' items.",
+                "'function_call_output', 'custom_tool_call', 'custom_tool_call_output' and "
+                "'reasoning' items.",
             )
     return messages
 
@@ -292,16 +300,27 @@ def _add_message(
     messages.append(ChatMessage("system" if role == "developer" else role, content))
 
 
-def _add_call(messages: list[ChatMessage], item: dict[str, Any], where: str) -> None:
-    """A ``function_call`` item: a call of the assistant message it follows, else of a new
-    one."""
+def _add_call(
+    messages: list[ChatMessage], item: dict[str, Any], where: str, *, custom: bool = False
+) -> None:
+    """A ``function_call`` (or ``custom_tool_call``) item: a call of the assistant message it
+    follows, else of a new one, named as the model sees the tool (``namespace.name``). A
+    custom tool's ``input`` is shown to the template as its one parameter
+    (:data:`TEXT_INPUT`), as the model was shown the tool."""
     name = _string(item, "name", where)
-    arguments = item.get("arguments")
+    namespace = item.get("namespace")
+    if namespace is not None:
+        namespace = _string(item, "namespace", where)
+    field = "input" if custom else "arguments"
+    arguments = item.get(field)
     if arguments is None:
-        raise missing(f"{where}.arguments")
+        raise missing(f"{where}.{field}")
     if not isinstance(arguments, str):
-        raise invalid_type(f"{where}.arguments", "a string (JSON text)", arguments)
-    call = ToolCall(_string(item, "call_id", where), name, arguments)
+        expected = "a string" if custom else "a string (JSON text)"
+        raise invalid_type(f"{where}.{field}", expected, arguments)
+    if custom:
+        arguments = json.dumps({TEXT_INPUT: checked_text(arguments, f"{where}.input")})
+    call = ToolCall(_string(item, "call_id", where), flat_name(name, namespace), arguments)
     if messages and messages[-1].role == "assistant":
         last = messages[-1]
         messages[-1] = attrs.evolve(last, tool_calls=(*last.tool_calls, call))
@@ -401,77 +420,6 @@ def _text_part(part: object, at: str) -> str:
 
 
 # -- tools, format, reasoning ------------------------------------------------------------------
-
-
-def _parse_tools(
-    data: dict[str, Any], limits: RequestLimits
-) -> tuple[ToolChoice, list[dict[str, Any]], Any]:
-    """``tools``, ``tool_choice`` and ``parallel_tool_calls``: the tools offered, the function
-    tools as the response echoes them, and the ``tool_choice`` it echoes."""
-    tools: list[Tool] = []
-    offered: list[dict[str, Any]] = []
-    skipped: list[str] = []
-    for i, item in enumerate(read(data, Body.RESPONSES, "tools", limits) or ()):
-        where = f"tools[{i}]"
-        if not isinstance(item, dict):
-            raise invalid_type(where, "an object", item)
-        kind = item.get("type")
-        if kind != "function":
-            if not isinstance(kind, str):
-                raise (
-                    missing(f"{where}.type")
-                    if kind is None
-                    else invalid_type(f"{where}.type", "a string", kind)
-                )
-            skipped.append(kind)
-            continue
-        check(RESPONSES_TOOL, item, limits, where)
-        name = item["name"]
-        if any(t.name == name for t in tools):
-            raise invalid_value("tools", f"the name {show(name)} is used twice.")
-        parameters = item.get("parameters") or {"type": "object", "properties": {}}
-        strict = item.get("strict") is True
-        tools.append(Tool(name, item.get("description") or "", parameters, strict=strict))
-        offered.append(
-            {
-                "type": "function",
-                "name": name,
-                "description": item.get("description"),
-                "parameters": parameters,
-                "strict": item.get("strict"),
-            }
-        )
-    if skipped:
-        logger.warning(
-            "responses: left out tools this server cannot run: %s", ", ".join(sorted(set(skipped)))
-        )
-    parallel = read(data, Body.RESPONSES, "parallel_tool_calls", limits) is not False
-    choice = data.get("tool_choice")
-    if choice is None:
-        chosen = choose_tools(tools, "auto", parallel=parallel)
-    elif isinstance(choice, str):
-        if choice not in ("none", "auto", "required"):
-            raise invalid_value(
-                "tool_choice",
-                f"{show(choice)}. Supported values are: 'none', 'auto', 'required' or a "
-                "named function.",
-            )
-        chosen = choose_tools(tools, choice, parallel=parallel)
-    elif isinstance(choice, dict):
-        kind = choice.get("type")
-        if kind != "function":
-            raise invalid_value(
-                "tool_choice",
-                f"this server cannot run {show(kind)} tools; it runs 'function' tools only.",
-            )
-        name = choice.get("name")
-        if not isinstance(name, str):
-            raise invalid_type("tool_choice.name", "a string", name)
-        chosen = choose_tools(tools, "required", name=name, parallel=parallel)
-    else:
-        raise invalid_type("tool_choice", "a string or an object", choice)
-    echo = choice if choice is not None else "auto"
-    return chosen, offered, echo
 
 
 def _parse_format(data: dict[str, Any], limits: RequestLimits) -> tuple[dict[str, Any], Any]:

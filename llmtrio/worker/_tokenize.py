@@ -34,8 +34,8 @@ from ..api import (
     read,
 )
 from ._encoding import Answer, ResponseMeta, WholeBody
-from ._pipeline import Encoder, Finished, ModelEngine, run_tokenizer
 from ._requests import json_body
+from ._shapes import Encoder, Finished, ModelEngine, run_tokenizer
 
 __all__ = [
     "DETOKENIZE_ENDPOINT",

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Self
 
 import attrs
 import numpy as np
@@ -92,18 +93,17 @@ class EmbeddingEngine(DecodeLoop):
     takes_images = False
     takes_audio = False
     _loop_name = "embedding loop"
+    #: The fewest tokens a decode carries: a decode of fewer inputs' tokens gets a filler
+    #: sequence (0: none; see ``RerankEngine``).
+    _min_decode_tokens = 0
 
     def __init__(self, config: EngineConfig, model: LlamaModel, resolved: ResolvedModel) -> None:
-        pooling = POOLING_NAMES.get(model.pooling)
-        if pooling is None:
-            raise ModelLoadError(
-                f"{resolved.name} is not an embedding model: its GGUF names no mean, CLS or "
-                f"last pooling (llama.cpp pooling type {model.pooling})"
-            )
+        pooling = self._pooling(model, resolved.name)
         super().__init__(config, model, resolved)
         self.pooling = pooling
         self.ctx_size = model.ctx_size
-        self.dimensions = model.n_embd
+        #: The floats of one input's output: its vector's (or a cross-encoder's scores).
+        self.dimensions = model.pooled_size
         self._inbox: list[tuple[int, list[npt.NDArray[np.int32]]]] = []
         self._calls: dict[int, _Call] = {}
         self._threads = ThreadChooser(config.threads)
@@ -111,9 +111,22 @@ class EmbeddingEngine(DecodeLoop):
         #: How many decodes ran on each thread count (see ``ThreadChooser``).
         self.decodes_by_threads: dict[int, int] = {}
 
+    @staticmethod
+    def _pooling(model: LlamaModel, name: str) -> str:
+        """The name of the model's pooling, which this engine serves.
+
+        Error handling: :class:`ModelLoadError` for a pooling it does not serve."""
+        pooling = POOLING_NAMES.get(model.pooling)
+        if pooling is None:
+            raise ModelLoadError(
+                f"{name} is not an embedding model: its GGUF names no mean, CLS or last "
+                f"pooling (llama.cpp pooling type {model.pooling})"
+            )
+        return pooling
+
     @classmethod
     @asynccontextmanager
-    async def open(cls, config: EngineConfig) -> AsyncIterator[EmbeddingEngine]:
+    async def open(cls, config: EngineConfig) -> AsyncIterator[Self]:
         """Resolve and load the model (in a thread) with an embedding context, start the
         decode loop, and yield the engine once the model is resident.
 
@@ -153,6 +166,11 @@ class EmbeddingEngine(DecodeLoop):
     # -- public API ----------------------------------------------------------------------
 
     @property
+    def context_length(self) -> int:
+        """The longest input in tokens (``ctx_size``): what ``/v1/models`` reports."""
+        return self.ctx_size
+
+    @property
     def max_inflight(self) -> int:
         """How many requests it takes at once (the ring's claims): at least the sequences
         one decode carries, so concurrent requests fill a batch."""
@@ -189,11 +207,20 @@ class EmbeddingEngine(DecodeLoop):
         the next batch boundary; a batch being decoded finishes, and its vectors for this
         caller are discarded.
         """
+        vectors, counts = await self._pool(inputs, "input")
+        return Embeddings(vectors, counts)
+
+    async def _pool(
+        self, inputs: Sequence[Sequence[int]], param: str
+    ) -> tuple[npt.NDArray[np.float32], tuple[int, ...]]:
+        """Each input's pooled output (row ``i`` for input ``i``, as :meth:`_finish` leaves
+        it) and its length in tokens; ``param`` names the inputs in errors. See
+        :meth:`embed_tokens`."""
         if self._closed:
             raise self._failure or EngineClosedError("the engine is closed")
-        arrays = [self._checked(i, tokens) for i, tokens in enumerate(inputs)]
+        arrays = [self._checked(param, i, tokens) for i, tokens in enumerate(inputs)]
         if not arrays:
-            raise InvalidRequestError("no inputs to embed", param="input")
+            raise InvalidRequestError(f"no {param}s to decode", param=param)
         key = self._next_key
         self._next_key += 1
         call = _Call(len(arrays), self.dimensions)
@@ -215,16 +242,16 @@ class EmbeddingEngine(DecodeLoop):
                     self._cond.notify()
         if call.error is not None:
             raise call.error
-        return Embeddings(call.vectors, tuple(len(a) for a in arrays))
+        return call.vectors, tuple(len(a) for a in arrays)
 
-    def _checked(self, index: int, tokens: Sequence[int]) -> npt.NDArray[np.int32]:
-        param = f"input[{index}]"
+    def _checked(self, what: str, index: int, tokens: Sequence[int]) -> npt.NDArray[np.int32]:
+        param = f"{what}[{index}]"
         if len(tokens) == 0:
-            raise InvalidRequestError(f"input {index} is empty", param=param)
+            raise InvalidRequestError(f"{what} {index} is empty", param=param)
         if len(tokens) > self.ctx_size:
             raise InvalidRequestError(
-                f"input {index} is {len(tokens)} tokens, more than the {self.ctx_size} this "
-                f"model embeds at once (its context); shorten it",
+                f"{what} {index} is {len(tokens)} tokens, more than the {self.ctx_size} this "
+                f"model takes at once (its context); shorten it",
                 param=param,
             )
         array = np.asarray(tokens, dtype=np.int64)
@@ -232,7 +259,7 @@ class EmbeddingEngine(DecodeLoop):
         if bad.any():
             token = int(array[int(np.argmax(bad))])
             raise InvalidRequestError(
-                f"input {index} holds token id {token}, outside the vocabulary "
+                f"{what} {index} holds token id {token}, outside the vocabulary "
                 f"(0 to {self.n_vocab - 1})",
                 param=param,
             )
@@ -295,6 +322,11 @@ class EmbeddingEngine(DecodeLoop):
             start = batch.n
             batch.add(item.tokens, 0, seq, output_last=True)
             batch.logits[start : batch.n] = 1  # pooling reads every token's output
+        inputs = batch.n
+        if inputs < self._min_decode_tokens and len(items) < model.slots:
+            # a filler sequence, its output unread: see ``_min_decode_tokens``
+            filler = np.full(self._min_decode_tokens - inputs, items[0].tokens[0], np.int32)
+            batch.add(filler, 0, len(items), output_last=True, output_all=True)
         threads = self._threads.choose(batch.n)
         if threads != self._threads_now:
             model.set_threads(threads)
@@ -310,16 +342,22 @@ class EmbeddingEngine(DecodeLoop):
                 return [result for item in items for result in self._decode(batch, [item])]
             error = DecodeError(f"llama_decode failed (status {status}) on this input")
             return [(items[0], error)]
-        self.stats.prompt_tokens_ingested += batch.n
+        self.stats.prompt_tokens_ingested += inputs
         results: list[tuple[Packed, npt.NDArray[np.float32] | Exception]] = []
         for seq, item in enumerate(items):
             vector = model.pooled(seq)
             if vector is None:
                 results.append((item, DecodeError("llama.cpp returned no embedding")))
                 continue
-            norm = float(np.linalg.norm(vector))
-            results.append((item, vector / norm if norm > 0 else vector))
+            results.append((item, self._finish(vector)))
         return results
+
+    @staticmethod
+    def _finish(pooled: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """One input's pooled output as the caller gets it: L2-normalized, as OpenAI's
+        vectors are."""
+        norm = float(np.linalg.norm(pooled))
+        return pooled / norm if norm > 0 else pooled
 
     def _post(self, results: list[tuple[Packed, npt.NDArray[np.float32] | Exception]]) -> None:
         self._post_soon(self._deliver, results)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -17,6 +17,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from .._errors import InvalidRequestError
 from .._types import ChatMessage, Tool
 from ..tools import describe_tools, template_message
+from ._system_messages import fold_system_messages, system_fold
 from ._text import THINK_CLOSE, THINK_OPEN
 
 __all__ = ["ChatTemplate", "RenderedPrompt"]
@@ -55,7 +56,12 @@ def _tojson(
     it (``'<tool_call>' + args | tojson``) got that string HTML-escaped (``&lt;tool_call&gt;``).
     """
     text = json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        value,
+        ensure_ascii=ensure_ascii,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+        default=_listed,
     )
     return (
         text.replace("<", "\\u003c")
@@ -63,6 +69,15 @@ def _tojson(
         .replace("&", "\\u0026")
         .replace("'", "\\u0027")
     )
+
+
+def _listed(value: object) -> object:
+    """What ``tojson`` writes for a value JSON has no form for: an iterable as a list (Jinja's
+    ``map`` and ``select`` filters give generators: llama.cpp's deepseek-r1 template writes
+    ``tools | map(attribute='function') | tojson``), anything else is a template error."""
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping):
+        return list(value)
+    raise TemplateError(f"tojson cannot write a {type(value).__name__}")
 
 
 class _GenerationTag(Extension):
@@ -115,6 +130,13 @@ class ChatTemplate:
         #: The template writes tool calls in Qwen's XML form (``<function=name>``), so forced
         #: and constrained calls take that form; otherwise Hermes JSON.
         self.xml_tool_calls = self.renders_tools and "<function=" in (jinja_source or "")
+        #: How much of a conversation's system messages is folded into user turns before
+        #: this template renders it (``_system_messages``): probed once, here.
+        self.system_fold = system_fold(
+            lambda messages: self._render(
+                messages, think=None, tools=(), add_generation_prompt=True
+            )
+        )
 
     @property
     def source(self) -> str:
@@ -128,7 +150,8 @@ class ChatTemplate:
         tools: Sequence[Tool] = (),
     ) -> RenderedPrompt:
         """The prompt for ``messages`` (and ``tools``), ending with the template's generation
-        prompt.
+        prompt. A template that takes a system message only first gets later ones folded
+        into user turns (``_system_messages``).
 
         Whether the model starts inside a think block is read from that generation prompt
         alone (what the template adds for the assistant's turn), never from the messages: a
@@ -137,6 +160,7 @@ class ChatTemplate:
         uses_tools = bool(tools) or any(m.tool_calls or m.role == "tool" for m in messages)
         if uses_tools and not self.renders_tools:
             messages = describe_tools(messages, tools)
+        messages = fold_system_messages(messages, self.system_fold)
         history = self._render(messages, think=think, tools=tools, add_generation_prompt=False)
         text = self._render(messages, think=think, tools=tools, add_generation_prompt=True)
         generation_prompt = text[_common_prefix(history, text) :]

@@ -50,10 +50,11 @@ from ..spec_decode import (
     Shape,
     plan_drafts,
 )
+from ._disk_tier import DiskTier
 from ._drafting import DraftBudget, cut_anywhere, judge_shadow
 from ._jobs import Drafter, Job, Part, slot_sampler
 from ._pool import SharedPool
-from ._prompt_cache import PromptCache
+from ._prompt_cache import OFFERED, PromptCache
 from ._scheduler import Scheduler, Start
 from ._step import CoreRequest, StepOutput
 from ._think_budget import ThinkBudget, think_markers
@@ -74,6 +75,10 @@ class EngineCore:
     more tokens per ms than steps without (:class:`DraftGate`); a plan of the caller's own
     (tests force drafts with one) is carried out as chosen.
 
+    ``disk``: the prompt cache's disk tier (``cache_dir``): snapshots host memory does not
+    keep are handed to it, a request may come with a snapshot it read (``offered``), and
+    :meth:`flush` hands it what memory holds as the engine closes.
+
     Resource handling: a sequence's sampler is freed with its slot; its memory stays for
     the prompt cache (cleared after a failed decode, or when reuse is off). A preempted
     sequence's swapped-out state is held until it resumes or ends.
@@ -87,8 +92,10 @@ class EngineCore:
         *,
         drafter: Callable[[list[int]], Drafter] | None = None,
         plan: Callable[..., list[int]] | None = None,
+        disk: DiskTier | None = None,
     ) -> None:
         self._model = model
+        self._disk = disk
         self._config = config
         self._stats = stats
         self._scheduler = Scheduler(
@@ -108,8 +115,14 @@ class EngineCore:
             cut_anywhere=cut_anywhere(model),
             budget_bytes=config.cache_ram_mib * 2**20,
             enabled=config.prompt_cache,
+            spills=disk is not None,
         )
-        self._snapshots: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
+        #: The snapshots in host memory: the tokens each follows, and the state.
+        self._snapshots: dict[int, tuple[npt.NDArray[np.int32], ctypes.Array[ctypes.c_uint8]]]
+        self._snapshots = {}
+        #: What the slots and snapshots hold (the prompt cache's ``held``), as of the last
+        #: change: published for the frontend's disk lookups (a tuple, replaced whole).
+        self.held: tuple[npt.NDArray[np.int32], ...] = ()
         self._pool = (
             SharedPool(
                 config.pool_cells,
@@ -319,20 +332,38 @@ class EngineCore:
             return Start(min(job.pos, len(job.prompt)))
         job.order = self._admissions
         self._admissions += 1
+        offered = job.request.offered
         plan = cache.assign(
-            job.prompt, hints=job.request.hints, reuse=job.request.request.cache_prompt
+            job.prompt,
+            hints=job.request.hints,
+            reuse=job.request.request.cache_prompt,
+            offered=offered.tokens if offered is not None and offered.data is not None else None,
         )
         seq = job.seq = plan.seq
         keep = plan.keep
         if plan.save is not None:
             self._snapshot(seq, plan.save)
         if plan.restore is not None:
+            started = time.perf_counter()
             model.forget(seq)
             if self._pool:
                 self._pool.room_for(keep)
-            if not model.restore_state(seq, self._snapshots[plan.restore]):
+            if plan.restore == OFFERED:
+                assert offered is not None
+                data = offered.take()
+            else:
+                data = self._snapshots[plan.restore][1]
+            if data is None or not model.restore_state(seq, data):
                 cache.restore_failed(seq)
                 keep = 0
+            elif plan.restore == OFFERED:
+                assert offered is not None
+                stats = self._stats
+                stats.disk_hits += 1
+                stats.disk_restored_tokens += keep
+                stats.disk_restore_s += offered.seconds + time.perf_counter() - started
+        if offered is not None:
+            offered.take()  # not held while the request runs
         media = [(start, start + chunk.n_tokens, chunk) for start, chunk in job.request.media]
         for begin, end, _ in media:
             if begin < keep < end:  # a media chunk is in memory whole or not at all
@@ -352,15 +383,39 @@ class EngineCore:
         return Start(keep, (*plan.snapshot_at, *bounds), spans)
 
     def _snapshot(self, seq: int, tokens: npt.NDArray[np.int32]) -> None:
+        """Save ``seq``'s memory, which holds ``tokens``, as a snapshot in host memory; what
+        that evicts (or a snapshot too large for it) goes to the disk tier, if any."""
         data = self._model.save_state(seq)
         if data is None:
             return
-        entry, evicted = self._cache.stored(tokens, len(data))
+        cache, disk = self._cache, self._disk
+        entry, evicted = cache.stored(tokens, len(data))
         for old in evicted:
-            del self._snapshots[old]
+            old_tokens, old_data = self._snapshots.pop(old)
+            if disk is not None:
+                disk.spill(old_tokens, old_data)
         if entry is not None:
-            self._snapshots[entry] = data
+            self._snapshots[entry] = (tokens, data)
+        elif disk is not None and len(data) > cache.budget_bytes:
+            disk.spill(tokens, data)
         self._count_cache()
+
+    def flush(self) -> None:
+        """Hand the disk tier what memory holds, as the engine closes: each idle slot's memory
+        (copied out once), then every snapshot in host memory, unless a file (or, for a slot,
+        a snapshot) already serves it."""
+        disk, cache, model = self._disk, self._cache, self._model
+        if disk is None:
+            return
+        for seq in cache.evictable():
+            tokens = cache.resident(seq)
+            if cache.worth_keeping(tokens) and not disk.covers(tokens):
+                data = model.save_state(seq)
+                if data is not None:
+                    disk.spill(tokens, data, closing=True)
+        for tokens, data in self._snapshots.values():
+            if not disk.covers(tokens):
+                disk.spill(tokens, data, closing=True)
 
     def _count_running(self) -> None:
         running = [job for job in self._jobs.values() if job.seq >= 0]
@@ -372,6 +427,7 @@ class EngineCore:
 
     def _count_cache(self) -> None:
         stats, cache = self._stats, self._cache
+        self.held = cache.held()
         stats.prompt_cache_hits = cache.hits
         stats.prompt_cache_reused_tokens = cache.reused_tokens
         stats.prompt_cache_bytes = cache.bytes_used
@@ -394,6 +450,7 @@ class EngineCore:
                     held = np.concatenate([held, np.asarray(job.fed, dtype=np.int32)])
                 self._cache.released(job.seq, held)
             job.seq = -1
+            self.held = self._cache.held()
         if job.preempted and self._pool:
             self._pool.unswap(job)
         if job.sampler is not None:

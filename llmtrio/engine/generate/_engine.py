@@ -23,6 +23,7 @@ from pathlib import Path
 
 import attrs
 import numpy as np
+import numpy.typing as npt
 import trio
 
 from .._config import MAX_RECURRENT_DRAFT, EngineConfig
@@ -35,10 +36,11 @@ from ..models import ResolvedModel
 from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from ._chat import ChatTemplate
 from ._core import EngineCore
+from ._disk_tier import DiskTier
 from ._generation import Generation
 from ._inputs import InputProcessor
 from ._output import OutputProcessor
-from ._step import CoreRequest, StepOutput
+from ._step import CoreRequest, Offered, StepOutput
 from ._text import THINK_CLOSE, THINK_OPEN
 
 __all__ = ["Engine", "context_params"]
@@ -108,6 +110,10 @@ class Engine(DecodeLoop):
         self._generations: dict[int, Generation] = {}
         #: Requests accepted and not yet released (waiting ones included).
         self._inflight = 0
+        #: The prompt cache's files (``cache_dir``), once ``_aside`` has opened them.
+        self._disk: DiskTier | None = None
+        #: The decode-step core while the decode thread runs (its ``held`` is read here).
+        self._core: EngineCore | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -163,6 +169,12 @@ class Engine(DecodeLoop):
         )
 
     @property
+    def context_length(self) -> int:
+        """The most tokens one request may use, prompt and output (``EngineConfig.request_ctx``):
+        what ``/v1/models`` reports."""
+        return self.config.request_ctx
+
+    @property
     def takes_images(self) -> bool:
         """Whether chat messages may carry images (a projector with a vision encoder is
         loaded)."""
@@ -176,6 +188,39 @@ class Engine(DecodeLoop):
 
     def _requests_in_flight(self) -> int:
         return self._inflight
+
+    async def _aside(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """The prompt cache's files (``cache_dir``): opened (the folder scanned) before the
+        decode thread starts, then written, until the decode thread has stopped and what it
+        handed over is written (see ``_disk_tier``).
+
+        Error handling: :class:`ModelLoadError` when the folder cannot be made or read."""
+        config = self.config
+        if config.cache_dir is None or not config.prompt_cache:
+            task_status.started()
+            return
+        try:
+            disk = await trio.to_thread.run_sync(
+                DiskTier.open, config, self._model, self.model_path, self.stats, self._post_soon
+            )
+        except OSError as exc:
+            raise ModelLoadError(
+                f"cannot keep the prompt cache in {config.cache_dir}: {exc.strerror or exc}"
+            ) from exc
+        self._disk = disk
+        logger.info(
+            "prompt cache on disk: %s, %d files of %d MiB (budget %d MiB)",
+            disk.store.folder,
+            disk.store.entries,
+            disk.store.bytes_used >> 20,
+            config.cache_disk_mib,
+        )
+        task_status.started()
+        await disk.write_until_closed()
+
+    def _after_loop(self) -> None:
+        if self._disk is not None:
+            self._disk.close()
 
     # -- public API ----------------------------------------------------------------------
 
@@ -227,14 +272,17 @@ class Engine(DecodeLoop):
             # Rendering and tokenizing a long prompt, encoding media or compiling a grammar
             # takes a while: never on the event loop. A cancel abandons the thread, which
             # stops before its next media chunk.
+            known = self._on_disk if request.cache_prompt else None
             cancelled = threading.Event()
             try:
                 prepared = await trio.to_thread.run_sync(
-                    self._inputs.prepare, request, cancelled, abandon_on_cancel=True
+                    self._inputs.prepare, request, cancelled, known, abandon_on_cancel=True
                 )
             finally:
                 cancelled.set()
         prompt = prepared.tokens
+        prompt_array = np.asarray(prompt, dtype=np.int32)
+        offered = await self._look_on_disk(prompt_array, request)
         key = self._next_key
         self._next_key += 1
         scope = trio.CancelScope()
@@ -254,13 +302,14 @@ class Engine(DecodeLoop):
         budget = self.config.request_ctx - len(prompt) + 1
         core_request = CoreRequest(
             key,
-            np.asarray(prompt, dtype=np.int32),
+            prompt_array,
             request,
             max_tokens=min(request.max_tokens or budget, budget),
             hints=prepared.hints,
             grammar=prepared.grammar,
             media=prepared.media,
             opens_think=prepared.opens_think,
+            offered=offered,
         )
         with self._cond:
             if self._closed:  # checked under the lock the decode loop closes under
@@ -278,6 +327,26 @@ class Engine(DecodeLoop):
                     self._end(key)
 
     # -- Trio-side helpers -------------------------------------------------------------
+
+    def _on_disk(self, prompt: list[int]) -> int:
+        """How many of ``prompt``'s tokens a file on disk serves (no I/O; 0 without files)."""
+        disk = self._disk
+        if disk is None:
+            return 0
+        found = disk.store.best(np.asarray(prompt, dtype=np.int32), len(prompt) - 1, room=disk.room)
+        return found.keep if found is not None else 0
+
+    async def _look_on_disk(
+        self, prompt: npt.NDArray[np.int32], request: GenerateRequest
+    ) -> Offered | None:
+        """A snapshot of ``prompt``'s prefix read from disk, when the files serve more of it
+        than memory does (as the decode thread last published); ``None`` otherwise."""
+        disk, core = self._disk, self._core
+        if disk is None or not request.cache_prompt:
+            return None
+        limit = len(prompt) - 1  # at least one token is ingested, for its logits
+        memory = disk.memory_serves(core.held if core is not None else (), prompt, limit)
+        return await disk.lookup(prompt, limit, memory)
 
     def _token_logprob(self, raw: RawLogprob) -> TokenLogprob:
         def text(token: int) -> tuple[str, bytes]:
@@ -330,7 +399,7 @@ class Engine(DecodeLoop):
     def _loop(self) -> None:
         """Feed the core what the Trio side sent (new requests, cancellations) and post
         what each step returns, until the engine closes."""
-        core = EngineCore(self._model, self.config, self.stats)
+        core = self._core = EngineCore(self._model, self.config, self.stats, disk=self._disk)
         failure: BaseException | None = None
         try:
             while True:
@@ -365,6 +434,8 @@ class Engine(DecodeLoop):
                 if failure is None
                 else EngineFailedError(f"the decode loop failed: {failure!r}")
             )
+            if failure is None:
+                core.flush()  # what memory holds, to disk (a model unloaded, a server drained)
             closed = core.close(error)
             closed += [StepOutput(r.key, [], error=error, released=True) for r in waiting]
             self._decoding = 0

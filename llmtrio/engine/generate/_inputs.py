@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -130,12 +130,17 @@ class InputProcessor:
             raise PromptTooLongError(at_least, self._config.request_ctx, at_least=True)
 
     def prepare(
-        self, request: GenerateRequest, cancelled: threading.Event | None = None
+        self,
+        request: GenerateRequest,
+        cancelled: threading.Event | None = None,
+        known: Callable[[list[int]], int] | None = None,
     ) -> Prepared:
         """The request's prompt, checked, its media encoded, and its grammar (from
         ``grammar``, ``json_schema`` or its tools), compiled and parsed once. ``cancelled``
         set (the request was cancelled while this runs in a thread) stops it before the next
-        media chunk's encode.
+        media chunk's encode. ``known(tokens)`` says how many of the prompt's tokens the
+        prompt cache holds (in memory or on disk): a media chunk among them is not encoded
+        (the decode thread encodes it should the cache not serve it after all).
 
         Error handling: :class:`PromptTooLongError`, :class:`InvalidRequestError` (a token
         id or a ``logit_bias`` outside the vocabulary, a strict schema the grammar cannot
@@ -143,7 +148,9 @@ class InputProcessor:
         grammar does not parse), :class:`GrammarBugError` (one the engine wrote does not:
         logged with its schema), :class:`RequestAbandoned` once ``cancelled`` is set."""
         prepared = self.prompt(request)
-        self._encode(prepared, cancelled)
+        if prepared.media:
+            after = known(prepared.tokens) if known is not None else 0
+            self._encode(prepared, cancelled, after=after)
         self._check_logit_bias(request)
         grammar = request_grammar(
             request, xml_calls=self.template.xml_tool_calls, opens_think=prepared.opens_think
@@ -204,7 +211,9 @@ class InputProcessor:
             raise PromptTooLongError(len(prepared.tokens), self._config.request_ctx)
         return prepared
 
-    def _encode(self, prepared: Prepared, cancelled: threading.Event | None = None) -> None:
+    def _encode(
+        self, prepared: Prepared, cancelled: threading.Event | None = None, after: int = 0
+    ) -> None:
         """Encode the prompt's media chunks here, in the preparing thread, not on the decode
         thread: an encode takes seconds on a CPU, and every stream would wait for it there
         (``benchmarks/vision_bench.py``). One encode per chunk (an audio file's 30-second
@@ -214,8 +223,10 @@ class InputProcessor:
         Error handling: :class:`InvalidRequestError` when the projector fails on a chunk,
         :class:`RequestAbandoned` once ``cancelled`` is set."""
         projector, stats = self._model.projector, self._stats
-        for _, chunk in prepared.media:
+        for start, chunk in prepared.media:
             assert projector is not None
+            if start + chunk.n_tokens <= after:  # in the prompt cache: not decoded again
+                continue
             if cancelled is not None and cancelled.is_set():
                 raise RequestAbandoned
             encodes, started = projector.encodes, time.perf_counter()

@@ -35,26 +35,15 @@ from collections.abc import Sequence
 
 import attrs
 import numpy as np
-import numpy.typing as npt
 
-__all__ = ["Assignment", "PromptCache", "common_prefix"]
+from ..snapshots import Tokens, as_tokens, common_prefix, covers, reusable, worth
 
-Tokens = npt.NDArray[np.int32]
+__all__ = ["OFFERED", "Assignment", "PromptCache", "common_prefix"]
+
+#: The entry id of a snapshot offered with the prompt (read from disk by the frontend).
+OFFERED = -1
 
 _EMPTY: Tokens = np.zeros(0, dtype=np.int32)
-
-
-def common_prefix(a: Tokens, b: Tokens) -> int:
-    """The number of leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
-
-
-def _tokens(value: Sequence[int] | Tokens) -> Tokens:
-    return np.asarray(value, dtype=np.int32)
 
 
 @attrs.frozen(eq=False)
@@ -63,7 +52,8 @@ class Assignment:
 
     1. ``save``: snapshot ``seq``'s memory first, which holds these tokens (the prompt cuts
        or drops them); report it with :meth:`PromptCache.stored`.
-    2. ``restore``: restore that snapshot (an entry id) into ``seq``.
+    2. ``restore``: restore that snapshot (an entry id, or :data:`OFFERED`: the one offered
+       with the prompt) into ``seq``.
     3. cut ``seq``'s memory back to its first ``keep`` tokens (all of it when 0).
     4. ingest the prompt from ``keep`` on, taking a snapshot (and reporting it) after each
        position in ``snapshot_at`` (prompt lengths, in ascending order).
@@ -95,12 +85,16 @@ class _Slot:
 class PromptCache:
     """The policy over ``slots`` sequence ids and ``budget_bytes`` of host snapshots.
 
-    ``budget_bytes == 0`` keeps no snapshots (slots still reuse what they hold);
+    ``budget_bytes == 0`` keeps no snapshots (slots still reuse what they hold) unless
+    ``spills``: snapshots then go on to disk when host memory cannot keep them, so they are
+    still taken (where a prompt cuts a slot's memory, and at the hints);
     ``enabled=False`` reuses nothing (every prompt is ingested from scratch, each slot's
     memory cleared).
 
     ``min_restore`` is the fewest tokens worth restoring a snapshot for (a copy of the whole
-    state), and ``min_snapshot`` the fewest worth keeping one of.
+    state), and ``min_snapshot`` the fewest worth keeping one of; a prefix that holds an image
+    (its placeholder ids are negative) is worth both whatever its length: its tokens are few,
+    but each image costs an encode and a decode of its own.
     """
 
     slots: int
@@ -109,6 +103,7 @@ class PromptCache:
     enabled: bool = True
     min_restore: int = 32
     min_snapshot: int = 64
+    spills: bool = False
     _slots: list[_Slot] = attrs.field(init=False)
     _entries: dict[int, _Entry] = attrs.field(init=False, factory=dict)
     _clock: int = attrs.field(init=False, default=0)
@@ -134,6 +129,10 @@ class PromptCache:
     def entries(self) -> int:
         return len(self._entries)
 
+    def held(self) -> tuple[Tokens, ...]:
+        """The tokens every slot's memory and every snapshot holds (immutable arrays)."""
+        return (*(slot.tokens for slot in self._slots), *(e.tokens for e in self._entries.values()))
+
     def resident(self, seq: int) -> Tokens:
         return self._slots[seq].tokens
 
@@ -158,16 +157,22 @@ class PromptCache:
         return held if self._worth_saving(held) else None
 
     def assign(
-        self, prompt: Sequence[int] | Tokens, *, hints: Sequence[int] = (), reuse: bool = True
+        self,
+        prompt: Sequence[int] | Tokens,
+        *,
+        hints: Sequence[int] = (),
+        reuse: bool = True,
+        offered: Tokens | None = None,
     ) -> Assignment:
         """Pick a free slot for ``prompt`` and say what of it is reused (nothing when not
         ``reuse``: the request asked to be ingested whole); the slot is then busy until
-        :meth:`released`.
+        :meth:`released`. ``offered`` are the tokens of a snapshot that comes with the prompt
+        (read from disk): restored (:data:`OFFERED`) where it serves more than memory does.
 
         Error handling: ``LookupError`` when no slot is free (the scheduler admits no more
         sequences than there are slots).
         """
-        tokens = _tokens(prompt)
+        tokens = as_tokens(prompt)
         free = self.free_slots()
         if not free:
             raise LookupError("no free slot")
@@ -179,12 +184,12 @@ class PromptCache:
             return Assignment(seq, 0)
         # At least one token is ingested, for its logits; none reused when not ``reuse``.
         limit = len(tokens) - 1 if reuse else 0
-        seq, keep, restore = self._best(tokens, limit, free)
+        seq, keep, restore = self._best(tokens, limit, free, offered)
         slot = self._slots[seq]
         save = None
         if (restore is not None or keep < len(slot.tokens)) and self._worth_saving(slot.tokens):
             save = slot.tokens
-        if restore is not None:
+        if restore is not None and restore != OFFERED:
             self._entries[restore].used = self._clock
             self._pinned = restore
         if keep:
@@ -200,7 +205,7 @@ class PromptCache:
         the same tokens are already kept) and the entry ids to evict now (least recently used
         first), after which the snapshots in use fit the budget again.
         """
-        tokens = _tokens(tokens).copy()
+        tokens = as_tokens(tokens).copy()
         self._clock += 1
         if nbytes > self.budget_bytes or self._covered(tokens):
             return None, []
@@ -234,13 +239,15 @@ class PromptCache:
         was cleared)."""
         slot = self._slots[seq]
         slot.busy = False
-        slot.tokens = _tokens(tokens).copy() if self.enabled else _EMPTY
+        slot.tokens = as_tokens(tokens).copy() if self.enabled else _EMPTY
         self._clock += 1
         slot.used = self._clock
 
     # -- the policy --------------------------------------------------------------------
 
-    def _best(self, tokens: Tokens, limit: int, free: list[int]) -> tuple[int, int, int | None]:
+    def _best(
+        self, tokens: Tokens, limit: int, free: list[int], offered: Tokens | None
+    ) -> tuple[int, int, int | None]:
         """The slot, the tokens reused and the snapshot to restore (if any)."""
         best_seq, best_keep = -1, 0
         for seq in free:
@@ -250,8 +257,12 @@ class PromptCache:
         best_entry: int | None = None
         for entry in self._entries.values():
             keep = self._reusable(entry.tokens, tokens, limit)
-            if keep >= self.min_restore and keep > best_keep:
+            if keep > best_keep and worth(tokens, keep, self.min_restore):
                 best_entry, best_keep = entry.id, keep
+        if offered is not None:
+            keep = self._reusable(offered, tokens, limit)
+            if keep > best_keep and worth(tokens, keep, self.min_restore):
+                best_entry, best_keep = OFFERED, keep
         if best_entry is None and best_seq >= 0:
             return best_seq, best_keep, None
         # A snapshot to restore, or nothing to reuse: take the free slot whose memory is
@@ -261,36 +272,39 @@ class PromptCache:
 
     def _reusable(self, held: Tokens, tokens: Tokens, limit: int) -> int:
         """How many tokens of ``tokens`` memory holding ``held`` serves."""
-        if not len(held):
-            return 0
-        common = common_prefix(held, tokens)
-        if self.cut_anywhere:
-            return min(common, limit)
-        # A recurrent state exists only after all of ``held``.
-        return len(held) if common == len(held) and len(held) <= limit else 0
+        return reusable(held, tokens, limit, cut_anywhere=self.cut_anywhere)
 
     def _snapshot_points(self, tokens: Tokens, keep: int, hints: Sequence[int]) -> tuple[int, ...]:
-        if self.cut_anywhere or self.budget_bytes <= 0:
+        if self.cut_anywhere or not self._keeps:
             return ()  # the slot's cells serve any prefix; they are saved when cut
-        points = sorted({h for h in hints if keep < h < len(tokens) and h >= self.min_snapshot})
+        points = sorted(
+            {h for h in hints if keep < h < len(tokens) and worth(tokens, h, self.min_snapshot)}
+        )
         return tuple(p for p in points if not self._covered(tokens[:p]))
 
+    def worth_keeping(self, tokens: Tokens) -> bool:
+        """Whether a snapshot after ``tokens`` is worth keeping and none in host memory
+        serves it already."""
+        return self._worth_saving(tokens)
+
     def _worth_saving(self, held: Tokens) -> bool:
-        return self.budget_bytes > 0 and len(held) >= self.min_snapshot and not self._covered(held)
+        return self._keeps and worth(held, len(held), self.min_snapshot) and not self._covered(held)
+
+    @property
+    def _keeps(self) -> bool:
+        """Whether snapshots are kept anywhere (host memory, or on disk)."""
+        return self.budget_bytes > 0 or self.spills
+
+    def covered(self, tokens: Sequence[int] | Tokens) -> bool:
+        """Whether a snapshot in host memory already serves every prefix ``tokens`` could."""
+        return self._covered(as_tokens(tokens))
 
     def _covered(self, tokens: Tokens) -> bool:
         """Whether a snapshot already serves every prefix ``tokens`` could serve."""
-        for entry in self._entries.values():
-            if self.cut_anywhere:
-                if len(entry.tokens) >= len(tokens) and common_prefix(entry.tokens, tokens) == len(
-                    tokens
-                ):
-                    return True
-            elif len(entry.tokens) == len(tokens) and common_prefix(entry.tokens, tokens) == len(
-                tokens
-            ):
-                return True
-        return False
+        return any(
+            covers(entry.tokens, tokens, cut_anywhere=self.cut_anywhere)
+            for entry in self._entries.values()
+        )
 
     def _occupy(self, seq: int, tokens: Tokens) -> None:
         slot = self._slots[seq]

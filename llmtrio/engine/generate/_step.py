@@ -1,7 +1,10 @@
 """The values that cross the decode thread's boundary: what the core takes
-(:class:`CoreRequest`), what one step did to a request (:class:`StepOutput`)."""
+(:class:`CoreRequest`, with a snapshot read from disk for it: :class:`Offered`), what one
+step did to a request (:class:`StepOutput`)."""
 
 from __future__ import annotations
+
+import ctypes
 
 import attrs
 import numpy as np
@@ -10,8 +13,27 @@ import numpy.typing as npt
 from .._types import GenerateRequest, StopReason
 from ..grammar import Grammar
 from ..llama import MediaChunk, RawLogprob
+from ..snapshots import Tokens
 
-__all__ = ["CoreRequest", "StepOutput"]
+__all__ = ["Buffer", "CoreRequest", "Offered", "StepOutput"]
+
+#: A sequence's state in host memory, as llama.cpp writes and reads it.
+Buffer = ctypes.Array[ctypes.c_uint8]
+
+
+@attrs.define(eq=False)
+class Offered:
+    """A snapshot read from disk for one request: the tokens its state follows, the state
+    until the decode thread takes it (:meth:`take`), and the seconds the read took."""
+
+    tokens: Tokens
+    data: Buffer | None
+    seconds: float
+
+    def take(self) -> Buffer | None:
+        """The state, once (the request does not hold it after its start)."""
+        data, self.data = self.data, None
+        return data
 
 
 @attrs.frozen(eq=False)
@@ -31,6 +53,9 @@ class CoreRequest:
     media: tuple[tuple[int, MediaChunk], ...] = ()
     #: Its prompt leaves a think block open: the first tokens are reasoning.
     opens_think: bool = False
+    #: A snapshot of a prefix of its prompt read from disk, restored where it serves more
+    #: than memory does (taken at the start: not held while the request runs).
+    offered: Offered | None = None
 
 
 @attrs.frozen(eq=False)

@@ -1,4 +1,5 @@
-"""The thin layer over llama-cpp-python's low-level bindings: model, context, batch.
+"""The thin layer over llama-cpp-python's low-level bindings: model and context (the batch is
+``_batch.py``'s).
 
 Everything here runs on the thread that owns the context (the loader, then the decode loop);
 nothing here knows of Trio.
@@ -9,19 +10,19 @@ from __future__ import annotations
 import codecs
 import ctypes
 from pathlib import Path
-from typing import Any, cast
 
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
 from .._errors import ModelLoadError
+from ._batch import Batch
 from ._constrained import VocabIndex
 from ._grammar_cache import GrammarCache
 from ._log import recent_log
 from ._projector import Projector
 
-__all__ = ["Batch", "LlamaModel"]
+__all__ = ["LlamaModel"]
 
 #: ``EngineConfig.cache_type_k``/``_v`` as ggml's types.
 _GGML_TYPES = {
@@ -112,14 +113,18 @@ class LlamaModel:
         self.bos: int = llama_cpp.llama_vocab_bos(self.vocab)
         self.eos: int = llama_cpp.llama_vocab_eos(self.vocab)
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        #: The SEP token (-1: none), and whether the vocabulary adds an EOS and a SEP to a
+        #: prompt (what llama.cpp's server puts between a query and a document).
+        self.sep: int = llama_cpp.llama_vocab_sep(self.vocab)
+        self.add_eos: bool = bool(llama_cpp.llama_vocab_get_add_eos(self.vocab))
+        self.add_sep: bool = bool(llama_cpp.llama_vocab_get_add_sep(self.vocab))
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self._model))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self._model))
         self.eog: frozenset[int] = frozenset(
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
         )
         self.architecture = self.meta("general.architecture") or "unknown"
-        template = llama_cpp.llama_model_chat_template(self._model, None)
-        self.chat_template: str | None = template.decode("utf-8", "replace") if template else None
+        self.chat_template = self.named_template(None)
         self._piece_buf = ctypes.create_string_buffer(256)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         #: The most bytes of text one token stands for (special tokens included): a prompt
@@ -210,6 +215,13 @@ class LlamaModel:
                 f"{llama_cpp.llama_model_n_ctx_train(self._model)})"
             )
 
+    def named_template(self, name: str | None) -> str | None:
+        """The GGUF's chat template ``name`` (``tokenizer.chat_template.<name>``; ``None``:
+        the default one), or ``None`` when it has none."""
+        key = None if name is None else name.encode()
+        template = llama_cpp.llama_model_chat_template(self._model, key)
+        return template.decode("utf-8", "replace") if template else None
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(512)
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
@@ -241,6 +253,22 @@ class LlamaModel:
                 self.vocab, data, len(data), tokens, capacity, add_special, parse_special
             )
         return list(tokens[:n])
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """``tokens`` as text (special tokens rendered as nothing; a character left
+        unfinished becomes U+FFFD)."""
+        if not tokens:
+            return ""
+        array = (llama_cpp.llama_token * len(tokens))(*tokens)
+        capacity = 8 * len(tokens) + 16
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            n = llama_cpp.llama_detokenize(
+                self.vocab, array, len(tokens), buf, capacity, False, False
+            )
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", "replace")
+            capacity = -n
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token, as generated text (control tokens render empty)."""
@@ -386,86 +414,32 @@ class LlamaModel:
     def n_embd(self) -> int:
         return int(llama_cpp.llama_model_n_embd(self._model))
 
+    @property
+    def n_cls_out(self) -> int:
+        """The classification head's outputs (a cross-encoder's labels: 1, or ``yes`` and
+        ``no``)."""
+        return int(llama_cpp.llama_model_n_cls_out(self._model))
+
+    @property
+    def pooled_size(self) -> int:
+        """The floats one pooled sequence has: ``n_embd``, or under rank pooling the head's
+        ``n_cls_out`` scores."""
+        if self.pooling == llama_cpp.LLAMA_POOLING_TYPE_RANK:
+            return self.n_cls_out
+        return self.n_embd
+
     def pooled(self, seq: int) -> npt.NDArray[np.float32] | None:
-        """A copy of sequence ``seq``'s pooled embedding after the last decode (``None``
-        when llama.cpp has none for it)."""
+        """A copy of sequence ``seq``'s pooled output after the last decode: its embedding
+        (``n_embd`` floats), or under rank pooling its ``n_cls_out`` scores (``None`` when
+        llama.cpp has none for it)."""
         ptr = llama_cpp.llama_get_embeddings_seq(self.ctx, seq)
         if not ptr:
             return None
-        return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
+        return np.ctypeslib.as_array(ptr, shape=(self.pooled_size,)).copy()
 
     def logits(self, index: int) -> npt.NDArray[np.float32]:
         ptr = llama_cpp.llama_get_logits_ith(self.ctx, index)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-
-
-class Batch:
-    """A ``llama_batch`` over numpy arrays, filled a slice at a time (no per-token objects).
-
-    Every token belongs to one sequence; the ``seq_id`` pointers are set once to point into a
-    flat array, so sequence ids are filled like the other columns.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.token = np.zeros(capacity, dtype=np.int32)
-        self.pos = np.zeros(capacity, dtype=np.int32)
-        self.seq = np.zeros(capacity, dtype=np.int32)
-        self.n_seq_id = np.ones(capacity, dtype=np.int32)
-        self.logits = np.zeros(capacity, dtype=np.int8)
-        item = ctypes.sizeof(ctypes.c_int32)
-        base = self.seq.ctypes.data
-        self._seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * capacity)(
-            *(
-                ctypes.cast(base + i * item, ctypes.POINTER(llama_cpp.llama_seq_id))
-                for i in range(capacity)
-            )
-        )
-        self.struct: Any = cast(Any, llama_cpp.llama_batch())
-        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        self.struct.embd = None
-        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
-        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self.struct.seq_id = self._seq_ptrs
-        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-        self.n = 0
-
-    def clear(self) -> None:
-        self.n = 0
-
-    def add(
-        self,
-        tokens: npt.NDArray[np.int32] | list[int],
-        start_pos: int,
-        seq: int,
-        *,
-        output_last: bool,
-        output_all: bool = False,
-    ) -> int:
-        """Append ``tokens`` of ``seq`` at positions ``start_pos...``; returns the batch index
-        of the last one (whose logits are output when ``output_last``; every token's are
-        when ``output_all``)."""
-        n = len(tokens)
-        i = self.n
-        self.token[i : i + n] = tokens
-        self.pos[i : i + n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
-        self.seq[i : i + n] = seq
-        self.logits[i : i + n] = 1 if output_all else 0
-        if output_last:
-            self.logits[i + n - 1] = 1
-        self.n = i + n
-        self.struct.n_tokens = self.n
-        return i + n - 1
-
-    def add_one(self, token: int, pos: int, seq: int) -> int:
-        i = self.n
-        self.token[i] = token
-        self.pos[i] = pos
-        self.seq[i] = seq
-        self.logits[i] = 1
-        self.n = i + 1
-        self.struct.n_tokens = self.n
-        return i
 
 
 def _ends_inside_character(piece: bytes) -> bool:

@@ -27,6 +27,7 @@ from .._errors import ModelLoadError
 __all__ = [
     "GGML_BLOCK_SIZES",
     "POOLING_NAMES",
+    "RANK_POOLING",
     "GGUFArray",
     "GGUFFormatError",
     "GGUFInfo",
@@ -403,15 +404,23 @@ def check_gguf(path: Path) -> GGUFInfo:
 
 #: llama.cpp's ``enum llama_pooling_type`` values that make a sentence embedding.
 POOLING_NAMES: Mapping[int, str] = {1: "mean", 2: "cls", 3: "last"}
+#: llama.cpp's ``LLAMA_POOLING_TYPE_RANK``: a cross-encoder's pooling, each sequence (a query
+#: and a document) pooled through the model's classification head into ``n_cls_out`` scores.
+RANK_POOLING = 4
 
 
 def model_kind(info: GGUFInfo) -> str:
     """``"embedding"`` for a model whose GGUF names a sentence pooling (``{arch}.pooling_type``
     mean, CLS or last: BERT and its kin, embedding fine-tunes of decoders such as
-    Qwen3-Embedding), ``"chat"`` for any other (a generating model). Pure."""
+    Qwen3-Embedding), ``"rerank"`` for one that names rank pooling (a cross-encoder: BERT's
+    ms-marco rerankers, bge-reranker, Qwen3-Reranker), ``"chat"`` for any other (a generating
+    model). Pure."""
     pooling = info.metadata.get(f"{info.architecture}.pooling_type")
-    if isinstance(pooling, int) and not isinstance(pooling, bool) and pooling in POOLING_NAMES:
-        return "embedding"
+    if isinstance(pooling, int) and not isinstance(pooling, bool):
+        if pooling in POOLING_NAMES:
+            return "embedding"
+        if pooling == RANK_POOLING:
+            return "rerank"
     return "chat"
 
 
