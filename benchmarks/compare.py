@@ -157,6 +157,7 @@ class Setup:
     logdir: Path
     extra_args: dict[Kind, tuple[str, ...]] = field(default_factory=dict)
     base_tree: Path | None = None
+    slots: int = SLOTS  # llmtrio --max-inflight, llama-server --parallel
 
     def logit_bias(self) -> dict[str, float]:
         return {str(t): -100.0 for t in self.eog}
@@ -166,8 +167,12 @@ class Setup:
 
 
 def llmtrio_argv(setup: Setup, port: int, ctx: int) -> list[str]:
+    # ``-m llmtrio``, not the venv's ``llmtrio`` script: the tree on PYTHONPATH (this one,
+    # or --base-tree's) decides what runs, whatever the venv was installed from.
     return [
-        str(Path(sys.executable).parent / "llmtrio"),
+        sys.executable,
+        "-m",
+        "llmtrio",
         "serve",
         "--model",
         str(setup.model),
@@ -176,7 +181,7 @@ def llmtrio_argv(setup: Setup, port: int, ctx: int) -> list[str]:
         "--port",
         str(port),
         "--max-inflight",
-        str(SLOTS),
+        str(setup.slots),
         "--ctx-size",
         str(ctx),
         "--threads",
@@ -201,9 +206,9 @@ def llama_server_argv(setup: Setup, port: int, ctx: int) -> list[str]:
         "--port",
         str(port),
         "--parallel",
-        str(SLOTS),
+        str(setup.slots),
         "-c",
-        str(ctx * SLOTS),
+        str(ctx * setup.slots),
         "--threads",
         str(setup.threads),
         "--threads-batch",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -77,6 +78,8 @@ def open_core(
         "kv_unified": model.kv_unified,
         # The batch holds a chunk and every sequence's token and drafts.
         "prefill_chunk": max(1, model.n_batch // 2),
+        # Chunks of a fixed size (a finite share sizes them by measured step times).
+        "prefill_share": math.inf,
     }
     values.update(config)
     stats = EngineStats()

@@ -4,6 +4,7 @@ ring streams, an ingress on a free port."""
 from __future__ import annotations
 
 import inspect
+import math
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -59,8 +60,17 @@ def engine_config(model: Path, **changes: Any) -> EngineConfig:
     Without drafts because tests compare runs token for token and logprob for logprob: drafts,
     whose number follows measured step times, change batch shapes, and with them the last bits
     of the logits (a near tie can flip, more on some CPUs than others). The tests of
-    speculation ask for it (``spec="ngram"``); the served processes run the default."""
-    base = EngineConfig(model=model, max_inflight=4, ctx_size=512, threads=2, spec=None)
+    speculation ask for it (``spec="ngram"``); the served processes run the default. For the
+    same reason prompts first (``prefill_share=inf``): a finite share sizes the chunks beside
+    decoding by measured step times (``tests/test_smooth_streams.py`` asks for one)."""
+    base = EngineConfig(
+        model=model,
+        max_inflight=4,
+        ctx_size=512,
+        threads=2,
+        spec=None,
+        prefill_share=math.inf,
+    )
     return attrs.evolve(base, **changes)
 
 

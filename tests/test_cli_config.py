@@ -93,7 +93,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
                 for each in row.flags if isinstance(row, _parser.OneOf) else (row,):
                     rows[id(each)] = each
     named = [row for row in rows.values() if "." in row.setting]
-    assert len(named) == 63
+    assert len(named) == 65
     for row in named:
         owner, _, name = row.setting.partition(".")
         assert name in fields(getattr(importlib.import_module(_parser.HOMES[owner]), owner)), row
@@ -103,7 +103,7 @@ def test_every_row_naming_a_class_names_one_of_its_fields() -> None:
             if isinstance(action.default, _parser.Default):
                 assert action.default.name == action.dest
                 shown += 1
-    assert shown == 30 + 25 + 55 + 44  # generate, embed, serve, worker (engine rows in each)
+    assert shown == 31 + 26 + 57 + 46  # generate, embed, serve, worker (engine rows in each)
 
 
 @pytest.mark.parametrize("command", sorted(NEEDED))

@@ -24,7 +24,8 @@ from llmtrio.engine import (
     model_kind_of,
     open_engine,
 )
-from llmtrio.engine.embed._pack import EmbedPacker, ThreadChooser
+from llmtrio.engine._cores import ThreadChooser
+from llmtrio.engine.embed._pack import EmbedPacker
 from llmtrio.worker._embeddings import float_array, parse_embeddings_request
 
 from ._helpers import engine_config, eventually

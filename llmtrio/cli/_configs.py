@@ -85,7 +85,7 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     """One engine config per ``--model`` (the flags shared by all; ``--threads`` per model,
     see :func:`llmtrio.cli._threads.thread_counts`); the default model's alone without
     ``--model``. ``--model-name`` names a single model. A refusal exits naming the flag."""
-    from ..engine import EngineConfig, model_name_of
+    from ..engine import EngineConfig, model_name_of, usable_cores
 
     values = [ModelSpec.parse(text) for text in (args.model or [])]
     command = f"llmtrio {args.command}"
@@ -110,7 +110,7 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     if doubled:
         raise SystemExit(f"{command}: two models served under one name: {sorted(doubled)}")
     try:
-        threads = thread_counts(names, getattr(args, "threads", None) or [], os.cpu_count() or 1)
+        threads = thread_counts(names, getattr(args, "threads", None) or [], usable_cores())
         projectors = _projectors(names, getattr(args, "projectors", None) or [])
     except ValueError as exc:
         raise SystemExit(f"{command}: {exc}") from None
@@ -148,14 +148,14 @@ def catalog(args: argparse.Namespace) -> Catalog:
     the default model when neither ``--model`` nor a catalog flag is given), then the
     models file's, the folder's and the Hugging Face cache's, each with the command's engine
     flags under its own settings. A refusal exits naming the model and the key."""
-    from ..engine import EngineConfig
+    from ..engine import EngineConfig, usable_cores
     from ..engine.models import HubSettings
     from ._catalog import CatalogError
     from ._catalog_build import build_catalog
 
     pinned = engine_configs(args) if args.model or not _has_catalog(args) else []
     shared = [n for name, n in (getattr(args, "threads", None) or []) if name is None]
-    threads = shared[-1] if shared else os.cpu_count() or 1
+    threads = shared[-1] if shared else usable_cores()
     base = build(EngineConfig, args, model=None, threads=threads)
     hub = HubSettings.from_environ(os.environ).cache_dir if args.hf_cache_models else None
     try:

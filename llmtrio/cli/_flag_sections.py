@@ -50,6 +50,16 @@ ENGINE = section(
         type=int,
     ),
     flag(
+        "--prefill-share",
+        "EngineConfig.prefill_share",
+        "smooth streams or first tokens sooner: while streams decode, a step's prompt tokens "
+        "cost at most this many decode steps, and prompts that arrive together start "
+        "together; inf: each prompt starts as soon as it is in, every stream waits for it "
+        "(default %(default)s)",
+        type=float,
+        metavar="STEPS",
+    ),
+    flag(
         "--no-prompt-cache",
         "EngineConfig.prompt_cache",
         "ingest every prompt whole: reuse nothing a slot already holds",

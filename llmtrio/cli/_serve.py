@@ -65,10 +65,13 @@ async def serve(
     worker detaches at once (``/health`` answers 503 with the reason), the server shuts down
     as on ``shutdown``, then this raises. A llama.cpp abort takes the whole process down.
     """
-    from ..engine import EngineConfig, EngineFailedError, open_engine
+    from ..engine import EngineConfig, EngineFailedError, open_engine, oversubscription, read_cores
     from ..worker import HostConfig, HostedModel, ModelHost, Pinned, WorkerMetrics, serve_link
 
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
+    crowded = oversubscription(sum(each.threads for each in configs), read_cores())
+    if crowded is not None:
+        logger.warning("%s", crowded)
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(open_engine(each)) for each in configs]
         hosted = [HostedModel.of(m.name, m.config, m.keep_alive, m.aliases) for m in on_demand]

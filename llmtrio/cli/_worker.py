@@ -60,7 +60,7 @@ async def run_worker(
     ingresses fail them), detaches from every ingress and frees the model.
     """
     # Imported here: the CLI's face loads neither the engine nor llama.cpp.
-    from ..engine import EngineConfig, open_engine
+    from ..engine import EngineConfig, open_engine, oversubscription, read_cores
     from ..worker import (
         LOAD_WAITERS,
         HostConfig,
@@ -73,6 +73,9 @@ async def run_worker(
     )
 
     configs = [engine_config] if isinstance(engine_config, EngineConfig) else list(engine_config)
+    crowded = oversubscription(sum(each.threads for each in configs), read_cores())
+    if crowded is not None:
+        logger.warning("%s", crowded)
     registry = CollectorRegistry()
     link: RemoteLink | None = None
 

@@ -20,6 +20,10 @@ from ._config import DEFAULT_QUANT as DEFAULT_QUANT
 from ._config import DEFAULT_REPO as DEFAULT_REPO
 from ._config import EngineConfig as EngineConfig
 from ._config import LoraSpec as LoraSpec
+from ._cores import Cores as Cores
+from ._cores import oversubscription as oversubscription
+from ._cores import read_cores as read_cores
+from ._cores import usable_cores as usable_cores
 from ._errors import DecodeError as DecodeError
 from ._errors import EngineClosedError as EngineClosedError
 from ._errors import EngineError as EngineError
@@ -94,6 +98,7 @@ __all__ = [
     "CannotTranslateError",
     "Capacity",
     "ChatMessage",
+    "Cores",
     "DecodeError",
     "Done",
     "EmbeddingEngine",
@@ -149,6 +154,9 @@ __all__ = [
     "model_name_of",
     "new_tool_call_id",
     "open_engine",
+    "oversubscription",
+    "read_cores",
     "resolve_model",
     "tool_call_grammar",
+    "usable_cores",
 ]

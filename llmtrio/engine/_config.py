@@ -4,12 +4,13 @@ of its settings."""
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from ._cores import usable_cores
 
 __all__ = [
     "CACHE_TYPES",
@@ -75,7 +76,12 @@ class EngineConfig:
     allocated is ``ctx_size * max_inflight`` tokens. ``target_step_ms`` pauses admission while
     the measured decode step is slower than it (0: admission is bounded by ``max_inflight``
     only). ``prefill_chunk`` is the prompt-token budget of one step, shared by all prompts
-    being ingested.
+    being ingested. ``prefill_share`` trades time to first token for smooth streams: while
+    streams decode, a step's prompt tokens may cost at most that many decode steps (so a
+    running stream's tokens come at most ``1 + prefill_share`` decode steps apart), and
+    prompts ingested while no stream runs start their streams together (a wave, up to
+    ``max_inflight`` chunks); ``math.inf`` is prompts first (each starts as soon as it is in,
+    every stream waits for it: the lowest time to first token). See the ``Scheduler``.
 
     ``prompt_cache`` reuses what a slot's memory already holds of a new prompt (its previous
     prompt and answer, a shared system prompt) instead of ingesting it again; off, every
@@ -142,7 +148,10 @@ class EngineConfig:
     ctx_size: int = 4096
     target_step_ms: float = 0.0
     prefill_chunk: int = 256
-    threads: int = attrs.field(factory=lambda: os.cpu_count() or 1)
+    #: Smooth streams by default: issue 48's AIPerf runs (PERFORMANCE.md, "Smooth streams").
+    prefill_share: float = 4.0
+    #: The cores this process may use (its affinity and cgroup quota, not the host's).
+    threads: int = attrs.field(factory=usable_cores)
     allow_fallback: bool = True
     model_name: str | None = None
     prompt_cache: bool = True
@@ -178,6 +187,8 @@ class EngineConfig:
             raise ValueError("target_step_ms must be 0 or more")
         if self.prefill_chunk < 1:
             raise ValueError("prefill_chunk must be at least 1")
+        if not self.prefill_share >= 0:  # NaN too
+            raise ValueError("prefill_share must be 0 or more (inf: prompts first)")
         if self.threads < 1:
             raise ValueError("threads must be at least 1")
         if self.cache_ram_mib < 0:

@@ -56,6 +56,9 @@ class EngineStats:
     """
 
     steps: int = 0
+    #: Steps run on fewer compute threads than configured (they measured faster: a busy
+    #: machine; the chat engine's ``ThreadChooser``).
+    fewer_threads_steps: int = 0
     decode_s: float = 0.0
     image_encodes: int = 0
     image_encode_s: float = 0.0

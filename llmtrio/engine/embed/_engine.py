@@ -29,11 +29,12 @@ import numpy.typing as npt
 import trio
 
 from .._config import EngineConfig
+from .._cores import ThreadChooser
 from .._errors import DecodeError, EngineClosedError, InvalidRequestError, ModelLoadError
 from .._lifecycle import DecodeLoop
 from ..llama import Batch, LlamaModel
 from ..models import POOLING_NAMES, ResolvedModel
-from ._pack import EmbedPacker, Packed, ThreadChooser
+from ._pack import EmbedPacker, Packed
 
 __all__ = [
     "EMBEDDING_BATCH_TOKENS",

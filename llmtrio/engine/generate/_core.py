@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._config import EngineConfig
+from .._cores import ThreadChooser
 from .._errors import DecodeError
 from .._stats import EngineStats
 from .._types import StopReason
@@ -106,7 +107,10 @@ class EngineCore:
         self._config = config
         self._stats = stats
         self._scheduler = Scheduler(
-            config.max_inflight, config.prefill_chunk, config.target_step_ms
+            config.max_inflight,
+            config.prefill_chunk,
+            config.target_step_ms,
+            prefill_share=config.prefill_share,
         )
         self._batch = Batch(model.n_batch)
         self._jobs: dict[int, Job] = {}
@@ -165,6 +169,10 @@ class EngineCore:
         self._turns = AdapterTurns()
         self._sets: Counter[str] = Counter()
         self._serve: LoraSet = BASE
+        #: Each step's compute threads: the configured ones, or 1 where that measures faster
+        #: (a machine with fewer free cores than threads: issue 48).
+        self._threads = ThreadChooser(config.threads)
+        self._threads_now = config.threads
         #: Time spent sampling decoding sequences' positions in this step.
         self._sample_s = 0.0
         #: Sequences in the last step's batch.
@@ -294,8 +302,11 @@ class EngineCore:
         stats.steps += 1
         stats.decode_s += decode_s
         stats.python_s += step_s - decode_s
+        prompt_tokens = sum(part.count for part in parts if part.start is not None)
         decode_only = not any(part.start is not None for part in parts)
-        self._scheduler.measured(step_s * 1000, decode_only=decode_only)
+        self._scheduler.measured(
+            step_s * 1000, decode_only=decode_only, prompt_tokens=prompt_tokens
+        )
         gate = self._drafts.gate
         if drafting and gate is not None:
             stats.spec_held_steps = gate.held  # steps with a prompt chunk are held too
@@ -539,10 +550,17 @@ class EngineCore:
                 chunk = job.prompt[part.start : part.start + part.count]
                 part.index = batch.add(chunk, job.position(part.start), job.seq, output_last=last)
                 part.outputs = last
+        threads = self._threads.choose(batch.n)
+        if threads != self._threads_now:
+            self._model.set_threads(threads)
+            self._threads_now = threads
         t0 = time.perf_counter()
         rc = self._model.decode(batch)
         decode_s = time.perf_counter() - t0
         if rc == 0:
+            self._threads.observe(threads, batch.n, decode_s)
+            if threads < self._threads.most:
+                self._stats.fewer_threads_steps += 1
             sampled = []
             for part in parts:
                 if part.start is None:
