@@ -65,7 +65,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import (
+from _servers import (
     BUILD_SCRIPT,
     REPO,
     SPECS,

@@ -38,7 +38,7 @@ import httpx
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import HOST, free_port
+from _servers import HOST, free_port
 from embed_compare import MINILM, Connection, running, sentence
 
 from llmtrio.engine import demo_model_path

@@ -52,7 +52,7 @@ import httpx
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import HOST, find_llama_server, free_port, stop_process, tail
+from _servers import HOST, find_llama_server, free_port, stop_process, tail
 
 MINILM = Path(__file__).resolve().parents[1] / "tests/data/all-MiniLM-L6-v2-Q8_0.gguf"
 POINTS = ((1, 1), (8, 1), (64, 1), (1, 32), (8, 32), (64, 32))

@@ -46,7 +46,7 @@ import attrs
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import HOST, free_port
+from _servers import HOST, free_port
 from embed_compare import (
     MINILM,
     POINTS,

@@ -241,7 +241,7 @@ class WholeVocabulary(SlotSampler):
 def refusal_figures(model_path: Path, replies: int) -> None:
     """Replies to compare.py's bounded schema, each decoded once per refusal path (the same
     tokens come out of both): refusals per reply and what the refusal path costs."""
-    from compare import GRAMMAR_SCHEMA, PROMPTS
+    from _servers import GRAMMAR_SCHEMA, PROMPTS
 
     model = LlamaModel(model_path, slots=1, ctx_size=1024, threads=1, n_batch=512)
     gbnf = json_schema_grammar(GRAMMAR_SCHEMA)

@@ -22,7 +22,7 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import HOST, free_port
+from _servers import HOST, free_port
 from embed_compare import MINILM, closed_loop, llmtrio_argv, running
 
 _BODY = json.dumps({"object": "list", "data": [{"embedding": [0.1] * 384}]}).encode()

@@ -43,7 +43,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' model writer
-from compare import HOST, find_llama_server, free_port
+from _servers import HOST, find_llama_server, free_port
 from embed_compare import WORDS, closed_loop, running
 
 CONCURRENCY = (8, 64)

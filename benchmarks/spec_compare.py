@@ -64,6 +64,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import compare
+from _servers import HOST, Kind, Running, ServerSpec, Setup
 from _spec_texts import (
     EXTRACT_RECORDS,
     EXTRACT_SCHEMA,
@@ -72,7 +73,6 @@ from _spec_texts import (
     extract_prompt,
     rewrite_prompt,
 )
-from compare import HOST, Kind, Running, ServerSpec, Setup
 
 SLOTS = 8
 CTX = 1024
