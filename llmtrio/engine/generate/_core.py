@@ -16,6 +16,9 @@ temperature and its random state advance token by token), and stops at the first
 that differs from the draft: every token emitted is the one the sequence would have
 sampled at its position, and the drafts after the first wrong one are cut from memory.
 
+The core's parts: the prompt cache's decisions carried out (``_core_reuse``), one batch
+decoded, sampled and verified (``_core_execute``); the rest is here.
+
 A reasoning budget (``_think_budget.py``): once a sequence has spent its budget inside its think
 block, the position after takes ``</think>`` whatever the logits say (its sampler takes it as
 if picked), and a draft that would cross the budget is cut at the marker.
@@ -43,10 +46,9 @@ import numpy.typing as npt
 
 from .._config import EngineConfig
 from .._cores import ThreadChooser
-from .._errors import DecodeError
 from .._stats import EngineStats
 from .._types import StopReason
-from ..llama import Batch, LlamaModel, RawLogprob, verify
+from ..llama import Batch, LlamaModel, RawLogprob
 from ..spec_decode import (
     Acceptance,
     DraftGate,
@@ -57,20 +59,22 @@ from ..spec_decode import (
     plan_drafts,
 )
 from ._adapter_turns import AdapterTurns
+from ._core_execute import Execution
+from ._core_reuse import PromptReuse
 from ._disk_tier import DiskTier
 from ._drafting import DraftBudget, cut_anywhere, judge_shadow
 from ._jobs import Drafter, Job, Part, slot_sampler
 from ._lora import BASE, LoraSet
 from ._pool import SharedPool
-from ._prompt_cache import OFFERED, PromptCache
-from ._scheduler import Scheduler, Start
+from ._prompt_cache import PromptCache
+from ._scheduler import Scheduler
 from ._step import CoreRequest, StepOutput
 from ._think_budget import ThinkBudget, think_markers
 
 __all__ = ["Drafter", "EngineCore"]
 
 
-class EngineCore:
+class EngineCore(PromptReuse, Execution):
     """Continuous batching over ``config.max_inflight`` sequences of one model.
 
     :meth:`add` and :meth:`cancel` take effect at the next :meth:`step`, which runs one
@@ -363,108 +367,6 @@ class EngineCore:
         self._serve = sets[key]
         return lambda k: jobs[k].request.lora.key == key
 
-    # -- prompt reuse --------------------------------------------------------------------
-
-    def _start(self, key: int) -> Start:
-        """Carry out the prompt cache's decision for a sequence admitted now (or bring a
-        preempted one back: its state restored into a free slot)."""
-        job = self._jobs[key]
-        model, cache = self._model, self._cache
-        if job.preempted:
-            assert self._pool is not None
-            self._pool.resume(job)
-            return Start(min(job.pos, len(job.prompt)))
-        job.order = self._admissions
-        self._admissions += 1
-        offered = job.request.offered
-        plan = cache.assign(
-            job.prompt,
-            hints=job.request.hints,
-            reuse=job.request.request.cache_prompt,
-            scope=job.request.lora.key,
-            offered=offered.tokens if offered is not None and offered.data is not None else None,
-        )
-        seq = job.seq = plan.seq
-        keep = plan.keep
-        if plan.save is not None:
-            self._snapshot(seq, plan.save, plan.save_scope)
-        if plan.restore is not None:
-            started = time.perf_counter()
-            model.forget(seq)
-            if self._pool:
-                self._pool.room_for(keep)
-            if plan.restore == OFFERED:
-                assert offered is not None
-                data = offered.take()
-            else:
-                data = self._snapshots[plan.restore][1]
-            if data is None or not model.restore_state(seq, data):
-                cache.restore_failed(seq)
-                keep = 0
-            elif plan.restore == OFFERED:
-                assert offered is not None
-                stats = self._stats
-                stats.disk_hits += 1
-                stats.disk_restored_tokens += keep
-                stats.disk_restore_s += offered.seconds + time.perf_counter() - started
-        if offered is not None:
-            offered.take()  # not held while the request runs
-        media = [(start, start + chunk.n_tokens, chunk) for start, chunk in job.request.media]
-        for begin, end, _ in media:
-            if begin < keep < end:  # a media chunk is in memory whole or not at all
-                keep = begin
-        # A non-causal chunk is ingested whole, in a chunk of its own; a causal one in
-        # prompt chunks of its own, which end where it begins and ends.
-        spans = tuple((begin, end) for begin, end, chunk in media if chunk.non_causal)
-        bounds = tuple(
-            b for begin, end, chunk in media if not chunk.non_causal for b in (begin, end)
-        )
-        if keep == 0 or not model.forget(seq, job.position(keep)):
-            model.forget(seq)
-            keep = 0
-        job.pos = job.cached = keep
-        job.snapshot_at = plan.snapshot_at
-        self._count_cache()
-        return Start(keep, (*plan.snapshot_at, *bounds), spans)
-
-    def _snapshot(self, seq: int, tokens: npt.NDArray[np.int32], scope: str) -> None:
-        """Save ``seq``'s memory, which holds ``tokens`` computed under ``scope``, as a
-        snapshot in host memory; what that evicts (or a snapshot too large for it) goes to the
-        disk tier, if any (the base model's only: the disk's files know no adapter set)."""
-        data = self._model.save_state(seq)
-        if data is None:
-            return
-        cache, disk = self._cache, self._disk
-        entry, evicted = cache.stored(tokens, len(data), scope)
-        for old in evicted:
-            old_tokens, old_data, old_scope = self._snapshots.pop(old)
-            if disk is not None and not old_scope:
-                disk.spill(old_tokens, old_data)
-        if entry is not None:
-            self._snapshots[entry] = (tokens, data, scope)
-        elif disk is not None and not scope and len(data) > cache.budget_bytes:
-            disk.spill(tokens, data)
-        self._count_cache()
-
-    def flush(self) -> None:
-        """Hand the disk tier what memory holds, as the engine closes: each idle slot's memory
-        (copied out once), then every snapshot in host memory, unless a file (or, for a slot,
-        a snapshot) already serves it."""
-        disk, cache, model = self._disk, self._cache, self._model
-        if disk is None:
-            return
-        for seq in cache.evictable():
-            tokens = cache.resident(seq)
-            if cache.scope(seq):
-                continue  # memory under adapters: the disk's files know no adapter set
-            if cache.worth_keeping(tokens) and not disk.covers(tokens):
-                data = model.save_state(seq)
-                if data is not None:
-                    disk.spill(tokens, data, closing=True)
-        for tokens, data, scope in self._snapshots.values():
-            if not scope and not disk.covers(tokens):
-                disk.spill(tokens, data, closing=True)
-
     def _count_running(self) -> None:
         running = [job for job in self._jobs.values() if job.seq >= 0]
         stats = self._stats
@@ -472,16 +374,6 @@ class EngineCore:
         stats.kv_tokens = sum(job.pos for job in running)
         if self._pool:
             stats.kv_cells_used = stats.kv_tokens + self._cache.idle_cells()
-
-    def _count_cache(self) -> None:
-        stats, cache = self._stats, self._cache
-        self.held = cache.held()
-        stats.prompt_cache_hits = cache.hits
-        stats.prompt_cache_reused_tokens = cache.reused_tokens
-        stats.prompt_cache_bytes = cache.bytes_used
-        stats.prompt_cache_entries = cache.entries
-        stats.prompt_cache_snapshots = cache.snapshots
-        stats.prompt_cache_evictions = cache.evictions
 
     def _release(self, job: Job, *, clear: bool = False) -> None:
         """Free ``job``'s slot; its memory stays for the prompt cache unless ``clear`` (a
@@ -508,183 +400,6 @@ class EngineCore:
         if job.sampler is not None:
             job.sampler.close()
             job.sampler = None
-
-    # -- one step ------------------------------------------------------------------------
-
-    def _decode(
-        self, parts: list[Part]
-    ) -> tuple[
-        float,
-        list[tuple[Job, list[int], list[RawLogprob] | None]],
-        list[tuple[Job, Exception]],
-    ]:
-        """Decode ``parts`` in one batch and sample each part that ends with an output
-        (verifying its drafts).
-
-        When llama_decode fails for a batch of several sequences, each sequence's part of
-        this step is rolled back and retried alone, so only the sequences that fail alone are
-        failed. A sequence whose memory cannot be rolled back (recurrent state) is failed.
-        """
-        failed: list[tuple[Job, Exception]] = []
-        if any(part.job.request.media for part in parts):
-            parts, failed = self._decode_media(parts)
-            if not parts:
-                return 0.0, [], failed
-        batch = self._batch
-        batch.clear()
-        for part in parts:
-            job = part.job
-            if part.start is None:
-                if part.draft:
-                    part.index = batch.add(
-                        [job.last_token, *part.draft],
-                        job.position(job.pos),
-                        job.seq,
-                        output_last=True,
-                        output_all=True,
-                    ) - len(part.draft)
-                else:
-                    part.index = batch.add_one(job.last_token, job.position(job.pos), job.seq)
-            else:
-                last = part.start + part.count == len(job.prompt)
-                chunk = job.prompt[part.start : part.start + part.count]
-                part.index = batch.add(chunk, job.position(part.start), job.seq, output_last=last)
-                part.outputs = last
-        threads = self._threads.choose(batch.n)
-        if threads != self._threads_now:
-            self._model.set_threads(threads)
-            self._threads_now = threads
-        t0 = time.perf_counter()
-        rc = self._model.decode(batch)
-        decode_s = time.perf_counter() - t0
-        if rc == 0:
-            self._threads.observe(threads, batch.n, decode_s)
-            if threads < self._threads.most:
-                self._stats.fewer_threads_steps += 1
-            sampled = []
-            for part in parts:
-                if part.start is None:
-                    try:
-                        sampled.append(self._verify(part))
-                    except DecodeError as exc:  # this sequence's memory only
-                        failed.append((part.job, exc))
-                    continue
-                part.job.pos = part.start + part.count
-                if part.outputs and part.job.sampler is not None:
-                    sampled.append(self._sample_one(part.job, part.index))
-            return decode_s, sampled, failed
-        retry: list[Part] = []
-        for part in parts:
-            start = part.job.pos if part.start is None else part.start
-            if len(parts) > 1 and self._model.forget(part.job.seq, part.job.position(start)):
-                retry.append(part)
-            else:
-                failed.append((part.job, DecodeError(_decode_error(rc))))
-        sampled = []
-        for part in retry:
-            spent, ok, bad = self._decode([part])
-            decode_s += spent
-            sampled += ok
-            failed += bad
-        return decode_s, sampled, failed
-
-    def _decode_media(self, parts: list[Part]) -> tuple[list[Part], list[tuple[Job, Exception]]]:
-        """Decode the media chunks among ``parts`` (each alone: its embeddings, encoded as
-        the request was prepared, in a ``llama_decode`` of their own; a non-causal image
-        whole, with causal attention off; a causal chunk, audio above all, in the prompt
-        chunks the scheduler gave it), on this thread between two steps. Returns the other
-        parts, and the jobs whose media failed."""
-        model, stats = self._model, self._stats
-        rest: list[Part] = []
-        failed: list[tuple[Job, Exception]] = []
-        for part in parts:
-            job = part.job
-            found = job.media_at(part.start)
-            if found is None:
-                rest.append(part)
-                continue
-            begin, chunk = found
-            projector = model.projector
-            assert part.start is not None and projector is not None
-            t0 = time.perf_counter()
-            embd = chunk.embd  # encoded as the request was prepared
-            if embd is None:
-                embd = projector.encode(chunk, model.n_embd)
-            t1 = time.perf_counter()
-            stats.image_decode_waits_s += t1 - t0
-            if embd is None:
-                failed.append((job, DecodeError("the projector could not encode a media chunk")))
-                continue
-            first, count = part.start - begin, part.count
-            pos0 = job.position(begin)
-            positions = projector.decoder_positions(chunk, pos0)
-            if positions is not None and count < chunk.n_tokens:
-                positions = positions.reshape(4, -1)[:, first : first + count].flatten()
-            rc = model.decode_embeddings(
-                embd[first * model.n_embd : (first + count) * model.n_embd],
-                pos0 + first,
-                job.seq,
-                causal=not chunk.non_causal,
-                positions=positions,
-            )
-            stats.decode_s += time.perf_counter() - t1
-            if rc != 0:
-                failed.append((job, DecodeError(_decode_error(rc))))
-                continue
-            job.pos = part.start + count
-            part.outputs = False
-        return rest, failed
-
-    def _sample_one(self, job: Job, index: int) -> tuple[Job, list[int], list[RawLogprob] | None]:
-        assert job.sampler is not None
-        token = _pick(job, index)
-        raw = job.sampler.last_logprob if job.request.request.logprobs is not None else None
-        return job, [token], ([raw] if raw is not None else None)
-
-    def _verify(self, part: Part) -> tuple[Job, list[int], list[RawLogprob] | None]:
-        """Sample a decoding part's positions (its drafts verified), cut the rejected drafts
-        from memory, and move the sequence on by what was accepted."""
-        job, draft = part.job, part.draft
-        sampler = job.sampler
-        assert sampler is not None
-        want_logprobs = job.request.request.logprobs is not None
-        logprobs: list[RawLogprob] = []
-
-        def sample(index: int) -> int:
-            token = _pick(job, index)
-            if want_logprobs and sampler.last_logprob is not None:
-                logprobs.append(sampler.last_logprob)
-            return token
-
-        t0 = time.perf_counter()
-        tokens = verify(sample, part.index, draft, self._ends(job))
-        spent = time.perf_counter() - t0
-        self._sample_s += spent
-        ms = spent * 1000 / len(tokens)
-        job.sample_ms = ms if not job.sample_ms else job.sample_ms + (ms - job.sample_ms) / 4
-        accepted = len(tokens) - 1  # the draft tokens that are now in memory for good
-        cut = job.position(job.pos + 1 + accepted)
-        if accepted < len(draft) and not self._model.forget(job.seq, cut):
-            # Not expected (drafts never exceed what the memory can roll back): the
-            # sequence's memory is wrong now, so it fails (and its memory is cleared).
-            raise DecodeError("rejected draft tokens could not be removed from memory")
-        job.fed.append(job.last_token)
-        job.fed += draft[:accepted]
-        job.pos += 1 + accepted
-        if draft:
-            job.drafted += len(draft)
-            job.accepted += accepted
-            job.acceptance.verified(part.match, len(draft), accepted)
-            stats = self._stats
-            stats.spec_steps += 1
-            stats.spec_draft_tokens += len(draft)
-            stats.spec_accepted_tokens += accepted
-        return job, tokens, (logprobs if want_logprobs else None)
-
-    def _ends(self, job: Job) -> Callable[[int], bool]:
-        eog = self._model.eog
-        ignore_eos = job.request.request.ignore_eos
-        return lambda token: token < 0 or (token in eog and not ignore_eos)
 
     def _advance(
         self, job: Job, sampled: list[int], logprobs: list[RawLogprob] | None, now: float
@@ -729,25 +444,3 @@ class EngineCore:
         if stop is not None:
             self._release(job)
         return job.output(tokens, stop=stop, released=stop is not None, logprobs=logprobs)
-
-
-def _pick(job: Job, index: int) -> int:
-    """The token at batch position ``index`` of ``job``: sampled, or the marker its
-    reasoning budget forces there (which its sampler takes as if picked)."""
-    sampler, think = job.sampler, job.think
-    assert sampler is not None
-    if think is None:
-        return sampler.sample(index)
-    forced = think.forced()
-    token = sampler.sample(index) if forced is None else sampler.force(index, forced)
-    think.feed(token, forced=forced is not None)
-    return token
-
-
-def _decode_error(rc: int) -> str:
-    reasons = {
-        1: "no room left in the context memory for this sequence",
-        2: "the decode was aborted",
-        -1: "llama.cpp rejected the batch as invalid",
-    }
-    return f"llama_decode failed ({rc}): {reasons.get(rc, 'fatal error in the compute graph')}"
