@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the manifest checkers that tests/test_deploy.py runs, checkov and kubernetes-validate,
+# Installs the manifest checkers that tests/deploy/test_deploy.py runs, checkov and kubernetes-validate,
 # into .venv/deploy-tools: apart from llmtrio's own environment, since checkov pins older
 # versions of packages that llmtrio's test tools use. Once; again only when the pins change.
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # deploy/Containerfile built with podman on a machine that reaches Debian's mirror and PyPI but
-# no registry of images (CI: tests/test_container.py runs this). Users build with the plain
+# no registry of images (CI: tests/deploy/test_container.py runs this). Users build with the plain
 # `podman build` line in the Containerfile's header, from the public python:3.11-slim-bookworm.
 #
 #   scripts/image-base.sh             # the two base images; prints their tags
@@ -14,7 +14,7 @@
 # Both are Python 3.11 on glibc 2.36 (Debian 12), as python:3.11-slim-bookworm is, and hold what
 # the Containerfile's stages would apt-get, so the stages install nothing.
 #
-# `build` reuses the llama-cpp-python wheel tests/test_image.py builds on this machine (through
+# `build` reuses the llama-cpp-python wheel tests/deploy/test_image.py builds on this machine (through
 # scripts/llama-wheel.sh's cache: built here first if missing, once for both) instead of
 # compiling llama.cpp again in the container: the cache is mounted read-only at the build
 # stage's /wheel-cache. That wheel is this machine's Python's, so the script first checks that

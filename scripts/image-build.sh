@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The container image's build steps (deploy/Containerfile runs them; so does CI, through
-# tests/test_image.py, so the steps are tested on machines with no container engine):
+# tests/deploy/test_image.py, so the steps are tested on machines with no container engine):
 #
 #   scripts/image-build.sh wheels SRC OUT      # build stage: every wheel llmtrio needs, in OUT
 #   scripts/image-build.sh install OUT PREFIX  # runtime stage: a venv at PREFIX from OUT alone

@@ -1,4 +1,4 @@
-"""The servers the real clients run against (``tests/test_clients_*.py``), each once per test
+"""The servers the real clients run against (``tests/clients/``), each once per test
 session: ``llmtrio serve`` on gemma (llama.cpp's built-in gemma template: tools described
 Hermes-style) and on the Qwen3.5 real-template test model (its own template: a system message
 only first, calls in the XML form), and a ring, an ingress with a remote worker over mutual

@@ -62,7 +62,7 @@ def engine_config(model: Path, **changes: Any) -> EngineConfig:
     of the logits (a near tie can flip, more on some CPUs than others). The tests of
     speculation ask for it (``spec="ngram"``); the served processes run the default. For the
     same reason prompts first (``prefill_share=inf``): a finite share sizes the chunks beside
-    decoding by measured step times (``tests/test_smooth_streams.py`` asks for one)."""
+    decoding by measured step times (``tests/engine/test_smooth_streams.py`` asks for one)."""
     base = EngineConfig(
         model=model,
         max_inflight=4,

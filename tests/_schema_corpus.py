@@ -1,4 +1,4 @@
-"""The corpus of real schemas the tool-schema tests compile (tests/test_tool_schemas.py):
+"""The corpus of real schemas the tool-schema tests compile (tests/engine/test_tool_schemas.py):
 
 - the cases of llama.cpp's own ``tests/test-json-schema-to-grammar.cpp``, kept in
   ``tests/data/llama-json-schema-cases.json`` (refreshed from a llama-cpp-python sdist with

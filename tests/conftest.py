@@ -126,8 +126,8 @@ def live_server(gemma_path: Path) -> Iterator[LiveServer]:
     """The gemma test model behind ``llmtrio serve`` on a free loopback port: 4 slots of
     512 tokens, up to 16 parked requests. Without speculative decoding: its tests compare
     greedy runs token for token, and drafts (whose number follows measured step times)
-    change batch shapes and with them near-ties (tests/test_speculation.py serves with
-    drafts)."""
+    change batch shapes and with them near-ties
+    (tests/engine/test_spec_decode_end_to_end.py serves with drafts)."""
     server = start_server(
         engine_config(gemma_path, max_inflight=4, ctx_size=512, spec=None),
         ServeConfig(host="127.0.0.1", port=0, ring=RingConfig(max_streams=16), graceful_timeout=2),
@@ -136,5 +136,5 @@ def live_server(gemma_path: Path) -> Iterator[LiveServer]:
     server.stop()
 
 
-# The servers the real clients run against (tests/test_clients_*.py), once per session.
+# The servers the real clients run against (tests/clients/), once per session.
 from ._client_targets import _ring_qwen35, _serve_gemma, _serve_qwen35, client_target  # noqa: E402, F401
