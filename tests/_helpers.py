@@ -62,7 +62,9 @@ def engine_config(model: Path, **changes: Any) -> EngineConfig:
     of the logits (a near tie can flip, more on some CPUs than others). The tests of
     speculation ask for it (``spec="ngram"``); the served processes run the default. For the
     same reason prompts first (``prefill_share=inf``): a finite share sizes the chunks beside
-    decoding by measured step times (``tests/engine/test_smooth_streams.py`` asks for one)."""
+    decoding by measured step times (``tests/engine/test_smooth_streams.py`` asks for one), and
+    every step on the 2 threads (``choose_threads=False``): the bits follow the thread count,
+    which a measured choice would make follow the machine's load."""
     base = EngineConfig(
         model=model,
         max_inflight=4,
@@ -70,6 +72,7 @@ def engine_config(model: Path, **changes: Any) -> EngineConfig:
         threads=2,
         spec=None,
         prefill_share=math.inf,
+        choose_threads=False,
     )
     return attrs.evolve(base, **changes)
 

@@ -82,6 +82,10 @@ class EngineConfig:
     prompts ingested while no stream runs start their streams together (a wave, up to
     ``max_inflight`` chunks); ``math.inf`` is prompts first (each starts as soon as it is in,
     every stream waits for it: the lowest time to first token). See the ``Scheduler``.
+    ``choose_threads``: each step runs on ``threads`` or on 1, whichever measures faster
+    (``ThreadChooser``: a machine with fewer free cores than threads); off, always on
+    ``threads``. llama.cpp's bits follow the thread count as they follow a batch's shape, so
+    runs compared bit for bit turn it off.
 
     ``prompt_cache`` reuses what a slot's memory already holds of a new prompt (its previous
     prompt and answer, a shared system prompt) instead of ingesting it again; off, every
@@ -152,6 +156,7 @@ class EngineConfig:
     prefill_share: float = 4.0
     #: The cores this process may use (its affinity and cgroup quota, not the host's).
     threads: int = attrs.field(factory=usable_cores)
+    choose_threads: bool = True
     allow_fallback: bool = True
     model_name: str | None = None
     prompt_cache: bool = True

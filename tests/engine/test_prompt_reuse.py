@@ -244,12 +244,12 @@ def test_reuse_is_bit_exact_where_the_batches_match(model_path: Path) -> None:
     last decode step did, so its first token and logprobs are A's last, bit for bit.
     """
     m = 4
-    # Without drafts: they would change the batches the exactness rests on. On one thread:
-    # with more, the core picks each step's threads by measured speed (ThreadChooser), and
-    # llama.cpp's bits follow the thread count as they follow the batch shape.
-    config = engine_config(model_path, max_inflight=1, ctx_size=1024, spec=None, threads=1)
+    # Without drafts: they would change the batches the exactness rests on; every step on the
+    # same threads (engine_config's choose_threads=False: the bits follow the thread count).
+    config = engine_config(model_path, max_inflight=1, ctx_size=1024, spec=None)
+    assert not config.choose_threads
     n_batch = max(config.prefill_chunk + config.max_inflight, 64)
-    model = LlamaModel(model_path, slots=1, ctx_size=1024, threads=1, n_batch=n_batch)
+    model = LlamaModel(model_path, slots=1, ctx_size=1024, threads=2, n_batch=n_batch)
     try:
         stats = EngineStats()
         core = EngineCore(model, config, stats)

@@ -176,6 +176,7 @@ class EngineCore(PromptReuse, Execution):
         #: Each step's compute threads: the configured ones, or 1 where that measures faster
         #: (a machine with fewer free cores than threads: issue 48).
         self._threads = ThreadChooser(config.threads)
+        self._choose_threads = config.choose_threads
         self._threads_now = config.threads
         #: Time spent sampling decoding sequences' positions in this step.
         self._sample_s = 0.0

@@ -25,6 +25,7 @@ class Execution:
     _batch: Batch
     _threads: ThreadChooser
     _threads_now: int
+    _choose_threads: bool
     _sample_s: float
 
     def _decode(
@@ -66,7 +67,7 @@ class Execution:
                 chunk = job.prompt[part.start : part.start + part.count]
                 part.index = batch.add(chunk, job.position(part.start), job.seq, output_last=last)
                 part.outputs = last
-        threads = self._threads.choose(batch.n)
+        threads = self._threads.choose(batch.n) if self._choose_threads else self._threads.most
         if threads != self._threads_now:
             self._model.set_threads(threads)
             self._threads_now = threads
