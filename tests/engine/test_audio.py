@@ -261,9 +261,9 @@ async def test_a_cancelled_request_stops_encoding_between_windows(
 
     prepare = inputs.prepare
 
-    def prepare_once(request, cancelled=None):  # type: ignore[no-untyped-def]
+    def prepare_once(*args, **kwargs):  # type: ignore[no-untyped-def]
         try:
-            return prepare(request, cancelled)
+            return prepare(*args, **kwargs)
         finally:
             prepared.set()
 
@@ -278,10 +278,12 @@ async def test_a_cancelled_request_stops_encoding_between_windows(
                     pass
 
             nursery.start_soon(submit)
-            await trio.to_thread.run_sync(entered.wait)
+            # Bounded: a preparation that fails before its first window must fail the test,
+            # not hang it (a thread's wait cannot be cancelled).
+            assert await trio.to_thread.run_sync(entered.wait, 60), "no window was encoded"
             scope.cancel()
     release.set()
-    await trio.to_thread.run_sync(prepared.wait)
+    assert await trio.to_thread.run_sync(prepared.wait, 60), "the preparation did not end"
     assert encoded == [0]
     monkeypatch.undo()
     text, _ = await collect(audio_engine, ask(audio(encode(tone(200, 2.0), "wav"))))
