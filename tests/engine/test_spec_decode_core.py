@@ -20,6 +20,7 @@ import pytest
 
 from llmtrio.engine import DecodeError, EngineStats, Sampling, StopReason
 from llmtrio.engine.generate import _core as core_module
+from llmtrio.engine.generate import _core_execute as execute_module
 from llmtrio.engine.generate._jobs import Drafter
 from llmtrio.engine.llama import Batch, LlamaModel, SlotSampler
 from llmtrio.engine.spec_decode import NgramDrafter
@@ -347,7 +348,7 @@ def test_sampled_tokens_are_draws_from_the_target_distribution(
         z = calibration(reference, prompt, streams, temperature)
         assert abs(z) < 4.5, z
 
-        monkeypatch.setattr(core_module, "verify", always_accept)
+        monkeypatch.setattr(execute_module, "verify", always_accept)
         wrong, _ = sample(32, seed=1000)
         z_wrong = calibration(reference, prompt, wrong, temperature)
         assert abs(z_wrong) > 4.5, z_wrong
