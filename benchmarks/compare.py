@@ -990,3 +990,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         trio.run(run, args, setup, specs)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

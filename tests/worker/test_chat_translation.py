@@ -147,6 +147,7 @@ def test_every_field_at_once() -> None:
             think=False,
             ignore_eos=True,
             logit_bias=((15, 2.5), (7, -math.inf)),
+            model_name="qwen",  # a LoRA adapter's name chooses the adapter in the engine
         ),
         stream=True,
         include_usage=True,
