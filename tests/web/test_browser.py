@@ -181,7 +181,7 @@ def test_chat_page_asks_for_the_api_key_once_and_keeps_it_in_the_browser(
 
     from llmtrio.web import ServeConfig
 
-    from ._server import start_server
+    from .._server import start_server
 
     server = start_server(
         engine_config(gemma_path, max_inflight=1, ctx_size=256),
@@ -248,7 +248,7 @@ def test_chat_page_picks_among_the_chat_models_and_sends_the_one_chosen(
 
     from llmtrio.web import ServeConfig
 
-    from ._server import start_server
+    from .._server import start_server
 
     server = start_server(
         [
@@ -306,8 +306,8 @@ def test_chat_page_attaches_images_from_the_picker_and_a_paste(
 
     from llmtrio.web import ServeConfig
 
-    from ._projector import write_gemma3_projector
-    from ._server import start_server
+    from .._projector import write_gemma3_projector
+    from .._server import start_server
 
     projector = write_gemma3_projector(tmp_path / "mmproj-gemma3.gguf")
     pictures = []

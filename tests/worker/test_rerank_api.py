@@ -286,7 +286,11 @@ async def test_a_remote_worker_reranks_over_the_ring(
         for i, got in results.items():
             for result in got:
                 index = result["index"] + i % 3
-                assert abs(result["relevance_score"] - want[index]) < 1e-5
+                # A row's offset in a batch moves a MiniLM (Q8_0) score (TODO.md
+                # "Reranking"), and twelve requests at once share decodes here: a 3e-4
+                # difference failed a run at 1e-5. 5e-3 still tells these documents apart
+                # (their scores are at least 1.3e-2 apart).
+                assert abs(result["relevance_score"] - want[index]) < 5e-3
         wrong = await http.post(url + RERANK_PATH, json={"model": "chat", "query": "q",
                                                          "documents": ["d"]})  # fmt: skip
         assert wrong.status_code == 400

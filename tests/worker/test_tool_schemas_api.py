@@ -63,7 +63,7 @@ def test_the_three_schemas_compile_to_grammars_llama_cpp_parses(
     """Main wrote a rule with no body for them in the JSON form (llama.cpp: "failed to parse
     grammar") and refused them by name in the XML form; each now compiles, alone or with
     the rest of Claude Code's tools."""
-    from ._grammar_probe import GrammarProbe
+    from .._grammar_probe import GrammarProbe
 
     probe = GrammarProbe(gemma_path)
     try:
