@@ -9,7 +9,6 @@ import io
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 import pytest
 import trio
@@ -28,6 +27,7 @@ from llmtrio.engine import (
 )
 
 from .._helpers import collect, collect_logprobs, engine_config
+from .._mtmd_reference import llama_reference as mtmd_reference
 from .._projector import GEMMA3_IMAGE_TOKENS, write_gemma3_projector, write_qwen3vl_projector
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -75,79 +75,19 @@ async def vision_engine(gemma_path: Path, gemma3_projector: Path) -> AsyncIterat
 def llama_reference(
     model_path: Path, projector: Path, text: str, images: list[Image], steps: int, n_batch: int
 ) -> tuple[str, int, list[float]]:
-    """Greedy text straight on llama.cpp's multimodal helper: ``text`` (with llama.cpp's
-    default media marker per image) tokenized by ``mtmd_tokenize``, evaluated on sequence 0
-    by ``mtmd_helper_eval_chunks`` in batches of ``n_batch``, then one token a step
-    (end of generation banned). Returns their text, the prompt's positions and each chosen
-    token's log-probability."""
-    mparams = llama_cpp.llama_model_default_params()
-    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = 512
-    cparams.n_batch = cparams.n_ubatch = n_batch
-    cparams.n_threads = cparams.n_threads_batch = 1
-    ctx = llama_cpp.llama_init_from_model(model, cparams)
-    params = mtmd.mtmd_context_params_default()
-    params.use_gpu, params.warmup, params.n_threads = False, False, 1
-    vision = mtmd.mtmd_init_from_file(str(projector).encode(), model, params)
-    vocab = llama_cpp.llama_model_get_vocab(model)
-    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
-    eog = [t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)]
-    bitmaps = []
-    chunks = mtmd.mtmd_input_chunks_init()
-    try:
-        for image in images:
-            rgb = image.pixels()
-            buf = (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)
-            bitmap = mtmd.mtmd_bitmap_init(image.width, image.height, buf)
-            mtmd.mtmd_bitmap_set_id(bitmap, image.digest.encode())
-            bitmaps.append(bitmap)
-        encoded = text.replace(MEDIA_MARKER, mtmd.mtmd_default_marker().decode()).encode()
-        inp = mtmd.mtmd_input_text()
-        inp.text, inp.text_len, inp.add_special, inp.parse_special = (
-            encoded, len(encoded), True, True
-        )  # fmt: skip
-        array = (mtmd.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
-        assert mtmd.mtmd_tokenize(vision, chunks, ctypes.byref(inp), array, len(bitmaps)) == 0
-        n_past = llama_cpp.llama_pos(0)
-        rc = mtmd.mtmd_helper_eval_chunks(
-            vision, ctx, chunks, 0, 0, n_batch, True, ctypes.byref(n_past)
-        )
-        assert rc == 0
-        prompt_len = n_past.value
-        pos = prompt_len
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        batch = llama_cpp.llama_batch_init(1, 0, 1)
-        for _ in range(steps):
-            logits = np.ctypeslib.as_array(
-                llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)
-            ).copy()
-            shifted = logits - logits.max()
-            logprob = shifted - np.log(np.exp(shifted).sum())
-            logits[eog] = -np.inf
-            token = int(np.argmax(logits))
-            logprobs.append(float(logprob[token]))
-            tokens.append(token)
-            batch.n_tokens = 1
-            batch.token[0], batch.pos[0], batch.n_seq_id[0] = token, pos, 1
-            batch.seq_id[0][0], batch.logits[0] = 0, 1
-            assert llama_cpp.llama_decode(ctx, batch) == 0
-            pos += 1
-        llama_cpp.llama_batch_free(batch)
-        buf = ctypes.create_string_buffer(256)
-        pieces = []
-        for token in tokens:
-            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
-            pieces.append(buf.raw[:n])
-        return b"".join(pieces).decode("utf-8", "replace"), prompt_len, logprobs
-    finally:
-        mtmd.mtmd_input_chunks_free(chunks)
-        for bitmap in bitmaps:
-            mtmd.mtmd_bitmap_free(bitmap)
-        mtmd.mtmd_free(vision)
-        llama_cpp.llama_free(ctx)
-        llama_cpp.llama_model_free(model)
+    """The greedy reference on llama.cpp's multimodal helper, each image given as its pixels
+    with its digest as the bitmap's id."""
+
+    def bitmap_of(projector_ctx: object, image: Image) -> object:
+        rgb = image.pixels()
+        buf = (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)
+        bitmap = mtmd.mtmd_bitmap_init(image.width, image.height, buf)
+        mtmd.mtmd_bitmap_set_id(bitmap, image.digest.encode())
+        return bitmap
+
+    return mtmd_reference(
+        model_path, projector, text, images, bitmap_of, steps=steps, n_batch=n_batch, n_ctx=512
+    )
 
 
 GEMMA_PROMPT = "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"
