@@ -36,13 +36,14 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _token_gaps import count_and_time
+
 from llmtrio.engine import (
     MEDIA_MARKER,
     ChatMessage,
     Engine,
     EngineConfig,
     GenerateRequest,
-    Token,
     decode_audio,
     demo_model_path,
 )
@@ -162,19 +163,7 @@ async def _gaps(engine: Engine, args: argparse.Namespace, requests: int) -> list
     gaps: list[float] = []
 
     async def stream(i: int) -> None:
-        request = GenerateRequest(
-            messages=[ChatMessage("user", f"Count from {i} onwards.")],
-            max_tokens=args.tokens,
-            ignore_eos=True,
-        )
-        last = 0.0
-        async with engine.submit(request) as generation:
-            async for event in generation:
-                if isinstance(event, Token):
-                    now = time.perf_counter()
-                    if last:
-                        gaps.append(now - last)
-                    last = now
+        await count_and_time(engine, i, args.tokens, gaps)
 
     async def arrivals() -> None:
         await trio.sleep(0.3)
